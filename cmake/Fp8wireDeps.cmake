@@ -1,0 +1,86 @@
+# Locates every dependency once, as imported targets the subdirectories link by name:
+#   CUDA::cudart, CUDA::cupti, CUDA::nvtx3  (CUDA Toolkit)
+#   fp8wire::nccl            headers + libnccl (only bench/tests link it; libfp8wire.so resolves NCCL at run time)
+#   fp8wire::nccl_headers    headers only (the shim and sched)
+#   fmt::fmt-header-only, tomlplusplus::tomlplusplus, doctest::doctest, CLI11::CLI11,
+#   nlohmann_json::nlohmann_json, benchmark::benchmark
+# Small libraries are used header-only where they can be, so a binary built on one machine does not
+# need a matching shared fmt/toml++ on another.
+find_package(CUDAToolkit 12.0 REQUIRED)
+
+# NCCL: the toolkit's copy here; on the GPU machine the pip nvidia-nccl wheel PyTorch uses.
+# FP8WIRE_NCCL_ROOT overrides both.
+set(FP8WIRE_NCCL_ROOT "$ENV{FP8WIRE_NCCL_ROOT}" CACHE PATH "NCCL install prefix (include/nccl.h, lib/libnccl.so*)")
+find_path(NCCL_INCLUDE_DIR nccl.h
+  HINTS ${FP8WIRE_NCCL_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS} /usr/include /usr/local/include)
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
+  HINTS ${FP8WIRE_NCCL_ROOT}/lib ${FP8WIRE_NCCL_ROOT}/lib64 ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
+if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
+  message(FATAL_ERROR "NCCL not found (nccl.h: '${NCCL_INCLUDE_DIR}', libnccl: '${NCCL_LIBRARY}'). "
+                      "Set -DFP8WIRE_NCCL_ROOT=<prefix with include/nccl.h and lib/libnccl.so.2>.")
+endif()
+message(STATUS "fp8wire: NCCL headers ${NCCL_INCLUDE_DIR}, library ${NCCL_LIBRARY}")
+add_library(fp8wire_nccl_headers INTERFACE)
+target_include_directories(fp8wire_nccl_headers SYSTEM INTERFACE ${NCCL_INCLUDE_DIR})
+add_library(fp8wire::nccl_headers ALIAS fp8wire_nccl_headers)
+add_library(fp8wire_nccl INTERFACE)
+target_link_libraries(fp8wire_nccl INTERFACE fp8wire_nccl_headers ${NCCL_LIBRARY})
+add_library(fp8wire::nccl ALIAS fp8wire_nccl)
+
+# FP8WIRE_EXTRA_INCLUDE: a folder of headers carried to machines that lack a package (toml++ on the
+# GPU machine); searched before the system.
+set(FP8WIRE_EXTRA_INCLUDE "$ENV{FP8WIRE_EXTRA_INCLUDE}" CACHE PATH "extra header-only dependencies")
+
+find_package(fmt REQUIRED)
+
+find_package(tomlplusplus QUIET)
+if(NOT TARGET tomlplusplus::tomlplusplus)
+  find_path(TOMLPP_INCLUDE_DIR toml++/toml.hpp HINTS ${FP8WIRE_EXTRA_INCLUDE} REQUIRED)
+  add_library(tomlplusplus_tomlplusplus INTERFACE)
+  target_include_directories(tomlplusplus_tomlplusplus SYSTEM INTERFACE ${TOMLPP_INCLUDE_DIR})
+  add_library(tomlplusplus::tomlplusplus ALIAS tomlplusplus_tomlplusplus)
+endif()
+# Header-only toml++ keeps libfp8wire.so free of a libtomlplusplus.so dependency.
+set_property(TARGET tomlplusplus::tomlplusplus APPEND PROPERTY INTERFACE_COMPILE_DEFINITIONS TOML_HEADER_ONLY=1)
+
+find_package(doctest QUIET)
+if(NOT TARGET doctest::doctest)
+  find_path(DOCTEST_INCLUDE_DIR doctest/doctest.h HINTS ${FP8WIRE_EXTRA_INCLUDE} REQUIRED)
+  add_library(doctest_doctest INTERFACE)
+  target_include_directories(doctest_doctest SYSTEM INTERFACE ${DOCTEST_INCLUDE_DIR})
+  add_library(doctest::doctest ALIAS doctest_doctest)
+endif()
+
+find_package(CLI11 QUIET)
+if(NOT TARGET CLI11::CLI11)
+  find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp HINTS ${FP8WIRE_EXTRA_INCLUDE} REQUIRED)
+  add_library(CLI11_CLI11 INTERFACE)
+  target_include_directories(CLI11_CLI11 SYSTEM INTERFACE ${CLI11_INCLUDE_DIR})
+  add_library(CLI11::CLI11 ALIAS CLI11_CLI11)
+endif()
+
+find_package(nlohmann_json 3 REQUIRED)
+find_package(benchmark QUIET)   # optional: only the host-side microbenchmarks use it
+
+# NVTX3 is header-only and ships with the toolkit.
+if(NOT TARGET CUDA::nvtx3)
+  add_library(fp8wire_nvtx3 INTERFACE)
+  target_include_directories(fp8wire_nvtx3 SYSTEM INTERFACE ${CUDAToolkit_INCLUDE_DIRS})
+  add_library(CUDA::nvtx3 ALIAS fp8wire_nvtx3)
+endif()
+
+# Adds a doctest executable as a CTest test. GPU tests pass LABELS gpu and skip themselves at run time
+# when no device is visible (exit code 0 with a "skipped" message, and SKIP_RETURN_CODE for ctest).
+function(fp8wire_add_test name)
+  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS})
+  add_test(NAME ${name} COMMAND ${name})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} SKIP_RETURN_CODE 77)
+  if(T_LABELS)
+    set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
+  endif()
+endfunction()

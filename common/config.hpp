@@ -1,0 +1,144 @@
+// The whole configuration of fp8wire, in one struct (STYLE.md 6).
+//
+// Sources, highest precedence first: FP8WIRE_* environment variables, the TOML file named by
+// FP8WIRE_CONFIG, built-in defaults. Every field has one TOML key (dotted path) and one environment
+// variable, derived mechanically: FP8WIRE_ + the key upper-cased with '.' -> '_'
+// (thresholds.all_reduce.pcie -> FP8WIRE_THRESHOLDS_ALL_REDUCE_PCIE). Sizes accept plain bytes or
+// a binary suffix ("767KiB", "64MiB", "1GiB"; also K/M/G meaning the same). Booleans accept
+// true/false/1/0/on/off/yes/no. An unknown key or a bad value is an error naming the key, the value
+// and what was expected; load_config() then returns that error and the library runs in pass-through.
+//
+// The TOML profile that fp8wire-bench writes uses the same keys (thresholds.* and cost_model.*), so
+// a profile is simply a config file (or a part of one).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fp8wire {
+
+enum class Fp8Format : uint8_t { e4m3, e5m2 };
+enum class ScaleType : uint8_t { fp32, bf16, e8m0 };
+enum class Rounding : uint8_t { nearest, stochastic };
+// Which FP8 conversion instructions the kernels use: native (sm_89+ cvt instructions), software
+// (bit manipulation, any GPU) or automatic (native where the GPU has it).
+enum class ConvertPath : uint8_t { automatic, native, software };
+// FP8 all-reduce algorithm. automatic: the planner's cost model chooses.
+enum class Algorithm : uint8_t { automatic, two_shot, one_shot, ring };
+// Fabric class of a communicator, decided once per communicator (sched/fabric.hpp).
+enum class Fabric : uint8_t { nvlink = 0, pcie = 1, net = 2 };
+inline constexpr int kFabricCount = 3;
+// Collectives that have an FP8 path.
+enum class Collective : uint8_t { all_reduce = 0, reduce_scatter = 1, all_gather = 2 };
+inline constexpr int kCollectiveCount = 3;
+
+const char* to_string(Fp8Format);
+const char* to_string(ScaleType);
+const char* to_string(Rounding);
+const char* to_string(ConvertPath);
+const char* to_string(Algorithm);
+const char* to_string(Fabric);
+const char* to_string(Collective);
+
+// Alpha-beta cost model of one fabric, calibrated by fp8wire-bench (written to cost_model.<fabric>.*).
+// Times in microseconds, bandwidths in GB/s (1e9 bytes/s).
+struct CostModel {
+  double op_latency_us = 0;     // fixed cost of one NCCL operation (all-reduce, all-gather, grouped a2a)
+  double bus_bandwidth_gbps = 0; // NCCL bus bandwidth on this fabric
+  double codec_gbps = 0;        // quantize/dequantize throughput (bytes of caller dtype per second)
+  double kernel_launch_us = 0;  // per codec kernel launch
+  bool calibrated = false;      // false: the built-in defaults below are used
+};
+
+struct Config {
+  // --- master switches ------------------------------------------------------------------------
+  bool enable = true;                       // enable          FP8WIRE_ENABLE
+  // Per-collective FP8 switches.           // collectives.all_reduce / .reduce_scatter / .all_gather
+  std::array<bool, kCollectiveCount> collective_enable = {true, true, false};
+
+  // --- wire format ----------------------------------------------------------------------------
+  Fp8Format format = Fp8Format::e4m3;       // format          "e4m3" | "e5m2"
+  uint32_t block_size = 128;                // block_size      power of two in [32, 4096]
+  ScaleType scale_type = ScaleType::fp32;   // scale_type      "fp32" | "bf16" | "e8m0"
+  Rounding rounding = Rounding::nearest;    // rounding        "nearest" | "stochastic"
+  uint64_t seed = 0x5eed;                   // seed            stochastic rounding seed
+  ConvertPath convert_path = ConvertPath::automatic; // convert_path "auto" | "native" | "software"
+
+  // --- planning -------------------------------------------------------------------------------
+  Algorithm algorithm = Algorithm::automatic;  // algorithm  "auto" | "two_shot" | "one_shot" | "ring"
+  std::optional<Fabric> fabric_override;       // fabric     "auto" | "nvlink" | "pcie" | "net"
+  // Smallest caller buffer (bytes) at which a collective goes FP8, per collective and fabric.
+  // thresholds.<all_reduce|reduce_scatter|all_gather>.<nvlink|pcie|net>
+  std::array<std::array<uint64_t, kFabricCount>, kCollectiveCount> thresholds = {{
+      // nvlink            pcie              net
+      {{64ull << 20, 1ull << 20, 256ull << 10}},   // all_reduce
+      {{64ull << 20, 1ull << 20, 256ull << 10}},   // reduce_scatter
+      {{64ull << 20, 1ull << 20, 256ull << 10}},   // all_gather
+  }};
+  // cost_model.<fabric>.{op_latency_us, bus_bandwidth_gbps, codec_gbps, kernel_launch_us}
+  std::array<CostModel, kFabricCount> cost_model{};
+
+  // --- coalescing (only calls the application grouped itself) ---------------------------------
+  bool coalesce_enable = true;              // coalesce.enable
+  uint64_t coalesce_max_bytes = 64ull << 20; // coalesce.max_bytes
+  uint32_t coalesce_max_calls = 64;          // coalesce.max_calls
+
+  // --- memory ---------------------------------------------------------------------------------
+  uint64_t scratch_max_bytes = 256ull << 20;   // scratch.max_bytes   per communicator
+  uint64_t pipeline_chunk_bytes = 32ull << 20; // pipeline.chunk_bytes caller bytes per pipeline stage
+
+  // --- error feedback (off by default) --------------------------------------------------------
+  bool error_feedback = false;              // error_feedback.enable
+  uint64_t error_feedback_max_bytes = 1ull << 30; // error_feedback.max_bytes  residual memory cap
+
+  // --- logging --------------------------------------------------------------------------------
+  std::string log_level = "warn";           // log.level   "off"|"error"|"warn"|"info"|"debug"|"trace"
+  std::string log_file;                     // log.file    "" = stderr; %r = rank, %p = pid
+
+  // --- real NCCL ------------------------------------------------------------------------------
+  std::string nccl_library;                 // nccl.library  explicit path, tried after RTLD_NEXT/NOLOAD
+
+  // --- profiler -------------------------------------------------------------------------------
+  bool profiler_enable = false;             // profiler.enable
+  std::vector<std::string> profiler_step_ranges = {"step", "ProfilerStep#"}; // profiler.step_ranges (prefixes)
+  uint32_t profiler_report_every = 0;       // profiler.report_every  steps; 0 = only at exit
+  std::string profiler_output;              // profiler.output  path prefix for JSON lines / trace
+  uint32_t profiler_top = 10;               // profiler.top   collectives listed per report
+  uint64_t profiler_buffer_bytes = 8ull << 20; // profiler.buffer_bytes CUPTI activity buffer size
+};
+
+// One problem found while reading configuration.
+struct ConfigError {
+  std::string source;   // "env FP8WIRE_BLOCK_SIZE", "file /x/y.toml:12", ...
+  std::string key;      // TOML key
+  std::string value;    // offending value as written
+  std::string expected; // what would have been accepted
+  std::string message() const;
+};
+
+struct ConfigResult {
+  Config config;                     // defaults where anything failed
+  std::vector<ConfigError> errors;   // empty on success
+  std::vector<std::string> sources;  // what was read, in order of precedence (for the log)
+  bool ok() const { return errors.empty(); }
+};
+
+// Reads defaults, then the file named by FP8WIRE_CONFIG (if any), then FP8WIRE_* environment
+// variables. Unknown FP8WIRE_* variables are errors too (except FP8WIRE_CONFIG itself).
+ConfigResult load_config();
+// The same with explicit inputs, for tests and fp8wire-config: env is a list of "NAME=value".
+ConfigResult load_config(const std::string& toml_path, const std::vector<std::string>& env);
+// Parses one TOML document on top of `base` (no environment).
+ConfigResult parse_config_toml(const std::string& toml_text, const std::string& source_name,
+                               const Config& base = Config{});
+// The effective configuration as TOML, every key, for fp8wire-config and the log.
+std::string to_toml(const Config& config);
+
+// "64MiB" -> 67108864. Returns nullopt on anything else.
+std::optional<uint64_t> parse_size(const std::string& text);
+std::string format_size(uint64_t bytes);
+
+}  // namespace fp8wire

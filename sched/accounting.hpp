@@ -1,0 +1,78 @@
+// Per-call accounting: what the application asked for, what went on the wire, which path was taken.
+// Read by the profiler (exposed ms per collective) and by fp8wire-bench. Records live in a fixed-size
+// ring (no allocation on the call path); when readers fall behind, old records are overwritten and
+// counted as dropped.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include <nccl.h>
+
+#include "common/config.hpp"
+
+namespace fp8wire {
+
+enum class Path : uint8_t {
+  passthrough = 0,  // not eligible: the real NCCL call, untouched
+  two_shot = 1,     // FP8 all-to-all + all-gather (DESIGN.md default)
+  one_shot = 2,     // FP8 all-gather of quantized inputs, every rank reduces
+  ring = 3,         // FP8 ring (comparison only)
+  fallback = 4,     // eligible, but the FP8 path could not run; passed through (reason logged once)
+};
+const char* to_string(Path);
+
+enum class CallKind : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, send, recv };
+const char* to_string(CallKind);
+
+struct CallRecord {
+  uint64_t seq = 0;            // per-process sequence number of intercepted collectives, from 1
+  uint64_t comm_id = 0;        // registry id of the communicator (stable, unlike the pointer)
+  CallKind kind = CallKind::all_reduce;
+  Path path = Path::passthrough;
+  ncclDataType_t dtype = ncclFloat32;
+  ncclRedOp_t op = ncclSum;
+  int nranks = 0;
+  int rank = 0;
+  uint64_t count = 0;          // elements, as the application passed them
+  uint64_t app_bytes = 0;      // bytes of the caller's buffer (count * dtype size; per rank)
+  uint64_t wire_bytes = 0;     // bytes this rank sent on the wire for this call
+  uint32_t coalesced_calls = 1;// >1 when several grouped calls were packed into this one
+  uint64_t issue_ns = 0;       // host CLOCK_MONOTONIC when the application issued the call
+};
+
+// Hooks the profiler installs (null when off). Called on the application's thread, around the real
+// NCCL/codec launches of one call; must not block.
+struct CallHooks {
+  void (*begin)(const CallRecord&) = nullptr;
+  void (*end)(const CallRecord&) = nullptr;
+};
+void set_call_hooks(const CallHooks* hooks);   // nullptr removes them
+const CallHooks* call_hooks();                 // one acquire load; nullptr when none
+
+struct AccountingTotals {
+  uint64_t calls[5] = {};       // by Path
+  uint64_t app_bytes[5] = {};
+  uint64_t wire_bytes[5] = {};
+  uint64_t dropped_records = 0;
+};
+
+// Process-wide ring of the most recent records.
+class Accounting {
+ public:
+  static constexpr size_t kCapacity = 1 << 16;
+  static Accounting& instance();
+  uint64_t next_seq() { return seq_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  void record(const CallRecord& r);
+  // Copies records with seq > since (oldest first) into out; returns how many.
+  size_t snapshot(CallRecord* out, size_t max, uint64_t since) const;
+  AccountingTotals totals() const;
+  void reset();
+
+ private:
+  std::atomic<uint64_t> seq_{0};
+  // implementation detail in accounting.cpp
+};
+
+}  // namespace fp8wire

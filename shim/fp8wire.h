@@ -1,0 +1,39 @@
+/* Public C API of libfp8wire.so, besides the NCCL functions it interposes.
+ * Resolve these with dlsym(RTLD_DEFAULT, "fp8wire_...") from a job that may or may not run under the
+ * shim; all are safe to call at any time and never fail the job. */
+#ifndef FP8WIRE_H
+#define FP8WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 10000*major + 100*minor + patch */
+int fp8wire_version(void);
+
+/* Explicit step windows for the exposure profiler, for jobs that do not mark steps with NVTX ranges
+ * ("step" / "ProfilerStep#N"). begin/end must pair; nested steps are not supported. */
+void fp8wire_step_begin(int64_t step);
+void fp8wire_step_end(int64_t step);
+
+/* Writes the profiler's report now (it is also written at exit and every profiler.report_every steps). */
+void fp8wire_profiler_flush(void);
+
+/* Totals since start (or the last reset): calls, caller bytes and wire bytes by path
+ * (0 passthrough, 1 two_shot, 2 one_shot, 3 ring, 4 fallback). */
+typedef struct fp8wire_totals {
+  uint64_t calls[5];
+  uint64_t app_bytes[5];
+  uint64_t wire_bytes[5];
+  uint64_t dropped_records;
+} fp8wire_totals;
+void fp8wire_get_totals(fp8wire_totals* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FP8WIRE_H */

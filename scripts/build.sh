@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Configures and builds fp8wire (everything, trainer included when LibTorch is found).
+# Used by the main job on GPU machines and by the GPU checks; scripts/test.sh is the CI path.
+#   scripts/build.sh [build-dir]        (default: build)
+# It links the benchmark and tests against the NCCL that PyTorch uses (the pip nvidia-nccl wheel)
+# when that Python has one, so every program in one job talks to the same NCCL version.
+# Environment:
+#   FP8WIRE_TORCH_PYTHON   python with torch (default: .venv/bin/python, else python3)
+#   CMAKE_CUDA_ARCHITECTURES  default: the GPU's own (nvidia-smi), else the project default
+#   FP8WIRE_EXTRA_INCLUDE  header-only dependencies carried to machines that lack them (default .carry/include)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+build="${1:-build}"
+py="${FP8WIRE_TORCH_PYTHON:-}"
+if [[ -z "$py" ]]; then
+  if [[ -x .venv/bin/python ]]; then py="$root/.venv/bin/python"; else py="$(command -v python3)"; fi
+fi
+args=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DFP8WIRE_TORCH_PYTHON=$py")
+nccl_root="$("$py" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)"
+if [[ -n "$nccl_root" && -f "$nccl_root/include/nccl.h" ]]; then
+  args+=("-DFP8WIRE_NCCL_ROOT=$nccl_root")
+fi
+extra="${FP8WIRE_EXTRA_INCLUDE:-$root/.carry/include}"
+[[ -d "$extra" ]] && args+=("-DFP8WIRE_EXTRA_INCLUDE=$extra")
+arch="${CMAKE_CUDA_ARCHITECTURES:-}"
+if [[ -z "$arch" ]] && command -v nvidia-smi >/dev/null 2>&1; then
+  cc="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')"
+  [[ -n "$cc" ]] && arch="$cc"
+fi
+[[ -n "$arch" ]] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$arch")
+export PATH="/usr/local/cuda/bin:$PATH"
+cmake "${args[@]}"
+cmake --build "$build" -j "${FP8WIRE_JOBS:-$(nproc)}"

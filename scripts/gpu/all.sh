@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One GPU-machine call: build, then run the named area checks (scripts/gpu/<area>.sh), each under a
+# time limit, logs packed into $OUT/logs.tar.gz and summaries printed last (the reply shows the tail).
+#   scripts/gpu/all.sh quant shim sched bench profiler trainer
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OUT="${OUT:-$PWD/out}"
+logs="$OUT/logs"; mkdir -p "$logs"
+limit="${FP8WIRE_AREA_LIMIT_S:-240}"
+t0=$(date +%s)
+{ nvidia-smi -L; nvidia-smi topo -m; } > "$logs/machine.txt" 2>&1
+if [[ "${FP8WIRE_SKIP_BUILD:-0}" != 1 ]]; then
+  bash scripts/build.sh build > "$logs/build.log" 2>&1; rc=$?
+  echo "== build rc=$rc ($(( $(date +%s) - t0 )) s)"
+  if (( rc != 0 )); then grep -E "error|Error|FAILED" "$logs/build.log" | head -40; fi
+fi
+summary=""
+for area in "$@"; do
+  s=$(date +%s)
+  OUT="$logs/$area" timeout -k 10 "$limit" bash "scripts/gpu/$area.sh" > "$logs/$area.log" 2>&1
+  rc=$?
+  summary+="$area rc=$rc $(( $(date +%s) - s ))s"$'\n'
+  echo "================ $area rc=$rc ($(( $(date +%s) - s )) s) ================"
+  tail -n "${FP8WIRE_TAIL:-40}" "$logs/$area.log"
+done
+tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs 2>/dev/null && rm -rf "$logs"
+echo "================ summary ($(( $(date +%s) - t0 )) s) ================"
+printf '%s' "$summary"

@@ -33,15 +33,13 @@ set(FP8WIRE_EXTRA_INCLUDE "$ENV{FP8WIRE_EXTRA_INCLUDE}" CACHE PATH "extra header
 
 find_package(fmt REQUIRED)
 
-find_package(tomlplusplus QUIET)
-if(NOT TARGET tomlplusplus::tomlplusplus)
-  find_path(TOMLPP_INCLUDE_DIR toml++/toml.hpp HINTS ${FP8WIRE_EXTRA_INCLUDE} REQUIRED)
-  add_library(tomlplusplus_tomlplusplus INTERFACE)
-  target_include_directories(tomlplusplus_tomlplusplus SYSTEM INTERFACE ${TOMLPP_INCLUDE_DIR})
-  add_library(tomlplusplus::tomlplusplus ALIAS tomlplusplus_tomlplusplus)
-endif()
-# Header-only toml++ keeps libfp8wire.so free of a libtomlplusplus.so dependency.
-set_property(TARGET tomlplusplus::tomlplusplus APPEND PROPERTY INTERFACE_COMPILE_DEFINITIONS TOML_HEADER_ONLY=1)
+# toml++ is used header-only (TOML_HEADER_ONLY=1, set where it is included: common/config.cpp) so
+# libfp8wire.so carries no libtomlplusplus.so dependency. The package's own CMake config is not used:
+# Debian's adds TOML_SHARED_LIB=1. Debian 3.3 ships toml++/toml.h, upstream's carried copy toml.hpp.
+find_path(TOMLPP_INCLUDE_DIR NAMES toml++/toml.hpp toml++/toml.h HINTS ${FP8WIRE_EXTRA_INCLUDE} REQUIRED)
+add_library(fp8wire_tomlplusplus INTERFACE)
+target_include_directories(fp8wire_tomlplusplus SYSTEM INTERFACE ${TOMLPP_INCLUDE_DIR})
+add_library(tomlplusplus::tomlplusplus ALIAS fp8wire_tomlplusplus)
 
 find_package(doctest QUIET)
 if(NOT TARGET doctest::doctest)

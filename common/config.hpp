@@ -108,6 +108,9 @@ struct Config {
   std::string profiler_output;              // profiler.output  path prefix for JSON lines / trace
   uint32_t profiler_top = 10;               // profiler.top   collectives listed per report
   uint64_t profiler_buffer_bytes = 8ull << 20; // profiler.buffer_bytes CUPTI activity buffer size
+  // Extra case-insensitive kernel-name substrings that count as communication, '|'-separated
+  // (besides "nccl" and "fp8wire"; profiler/classify.hpp).  profiler.comm_pattern
+  std::string profiler_comm_pattern;
 };
 
 // One problem found while reading configuration.

@@ -22,7 +22,7 @@ std::string expand_path(const std::string& pattern, int rank) {
   std::string out;
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == 'r') {
-      out += std::to_string(rank < 0 ? 0 : rank);
+      out += std::to_string(rank);
       ++i;
     } else if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == 'p') {
       out += std::to_string(getpid());
@@ -41,6 +41,9 @@ void reopen_sink_locked() {
     g_sink = nullptr;
   }
   if (g_sink_pattern.empty()) return;
+  // A per-rank file waits for the rank (set when the first communicator is created); until then
+  // lines go to stderr rather than into rank 0's file.
+  if (g_sink_pattern.find("%r") != std::string::npos && g_rank.load() < 0) return;
   const std::string path = expand_path(g_sink_pattern, g_rank.load());
   g_sink = fopen(path.c_str(), "a");
   if (!g_sink)

@@ -1,7 +1,7 @@
 // The table of real NCCL entry points. fp8wire's own NCCL calls always go through this table, never
 // through the exported nccl* symbols of libfp8wire.so (which would re-enter the shim).
 // The shim fills it by symbol resolution (shim/real_nccl.cpp); fp8wire-bench and the tests, which
-// link NCCL directly, fill it with fill_from_linked_nccl().
+// link NCCL directly, fill it with nccl_api_from_linked() (sched/nccl_api_linked.hpp).
 #pragma once
 
 #include <nccl.h>

@@ -1,0 +1,65 @@
+// The public C API of libfp8wire.so (shim/fp8wire.h). Safe at any time, never fails the job.
+#include "shim/fp8wire.h"
+
+#include <cstring>
+
+#include "common/log.hpp"
+#include "sched/accounting.hpp"
+#include "shim/runtime.hpp"
+
+#define FP8WIRE_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+static_assert(sizeof(fp8wire_totals::calls) == sizeof(fp8wire::AccountingTotals::calls));
+static_assert(sizeof(fp8wire_totals::app_bytes) == sizeof(fp8wire::AccountingTotals::app_bytes));
+static_assert(sizeof(fp8wire_totals::wire_bytes) == sizeof(fp8wire::AccountingTotals::wire_bytes));
+
+void step_mark(int64_t step, int begin) {
+  try {
+    const auto& companion = fp8wire::shim::profiler_companion();
+    if (companion.step) {
+      companion.step(step, begin);
+      return;
+    }
+    // The trainer marks steps whether or not profiling is on, so this is not worth a warning.
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true, std::memory_order_relaxed))
+      FP8WIRE_INFO("fp8wire_step_begin/end: profiler not running (profiler.enable = false); step marks ignored");
+  } catch (...) {
+    FP8WIRE_ERROR("fp8wire_step_{}: internal error; ignored", begin ? "begin" : "end");
+  }
+}
+
+}  // namespace
+
+FP8WIRE_EXPORT int fp8wire_version(void) {
+  return 10000 * FP8WIRE_VERSION_MAJOR + 100 * FP8WIRE_VERSION_MINOR + FP8WIRE_VERSION_PATCH;
+}
+
+FP8WIRE_EXPORT void fp8wire_step_begin(int64_t step) { step_mark(step, 1); }
+FP8WIRE_EXPORT void fp8wire_step_end(int64_t step) { step_mark(step, 0); }
+
+FP8WIRE_EXPORT void fp8wire_profiler_flush(void) {
+  try {
+    const auto& companion = fp8wire::shim::profiler_companion();
+    if (companion.flush) companion.flush();
+    else FP8WIRE_WARN_ONCE("fp8wire_profiler_flush: profiler not running (profiler.enable = false)");
+  } catch (...) {
+    FP8WIRE_ERROR("fp8wire_profiler_flush: internal error; ignored");
+  }
+}
+
+FP8WIRE_EXPORT void fp8wire_get_totals(fp8wire_totals* out) {
+  if (!out) return;
+  std::memset(out, 0, sizeof(*out));
+  try {
+    const fp8wire::AccountingTotals totals = fp8wire::Accounting::instance().totals();
+    std::memcpy(out->calls, totals.calls, sizeof(out->calls));
+    std::memcpy(out->app_bytes, totals.app_bytes, sizeof(out->app_bytes));
+    std::memcpy(out->wire_bytes, totals.wire_bytes, sizeof(out->wire_bytes));
+    out->dropped_records = totals.dropped_records;
+  } catch (...) {
+    FP8WIRE_ERROR("fp8wire_get_totals: internal error; returning zeros");
+  }
+}

@@ -1,0 +1,224 @@
+// The NCCL functions libfp8wire.so exports (shim/exports.map). Each one only resolves and forwards
+// (STYLE.md 1): the decisions live in sched/, which is tested without preloading anything.
+//
+// Every export has the same shape (intercept() below):
+//   guard this thread -> set up on first use -> re-entered? real function -> not active? real
+//   function -> the engine (collectives, groups, lifecycle) or the real function (the rest).
+// Nothing escapes: an exception becomes ncclInternalError and a log line (STYLE.md 5).
+#include <nccl.h>
+
+#include <exception>
+
+#include "shim/reentry_guard.hpp"
+#include "shim/runtime.hpp"
+
+#define FP8WIRE_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace fp8wire::shim {
+namespace {
+
+template <auto Member, class... Args>
+ncclResult_t call_real(Runtime& rt, const char* name, Args... args) {
+  auto fn = rt.real.api.*Member;
+  if (__builtin_expect(fn == nullptr, 0))
+    return rt.real.found ? report_missing_function(name) : report_no_nccl(name);
+  return fn(args...);
+}
+
+// `engine_path` runs only when the shim is active; `args` are the real function's arguments, used
+// on every other path. `caller` is the export's return address, to tell NCCL re-entering its own
+// API from fp8wire doing so by mistake.
+template <auto Member, class EnginePath, class... Args>
+ncclResult_t intercept(const char* name, const void* caller, EnginePath&& engine_path, Args... args) noexcept {
+  ReentryGuard guard;
+  try {
+    if (__builtin_expect(guard.reentered(), 0)) {
+      Runtime* rt = detail::g_runtime.load(std::memory_order_acquire);
+      if (!rt) return report_exception(name, "re-entered while fp8wire was being set up");
+      report_reentry(name, caller);
+      return call_real<Member>(*rt, name, args...);
+    }
+    Runtime& rt = runtime();
+    if (__builtin_expect(!active(), 0)) return call_real<Member>(rt, name, args...);
+    return engine_path(rt);
+  } catch (const std::exception& e) {
+    return report_exception(name, e.what());
+  } catch (...) {
+    return report_exception(name, "unknown exception");
+  }
+}
+
+// Functions without an FP8 path: the real function, still behind the guard.
+template <auto Member, class... Args>
+ncclResult_t forward(const char* name, const void* caller, Args... args) noexcept {
+  return intercept<Member>(
+      name, caller, [&](Runtime& rt) { return call_real<Member>(rt, name, args...); }, args...);
+}
+
+// After a real init: the new communicator joins the engine's registry. `config` (may be null) is
+// the application's ncclConfig_t, read only for its blocking flag.
+template <auto Member, class... Args>
+ncclResult_t create(const char* name, const void* caller, ncclComm_t* out, const ncclConfig_t* config,
+                    Args... args) noexcept {
+  return intercept<Member>(
+      name, caller,
+      [&](Runtime& rt) {
+        const ncclResult_t result = call_real<Member>(rt, name, args...);
+        if (out && (result == ncclSuccess || result == ncclInProgress)) comm_created(rt, *out, result, config);
+        return result;
+      },
+      args...);
+}
+
+// Before the real destroy/abort: the engine frees the communicator's scratch and state.
+template <auto Member>
+ncclResult_t destroy(const char* name, const void* caller, ncclComm_t comm) noexcept {
+  return intercept<Member>(
+      name, caller,
+      [&](Runtime& rt) {
+        comm_destroyed(rt, comm);
+        return call_real<Member>(rt, name, comm);
+      },
+      comm);
+}
+
+}  // namespace
+}  // namespace fp8wire::shim
+
+using fp8wire::NcclApi;
+using fp8wire::shim::Runtime;
+namespace shim = fp8wire::shim;
+
+#define FP8WIRE_CALLER __builtin_return_address(0)
+
+// --- collectives with an FP8 path -----------------------------------------------------------------
+
+FP8WIRE_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                          cudaStream_t stream) {
+  return shim::intercept<&NcclApi::AllReduce>(
+      "ncclAllReduce", FP8WIRE_CALLER,
+      [&](Runtime& rt) {
+        return rt.engine->all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+      },
+      sendbuff, recvbuff, count, datatype, op, comm, stream);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                              ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                              cudaStream_t stream) {
+  return shim::intercept<&NcclApi::ReduceScatter>(
+      "ncclReduceScatter", FP8WIRE_CALLER,
+      [&](Runtime& rt) {
+        return rt.engine->reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
+      },
+      sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+  return shim::intercept<&NcclApi::AllGather>(
+      "ncclAllGather", FP8WIRE_CALLER,
+      [&](Runtime& rt) {
+        return rt.engine->all_gather(sendbuff, recvbuff, sendcount, datatype, comm, stream);
+      },
+      sendbuff, recvbuff, sendcount, datatype, comm, stream);
+}
+
+// --- groups ---------------------------------------------------------------------------------------
+
+FP8WIRE_EXPORT ncclResult_t ncclGroupStart() {
+  return shim::intercept<&NcclApi::GroupStart>(
+      "ncclGroupStart", FP8WIRE_CALLER, [](Runtime& rt) { return rt.engine->group_start(); });
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclGroupEnd() {
+  return shim::intercept<&NcclApi::GroupEnd>(
+      "ncclGroupEnd", FP8WIRE_CALLER, [](Runtime& rt) { return rt.engine->group_end(); });
+}
+
+// --- no FP8 path: straight to NCCL ----------------------------------------------------------------
+
+FP8WIRE_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                          ncclDataType_t datatype, int root, ncclComm_t comm,
+                                          cudaStream_t stream) {
+  return shim::forward<&NcclApi::Broadcast>("ncclBroadcast", FP8WIRE_CALLER, sendbuff, recvbuff, count,
+                                            datatype, root, comm, stream);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
+                                      ncclComm_t comm, cudaStream_t stream) {
+  return shim::forward<&NcclApi::Bcast>("ncclBcast", FP8WIRE_CALLER, buff, count, datatype, root, comm, stream);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                       ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
+                                       cudaStream_t stream) {
+  return shim::forward<&NcclApi::Reduce>("ncclReduce", FP8WIRE_CALLER, sendbuff, recvbuff, count, datatype,
+                                         op, root, comm, stream);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                                     ncclComm_t comm, cudaStream_t stream) {
+  return shim::forward<&NcclApi::Send>("ncclSend", FP8WIRE_CALLER, sendbuff, count, datatype, peer, comm, stream);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                                     ncclComm_t comm, cudaStream_t stream) {
+  return shim::forward<&NcclApi::Recv>("ncclRecv", FP8WIRE_CALLER, recvbuff, count, datatype, peer, comm, stream);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  return shim::forward<&NcclApi::CommFinalize>("ncclCommFinalize", FP8WIRE_CALLER, comm);
+}
+
+// --- communicator lifecycle -----------------------------------------------------------------------
+
+FP8WIRE_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  return shim::create<&NcclApi::CommInitRank>("ncclCommInitRank", FP8WIRE_CALLER, comm, nullptr, comm, nranks, commId, rank);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                                   ncclConfig_t* config) {
+  return shim::create<&NcclApi::CommInitRankConfig>("ncclCommInitRankConfig", FP8WIRE_CALLER, comm, config, comm, nranks,
+                                                    commId, rank, config);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                                     ncclUniqueId* commIds, ncclConfig_t* config) {
+  return shim::create<&NcclApi::CommInitRankScalable>("ncclCommInitRankScalable", FP8WIRE_CALLER, newcomm,
+                                                      config, newcomm, nranks, myrank, nId, commIds, config);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                          ncclConfig_t* config) {
+  return shim::create<&NcclApi::CommSplit>("ncclCommSplit", FP8WIRE_CALLER, newcomm, config, comm, color, key, newcomm,
+                                           config);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                                           ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  return shim::create<&NcclApi::CommShrink>("ncclCommShrink", FP8WIRE_CALLER, newcomm, config, comm, excludeRanksList,
+                                            excludeRanksCount, newcomm, config, shrinkFlags);
+}
+
+// One process, several devices: every communicator it returns joins the registry.
+FP8WIRE_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  return shim::intercept<&NcclApi::CommInitAll>(
+      "ncclCommInitAll", FP8WIRE_CALLER,
+      [&](Runtime& rt) {
+        const ncclResult_t result = shim::call_real<&NcclApi::CommInitAll>(rt, "ncclCommInitAll", comms, ndev, devlist);
+        if (comms && (result == ncclSuccess || result == ncclInProgress))
+          for (int i = 0; i < ndev; ++i) shim::comm_created(rt, comms[i], result, nullptr);
+        return result;
+      },
+      comms, ndev, devlist);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  return shim::destroy<&NcclApi::CommDestroy>("ncclCommDestroy", FP8WIRE_CALLER, comm);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  return shim::destroy<&NcclApi::CommAbort>("ncclCommAbort", FP8WIRE_CALLER, comm);
+}

@@ -1,0 +1,55 @@
+// Process-wide state of libfp8wire.so: the configuration (read at load), the real-NCCL table and
+// the scheduler engine (both set up at the first intercepted call, since NCCL may be loaded after
+// us), the "active" flag the exports test, and the profiler companion.
+#pragma once
+
+#include <atomic>
+
+#include "common/config.hpp"
+#include "sched/engine.hpp"
+#include "shim/real_nccl.hpp"
+
+namespace fp8wire::shim {
+
+struct Runtime {
+  ConfigResult config;            // effective configuration and the errors met reading it
+  RealNccl real;                  // the table; real.found false: every export returns ncclSystemError
+  sched::Engine* engine = nullptr;  // null unless active
+};
+
+namespace detail {
+extern std::atomic<Runtime*> g_runtime;  // published once, after set-up
+extern std::atomic<bool> g_active;       // FP8 scheduling on: config valid, enabled, NCCL complete
+Runtime& runtime_slow();
+}  // namespace detail
+
+// The runtime, set up on first use. One acquire load once it exists.
+inline Runtime& runtime() {
+  Runtime* rt = detail::g_runtime.load(std::memory_order_acquire);
+  return __builtin_expect(rt != nullptr, 1) ? *rt : detail::runtime_slow();
+}
+
+// True when calls go to the engine; false: straight to the real function, nothing else.
+inline bool active() { return detail::g_active.load(std::memory_order_relaxed); }
+
+// Communicator lifecycle as the exports report it (only when active). A communicator that is
+// non-blocking (its ncclConfig_t says blocking = 0, or its init returned ncclInProgress) is
+// registered at once and flagged; the engine passes its calls through and asks NCCL about it again
+// at its next call, once it has finished initialising.
+void comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const ncclConfig_t* config);
+void comm_destroyed(Runtime& rt, ncclComm_t comm);
+
+// Logging helpers for the exports' rare paths.
+ncclResult_t report_no_nccl(const char* function);
+ncclResult_t report_missing_function(const char* function);
+ncclResult_t report_exception(const char* function, const char* what);
+void report_reentry(const char* function, const void* caller);
+
+// Profiler companion (libfp8wire_prof.so), resolved once; any of these may be null.
+struct ProfilerCompanion {
+  void (*step)(int64_t step, int begin) = nullptr;
+  void (*flush)() = nullptr;
+};
+const ProfilerCompanion& profiler_companion();
+
+}  // namespace fp8wire::shim

@@ -1,0 +1,375 @@
+// Configuration: precedence (defaults < file < env), every error kind with a message naming the
+// source, key, value and what was expected, size parsing, and the to_toml() round trip.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "common/config.hpp"
+
+using namespace fp8wire;
+
+namespace {
+
+// A TOML file in the temporary directory, removed when the test ends.
+struct TempFile {
+  std::string path;
+  explicit TempFile(const std::string& text) {
+    char name[] = "/tmp/fp8wire_test_config_XXXXXX";
+    const int fd = mkstemp(name);
+    REQUIRE(fd >= 0);
+    close(fd);
+    path = name;
+    std::ofstream(path) << text;
+  }
+  ~TempFile() { std::remove(path.c_str()); }
+};
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+std::string all_messages(const ConfigResult& r) {
+  std::string out;
+  for (const auto& e : r.errors) out += e.message() + "\n";
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("parse_size accepts bytes and binary suffixes and refuses anything else") {
+  CHECK(parse_size("0") == 0u);
+  CHECK(parse_size("4096") == 4096u);
+  CHECK(parse_size("767KiB") == 767u * 1024);
+  CHECK(parse_size("767K") == 767u * 1024);
+  CHECK(parse_size("64MiB") == 64ull << 20);
+  CHECK(parse_size("64 MiB") == 64ull << 20);
+  CHECK(parse_size("64m") == 64ull << 20);
+  CHECK(parse_size("1GiB") == 1ull << 30);
+  CHECK(parse_size("1G") == 1ull << 30);
+  CHECK(parse_size("1TiB") == 1ull << 40);
+  CHECK(parse_size("512B") == 512u);
+  CHECK(parse_size(" 12 ") == 12u);
+  CHECK_FALSE(parse_size(""));
+  CHECK_FALSE(parse_size("MiB"));
+  CHECK_FALSE(parse_size("-1"));
+  CHECK_FALSE(parse_size("1.5GiB"));
+  CHECK_FALSE(parse_size("64MB"));  // decimal or binary? refused rather than guessed
+  CHECK_FALSE(parse_size("64XiB"));
+  CHECK_FALSE(parse_size("99999999999999999999"));
+  CHECK_FALSE(parse_size("17000000TiB"));  // overflows 64 bits
+}
+
+TEST_CASE("format_size picks the largest exact binary unit") {
+  CHECK(format_size(0) == "0");
+  CHECK(format_size(1000) == "1000");
+  CHECK(format_size(767 * 1024) == "767KiB");
+  CHECK(format_size(64ull << 20) == "64MiB");
+  CHECK(format_size(3ull << 30) == "3GiB");
+  CHECK(format_size(1ull << 40) == "1TiB");
+  for (uint64_t v : {1ull, 1023ull, 1024ull, 1536ull * 1024, (1ull << 40) + 1})
+    CHECK(parse_size(format_size(v)) == v);
+}
+
+TEST_CASE("enum names are the strings a config file uses") {
+  CHECK(std::string(to_string(Fp8Format::e5m2)) == "e5m2");
+  CHECK(std::string(to_string(ScaleType::e8m0)) == "e8m0");
+  CHECK(std::string(to_string(Rounding::stochastic)) == "stochastic");
+  CHECK(std::string(to_string(ConvertPath::automatic)) == "auto");
+  CHECK(std::string(to_string(Algorithm::two_shot)) == "two_shot");
+  CHECK(std::string(to_string(Fabric::pcie)) == "pcie");
+  CHECK(std::string(to_string(Collective::reduce_scatter)) == "reduce_scatter");
+}
+
+TEST_CASE("no file and no environment gives the defaults") {
+  const ConfigResult r = load_config("", {});
+  CHECK(r.ok());
+  CHECK(r.config.enable);
+  CHECK(r.config.block_size == 128);
+  CHECK(r.config.format == Fp8Format::e4m3);
+  CHECK(r.config.thresholds[0][1] == 1ull << 20);
+  REQUIRE(r.sources.size() == 1);
+  CHECK(r.sources[0] == "defaults");
+}
+
+TEST_CASE("precedence: defaults < file < environment") {
+  TempFile file(R"(
+block_size = 256
+format = "e5m2"
+[thresholds.all_reduce]
+pcie = "767KiB"
+net = 4096
+[profiler]
+step_ranges = ["train_step"]
+)");
+  const ConfigResult r = load_config(file.path, {"FP8WIRE_BLOCK_SIZE=512", "FP8WIRE_ENABLE=off",
+                                                 "PATH=/usr/bin", "FP8WIRE_CONFIG=/ignored"});
+  INFO(all_messages(r));
+  REQUIRE(r.ok());
+  CHECK(r.config.block_size == 512);                  // env beats file
+  CHECK(r.config.format == Fp8Format::e5m2);          // file beats default
+  CHECK_FALSE(r.config.enable);                       // env beats default
+  CHECK(r.config.thresholds[0][1] == 767u * 1024);    // size string in a file
+  CHECK(r.config.thresholds[0][2] == 4096u);          // plain integer in a file
+  CHECK(r.config.thresholds[0][0] == 64ull << 20);    // untouched default
+  CHECK(r.config.profiler_step_ranges == std::vector<std::string>{"train_step"});
+  REQUIRE(r.sources.size() == 3);
+  CHECK(r.sources[0] == "env FP8WIRE_ENABLE, FP8WIRE_BLOCK_SIZE");
+  CHECK(r.sources[1] == "file " + file.path);
+  CHECK(r.sources[2] == "defaults");
+}
+
+TEST_CASE("environment variable names derive from the keys") {
+  const ConfigResult r = load_config(
+      "", {"FP8WIRE_THRESHOLDS_ALL_REDUCE_NET=1TiB", "FP8WIRE_COLLECTIVES_ALL_GATHER=yes",
+           "FP8WIRE_COST_MODEL_PCIE_BUS_BANDWIDTH_GBPS=22.5", "FP8WIRE_FABRIC=pcie",
+           "FP8WIRE_PROFILER_STEP_RANGES=step, fwd_bwd", "FP8WIRE_SEED=0x10",
+           "FP8WIRE_LOG_FILE=/tmp/x-%r.log", "FP8WIRE_NCCL_LIBRARY=/opt/nccl/libnccl.so.2",
+           "FP8WIRE_ALGORITHM=one_shot", "FP8WIRE_CONVERT_PATH=software", "FP8WIRE_SCALE_TYPE=e8m0"});
+  INFO(all_messages(r));
+  REQUIRE(r.ok());
+  CHECK(r.config.thresholds[0][2] == 1ull << 40);
+  CHECK(r.config.collective_enable[2]);
+  CHECK(r.config.cost_model[1].bus_bandwidth_gbps == doctest::Approx(22.5));
+  CHECK(r.config.cost_model[1].calibrated);  // giving a number means it is to be used
+  CHECK_FALSE(r.config.cost_model[0].calibrated);
+  CHECK(r.config.fabric_override == Fabric::pcie);
+  CHECK(r.config.profiler_step_ranges == std::vector<std::string>{"step", "fwd_bwd"});
+  CHECK(r.config.seed == 16);
+  CHECK(r.config.log_file == "/tmp/x-%r.log");
+  CHECK(r.config.nccl_library == "/opt/nccl/libnccl.so.2");
+  CHECK(r.config.algorithm == Algorithm::one_shot);
+  CHECK(r.config.convert_path == ConvertPath::software);
+  CHECK(r.config.scale_type == ScaleType::e8m0);
+}
+
+TEST_CASE("booleans accept every documented spelling") {
+  for (const char* t : {"true", "1", "on", "yes", "TRUE", "On"}) {
+    const ConfigResult r = load_config("", {std::string("FP8WIRE_PROFILER_ENABLE=") + t});
+    CHECK_MESSAGE(r.ok(), t);
+    CHECK(r.config.profiler_enable);
+  }
+  for (const char* f : {"false", "0", "off", "no"}) {
+    const ConfigResult r = load_config("", {std::string("FP8WIRE_ENABLE=") + f});
+    CHECK_MESSAGE(r.ok(), f);
+    CHECK_FALSE(r.config.enable);
+  }
+}
+
+TEST_CASE("a bad environment value names the variable, key, value and what was expected") {
+  struct Case {
+    const char* entry;
+    const char* key;
+    const char* value;
+    const char* expected_fragment;
+  };
+  const Case cases[] = {
+      {"FP8WIRE_BLOCK_SIZE=100", "block_size", "100", "power of two in [32, 4096]"},
+      {"FP8WIRE_BLOCK_SIZE=8192", "block_size", "8192", "power of two in [32, 4096]"},
+      {"FP8WIRE_BLOCK_SIZE=16", "block_size", "16", "power of two in [32, 4096]"},
+      {"FP8WIRE_ENABLE=maybe", "enable", "maybe", "true/false, 1/0, on/off, yes/no"},
+      {"FP8WIRE_FORMAT=e4m4", "format", "e4m4", "one of \"e4m3\", \"e5m2\""},
+      {"FP8WIRE_THRESHOLDS_ALL_REDUCE_PCIE=64MB", "thresholds.all_reduce.pcie", "64MB", "binary suffix"},
+      {"FP8WIRE_COALESCE_MAX_BYTES=0", "coalesce.max_bytes", "0", "at least 1"},
+      {"FP8WIRE_COALESCE_MAX_CALLS=0", "coalesce.max_calls", "0", "an integer in [1, 65536]"},
+      {"FP8WIRE_SCRATCH_MAX_BYTES=0", "scratch.max_bytes", "0", "at least 1"},
+      {"FP8WIRE_PIPELINE_CHUNK_BYTES=-5", "pipeline.chunk_bytes", "-5", "a size"},
+      {"FP8WIRE_COST_MODEL_NET_CODEC_GBPS=-2", "cost_model.net.codec_gbps", "-2", ">= 0"},
+      {"FP8WIRE_COST_MODEL_NET_OP_LATENCY_US=inf", "cost_model.net.op_latency_us", "inf", "finite"},
+      {"FP8WIRE_LOG_LEVEL=verbose", "log.level", "verbose", "\"debug\""},
+      {"FP8WIRE_PROFILER_TOP=0", "profiler.top", "0", "[1, 100000]"},
+      {"FP8WIRE_PROFILER_STEP_RANGES=step,,x", "profiler.step_ranges", "step,,x", "non-empty"},
+      {"FP8WIRE_SEED=12abc", "seed", "12abc", "unsigned integer"},
+      {"FP8WIRE_FABRIC=infiniband", "fabric", "infiniband", "\"pcie\""},
+  };
+  for (const auto& c : cases) {
+    const ConfigResult r = load_config("", {c.entry});
+    CAPTURE(c.entry);
+    REQUIRE(r.errors.size() == 1);
+    const ConfigError& e = r.errors[0];
+    CHECK(e.key == c.key);
+    CHECK(e.value == c.value);
+    CHECK(contains(e.expected, c.expected_fragment));
+    const std::string name = std::string(c.entry).substr(0, std::string(c.entry).find('='));
+    CHECK(e.source == "env " + name);
+    const std::string m = e.message();
+    CHECK(contains(m, name));
+    CHECK(contains(m, c.key));
+    CHECK(contains(m, std::string("'") + c.value + "'"));
+    CHECK(contains(m, c.expected_fragment));
+  }
+}
+
+TEST_CASE("a failed key keeps its default and the others still apply") {
+  const ConfigResult r = load_config("", {"FP8WIRE_BLOCK_SIZE=100", "FP8WIRE_FORMAT=e5m2"});
+  CHECK_FALSE(r.ok());
+  CHECK(r.config.block_size == 128);
+  CHECK(r.config.format == Fp8Format::e5m2);
+}
+
+TEST_CASE("an unknown FP8WIRE_ variable is an error with a suggestion; build variables are not") {
+  const ConfigResult r = load_config("", {"FP8WIRE_BLOCKSIZE=256", "FP8WIRE_NCCL_ROOT=/opt/nccl",
+                                          "FP8WIRE_EXTRA_INCLUDE=/x", "FP8WIRE_CONFIG="});
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].source == "env FP8WIRE_BLOCKSIZE");
+  CHECK(r.errors[0].value == "256");
+  CHECK(contains(r.errors[0].expected, "did you mean FP8WIRE_BLOCK_SIZE?"));
+}
+
+TEST_CASE("file errors carry file:line, the key, the value and what was expected") {
+  TempFile file("enable = true\n"
+                "block_size = 100\n"
+                "[thresholds.all_reduce]\n"
+                "pcie = \"lots\"\n"
+                "nvlnk = 5\n"
+                "[profiler]\n"
+                "step_ranges = [\"a\", 3]\n"
+                "enable = \"sometimes\"\n"
+                "[log]\n"
+                "file = 7\n");
+  const ConfigResult r = load_config(file.path, {});
+  INFO(all_messages(r));
+  REQUIRE(r.errors.size() == 6);
+  auto find = [&](const std::string& key) -> const ConfigError* {
+    for (const auto& e : r.errors)
+      if (e.key == key) return &e;
+    return nullptr;
+  };
+  const ConfigError* block = find("block_size");
+  REQUIRE(block);
+  CHECK(block->source == "file " + file.path + ":2");
+  CHECK(block->value == "100");
+  const ConfigError* pcie = find("thresholds.all_reduce.pcie");
+  REQUIRE(pcie);
+  CHECK(pcie->source == "file " + file.path + ":4");
+  CHECK(pcie->value == "lots");
+  const ConfigError* typo = find("thresholds.all_reduce.nvlnk");
+  REQUIRE(typo);
+  CHECK(typo->source == "file " + file.path + ":5");
+  CHECK(contains(typo->expected, "did you mean thresholds.all_reduce.nvlink?"));
+  const ConfigError* ranges = find("profiler.step_ranges");
+  REQUIRE(ranges);
+  CHECK(ranges->source == "file " + file.path + ":7");
+  const ConfigError* enable = find("profiler.enable");
+  REQUIRE(enable);
+  CHECK(enable->value == "sometimes");
+  const ConfigError* log_file = find("log.file");  // a number where a path belongs
+  REQUIRE(log_file);
+  CHECK(log_file->source == "file " + file.path + ":10");
+  CHECK(r.config.enable);  // the good line still applied
+}
+
+TEST_CASE("a TOML syntax error and a missing file are errors, not crashes") {
+  TempFile bad("enable = true\nblock_size = = 3\n");
+  const ConfigResult syntax = load_config(bad.path, {});
+  REQUIRE(syntax.errors.size() == 1);
+  CHECK(syntax.errors[0].source == "file " + bad.path + ":2");
+  CHECK(syntax.errors[0].expected == "valid TOML");
+
+  const ConfigResult missing = load_config("/nonexistent/fp8wire.toml", {});
+  REQUIRE(missing.errors.size() == 1);
+  CHECK(missing.errors[0].source == "file /nonexistent/fp8wire.toml");
+  CHECK(missing.errors[0].value == "/nonexistent/fp8wire.toml");
+  CHECK(contains(missing.errors[0].message(), "readable TOML file"));
+}
+
+TEST_CASE("parse_config_toml layers a document on a base config") {
+  Config base;
+  base.block_size = 64;
+  base.log_level = "debug";
+  const ConfigResult r = parse_config_toml("[coalesce]\nmax_calls = 8\n", "profile.toml", base);
+  REQUIRE(r.ok());
+  CHECK(r.config.block_size == 64);
+  CHECK(r.config.log_level == "debug");
+  CHECK(r.config.coalesce_max_calls == 8);
+}
+
+TEST_CASE("to_toml prints every key and parses back to the same configuration") {
+  Config c;
+  c.enable = false;
+  c.collective_enable = {false, true, true};
+  c.format = Fp8Format::e5m2;
+  c.block_size = 1024;
+  c.scale_type = ScaleType::bf16;
+  c.rounding = Rounding::stochastic;
+  c.seed = UINT64_MAX;  // beyond TOML's signed integers: must still round-trip
+  c.convert_path = ConvertPath::native;
+  c.algorithm = Algorithm::ring;
+  c.fabric_override = Fabric::net;
+  c.thresholds[2][1] = 767 * 1024 + 3;
+  c.cost_model[1] = {12.5, 21.75, 400, 3.25, true};
+  c.coalesce_enable = false;
+  c.coalesce_max_bytes = 3ull << 30;
+  c.coalesce_max_calls = 7;
+  c.scratch_max_bytes = 1000;
+  c.pipeline_chunk_bytes = 5ull << 20;
+  c.error_feedback = true;
+  c.error_feedback_max_bytes = 0;
+  c.log_level = "trace";
+  c.log_file = "/tmp/with \"quotes\" and \\ back\tslash-%r.log";
+  c.nccl_library = "/opt/nccl/lib/libnccl.so.2";
+  c.profiler_enable = true;
+  c.profiler_step_ranges = {"a", "b c"};
+  c.profiler_report_every = 100;
+  c.profiler_output = "/tmp/prof";
+  c.profiler_top = 3;
+  c.profiler_buffer_bytes = 1ull << 24;
+  c.profiler_comm_pattern = "allreduce|my_comm_kernel";
+
+  const std::string text = to_toml(c);
+  const ConfigResult r = parse_config_toml(text, "round-trip");
+  INFO(text);
+  INFO(all_messages(r));
+  REQUIRE(r.ok());
+  CHECK(to_toml(r.config) == text);
+  const Config& p = r.config;
+  CHECK(p.enable == c.enable);
+  CHECK(p.collective_enable == c.collective_enable);
+  CHECK(p.format == c.format);
+  CHECK(p.block_size == c.block_size);
+  CHECK(p.scale_type == c.scale_type);
+  CHECK(p.rounding == c.rounding);
+  CHECK(p.seed == c.seed);
+  CHECK(p.convert_path == c.convert_path);
+  CHECK(p.algorithm == c.algorithm);
+  CHECK(p.fabric_override == c.fabric_override);
+  CHECK(p.thresholds == c.thresholds);
+  CHECK(p.cost_model[1].op_latency_us == c.cost_model[1].op_latency_us);
+  CHECK(p.cost_model[1].bus_bandwidth_gbps == c.cost_model[1].bus_bandwidth_gbps);
+  CHECK(p.cost_model[1].codec_gbps == c.cost_model[1].codec_gbps);
+  CHECK(p.cost_model[1].kernel_launch_us == c.cost_model[1].kernel_launch_us);
+  CHECK(p.cost_model[1].calibrated);
+  CHECK_FALSE(p.cost_model[0].calibrated);
+  CHECK(p.coalesce_enable == c.coalesce_enable);
+  CHECK(p.coalesce_max_bytes == c.coalesce_max_bytes);
+  CHECK(p.coalesce_max_calls == c.coalesce_max_calls);
+  CHECK(p.scratch_max_bytes == c.scratch_max_bytes);
+  CHECK(p.pipeline_chunk_bytes == c.pipeline_chunk_bytes);
+  CHECK(p.error_feedback == c.error_feedback);
+  CHECK(p.error_feedback_max_bytes == c.error_feedback_max_bytes);
+  CHECK(p.log_level == c.log_level);
+  CHECK(p.log_file == c.log_file);
+  CHECK(p.nccl_library == c.nccl_library);
+  CHECK(p.profiler_enable == c.profiler_enable);
+  CHECK(p.profiler_step_ranges == c.profiler_step_ranges);
+  CHECK(p.profiler_report_every == c.profiler_report_every);
+  CHECK(p.profiler_output == c.profiler_output);
+  CHECK(p.profiler_top == c.profiler_top);
+  CHECK(p.profiler_buffer_bytes == c.profiler_buffer_bytes);
+  CHECK(p.profiler_comm_pattern == c.profiler_comm_pattern);
+}
+
+TEST_CASE("the defaults round-trip too, and every key has an environment variable") {
+  const std::string text = to_toml(Config{});
+  const ConfigResult r = parse_config_toml(text, "defaults");
+  REQUIRE(r.ok());
+  CHECK(to_toml(r.config) == text);
+  CHECK(contains(text, "[thresholds.all_gather]\n"));
+  CHECK(contains(text, "pcie = \"1MiB\""));
+  // A calibrated = false line written after the numbers keeps an uncalibrated model uncalibrated.
+  CHECK_FALSE(r.config.cost_model[0].calibrated);
+}

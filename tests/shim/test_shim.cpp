@@ -1,0 +1,323 @@
+// libfp8wire.so against a fake libnccl.so.2 that records every call (fake_nccl.cpp). Each scenario
+// runs shim_probe in a fresh process, since the shim's state is set up once per process:
+// symbol resolution (RTLD_NEXT, RTLD_NOLOAD, explicit nccl.library, none at all), exact argument
+// forwarding for every export, the re-entry guard, configuration errors, the C API, the exported
+// symbol set, and the pass-through cost.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "probe_script.hpp"
+#include "shim/reentry_guard.hpp"
+
+namespace {
+
+struct Run {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together (the shim logs to stderr)
+  std::vector<std::string> fake_log;
+  std::vector<std::pair<std::string, int>> rcs;
+  std::string config_at;  // address of the probe's ncclConfig_t, as the fake prints pointers
+};
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// Starts `program` with exactly `env` (plus PATH), so FP8WIRE_* variables of the CI shell cannot
+// leak into a scenario.
+Run run(const std::string& program, const std::vector<std::string>& args, std::vector<std::string> env) {
+  env.push_back("PATH=/usr/bin:/bin");
+  int pipe_fds[2];
+  REQUIRE(pipe(pipe_fds) == 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 2);
+  posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
+  std::vector<char*> argv{const_cast<char*>(program.c_str())};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(pipe_fds[1]);
+  REQUIRE(spawned == 0);
+  Run r;
+  char buffer[4096];
+  for (ssize_t n; (n = read(pipe_fds[0], buffer, sizeof(buffer))) > 0;) r.output.append(buffer, n);
+  close(pipe_fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  bool in_log = false;
+  for (const auto& line : lines_of(r.output)) {
+    if (line == "fake-log-begin") in_log = true;
+    else if (line == "fake-log-end") in_log = false;
+    else if (in_log) r.fake_log.push_back(line);
+    else if (line.rfind("config-at ", 0) == 0) r.config_at = line.substr(10);
+    else if (line.rfind("rc ", 0) == 0) {
+      const size_t space = line.rfind(' ');
+      r.rcs.emplace_back(line.substr(3, space - 3), std::stoi(line.substr(space + 1)));
+    }
+  }
+  return r;
+}
+
+const std::string kShim = SHIM_PATH;
+const std::string kFake = FAKE_NCCL_PATH;
+
+Run probe_linked(const std::string& script, std::vector<std::string> env) {
+  env.push_back("LD_PRELOAD=" + kShim);
+  return run(PROBE_LINKED_PATH, {"--mode", "linked", "--script", script}, env);
+}
+Run run_probe(const std::string& mode, const std::string& script, std::vector<std::string> env) {
+  return run(PROBE_PATH, {"--mode", mode, "--script", script, "--shim", kShim, "--fake", kFake}, env);
+}
+
+size_t count_of(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// The engine is free to ask the fake questions (those are not recorded) but every application
+// call must arrive exactly once, unchanged, in order.
+void check_forwarded_exactly(const Run& r) {
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  REQUIRE(r.rcs.size() == 21);
+  for (const auto& [name, rc] : r.rcs) {
+    CAPTURE(name);
+    CHECK(rc == ncclSuccess);
+  }
+  CHECK(r.fake_log == probe::expected_all(r.config_at));
+}
+
+// Enabled, but nothing eligible: the engine sits in between. The application's calls must all be
+// there in order; the engine may add its own calls, none of them on the application's buffers.
+void check_forwarded_through_engine(const Run& r) {
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  REQUIRE(r.rcs.size() == 21);
+  for (const auto& [name, rc] : r.rcs) {
+    CAPTURE(name);
+    CHECK(rc == ncclSuccess);
+  }
+  const auto expected = probe::expected_all(r.config_at);
+  size_t next = 0;
+  for (const auto& line : r.fake_log)
+    if (next < expected.size() && line == expected[next]) ++next;
+  CHECK_MESSAGE(next == expected.size(), "first missing: " << (next < expected.size() ? expected[next] : ""));
+  const std::string app_send = fmt::format("send={:#x}", probe::kSend);
+  size_t expected_app_calls = 0, actual_app_calls = 0;
+  for (const auto& line : expected) expected_app_calls += count_of(line, app_send);
+  for (const auto& line : r.fake_log) actual_app_calls += count_of(line, app_send);
+  CHECK(actual_app_calls == expected_app_calls);
+}
+
+// Thresholds far above any test size: the engine must pass everything through.
+const std::vector<std::string> kEnabledNothingEligible = {
+    "FP8WIRE_ENABLE=1",
+    "FP8WIRE_THRESHOLDS_ALL_REDUCE_NVLINK=1TiB", "FP8WIRE_THRESHOLDS_ALL_REDUCE_PCIE=1TiB",
+    "FP8WIRE_THRESHOLDS_ALL_REDUCE_NET=1TiB", "FP8WIRE_THRESHOLDS_REDUCE_SCATTER_NVLINK=1TiB",
+    "FP8WIRE_THRESHOLDS_REDUCE_SCATTER_PCIE=1TiB", "FP8WIRE_THRESHOLDS_REDUCE_SCATTER_NET=1TiB",
+    "FP8WIRE_THRESHOLDS_ALL_GATHER_NVLINK=1TiB", "FP8WIRE_THRESHOLDS_ALL_GATHER_PCIE=1TiB",
+    "FP8WIRE_THRESHOLDS_ALL_GATHER_NET=1TiB", "FP8WIRE_LOG_LEVEL=info"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("re-entry guard: only the outermost guard owns the mark") {
+  using fp8wire::shim::ReentryGuard;
+  CHECK_FALSE(ReentryGuard::inside());
+  {
+    ReentryGuard outer;
+    CHECK_FALSE(outer.reentered());
+    CHECK(ReentryGuard::inside());
+    {
+      ReentryGuard inner;
+      CHECK(inner.reentered());
+    }
+    CHECK(ReentryGuard::inside());  // the inner guard must not clear the outer mark
+  }
+  CHECK_FALSE(ReentryGuard::inside());
+}
+
+TEST_CASE("RTLD_NEXT: a job linked against NCCL, shim preloaded, disabled: every call forwarded exactly") {
+  const Run r = probe_linked("all", {"FP8WIRE_ENABLE=0", "FP8WIRE_LOG_LEVEL=info"});
+  check_forwarded_exactly(r);
+  CHECK(count_of(r.output, "resolved real NCCL") == 1);
+  CHECK(count_of(r.output, "from RTLD_NEXT (" + kFake) == 1);
+  CHECK(count_of(r.output, "enable = false") == 1);
+}
+
+TEST_CASE("RTLD_NEXT: enabled with nothing eligible: every call reaches NCCL unchanged through the engine") {
+  const Run r = probe_linked("all", kEnabledNothingEligible);
+  check_forwarded_through_engine(r);
+  CHECK(count_of(r.output, "from RTLD_NEXT") == 1);
+}
+
+TEST_CASE("RTLD_NOLOAD: NCCL loaded RTLD_LOCAL before the shim (as under PyTorch)") {
+  SUBCASE("disabled") {
+    const Run r = run_probe("noload", "all", {"FP8WIRE_ENABLE=0", "FP8WIRE_LOG_LEVEL=info"});
+    check_forwarded_exactly(r);
+    CHECK(count_of(r.output, "from already loaded libnccl.so.2 (" + kFake) == 1);
+  }
+  SUBCASE("enabled, nothing eligible") {
+    const Run r = run_probe("noload", "all", kEnabledNothingEligible);
+    check_forwarded_through_engine(r);
+    CHECK(count_of(r.output, "from already loaded libnccl.so.2") == 1);
+  }
+}
+
+TEST_CASE("explicit nccl.library: NCCL not loaded at all until the shim loads it") {
+  const Run r = run_probe("dlopen", "all", {"FP8WIRE_ENABLE=0", "FP8WIRE_LOG_LEVEL=info", "FP8WIRE_NCCL_LIBRARY=" + kFake});
+  check_forwarded_exactly(r);
+  CHECK(count_of(r.output, "from nccl.library " + kFake) == 1);
+}
+
+TEST_CASE("no NCCL at all: every export returns ncclSystemError, nothing crashes") {
+  const Run r = run_probe("dlopen", "all", {"FP8WIRE_LOG_LEVEL=info"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  REQUIRE(r.rcs.size() == 21);
+  for (const auto& [name, rc] : r.rcs) {
+    CAPTURE(name);
+    CHECK(rc == ncclSystemError);
+  }
+  CHECK(count_of(r.output, "no usable NCCL found") == 1);
+  CHECK(count_of(r.output, "FP8WIRE_NCCL_LIBRARY") >= 1);  // the message says how to fix it
+  CHECK(count_of(r.output, "fake not loaded") == 1);
+}
+
+TEST_CASE("nccl.library naming libfp8wire.so itself is refused (no call may loop back into the shim)") {
+  const Run r = run_probe("dlopen", "all", {"FP8WIRE_NCCL_LIBRARY=" + kShim});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  REQUIRE(r.rcs.size() == 21);
+  for (const auto& [name, rc] : r.rcs) CHECK(rc == ncclSystemError);
+  CHECK(count_of(r.output, "no usable NCCL found") == 1);
+}
+
+TEST_CASE("a nccl.library path that does not exist is reported with the loader's reason") {
+  const Run r = run_probe("dlopen", "all", {"FP8WIRE_NCCL_LIBRARY=/nonexistent/libnccl.so.2"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(count_of(r.output, "nccl.library '/nonexistent/libnccl.so.2'") == 1);
+}
+
+TEST_CASE("configuration errors: logged once each, then everything passes through") {
+  const Run r = probe_linked("all", {"FP8WIRE_BLOCK_SIZE=100", "FP8WIRE_FORMAT=e4m4", "FP8WIRE_BOGUS=1"});
+  check_forwarded_exactly(r);
+  CHECK(count_of(r.output, "env FP8WIRE_BLOCK_SIZE: block_size = '100': expected a power of two in [32, 4096]") == 1);
+  CHECK(count_of(r.output, "env FP8WIRE_FORMAT: format = 'e4m4'") == 1);
+  CHECK(count_of(r.output, "env FP8WIRE_BOGUS") == 1);
+  CHECK(count_of(r.output, "3 configuration error(s)") == 1);
+}
+
+TEST_CASE("re-entry: NCCL calling back into an export goes straight to NCCL, logged once") {
+  const Run r = probe_linked("reenter", kEnabledNothingEligible);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  REQUIRE(r.rcs.size() == 3);
+  for (const auto& [name, rc] : r.rcs) CHECK(rc == ncclSuccess);
+  // Each application call reaches the fake, which calls ncclAllReduce again (bound to the shim);
+  // the shim sees the guard and forwards once more, at depth 1, instead of recursing.
+  size_t depth0 = 0, depth1 = 0;
+  for (const auto& line : r.fake_log) {
+    if (line.rfind("ncclAllReduce(", 0) != 0) continue;
+    depth0 += line.ends_with("depth=0");
+    depth1 += line.ends_with("depth=1");
+  }
+  CHECK(depth0 == 2);
+  CHECK(depth1 == 2);
+  CHECK(count_of(r.output, "ncclAllReduce re-entered from " + kFake) == 1);
+  CHECK(count_of(r.output, "a bug") == 0);  // the caller was NCCL, not fp8wire
+  // The log is prefixed with the rank of the first communicator (the fake says rank 1).
+  CHECK(count_of(r.output, "fp8wire[rank 1]") >= 1);
+}
+
+TEST_CASE("C API: version, totals, step marks and flush are safe without a profiler") {
+  for (const char* enable : {"FP8WIRE_ENABLE=0", "FP8WIRE_ENABLE=1"}) {
+    CAPTURE(enable);
+    const Run r = run_probe("noload", "capi", {enable});
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(count_of(r.output, "capi version=100 ") == 1);
+    CHECK(count_of(r.output, "dropped=0") == 1);
+  }
+}
+
+TEST_CASE("exported dynamic symbols: exactly the interposed NCCL functions and the C API") {
+  FILE* nm = popen(("nm -D --defined-only " + kShim + " 2>/dev/null").c_str(), "r");
+  REQUIRE(nm);
+  std::set<std::string> exported;
+  char line[1024];
+  while (fgets(line, sizeof(line), nm)) {
+    std::istringstream fields(line);
+    std::string address, type, name;
+    fields >> address >> type >> name;
+    if (type == "A") continue;  // version node
+    if (!name.empty()) exported.insert(name);
+  }
+  const int nm_status = pclose(nm);
+  if (nm_status != 0 || exported.empty()) {
+    MESSAGE("nm not available; symbol check skipped");
+    return;
+  }
+  const std::set<std::string> expected = {
+      "ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclBcast", "ncclReduce",
+      "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd", "ncclCommInitRank", "ncclCommInitRankConfig",
+      "ncclCommInitAll", "ncclCommInitRankScalable", "ncclCommSplit", "ncclCommShrink", "ncclCommFinalize",
+      "ncclCommDestroy", "ncclCommAbort", "fp8wire_version", "fp8wire_step_begin", "fp8wire_step_end",
+      "fp8wire_profiler_flush", "fp8wire_get_totals"};
+  CHECK(exported == expected);
+}
+
+TEST_CASE("pass-through cost per ncclAllReduce call (CPU time; target < 1 us)") {
+  struct Row {
+    const char* label;
+    std::vector<std::string> env;
+    double shim_ns = 0, direct_ns = 0;
+  };
+  std::vector<Row> rows = {{"FP8WIRE_ENABLE=0", {"FP8WIRE_ENABLE=0"}},
+                           {"enabled, not eligible", kEnabledNothingEligible}};
+  for (auto& row : rows) {
+    const Run r = probe_linked("bench", row.env);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    const size_t at = r.output.find("bench shim_ns=");
+    REQUIRE(at != std::string::npos);
+    REQUIRE(std::sscanf(r.output.c_str() + at, "bench shim_ns=%lf direct_ns=%lf", &row.shim_ns, &row.direct_ns) == 2);
+  }
+  std::string table = "\n  configuration            direct (ns)  via shim (ns)  overhead (ns)\n";
+  for (const auto& row : rows)
+    table += fmt::format("  {:<24} {:>11.1f}  {:>13.1f}  {:>13.1f}\n", row.label, row.direct_ns, row.shim_ns,
+                         row.shim_ns - row.direct_ns);
+  MESSAGE(table);
+  std::printf("%s", table.c_str());
+  // CPU time excludes descheduling, so the bound holds on a loaded machine; a generous margin
+  // keeps it from flaking while still catching an accidental allocation or lock on the path.
+  for (const auto& row : rows) CHECK(row.shim_ns - row.direct_ns < 1000.0);
+}

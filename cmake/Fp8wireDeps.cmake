@@ -22,6 +22,8 @@ endif()
 message(STATUS "fp8wire: NCCL headers ${NCCL_INCLUDE_DIR}, library ${NCCL_LIBRARY}")
 add_library(fp8wire_nccl_headers INTERFACE)
 target_include_directories(fp8wire_nccl_headers SYSTEM INTERFACE ${NCCL_INCLUDE_DIR})
+# nccl.h includes cuda_runtime.h; the pip wheel's copy sits apart from the toolkit's headers.
+target_link_libraries(fp8wire_nccl_headers INTERFACE CUDA::toolkit)
 add_library(fp8wire::nccl_headers ALIAS fp8wire_nccl_headers)
 add_library(fp8wire_nccl INTERFACE)
 target_link_libraries(fp8wire_nccl INTERFACE fp8wire_nccl_headers ${NCCL_LIBRARY})

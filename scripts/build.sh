@@ -31,4 +31,6 @@ fi
 [[ -n "$arch" ]] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$arch")
 export PATH="/usr/local/cuda/bin:$PATH"
 cmake "${args[@]}"
-cmake --build "$build" -j "${FP8WIRE_JOBS:-$(nproc)}"
+keep=()
+[[ "${FP8WIRE_BUILD_KEEP_GOING:-0}" == 1 ]] && keep=(-- -k 0)   # build what can be built
+cmake --build "$build" -j "${FP8WIRE_JOBS:-$(nproc)}" "${keep[@]}"

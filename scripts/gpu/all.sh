@@ -24,6 +24,9 @@ for area in "$@"; do
   echo "================ $area rc=$rc ($(( $(date +%s) - s )) s) ================"
   tail -n "${FP8WIRE_TAIL:-40}" "$logs/$area.log"
 done
-tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs 2>/dev/null && rm -rf "$logs"
+# Only text results come back (the device returns at most 8 files of 16 MiB): logs, JSON, tables, plots.
+(cd "$OUT" && find logs -type f -size -4M \( -name '*.log' -o -name '*.txt' -o -name '*.json' -o -name '*.jsonl' \
+   -o -name '*.md' -o -name '*.toml' -o -name '*.csv' -o -name '*.png' \) -print0 |
+   tar --null -czf logs.tar.gz -T -) && rm -rf "$logs"
 echo "================ summary ($(( $(date +%s) - t0 )) s) ================"
 printf '%s' "$summary"

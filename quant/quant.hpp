@@ -4,6 +4,9 @@
 // An unsupported combination returns cudaErrorInvalidValue and logs what was unsupported.
 //
 // Every kernel matches the CPU reference codec (quant/reference.hpp) bit for bit.
+// Wire buffers (and the residual) must be 16-byte aligned (cudaMalloc'd scratch always is); caller
+// buffers may have any alignment (16-byte aligned ones get vector loads and stores).
+// quant/README.md defines the format and the arithmetic.
 #pragma once
 
 #include <cuda_runtime_api.h>

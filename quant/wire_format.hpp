@@ -68,5 +68,14 @@ inline constexpr size_t segment_count(size_t count, const Segmented& s) {
 
 // Validates a format: returns nullptr when usable, else a message naming what is wrong.
 const char* validate(const WireFormat& f);
+// Validates a segmented layout for `count` elements (seg_elems > 0; with more than one segment,
+// seg_elems a multiple of the block and seg_stride >= chunk_bytes(seg_elems), a multiple of 16).
+const char* validate(size_t count, const Segmented& layout, const WireFormat& f);
+
+// Where segment `s` of a segmented buffer starts, and how many elements it holds.
+inline constexpr size_t segment_elems(size_t count, const Segmented& l, size_t s) {
+  const size_t begin = s * l.seg_elems;
+  return begin >= count ? 0 : (count - begin < l.seg_elems ? count - begin : l.seg_elems);
+}
 
 }  // namespace fp8wire::quant

@@ -1,0 +1,36 @@
+// Codec kernel microbenchmarks (issue 3): quantize, dequantize, fused dequantize-reduce (plain and
+// requantizing) and the naive dequantize-then-reduce baseline, on both conversion paths, reported as
+// GB/s (bytes read + written) against the device-to-device copy bandwidth measured in the same run.
+// Method as nccl-tests: CUDA events around each repeat after warm-up, median of repeats, inputs and
+// outputs rotated over enough buffer sets that the L2 cache is not what is measured. Every run also
+// checks correctness (fused == naive bit for bit; the smallest quantize against the CPU reference).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "quant/wire_format.hpp"
+
+namespace fp8wire::bench {
+
+struct KernelBenchOptions {
+  // Caller-dtype bytes of one buffer (the reduce's output; each of its k inputs holds as many elements).
+  std::vector<size_t> sizes = {size_t(1) << 20, size_t(16) << 20, size_t(64) << 20, size_t(256) << 20};
+  int warmup = 5;
+  int repeats = 30;
+  int k = 8;                                  // inputs of the fused reduce (a world size)
+  quant::ElemType dtype = quant::ElemType::bf16;
+  quant::WireFormat format{};                 // e4m3, fp32 scales, block 128, nearest
+  // Which kernels: any of "quantize", "dequantize", "reduce", "reduce_requant", "naive"; empty = all.
+  std::vector<std::string> kernels;
+  std::string json_path;                      // write the results as JSON when non-empty
+  bool print_table = true;
+};
+
+// Runs the benchmark on the current CUDA device. Returns 0 on success, 1 when a correctness check
+// failed, 2 on bad options or a CUDA error (each reported on stderr with what was wrong).
+int run_kernel_bench(const KernelBenchOptions& options);
+
+}  // namespace fp8wire::bench

@@ -1,0 +1,247 @@
+// Device building blocks shared by the codec kernels (quantize.cu, dequantize.cu, reduce.cu).
+// Geometry: a CTA of kThreads threads works on tiles of kTileElems elements; each thread owns kVec = 16
+// consecutive elements (one 16-byte FP8 store, one or more 16-byte loads of the caller's dtype). An FP8
+// block of B elements is owned by B/16 consecutive threads ("a group"); its amax is reduced with warp
+// shuffles, and through shared memory when B > 512 (the group spans several warps).
+// All arithmetic goes through quant/fp8_math.hpp, the same code the CPU reference runs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "quant/fp8_math.hpp"
+#include "quant/kernel_params.hpp"
+#include "quant/wire_format.hpp"
+
+namespace fp8wire::quant {
+namespace detail {
+
+template <ElemType T>
+struct Storage { using type = uint16_t; };
+template <>
+struct Storage<ElemType::f32> { using type = float; };
+
+template <ElemType T>
+__device__ __forceinline__ float to_f32(typename Storage<T>::type v) {
+  if constexpr (T == ElemType::f32) return v;
+  else if constexpr (T == ElemType::bf16) return math::bf16_to_f32(v);
+  else return math::f16_to_f32(v);
+}
+
+template <ElemType T>
+__device__ __forceinline__ typename Storage<T>::type from_f32(float v) {
+  if constexpr (T == ElemType::f32) return math::bits_f32(math::is_nan_bits(math::f32_bits(v)) ? math::kCanonicalNanF32 : math::f32_bits(v));
+  else if constexpr (T == ElemType::bf16) return math::f32_to_bf16(v);
+  else return math::f32_to_f16(v);
+}
+
+// Loads elements [e, e + n) of `base` as fp32 into x[0..n), zeros after; one or more 16-byte loads
+// when the group is full and the buffer 16-byte aligned.
+template <ElemType T>
+__device__ __forceinline__ void load16(const void* base, size_t e, int n, bool aligned, float (&x)[kVec]) {
+  using S = typename Storage<T>::type;
+  const S* p = static_cast<const S*>(base) + e;
+  if (n == kVec && aligned) {
+    constexpr int kWords = kVec * sizeof(S) / 16;
+    union { uint4 v[kWords]; S s[kVec]; } u;
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) u.v[w] = __ldcs(reinterpret_cast<const uint4*>(p) + w);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) x[i] = to_f32<T>(u.s[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) x[i] = i < n ? to_f32<T>(p[i]) : 0.0f;
+  }
+}
+
+template <ElemType T>
+__device__ __forceinline__ void store16(void* base, size_t e, int n, bool aligned, const float (&y)[kVec]) {
+  using S = typename Storage<T>::type;
+  S* p = static_cast<S*>(base) + e;
+  if (n == kVec && aligned) {
+    constexpr int kWords = kVec * sizeof(S) / 16;
+    union { uint4 v[kWords]; S s[kVec]; } u;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) u.s[i] = from_f32<T>(y[i]);
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) reinterpret_cast<uint4*>(p)[w] = u.v[w];
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i)
+      if (i < n) p[i] = from_f32<T>(y[i]);
+  }
+}
+
+// ---- FP8 conversions, native (sm_89+ cvt) or software ---------------------------------------------
+// The native instructions only exist on sm_89+; compiled for older targets the native variant falls
+// back to the software code (the launchers never select it there), so every kernel still builds.
+template <Fp8Format F>
+__device__ __forceinline__ uint32_t cvt_pair_native(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short r;
+  if constexpr (F == Fp8Format::e4m3)
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return uint32_t(math::f32_to_fp8_rne_sw<F>(lo)) | (uint32_t(math::f32_to_fp8_rne_sw<F>(hi)) << 8);
+#endif
+}
+
+template <Fp8Format F>
+__device__ __forceinline__ void decode_pair_native(uint32_t pair, float& lo, float& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h2;
+  const unsigned short in = static_cast<unsigned short>(pair);
+  if constexpr (F == Fp8Format::e4m3)
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+  else
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(in));
+  const unsigned short hlo = static_cast<unsigned short>(h2 & 0xFFFFu);
+  const unsigned short hhi = static_cast<unsigned short>(h2 >> 16);
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(hlo));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(hhi));
+#else
+  lo = math::fp8_to_f32_sw<F>(uint8_t(pair));
+  hi = math::fp8_to_f32_sw<F>(uint8_t(pair >> 8));
+#endif
+}
+
+// Encodes x[0..16) with the block's scale into 16 payload bytes (elements >= n encode as 0).
+template <Fp8Format F, bool kNative>
+__device__ __forceinline__ uint4 encode16(const float (&x)[kVec], int n, const math::BlockScale& bs,
+                                          bool stochastic, uint64_t seed, uint64_t index0) {
+  uint32_t w[4] = {0, 0, 0, 0};
+  if (bs.kind == 0) {
+    float v[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = i < n ? math::mul_rn(x[i], bs.encode) : 0.0f;
+    if (stochastic) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const uint32_t q = i < n ? math::f32_to_fp8_sr<F>(v[i], math::sr_bits(seed, index0 + i)) : 0u;
+        w[i / 4] |= q << (8 * (i % 4));
+      }
+    } else if constexpr (kNative) {
+#pragma unroll
+      for (int i = 0; i < kVec; i += 2) w[i / 4] |= cvt_pair_native<F>(v[i], v[i + 1]) << (8 * (i % 4));
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) w[i / 4] |= uint32_t(math::f32_to_fp8_rne_sw<F>(v[i])) << (8 * (i % 4));
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Decodes 16 payload bytes with decode multiplier s.
+template <Fp8Format F, bool kNative>
+__device__ __forceinline__ void decode16(uint4 payload, float s, float (&y)[kVec]) {
+  const uint32_t w[4] = {payload.x, payload.y, payload.z, payload.w};
+#pragma unroll
+  for (int i = 0; i < kVec; i += 2) {
+    const uint32_t pair = (w[i / 4] >> (8 * (i % 4))) & 0xFFFFu;
+    float lo, hi;
+    if constexpr (kNative) {
+      decode_pair_native<F>(pair, lo, hi);
+    } else {
+      lo = math::fp8_to_f32_sw<F>(uint8_t(pair));
+      hi = math::fp8_to_f32_sw<F>(uint8_t(pair >> 8));
+    }
+    y[i] = math::mul_rn(lo, s);
+    y[i + 1] = math::mul_rn(hi, s);
+  }
+}
+
+__device__ __forceinline__ uint32_t load_scale(const uint8_t* p, ScaleType st) {
+  if (st == ScaleType::fp32) return __ldg(reinterpret_cast<const uint32_t*>(p));
+  if (st == ScaleType::bf16) return __ldg(reinterpret_cast<const unsigned short*>(p));
+  return __ldg(p);
+}
+
+__device__ __forceinline__ void store_scale(uint8_t* p, ScaleType st, uint32_t v) {
+  if (st == ScaleType::fp32) *reinterpret_cast<uint32_t*>(p) = v;
+  else if (st == ScaleType::bf16) *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(v);
+  else *p = static_cast<uint8_t>(v);
+}
+
+__device__ __forceinline__ uint32_t abs_max_bits(const float (&x)[kVec]) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) m = max(m, math::f32_bits(x[i]) & 0x7FFFFFFFu);
+  return m;
+}
+
+// Max over the `lanes` consecutive threads of one FP8 block. Every thread of the CTA must call it
+// (shuffles use the full mask; groups larger than a warp meet in shared memory).
+__device__ __forceinline__ uint32_t group_max(uint32_t v, int lanes, uint32_t* smem) {
+  const int width = lanes < 32 ? lanes : 32;
+  for (int o = width / 2; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  if (lanes <= 32) return v;
+  const int warp = threadIdx.x >> 5;
+  __syncthreads();   // the previous tile's readers are done with smem
+  if ((threadIdx.x & 31) == 0) smem[warp] = v;
+  __syncthreads();
+  const int warps = lanes >> 5;
+  const int first = warp & ~(warps - 1);
+  uint32_t m = 0;
+  for (int w = 0; w < warps; ++w) m = max(m, smem[first + w]);
+  return m;
+}
+
+// Where a segmented buffer keeps element e: its payload bytes, the scale of its block, and whether
+// that block is its chunk's last (whose thread also zeroes the scale padding).
+struct WireSlot {
+  uint8_t* payload;       // 16 bytes for this thread's group
+  uint8_t* scale;         // this block's scale
+  uint8_t* scale_pad;     // non-null for the chunk's last block: [scale_pad, scale_pad_end) to zero
+  uint8_t* scale_pad_end;
+};
+
+__device__ __forceinline__ WireSlot wire_slot(const WireTarget& t, size_t e) {
+  // Single-chunk layouts skip the division; segmented ones use 32-bit division when they can.
+  size_t seg = 0;
+  if (t.seg_elems < t.count)
+    seg = ((e | t.seg_elems) >> 32) == 0 ? size_t(uint32_t(e) / uint32_t(t.seg_elems)) : e / t.seg_elems;
+  const size_t local = e - seg * t.seg_elems;
+  const size_t remaining = t.count - seg * t.seg_elems;
+  const size_t n = remaining < t.seg_elems ? remaining : t.seg_elems;
+  uint8_t* chunk = t.wire + seg * t.seg_stride;
+  const size_t ssize = scale_bytes(t.scale);
+  const size_t block = local >> t.block_shift;
+  const size_t nblocks = (n + (size_t(1) << t.block_shift) - 1) >> t.block_shift;
+  uint8_t* scales = chunk + payload_bytes(n);
+  WireSlot s{chunk + local, scales + block * ssize, nullptr, nullptr};
+  if (block + 1 == nblocks) {
+    s.scale_pad = scales + nblocks * ssize;
+    s.scale_pad_end = scales + align_up(nblocks * ssize, kWireAlign);
+  }
+  return s;
+}
+
+// Quantizes this thread's 16 values (x, n valid, starting at element e) into the wire buffer. The
+// whole CTA must call it (group_max); threads with n == 0 only take part in the reduction.
+template <Fp8Format F, bool kNative>
+__device__ __forceinline__ math::BlockScale quantize_group(const float (&x)[kVec], int n, size_t e,
+                                                           const WireTarget& t, bool stochastic,
+                                                           uint64_t seed, uint64_t sr_index0,
+                                                           uint32_t* smem, uint4* payload_out) {
+  const int lanes = (1 << t.block_shift) / kVec;
+  const uint32_t amax = group_max(abs_max_bits(x), lanes, smem);
+  const math::BlockScale bs = math::make_scale<F>(amax, t.scale);
+  if (n == 0) return bs;
+  const uint4 q = encode16<F, kNative>(x, n, bs, stochastic, seed, sr_index0);
+  *payload_out = q;
+  const WireSlot slot = wire_slot(t, e);
+  *reinterpret_cast<uint4*>(slot.payload) = q;   // padding bytes of a short last group are zeros
+  if ((threadIdx.x & (lanes - 1)) == 0) {
+    store_scale(slot.scale, t.scale, bs.stored);
+    for (uint8_t* p = slot.scale_pad; p < slot.scale_pad_end; ++p) *p = 0;
+  }
+  return bs;
+}
+
+}  // namespace detail
+}  // namespace fp8wire::quant

@@ -1,0 +1,237 @@
+// Public host launchers of the codec (quant.hpp): argument checks with a clear message, conversion
+// path resolution, grid sizing, then one raw launch (kernel_params.hpp). Nothing here allocates or
+// synchronises; device attributes are read once per device and cached, so the launchers are safe to
+// call while a stream is captured into a CUDA graph.
+#include <array>
+#include <atomic>
+
+#include "common/log.hpp"
+#include "common/status.hpp"
+#include "quant/kernel_params.hpp"
+#include "quant/quant.hpp"
+
+namespace fp8wire::quant {
+namespace detail {
+
+void report_unsupported(const char* what, int value) {
+  FP8WIRE_ERROR("fp8wire quant: unsupported {} (value {}); no kernel instance for it", what, value);
+}
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+// 0 = not read yet. Racing first readers store the same value.
+std::array<std::atomic<int>, kMaxDevices> g_sm_count{};
+std::array<std::atomic<int>, kMaxDevices> g_compute_capability{};
+
+int cached_attribute(std::array<std::atomic<int>, kMaxDevices>& cache, int device, cudaDeviceAttr attr,
+                     cudaDeviceAttr minor_attr, bool with_minor) {
+  if (device < 0 || device >= kMaxDevices) return 0;
+  int v = cache[device].load(std::memory_order_relaxed);
+  if (v != 0) return v;
+  int a = 0, b = 0;
+  if (cudaDeviceGetAttribute(&a, attr, device) != cudaSuccess) return 0;
+  if (with_minor && cudaDeviceGetAttribute(&b, minor_attr, device) != cudaSuccess) return 0;
+  v = with_minor ? a * 10 + b : a;
+  cache[device].store(v, std::memory_order_relaxed);
+  return v;
+}
+
+bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+uint32_t ilog2(uint32_t v) {
+  uint32_t r = 0;
+  while ((1u << r) < v) ++r;
+  return r;
+}
+
+cudaError_t reject(const char* launcher, std::string_view what) {
+  FP8WIRE_ERROR("fp8wire quant: {}: {}", launcher, what);
+  return cudaErrorInvalidValue;
+}
+
+// native = use the sm_89+ conversion instructions. Asking for them on an older GPU is an error.
+cudaError_t resolve_native(const char* launcher, ConvertPath path, bool* native) {
+  int device = 0;
+  FP8WIRE_CUDA_RETURN(cudaGetDevice(&device));
+  const bool has = device_has_native_fp8(device);
+  switch (path) {
+    case ConvertPath::automatic: *native = has; return cudaSuccess;
+    case ConvertPath::software: *native = false; return cudaSuccess;
+    case ConvertPath::native:
+      if (!has) return reject(launcher, fmt::format("convert_path=native needs sm_89 or newer (device {})", device));
+      *native = true;
+      return cudaSuccess;
+  }
+  return reject(launcher, fmt::format("unknown convert path {}", static_cast<int>(path)));
+}
+
+// Enough CTAs to fill the device a few times over (the kernels loop over tiles), never more than
+// there are tiles.
+unsigned grid_for(size_t count) {
+  const size_t tiles = (count + kTileElems - 1) / kTileElems;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) device = 0;
+  int sms = cached_attribute(g_sm_count, device, cudaDevAttrMultiProcessorCount, cudaDevAttrMultiProcessorCount, false);
+  if (sms <= 0) sms = 132;
+  const size_t cap = size_t(sms) * (2048 / kThreads) * 4;
+  const size_t g = tiles < cap ? tiles : cap;
+  return unsigned(g ? g : 1);
+}
+
+const char* check_wire_pointer(const void* p) {
+  if (!p) return "wire buffer is null";
+  if (!is_aligned16(p)) return "wire buffer must be 16-byte aligned";
+  return nullptr;
+}
+
+bool valid_elem(ElemType t) { return t == ElemType::f32 || t == ElemType::f16 || t == ElemType::bf16; }
+
+cudaError_t quantize_impl(const char* name, const void* in, ElemType in_type, size_t count, float* residual,
+                          void* wire, Segmented layout, const WireFormat& wf, cudaStream_t stream,
+                          LaunchOptions opt) {
+  if (const char* e = validate(count, layout, wf)) return reject(name, e);
+  if (!valid_elem(in_type)) return reject(name, fmt::format("unsupported input type {}", static_cast<int>(in_type)));
+  if (count == 0) return cudaSuccess;
+  if (!in) return reject(name, "input buffer is null");
+  if (const char* e = check_wire_pointer(wire)) return reject(name, e);
+  if (residual && !is_aligned16(residual)) return reject(name, "residual must be 16-byte aligned");
+  bool native = false;
+  FP8WIRE_CUDA_RETURN(resolve_native(name, opt.path, &native));
+  QuantizeParams p{};
+  p.in = in;
+  p.in_aligned = is_aligned16(in);
+  p.residual = residual;
+  p.target = WireTarget{static_cast<uint8_t*>(wire), count, layout.seg_elems, layout.seg_stride, ilog2(wf.block), wf.scale};
+  p.stochastic = wf.rounding == Rounding::stochastic;
+  p.seed = wf.seed;
+  p.sr_offset = opt.sr_offset;
+  return launch_quantize_kernel(p, in_type, wf.fp8, native, grid_for(count), stream);
+}
+
+OutKind out_kind(const ReduceOutput& out) {
+  if (out.wire) return OutKind::wire;
+  return out.plain_type == ElemType::f32 ? OutKind::f32 : out.plain_type == ElemType::f16 ? OutKind::f16 : OutKind::bf16;
+}
+
+// Checks and fills everything but the inputs.
+cudaError_t prepare_reduce(const char* name, int k, bool has_plain, size_t count, float post_scale,
+                           const ReduceOutput& out, const WireFormat& wf, const LaunchOptions& opt,
+                           ReduceParams* p, bool* native) {
+  if (const char* e = validate(wf)) return reject(name, e);
+  if (k < 0 || k > kMaxReduceInputs) return reject(name, fmt::format("k = {} is outside [0, {}]", k, kMaxReduceInputs));
+  if (k == 0 && !has_plain) return reject(name, "no inputs (k == 0 and no plain addend)");
+  if ((out.plain == nullptr) == (out.wire == nullptr)) return reject(name, "give exactly one of out.plain and out.wire");
+  if (out.wire && !is_aligned16(out.wire)) return reject(name, "out.wire must be 16-byte aligned");
+  if (out.plain && !valid_elem(out.plain_type)) return reject(name, "out.plain_type must be f32, f16 or bf16");
+  if (post_scale != post_scale) return reject(name, "post_scale is NaN");
+  FP8WIRE_CUDA_RETURN(resolve_native(name, opt.path, native));
+  p->k = k;
+  p->count = count;
+  p->scales_offset = payload_bytes(count);
+  p->block_shift = ilog2(wf.block);
+  p->scale = wf.scale;
+  p->post_scale = post_scale;
+  p->out_plain = out.plain;
+  p->out_aligned = out.plain && is_aligned16(out.plain);
+  p->out_wire = WireTarget{static_cast<uint8_t*>(out.wire), count, count ? count : 1, chunk_bytes(count, wf),
+                           p->block_shift, wf.scale};
+  p->stochastic = wf.rounding == Rounding::stochastic;
+  p->seed = wf.seed;
+  p->sr_offset = opt.sr_offset;
+  return cudaSuccess;
+}
+
+cudaError_t reduce_impl(const char* name, const void* const* inputs, int k, const void* plain, ElemType plain_type,
+                        int plain_position, size_t count, float post_scale, ReduceOutput out, const WireFormat& wf,
+                        cudaStream_t stream, LaunchOptions opt) {
+  ReduceParams p{};
+  bool native = false;
+  if (cudaError_t e = prepare_reduce(name, k, plain != nullptr, count, post_scale, out, wf, opt, &p, &native)) return e;
+  if (count == 0) return cudaSuccess;
+  if (k > 0 && !inputs) return reject(name, "inputs array is null");
+  for (int j = 0; j < k; ++j) {
+    if (const char* e = check_wire_pointer(inputs[j])) return reject(name, fmt::format("inputs[{}]: {}", j, e));
+    p.in[j] = static_cast<const uint8_t*>(inputs[j]);
+  }
+  if (plain) {
+    if (plain_position < 0 || plain_position > k)
+      return reject(name, fmt::format("plain_position = {} is outside [0, k = {}]", plain_position, k));
+    if (!valid_elem(plain_type)) return reject(name, "plain_type must be f32, f16 or bf16");
+    p.plain = plain;
+    p.plain_type = plain_type;
+    p.plain_position = plain_position;
+    p.plain_aligned = is_aligned16(plain);
+  }
+  return launch_reduce_kernel(p, out_kind(out), wf.fp8, native, false, grid_for(count), stream);
+}
+
+}  // namespace
+}  // namespace detail
+
+bool device_has_native_fp8(int device) {
+  return detail::cached_attribute(detail::g_compute_capability, device, cudaDevAttrComputeCapabilityMajor,
+                                  cudaDevAttrComputeCapabilityMinor, true) >= 89;
+}
+
+cudaError_t quantize(const void* in, ElemType in_type, size_t count, void* wire, Segmented layout,
+                     const WireFormat& fmt, cudaStream_t stream, LaunchOptions opt) {
+  return detail::quantize_impl("quantize", in, in_type, count, nullptr, wire, layout, fmt, stream, opt);
+}
+
+cudaError_t quantize_with_residual(const void* in, ElemType in_type, size_t count, float* residual,
+                                   void* wire, Segmented layout, const WireFormat& fmt,
+                                   cudaStream_t stream, LaunchOptions opt) {
+  if (count != 0 && !residual) return detail::reject("quantize_with_residual", "residual buffer is null");
+  return detail::quantize_impl("quantize_with_residual", in, in_type, count, residual, wire, layout, fmt, stream, opt);
+}
+
+cudaError_t dequantize(const void* wire, Segmented layout, size_t count, void* out, ElemType out_type,
+                       const WireFormat& fmt, cudaStream_t stream, LaunchOptions opt) {
+  using namespace detail;
+  constexpr const char* kName = "dequantize";
+  if (const char* e = validate(count, layout, fmt)) return reject(kName, e);
+  if (!valid_elem(out_type)) return reject(kName, fmt::format("unsupported output type {}", static_cast<int>(out_type)));
+  if (count == 0) return cudaSuccess;
+  if (!out) return reject(kName, "output buffer is null");
+  if (const char* e = check_wire_pointer(wire)) return reject(kName, e);
+  bool native = false;
+  FP8WIRE_CUDA_RETURN(resolve_native(kName, opt.path, &native));
+  const DequantizeParams p{static_cast<const uint8_t*>(wire), count, layout.seg_elems, layout.seg_stride,
+                           ilog2(fmt.block), fmt.scale, out, is_aligned16(out)};
+  return launch_dequantize_kernel(p, out_type, fmt.fp8, native, grid_for(count), stream);
+}
+
+cudaError_t dequantize_reduce(const void* const* inputs, int k, size_t count, float post_scale,
+                              ReduceOutput out, const WireFormat& fmt, cudaStream_t stream, LaunchOptions opt) {
+  return detail::reduce_impl("dequantize_reduce", inputs, k, nullptr, ElemType::f32, 0, count, post_scale, out, fmt,
+                             stream, opt);
+}
+
+cudaError_t dequantize_reduce_mixed(const void* const* inputs, int k, const void* plain, ElemType plain_type,
+                                    int plain_position, size_t count, float post_scale, ReduceOutput out,
+                                    const WireFormat& fmt, cudaStream_t stream, LaunchOptions opt) {
+  return detail::reduce_impl("dequantize_reduce_mixed", inputs, k, plain, plain_type, plain_position, count,
+                             post_scale, out, fmt, stream, opt);
+}
+
+cudaError_t dequantize_then_reduce_naive(const void* const* inputs, int k, size_t count, float post_scale,
+                                         float* scratch_f32, ReduceOutput out, const WireFormat& fmt,
+                                         cudaStream_t stream, LaunchOptions opt) {
+  using namespace detail;
+  constexpr const char* kName = "dequantize_then_reduce_naive";
+  ReduceParams p{};
+  bool native = false;
+  if (cudaError_t e = prepare_reduce(kName, k, false, count, post_scale, out, fmt, opt, &p, &native)) return e;
+  if (count == 0) return cudaSuccess;
+  if (!scratch_f32 || !is_aligned16(scratch_f32)) return reject(kName, "scratch_f32 must be non-null and 16-byte aligned");
+  if (!inputs) return reject(kName, "inputs array is null");
+  for (int j = 0; j < k; ++j)
+    if (cudaError_t e = dequantize(inputs[j], Segmented::single(count, fmt), count, scratch_f32 + size_t(j) * count,
+                                   ElemType::f32, fmt, stream, opt))
+      return e;
+  p.f32_in = scratch_f32;
+  return launch_reduce_kernel(p, out_kind(out), fmt.fp8, native, true, grid_for(count), stream);
+}
+
+}  // namespace fp8wire::quant

@@ -1,0 +1,221 @@
+// Compiled with -ffp-contract=off (quant/CMakeLists.txt): every fp32 operation rounds once, exactly
+// as the device side's __fmul_rn/__fadd_rn/__fdiv_rn do.
+#include "quant/reference.hpp"
+
+#include <cstring>
+#include <vector>
+
+#include "quant/fp8_math.hpp"
+
+namespace fp8wire::quant::ref {
+namespace {
+
+using math::BlockScale;
+
+float amax_input(const float* x, size_t n, uint32_t* amax_bits) {
+  uint32_t m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t a = math::f32_bits(x[i]) & 0x7FFFFFFFu;
+    m = a > m ? a : m;
+  }
+  *amax_bits = m;
+  return math::bits_f32(m);
+}
+
+template <Fp8Format F>
+BlockScale scale_for(uint32_t amax_bits, ScaleType st) { return math::make_scale<F>(amax_bits, st); }
+
+template <Fp8Format F>
+uint8_t encode(float x, const BlockScale& bs, const WireFormat& fmt, uint64_t index) {
+  if (bs.kind != 0) return 0;
+  const float v = math::mul_rn(x, bs.encode);
+  if (fmt.rounding == Rounding::stochastic) return math::f32_to_fp8_sr<F>(v, math::sr_bits(fmt.seed, index));
+  return math::f32_to_fp8_rne_sw<F>(v);
+}
+
+template <Fp8Format F>
+float decode(uint8_t q, float s) { return math::mul_rn(math::fp8_to_f32_sw<F>(q), s); }
+
+void store_scale(uint8_t* scales, ScaleType st, size_t b, uint32_t stored) {
+  const size_t sz = scale_bytes(st);
+  if (sz == 4) std::memcpy(scales + 4 * b, &stored, 4);
+  else if (sz == 2) { const uint16_t v = uint16_t(stored); std::memcpy(scales + 2 * b, &v, 2); }
+  else scales[b] = uint8_t(stored);
+}
+uint32_t load_scale(const uint8_t* scales, ScaleType st, size_t b) {
+  const size_t sz = scale_bytes(st);
+  if (sz == 4) { uint32_t v; std::memcpy(&v, scales + 4 * b, 4); return v; }
+  if (sz == 2) { uint16_t v; std::memcpy(&v, scales + 2 * b, 2); return v; }
+  return scales[b];
+}
+
+// Encodes one chunk of n fp32 values (x) into `chunk`; optionally returns the decoded values.
+// `first_index` is the stochastic-rounding index of x[0].
+template <Fp8Format F>
+void encode_chunk(const float* x, size_t n, uint8_t* chunk, const WireFormat& fmt, uint64_t first_index,
+                  float* decoded, uint8_t* nonfinite) {
+  uint8_t* payload = chunk;
+  uint8_t* scales = chunk + payload_bytes(n);
+  const size_t nb = num_blocks(n, fmt.block);
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t lo = b * fmt.block;
+    const size_t hi = lo + fmt.block < n ? lo + fmt.block : n;
+    uint32_t amax_bits;
+    amax_input(x + lo, hi - lo, &amax_bits);
+    const BlockScale bs = scale_for<F>(amax_bits, fmt.scale);
+    store_scale(scales, fmt.scale, b, bs.stored);
+    for (size_t i = lo; i < hi; ++i) {
+      payload[i] = encode<F>(x[i], bs, fmt, first_index + i);
+      if (decoded) decoded[i] = decode<F>(payload[i], bs.decode);
+      if (nonfinite) nonfinite[i] = bs.kind == 2;
+    }
+  }
+  // Padding is part of the format: zero bytes, so a chunk's bytes are fully determined.
+  std::memset(payload + n, 0, payload_bytes(n) - n);
+  const size_t used = nb * scale_bytes(fmt.scale);
+  std::memset(scales + used, 0, scales_bytes(n, fmt) - used);
+}
+
+template <Fp8Format F>
+void decode_chunk(const uint8_t* chunk, size_t n, float* out, const WireFormat& fmt) {
+  const uint8_t* payload = chunk;
+  const uint8_t* scales = chunk + payload_bytes(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float s = math::decode_scale(load_scale(scales, fmt.scale, i / fmt.block), fmt.scale);
+    out[i] = decode<F>(payload[i], s);
+  }
+}
+
+template <class Fn>
+void for_each_fp8(Fp8Format f, Fn&& fn) {
+  if (f == Fp8Format::e4m3) fn(std::integral_constant<Fp8Format, Fp8Format::e4m3>{});
+  else fn(std::integral_constant<Fp8Format, Fp8Format::e5m2>{});
+}
+
+std::vector<float> load_all(const void* in, ElemType t, size_t count) {
+  std::vector<float> x(count);
+  for (size_t i = 0; i < count; ++i) x[i] = load_elem(in, t, i);
+  return x;
+}
+
+const char* check_common(size_t count, const Segmented& layout, const WireFormat& fmt) {
+  return validate(count, layout, fmt);
+}
+
+}  // namespace
+
+float load_elem(const void* p, ElemType t, size_t i) {
+  switch (t) {
+    case ElemType::f32: { float v; std::memcpy(&v, static_cast<const char*>(p) + 4 * i, 4); return v; }
+    case ElemType::bf16: { uint16_t v; std::memcpy(&v, static_cast<const char*>(p) + 2 * i, 2); return math::bf16_to_f32(v); }
+    case ElemType::f16: { uint16_t v; std::memcpy(&v, static_cast<const char*>(p) + 2 * i, 2); return math::f16_to_f32(v); }
+  }
+  return 0.0f;
+}
+
+void store_elem(void* p, ElemType t, size_t i, float v) {
+  char* c = static_cast<char*>(p);
+  switch (t) {
+    case ElemType::f32: {
+      const uint32_t u = math::is_nan_bits(math::f32_bits(v)) ? math::kCanonicalNanF32 : math::f32_bits(v);
+      std::memcpy(c + 4 * i, &u, 4);
+      return;
+    }
+    case ElemType::bf16: { const uint16_t u = math::f32_to_bf16(v); std::memcpy(c + 2 * i, &u, 2); return; }
+    case ElemType::f16: { const uint16_t u = math::f32_to_f16(v); std::memcpy(c + 2 * i, &u, 2); return; }
+  }
+}
+
+const char* quantize(const void* in, ElemType in_type, size_t count, void* wire, Segmented layout,
+                     const WireFormat& fmt, uint64_t sr_offset) {
+  if (const char* e = check_common(count, layout, fmt)) return e;
+  if (count == 0) return nullptr;
+  if (!in || !wire) return "quantize: null buffer";
+  const std::vector<float> x = load_all(in, in_type, count);
+  for_each_fp8(fmt.fp8, [&](auto f) {
+    for (size_t s = 0; s < segment_count(count, layout); ++s) {
+      const size_t n = segment_elems(count, layout, s);
+      const size_t begin = s * layout.seg_elems;
+      encode_chunk<decltype(f)::value>(x.data() + begin, n, static_cast<uint8_t*>(wire) + s * layout.seg_stride,
+                                       fmt, sr_offset + begin, nullptr, nullptr);
+    }
+  });
+  return nullptr;
+}
+
+const char* dequantize(const void* wire, Segmented layout, size_t count, void* out, ElemType out_type,
+                       const WireFormat& fmt) {
+  if (const char* e = check_common(count, layout, fmt)) return e;
+  if (count == 0) return nullptr;
+  if (!out || !wire) return "dequantize: null buffer";
+  std::vector<float> y(count);
+  for_each_fp8(fmt.fp8, [&](auto f) {
+    for (size_t s = 0; s < segment_count(count, layout); ++s) {
+      const size_t n = segment_elems(count, layout, s);
+      decode_chunk<decltype(f)::value>(static_cast<const uint8_t*>(wire) + s * layout.seg_stride, n,
+                                       y.data() + s * layout.seg_elems, fmt);
+    }
+  });
+  for (size_t i = 0; i < count; ++i) store_elem(out, out_type, i, y[i]);
+  return nullptr;
+}
+
+const char* dequantize_reduce(const void* const* inputs, int k, const void* plain, ElemType plain_type,
+                              int plain_position, size_t count, float post_scale, ReduceOutput out,
+                              const WireFormat& fmt, uint64_t sr_offset) {
+  if (const char* e = validate(fmt)) return e;
+  if (k < 0 || k > 4096) return "dequantize_reduce: k out of range";
+  if (k == 0 && !plain) return "dequantize_reduce: no inputs (k == 0 and no plain addend)";
+  if (plain && (plain_position < 0 || plain_position > k)) return "dequantize_reduce: plain_position must be in [0, k]";
+  if ((out.plain == nullptr) == (out.wire == nullptr)) return "dequantize_reduce: give exactly one of out.plain and out.wire";
+  if (count == 0) return nullptr;
+  std::vector<float> acc(count), term(count);
+  bool first = true;
+  auto add = [&](const std::vector<float>& t) {
+    if (first) { acc = t; first = false; return; }
+    for (size_t i = 0; i < count; ++i) acc[i] = math::add_rn(acc[i], t[i]);
+  };
+  for (int j = 0; j <= k; ++j) {
+    if (plain && j == plain_position) add(load_all(plain, plain_type, count));
+    if (j == k) break;
+    for_each_fp8(fmt.fp8, [&](auto f) {
+      decode_chunk<decltype(f)::value>(static_cast<const uint8_t*>(inputs[j]), count, term.data(), fmt);
+    });
+    add(term);
+  }
+  if (post_scale != 1.0f)
+    for (size_t i = 0; i < count; ++i) acc[i] = math::mul_rn(acc[i], post_scale);
+  if (out.plain) {
+    for (size_t i = 0; i < count; ++i) store_elem(out.plain, out.plain_type, i, acc[i]);
+    return nullptr;
+  }
+  for_each_fp8(fmt.fp8, [&](auto f) {
+    encode_chunk<decltype(f)::value>(acc.data(), count, static_cast<uint8_t*>(out.wire), fmt, sr_offset,
+                                     nullptr, nullptr);
+  });
+  return nullptr;
+}
+
+const char* quantize_with_residual(const void* in, ElemType in_type, size_t count, float* residual,
+                                   void* wire, Segmented layout, const WireFormat& fmt, uint64_t sr_offset) {
+  if (const char* e = check_common(count, layout, fmt)) return e;
+  if (count == 0) return nullptr;
+  if (!in || !wire || !residual) return "quantize_with_residual: null buffer";
+  std::vector<float> x = load_all(in, in_type, count);
+  for (size_t i = 0; i < count; ++i) x[i] = math::add_rn(x[i], residual[i]);
+  std::vector<float> y(count);
+  std::vector<uint8_t> nonfinite(count);
+  for_each_fp8(fmt.fp8, [&](auto f) {
+    for (size_t s = 0; s < segment_count(count, layout); ++s) {
+      const size_t n = segment_elems(count, layout, s);
+      const size_t begin = s * layout.seg_elems;
+      encode_chunk<decltype(f)::value>(x.data() + begin, n, static_cast<uint8_t*>(wire) + s * layout.seg_stride,
+                                       fmt, sr_offset + begin, y.data() + begin,
+                                       nonfinite.data() + begin);
+    }
+  });
+  for (size_t i = 0; i < count; ++i) residual[i] = nonfinite[i] ? 0.0f : math::sub_rn(x[i], y[i]);
+  return nullptr;
+}
+
+}  // namespace fp8wire::quant::ref

@@ -31,6 +31,9 @@ class Engine {
 
   // --- communicator lifecycle: called by the shim after the real call succeeded -----------------
   void comm_created(ncclComm_t comm);
+  // Same, telling whether the communicator was created non-blocking (ncclConfig_t::blocking = 0):
+  // such communicators always pass through. NCCL_COMM_BLOCKING=0 in the environment counts too.
+  void comm_created(ncclComm_t comm, bool nonblocking);
   // Before the real ncclCommDestroy/Abort: frees this communicator's scratch and state.
   void comm_destroyed(ncclComm_t comm);
 

@@ -1,0 +1,325 @@
+#include "sched/plan.hpp"
+
+#include <algorithm>
+
+namespace fp8wire::sched {
+
+const char* to_string(PassReason r) {
+  switch (r) {
+    case PassReason::none: return "none";
+    case PassReason::disabled: return "disabled";
+    case PassReason::collective_disabled: return "collective_disabled";
+    case PassReason::dtype: return "dtype";
+    case PassReason::op: return "op";
+    case PassReason::single_rank: return "single_rank";
+    case PassReason::empty: return "empty";
+    case PassReason::nonblocking: return "nonblocking";
+    case PassReason::too_many_ranks: return "too_many_ranks";
+    case PassReason::below_threshold: return "below_threshold";
+    case PassReason::cost_model: return "cost_model";
+  }
+  return "?";
+}
+
+bool elem_type_of(ncclDataType_t dtype, quant::ElemType* out) {
+  switch (dtype) {
+    case ncclFloat32: *out = quant::ElemType::f32; return true;
+    case ncclFloat16: *out = quant::ElemType::f16; return true;
+    case ncclBfloat16: *out = quant::ElemType::bf16; return true;
+    default: return false;
+  }
+}
+
+size_t nccl_type_size(ncclDataType_t dtype) {
+  switch (dtype) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 1;  // the FP8 NCCL types and anything newer: one byte or unknown
+  }
+}
+
+uint64_t threshold_bytes(const CallShape& call) {
+  const uint64_t bytes = static_cast<uint64_t>(call.count) * nccl_type_size(call.dtype);
+  return call.collective == Collective::all_reduce ? bytes : bytes * static_cast<uint64_t>(call.nranks);
+}
+
+PassReason static_eligibility(const Config& config, const CallShape& call) {
+  if (!config.enable) return PassReason::disabled;
+  if (!config.collective_enable[static_cast<int>(call.collective)]) return PassReason::collective_disabled;
+  quant::ElemType type;
+  if (!elem_type_of(call.dtype, &type)) return PassReason::dtype;
+  // all_gather has no reduction, so its op is meaningless; sum and avg are the only linear
+  // reductions an FP8 sum reproduces (max/min/prod and premulsum/custom ops are not).
+  if (call.collective != Collective::all_gather && call.op != ncclSum && call.op != ncclAvg)
+    return PassReason::op;
+  if (call.nranks <= 1) return PassReason::single_rank;
+  if (call.count == 0) return PassReason::empty;
+  if (call.nonblocking) return PassReason::nonblocking;
+  if (call.nranks > quant::kMaxReduceInputs) return PassReason::too_many_ranks;
+  return PassReason::none;
+}
+
+bool below_every_threshold(const Config& config, const CallShape& call) {
+  const auto& per_fabric = config.thresholds[static_cast<int>(call.collective)];
+  const uint64_t bytes = threshold_bytes(call);
+  if (config.fabric_override) return bytes < per_fabric[static_cast<int>(*config.fabric_override)];
+  for (uint64_t t : per_fabric)
+    if (bytes >= t) return false;
+  return true;
+}
+
+CostModel default_cost_model(Fabric fabric) {
+  // Rough figures for an H100/H200-class node; fp8wire-bench replaces them (cost_model.<fabric>.*).
+  switch (fabric) {
+    case Fabric::nvlink: return {15.0, 150.0, 1000.0, 4.0, false};
+    case Fabric::pcie: return {25.0, 12.0, 1000.0, 4.0, false};
+    case Fabric::net: return {50.0, 5.0, 1000.0, 4.0, false};
+  }
+  return {50.0, 5.0, 1000.0, 4.0, false};
+}
+
+CostModel effective_cost_model(const Config& config, Fabric fabric) {
+  CostModel model = default_cost_model(fabric);
+  const CostModel& given = config.cost_model[static_cast<int>(fabric)];
+  // Fields given in the profile win one by one, so a partial profile still works.
+  if (given.op_latency_us > 0) model.op_latency_us = given.op_latency_us;
+  if (given.bus_bandwidth_gbps > 0) model.bus_bandwidth_gbps = given.bus_bandwidth_gbps;
+  if (given.codec_gbps > 0) model.codec_gbps = given.codec_gbps;
+  if (given.kernel_launch_us > 0) model.kernel_launch_us = given.kernel_launch_us;
+  model.calibrated = given.calibrated;
+  return model;
+}
+
+double predicted_us(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes,
+                    int nranks, const quant::WireFormat& format) {
+  const double n = nranks;
+  const double s = static_cast<double>(caller_bytes);
+  // Wire bytes of the same data: one byte per element plus one scale per block. The element size is
+  // unknown here, so bf16 (the common gradient type) is assumed: elements = bytes / 2.
+  const double elems = s / 2.0;
+  const double w = elems * (1.0 + static_cast<double>(quant::scale_bytes(format.scale)) / format.block);
+  const double bw = m.bus_bandwidth_gbps * 1e3;  // bytes per microsecond
+  const double codec = m.codec_gbps * 1e3;
+  const double lat = m.op_latency_us, launch = m.kernel_launch_us;
+  switch (collective) {
+    case Collective::all_reduce:
+      switch (path) {
+        case Path::passthrough:
+        case Path::fallback: return lat + 2.0 * (n - 1) / n * s / bw;
+        case Path::two_shot: return 2 * lat + 2.0 * (n - 1) / n * w / bw + 3.0 * s / codec + 3 * launch;
+        case Path::one_shot: return lat + (n - 1) * w / bw + (1.0 + n) * s / codec + 2 * launch;
+        case Path::ring:
+          return n * lat + 2.0 * (n - 1) / n * w / bw + (2.0 + (n - 1) / n) * s / codec + (n + 1) * launch;
+      }
+      break;
+    case Collective::reduce_scatter:
+      if (path == Path::passthrough || path == Path::fallback) return lat + (n - 1) / n * s / bw;
+      return lat + (n - 1) / n * w / bw + 2.0 * s / codec + (n + 1) * launch;
+    case Collective::all_gather:
+      if (path == Path::passthrough || path == Path::fallback) return lat + (n - 1) / n * s / bw;
+      return lat + (n - 1) / n * w / bw + (s / n + s) / codec + 2 * launch;
+  }
+  return lat;
+}
+
+Plan plan_call(const Config& config, const CallShape& call, Fabric fabric) {
+  const PassReason reason = static_eligibility(config, call);
+  if (reason != PassReason::none) return {Path::passthrough, reason};
+  const uint64_t bytes = threshold_bytes(call);
+  if (bytes < config.thresholds[static_cast<int>(call.collective)][static_cast<int>(fabric)])
+    return {Path::passthrough, PassReason::below_threshold};
+
+  const quant::WireFormat format = quant::WireFormat::from(config);
+  const CostModel model = effective_cost_model(config, fabric);
+  Path fp8 = Path::two_shot;
+  if (call.collective == Collective::all_gather) {
+    fp8 = Path::one_shot;
+  } else if (call.collective == Collective::all_reduce) {
+    switch (config.algorithm) {
+      case Algorithm::two_shot: fp8 = Path::two_shot; break;
+      case Algorithm::one_shot: fp8 = Path::one_shot; break;
+      case Algorithm::ring: fp8 = Path::ring; break;
+      case Algorithm::automatic: {
+        const double one = predicted_us(model, call.collective, Path::one_shot, bytes, call.nranks, format);
+        const double two = predicted_us(model, call.collective, Path::two_shot, bytes, call.nranks, format);
+        fp8 = one <= two ? Path::one_shot : Path::two_shot;
+        break;
+      }
+    }
+  }
+  // Only a calibrated model may overrule the threshold: the built-in figures are too rough to
+  // second-guess a threshold the user chose.
+  if (model.calibrated && config.algorithm == Algorithm::automatic) {
+    const double plain = predicted_us(model, call.collective, Path::passthrough, bytes, call.nranks, format);
+    const double best = predicted_us(model, call.collective, fp8, bytes, call.nranks, format);
+    if (plain < best) return {Path::passthrough, PassReason::cost_model};
+  }
+  return {fp8, PassReason::none};
+}
+
+// --- shards ---------------------------------------------------------------------------------------
+ShardLayout shard_layout(size_t count, int nranks, const quant::WireFormat& f) {
+  ShardLayout l;
+  l.count = count;
+  l.nranks = nranks;
+  const size_t per_rank = (count + nranks - 1) / nranks;
+  l.shard_elems = std::max<size_t>(f.block, quant::align_up(per_rank, f.block));
+  l.seg_stride = quant::chunk_bytes(l.shard_elems, f);
+  return l;
+}
+size_t ShardLayout::begin(int j) const { return std::min(count, shard_elems * static_cast<size_t>(j)); }
+size_t ShardLayout::length(int j) const {
+  const size_t b = begin(j);
+  return std::min(count, b + shard_elems) - b;
+}
+size_t ShardLayout::bytes(int j, const quant::WireFormat& f) const {
+  const size_t len = length(j);
+  return len ? quant::chunk_bytes(len, f) : 0;
+}
+
+size_t stage_scratch_bytes(Collective collective, Path path, size_t n, int nranks,
+                           const quant::WireFormat& f) {
+  const size_t ranks = static_cast<size_t>(nranks);
+  switch (collective) {
+    case Collective::all_reduce: {
+      if (path == Path::one_shot) return ranks * quant::chunk_bytes(n, f);
+      const ShardLayout l = shard_layout(n, nranks, f);
+      if (path == Path::ring) return (ranks + 2) * l.seg_stride;  // send + recv slot + gathered
+      return 3 * l.total_bytes();                                  // sent, received, gathered
+    }
+    case Collective::reduce_scatter: return 2 * ranks * quant::chunk_bytes(n, f);
+    case Collective::all_gather: return ranks * quant::chunk_bytes(n, f);
+  }
+  return 0;
+}
+
+ScratchLayout scratch_layout(const Config& config) {
+  constexpr size_t kAlign = 256;
+  ScratchLayout s;
+  const size_t cap = config.scratch_max_bytes / kAlign * kAlign;
+  s.staging_bytes = config.coalesce_enable
+                        ? std::min<size_t>(config.coalesce_max_bytes, cap / 4) / kAlign * kAlign
+                        : 0;
+  s.set_bytes = (cap - s.staging_bytes) / 2 / kAlign * kAlign;
+  s.total_bytes = s.staging_bytes + 2 * s.set_bytes;
+  return s;
+}
+
+size_t stage_unit_elems(Collective collective, Path path, int nranks, const quant::WireFormat& f) {
+  if (collective == Collective::all_reduce && (path == Path::two_shot || path == Path::ring))
+    return static_cast<size_t>(nranks) * f.block;  // full shards on every rank but the last stage
+  return f.block;
+}
+
+size_t stage_elems(const Config& config, const ScratchLayout& scratch, Collective collective,
+                   Path path, size_t count, size_t elem_bytes, int nranks,
+                   const quant::WireFormat& f) {
+  if (count == 0) return 0;
+  const size_t unit = stage_unit_elems(collective, path, nranks, f);
+  const size_t caller_per_elem =
+      elem_bytes * (collective == Collective::all_reduce ? 1 : static_cast<size_t>(nranks));
+  auto fits = [&](size_t n) {
+    return stage_scratch_bytes(collective, path, n, nranks, f) <= scratch.set_bytes;
+  };
+  if (count <= unit) return fits(count) ? count : 0;
+  if (!fits(unit)) return 0;
+  // Largest number of units that fits the set and the pipeline chunk (at least one unit).
+  size_t lo = 1;
+  size_t hi = (count + unit - 1) / unit;
+  hi = std::min(hi, std::max<size_t>(1, config.pipeline_chunk_bytes / (unit * caller_per_elem)));
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid * unit)) lo = mid; else hi = mid - 1;
+  }
+  return std::min(count, lo * unit);
+}
+
+// --- coalescing -------------------------------------------------------------------------------------
+size_t coalesce_batch_length(const Config& config, size_t staging_bytes,
+                             std::span<const PendingShape> items) {
+  if (items.empty()) return 0;
+  const PendingShape& first = items[0];
+  if (!config.coalesce_enable || !first.fp8 || first.collective != Collective::all_reduce) return 1;
+  const uint64_t cap = std::min<uint64_t>(config.coalesce_max_bytes, staging_bytes);
+  if (first.bytes > cap) return 1;
+  uint64_t total = first.bytes;
+  size_t n = 1;
+  while (n < items.size() && n < config.coalesce_max_calls) {
+    const PendingShape& next = items[n];
+    if (!next.fp8 || next.comm != first.comm || next.stream != first.stream || next.collective != first.collective || next.dtype != first.dtype ||
+        next.op != first.op || total + next.bytes > cap)
+      break;
+    total += next.bytes;
+    ++n;
+  }
+  return n;
+}
+
+bool GroupState::end() {
+  if (depth_ == 0) {
+    unbalanced_ = true;
+    return false;
+  }
+  return --depth_ == 0;
+}
+
+// --- fabric ---------------------------------------------------------------------------------------
+uint64_t fnv1a(const void* data, size_t size, uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t config_fingerprint(const Config& c) {
+  uint64_t h = fnv1a(nullptr, 0);
+  auto mix = [&h](const auto& v) { h = fnv1a(&v, sizeof(v), h); };
+  // Everything that changes a decision or the bytes on the wire; logging and profiler settings may
+  // legitimately differ between ranks.
+  mix(c.enable);
+  for (bool b : c.collective_enable) mix(b);
+  mix(c.format); mix(c.block_size); mix(c.scale_type); mix(c.rounding); mix(c.seed);
+  mix(c.algorithm);
+  mix(c.fabric_override.has_value());
+  if (c.fabric_override) mix(*c.fabric_override);
+  for (const auto& per : c.thresholds)
+    for (uint64_t t : per) mix(t);
+  for (const CostModel& m : c.cost_model) {
+    mix(m.op_latency_us); mix(m.bus_bandwidth_gbps); mix(m.codec_gbps); mix(m.kernel_launch_us);
+    mix(m.calibrated);
+  }
+  mix(c.coalesce_enable); mix(c.coalesce_max_bytes); mix(c.coalesce_max_calls);
+  mix(c.scratch_max_bytes); mix(c.pipeline_chunk_bytes);
+  return h;
+}
+
+Agreement agree(const Config& config, std::span<const RankFacts> facts) {
+  Agreement a;
+  if (facts.empty()) {
+    a.reason = "no ranks";
+    return a;
+  }
+  bool multi_host = false, p2p_disabled = false, all_nvlink = true, scratch = true, same_config = true;
+  for (const RankFacts& f : facts) {
+    multi_host |= f.host_hash != facts[0].host_hash;
+    p2p_disabled |= f.p2p_disabled != 0;
+    all_nvlink &= f.nvlink_local != 0;
+    scratch &= f.scratch_ok != 0;
+    same_config &= f.config_fingerprint == facts[0].config_fingerprint;
+  }
+  if (config.fabric_override) a.fabric = *config.fabric_override;
+  else if (multi_host) a.fabric = Fabric::net;
+  else if (p2p_disabled || !all_nvlink) a.fabric = Fabric::pcie;
+  else a.fabric = Fabric::nvlink;
+  a.fp8_ok = scratch && same_config;
+  a.reason = !same_config ? "ranks run with different fp8wire configurations"
+             : !scratch   ? "scratch memory could not be allocated on every rank"
+                          : "";
+  return a;
+}
+
+}  // namespace fp8wire::sched

@@ -1,0 +1,173 @@
+// CPU tier of the engine: everything that must pass through does so with no GPU work, no agreement
+// exchange and the application's group structure intact. A fake NCCL table records the real calls;
+// no CUDA call is made on these paths, so the test runs on machines without a GPU.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "sched/engine.hpp"
+
+using namespace fp8wire;
+
+namespace {
+std::vector<std::string> g_calls;
+std::vector<uint64_t> g_hook_seqs;
+
+ncclComm_t comm_of(uintptr_t v) { return reinterpret_cast<ncclComm_t>(v); }
+const ncclComm_t kFourRanks = comm_of(0x1000);
+const ncclComm_t kOneRank = comm_of(0x2000);
+const ncclComm_t kNotReady = comm_of(0x3000);
+
+NcclApi fake_api() {
+  NcclApi api;
+  api.AllReduce = [](const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) {
+    g_calls.push_back("AllReduce");
+    return ncclSuccess;
+  };
+  api.ReduceScatter = [](const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) {
+    g_calls.push_back("ReduceScatter");
+    return ncclSuccess;
+  };
+  api.AllGather = [](const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) {
+    g_calls.push_back("AllGather");
+    return ncclSuccess;
+  };
+  api.GroupStart = [] {
+    g_calls.push_back("GroupStart");
+    return ncclSuccess;
+  };
+  api.GroupEnd = [] {
+    g_calls.push_back("GroupEnd");
+    return ncclSuccess;
+  };
+  api.CommCount = [](const ncclComm_t c, int* n) {
+    if (c == kNotReady) return ncclInvalidArgument;  // e.g. still initialising inside a group
+    *n = c == kOneRank ? 1 : 4;
+    return ncclSuccess;
+  };
+  api.CommUserRank = [](const ncclComm_t, int* r) {
+    *r = 0;
+    return ncclSuccess;
+  };
+  api.CommCuDevice = [](const ncclComm_t, int* d) {
+    *d = 0;
+    return ncclSuccess;
+  };
+  return api;
+}
+
+constexpr size_t kBig = 64 << 20;  // elements: above every default threshold
+void* const kBuf = reinterpret_cast<void*>(0x10000);
+
+CallRecord last_record() {
+  std::vector<CallRecord> recs(Accounting::kCapacity);
+  const size_t n = Accounting::instance().snapshot(recs.data(), recs.size(), 0);
+  REQUIRE(n > 0);
+  return recs[n - 1];
+}
+}  // namespace
+
+TEST_CASE("ineligible calls pass through, once, with no agreement") {
+  const NcclApi api = fake_api();
+  sched::Engine eng(Config{}, api);
+  eng.comm_created(kFourRanks);
+  g_calls.clear();
+
+  SUBCASE("integer sum") {
+    CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclInt32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+    const CallRecord r = last_record();
+    CHECK(r.path == Path::passthrough);
+    CHECK(r.kind == CallKind::all_reduce);
+    CHECK(r.app_bytes == kBig * 4);
+    // Rejected before the communicator lookup (the cheap path): size unknown, the caller's bytes
+    // stand in for the wire bytes.
+    CHECK(r.nranks == 0);
+    CHECK(r.wire_bytes == kBig * 4);
+  }
+  SUBCASE("max / min / prod") {
+    for (ncclRedOp_t op : {ncclMax, ncclMin, ncclProd})
+      CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, op, kFourRanks, nullptr) == ncclSuccess);
+    CHECK(g_calls.size() == 3);
+  }
+  SUBCASE("below every fabric's threshold") {
+    CHECK(eng.all_reduce(kBuf, kBuf, 1000, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+    CHECK(eng.reduce_scatter(kBuf, kBuf, 1000, ncclFloat32, ncclAvg, kFourRanks, nullptr) == ncclSuccess);
+  }
+  SUBCASE("1-rank communicator, and one that cannot answer yet") {
+    CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kOneRank, nullptr) == ncclSuccess);
+    CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kNotReady, nullptr) == ncclSuccess);
+  }
+  SUBCASE("all_gather is off by default; reduce_scatter of integers") {
+    CHECK(eng.all_gather(kBuf, kBuf, kBig, ncclBfloat16, kFourRanks, nullptr) == ncclSuccess);
+    CHECK(eng.reduce_scatter(kBuf, kBuf, kBig, ncclInt8, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+    CHECK(g_calls == std::vector<std::string>{"AllGather", "ReduceScatter"});
+  }
+  SUBCASE("forced pass-through is plain NCCL") {
+    CHECK(eng.all_reduce_forced(Path::passthrough, kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) ==
+          ncclSuccess);
+    const CallRecord r = last_record();
+    CHECK(r.path == Path::passthrough);
+    CHECK(r.nranks == 4);
+    CHECK(r.wire_bytes == 2 * 3 * kBig * 2 / 4);  // ring all-reduce: 2(N-1)/N of the buffer
+  }
+  for (const std::string& c : g_calls) CHECK(c != "GroupStart");  // nothing of an FP8 exchange
+  CHECK(!g_calls.empty());
+  CHECK(eng.fabric_of(kFourRanks) == Fabric::net);  // not agreed: the override or "net"
+}
+
+TEST_CASE("disabled, non-blocking: even large float sums pass through") {
+  const NcclApi api = fake_api();
+  Config off;
+  off.enable = false;
+  sched::Engine disabled(off, api);
+  g_calls.clear();
+  CHECK(disabled.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+  CHECK(g_calls == std::vector<std::string>{"AllReduce"});
+
+  sched::Engine eng(Config{}, api);
+  eng.comm_created(kFourRanks, /*nonblocking=*/true);
+  g_calls.clear();
+  CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclFloat32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+  CHECK(g_calls == std::vector<std::string>{"AllReduce"});
+
+  Config pcie;
+  pcie.fabric_override = Fabric::pcie;
+  sched::Engine forced_fabric(pcie, api);
+  CHECK(forced_fabric.fabric_of(kFourRanks) == Fabric::pcie);
+}
+
+TEST_CASE("groups: pass-through calls stay inside the application's real group") {
+  const NcclApi api = fake_api();
+  sched::Engine eng(Config{}, api);
+  g_calls.clear();
+  CHECK(eng.group_start() == ncclSuccess);
+  CHECK(eng.all_reduce(kBuf, kBuf, 10, ncclInt32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+  CHECK(eng.group_start() == ncclSuccess);
+  CHECK(eng.all_reduce(kBuf, kBuf, 10, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+  CHECK(eng.group_end() == ncclSuccess);
+  CHECK(eng.all_gather(kBuf, kBuf, 10, ncclFloat32, kFourRanks, nullptr) == ncclSuccess);
+  CHECK(eng.group_end() == ncclSuccess);
+  CHECK(g_calls == std::vector<std::string>{"GroupStart", "AllReduce", "GroupStart", "AllReduce", "GroupEnd",
+                                            "AllGather", "GroupEnd"});
+  // An unbalanced end is forwarded: NCCL reports the error, the engine keeps no state.
+  g_calls.clear();
+  CHECK(eng.group_end() == ncclSuccess);
+  CHECK(g_calls == std::vector<std::string>{"GroupEnd"});
+}
+
+TEST_CASE("call hooks run around every call, with the sequence number") {
+  const NcclApi api = fake_api();
+  sched::Engine eng(Config{}, api);
+  static const CallHooks hooks{[](const CallRecord& r) { g_hook_seqs.push_back(r.seq); },
+                               [](const CallRecord& r) { g_hook_seqs.push_back(r.seq); }};
+  set_call_hooks(&hooks);
+  g_hook_seqs.clear();
+  CHECK(eng.all_reduce(kBuf, kBuf, 10, ncclInt32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+  CHECK(eng.all_reduce(kBuf, kBuf, 10, ncclInt32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+  set_call_hooks(nullptr);
+  REQUIRE(g_hook_seqs.size() == 4);
+  CHECK(g_hook_seqs[0] == g_hook_seqs[1]);
+  CHECK(g_hook_seqs[2] == g_hook_seqs[1] + 1);
+}

@@ -1,0 +1,412 @@
+// CPU tier of the scheduler: every planning rule, the cost model's crossovers, shard and pipeline
+// arithmetic, coalescing caps, group nesting, the fabric agreement and the accounting ring.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "sched/accounting.hpp"
+#include "sched/plan.hpp"
+
+using namespace fp8wire;
+using namespace fp8wire::sched;
+
+namespace {
+CallShape ar(size_t count, int nranks = 2, ncclDataType_t dtype = ncclBfloat16, ncclRedOp_t op = ncclSum) {
+  CallShape c;
+  c.collective = Collective::all_reduce;
+  c.count = count;
+  c.nranks = nranks;
+  c.dtype = dtype;
+  c.op = op;
+  return c;
+}
+constexpr size_t MiB = 1 << 20;
+}  // namespace
+
+TEST_CASE("eligibility: every pass-through rule") {
+  Config c;
+  CHECK(static_eligibility(c, ar(1 << 20)) == PassReason::none);
+  for (ncclDataType_t t : {ncclInt8, ncclUint8, ncclInt32, ncclUint32, ncclInt64, ncclUint64, ncclFloat64})
+    CHECK(static_eligibility(c, ar(1 << 20, 2, t)) == PassReason::dtype);
+  for (ncclDataType_t t : {ncclFloat32, ncclFloat16, ncclBfloat16})
+    CHECK(static_eligibility(c, ar(1 << 20, 2, t)) == PassReason::none);
+  for (ncclRedOp_t op : {ncclMax, ncclMin, ncclProd, static_cast<ncclRedOp_t>(ncclNumOps + 1)})
+    CHECK(static_eligibility(c, ar(1 << 20, 2, ncclFloat32, op)) == PassReason::op);
+  CHECK(static_eligibility(c, ar(1 << 20, 2, ncclFloat32, ncclAvg)) == PassReason::none);
+  CHECK(static_eligibility(c, ar(1 << 20, 1)) == PassReason::single_rank);
+  CHECK(static_eligibility(c, ar(0, 4)) == PassReason::empty);
+  CHECK(static_eligibility(c, ar(1 << 20, quant::kMaxReduceInputs + 1)) == PassReason::too_many_ranks);
+  CallShape nb = ar(1 << 20);
+  nb.nonblocking = true;
+  CHECK(static_eligibility(c, nb) == PassReason::nonblocking);
+
+  Config off;
+  off.enable = false;
+  CHECK(static_eligibility(off, ar(1 << 20)) == PassReason::disabled);
+  // all_gather is off by default (lossy on weights); opt-in through collectives.all_gather.
+  CallShape ag = ar(1 << 20);
+  ag.collective = Collective::all_gather;
+  ag.op = ncclMax;  // all_gather ignores the op
+  CHECK(static_eligibility(c, ag) == PassReason::collective_disabled);
+  Config ag_on;
+  ag_on.collective_enable[static_cast<int>(Collective::all_gather)] = true;
+  CHECK(static_eligibility(ag_on, ag) == PassReason::none);
+  Config ar_off;
+  ar_off.collective_enable[static_cast<int>(Collective::all_reduce)] = false;
+  CHECK(static_eligibility(ar_off, ar(1 << 20)) == PassReason::collective_disabled);
+}
+
+TEST_CASE("thresholds per collective and fabric") {
+  Config c;  // defaults: nvlink 64 MiB, pcie 1 MiB, net 256 KiB
+  const CallShape half_mib = ar(256 * 1024);  // 512 KiB of bf16
+  CHECK(plan_call(c, half_mib, Fabric::net).path != Path::passthrough);
+  CHECK(plan_call(c, half_mib, Fabric::pcie).reason == PassReason::below_threshold);
+  CHECK(plan_call(c, half_mib, Fabric::nvlink).reason == PassReason::below_threshold);
+  // Exactly at the threshold goes FP8; one element less does not.
+  c.thresholds[0][static_cast<int>(Fabric::pcie)] = 1000;
+  CHECK(plan_call(c, ar(500), Fabric::pcie).path != Path::passthrough);
+  CHECK(plan_call(c, ar(499), Fabric::pcie).path == Path::passthrough);
+  // reduce_scatter compares the full send buffer (nranks * recvcount).
+  CallShape rs = ar(100 * 1024, 4, ncclFloat32);
+  rs.collective = Collective::reduce_scatter;
+  CHECK(threshold_bytes(rs) == 4ull * 100 * 1024 * 4);
+  Config t;
+  t.thresholds[1][static_cast<int>(Fabric::pcie)] = 1 * MiB;
+  CHECK(plan_call(t, rs, Fabric::pcie).path == Path::two_shot);
+  rs.count = 60 * 1024;
+  CHECK(plan_call(t, rs, Fabric::pcie).reason == PassReason::below_threshold);
+  // Threshold 0: everything eligible goes FP8 (the DDP parity test relies on it).
+  Config zero;
+  zero.thresholds[0] = {0, 0, 0};
+  CHECK(plan_call(zero, ar(1), Fabric::nvlink).path != Path::passthrough);
+  CHECK(plan_call(zero, ar(1, 2, ncclInt32), Fabric::nvlink).path == Path::passthrough);
+}
+
+TEST_CASE("cost model: one-shot vs two-shot vs pass-through") {
+  Config c;
+  c.thresholds[0] = {0, 0, 0};
+  const auto fmt = quant::WireFormat::from(c);
+  SUBCASE("two ranks: one-shot moves no more bytes and saves an operation") {
+    for (size_t n : {size_t{1024}, size_t{1} << 20, size_t{1} << 26})
+      CHECK(plan_call(c, ar(n, 2), Fabric::pcie).path == Path::one_shot);
+  }
+  SUBCASE("many ranks, large buffers: two-shot; small buffers: one-shot (latency bound)") {
+    CHECK(plan_call(c, ar(64 * MiB, 8), Fabric::pcie).path == Path::two_shot);
+    CHECK(plan_call(c, ar(1024, 8), Fabric::pcie).path == Path::one_shot);
+  }
+  SUBCASE("crossover with given parameters") {
+    // lat 100 us, 10 GB/s, codec infinitely fast: one-shot = 100 + 7w/bw, two-shot = 200 + 1.75w/bw
+    // -> equal at w = 100 us * 10e3 B/us / 5.25 = 190476 wire bytes (~0.36 MB of bf16 elements).
+    for (CostModel& m : c.cost_model) m = {100.0, 10.0, 1e12, 1e-9, false};  // 0 would mean "default"
+    const double w_cross = 100.0 * 10e3 / 5.25;
+    const double per_elem = 1.0 + 4.0 / 128;
+    const size_t elems_cross = static_cast<size_t>(w_cross / per_elem);
+    CHECK(plan_call(c, ar(elems_cross * 9 / 10, 8), Fabric::net).path == Path::one_shot);
+    CHECK(plan_call(c, ar(elems_cross * 11 / 10, 8), Fabric::net).path == Path::two_shot);
+    CHECK(predicted_us(effective_cost_model(c, Fabric::net), Collective::all_reduce, Path::two_shot,
+                       0, 8, fmt) == doctest::Approx(200.0));
+  }
+  SUBCASE("only a calibrated model may prefer pass-through") {
+    // Tiny latency, huge bandwidth, slow codec: FP8 never pays off.
+    CostModel slow_codec{1.0, 1000.0, 1.0, 5.0, false};
+    c.cost_model[static_cast<int>(Fabric::nvlink)] = slow_codec;
+    CHECK(plan_call(c, ar(MiB, 4), Fabric::nvlink).path != Path::passthrough);
+    c.cost_model[static_cast<int>(Fabric::nvlink)].calibrated = true;
+    const Plan p = plan_call(c, ar(MiB, 4), Fabric::nvlink);
+    CHECK(p.path == Path::passthrough);
+    CHECK(p.reason == PassReason::cost_model);
+    // A forced algorithm in the config is obeyed regardless.
+    c.algorithm = Algorithm::ring;
+    CHECK(plan_call(c, ar(MiB, 4), Fabric::nvlink).path == Path::ring);
+  }
+  SUBCASE("configured algorithm, and the single FP8 path of reduce_scatter / all_gather") {
+    c.algorithm = Algorithm::two_shot;
+    CHECK(plan_call(c, ar(1024, 2), Fabric::net).path == Path::two_shot);
+    c.algorithm = Algorithm::one_shot;
+    CHECK(plan_call(c, ar(64 * MiB, 8), Fabric::net).path == Path::one_shot);
+    CallShape rs = ar(MiB, 3);
+    rs.collective = Collective::reduce_scatter;
+    c.thresholds[1] = {0, 0, 0};
+    CHECK(plan_call(c, rs, Fabric::net).path == Path::two_shot);
+  }
+  SUBCASE("partial profile: given fields win one by one") {
+    c.cost_model[static_cast<int>(Fabric::pcie)].op_latency_us = 4500;
+    const CostModel m = effective_cost_model(c, Fabric::pcie);
+    CHECK(m.op_latency_us == 4500);
+    CHECK(m.bus_bandwidth_gbps == default_cost_model(Fabric::pcie).bus_bandwidth_gbps);
+  }
+}
+
+TEST_CASE("shard layout: block-aligned shards, short and empty tails, odd world sizes") {
+  quant::WireFormat f;  // e4m3, fp32 scales, block 128
+  SUBCASE("odd world size") {
+    const ShardLayout l = shard_layout(1000, 3, f);
+    CHECK(l.shard_elems == 384);  // ceil(1000/3) = 334 -> 3 blocks
+    CHECK(l.length(0) == 384);
+    CHECK(l.length(1) == 384);
+    CHECK(l.length(2) == 232);
+    CHECK(l.begin(2) == 768);
+    CHECK(l.seg_stride == quant::chunk_bytes(384, f));
+    CHECK(l.seg_stride % quant::kWireAlign == 0);
+    CHECK(l.bytes(2, f) == quant::chunk_bytes(232, f));
+  }
+  SUBCASE("count < nranks: one short shard, the rest empty") {
+    const ShardLayout l = shard_layout(3, 4, f);
+    CHECK(l.shard_elems == 128);
+    CHECK(l.length(0) == 3);
+    for (int j = 1; j < 4; ++j) {
+      CHECK(l.length(j) == 0);
+      CHECK(l.bytes(j, f) == 0);
+      CHECK(l.begin(j) == 3);
+    }
+  }
+  SUBCASE("every count and world size covers the buffer exactly once") {
+    for (int n : {2, 3, 4, 5, 7, 8}) {
+      for (size_t count : {size_t{1}, size_t{127}, size_t{128}, size_t{129}, size_t{1000}, size_t{4096},
+                           size_t{99991}, size_t{1} << 20}) {
+        const ShardLayout l = shard_layout(count, n, f);
+        size_t covered = 0;
+        for (int j = 0; j < n; ++j) {
+          if (l.length(j)) CHECK(l.begin(j) % f.block == 0);
+          CHECK(l.begin(j) == covered);
+          CHECK(l.length(j) <= l.shard_elems);
+          covered += l.length(j);
+        }
+        CHECK(covered == count);
+        CHECK(l.shard_elems % f.block == 0);
+        CHECK(quant::segment_count(count, l.segmented()) <= static_cast<size_t>(n));
+      }
+    }
+  }
+  SUBCASE("block size follows the format") {
+    f.block = 32;
+    CHECK(shard_layout(100, 2, f).shard_elems == 64);
+  }
+}
+
+TEST_CASE("pipelining: stages fit the scratch set and the chunk size") {
+  Config c;
+  const auto f = quant::WireFormat::from(c);
+  const ScratchLayout s = scratch_layout(c);
+  CHECK(s.total_bytes <= c.scratch_max_bytes);
+  CHECK(s.staging_bytes == 64 * MiB);  // min(coalesce.max_bytes, scratch/4)
+  CHECK(s.set_offset(1) == s.staging_bytes + s.set_bytes);
+
+  SUBCASE("small buffers: one stage") {
+    CHECK(stage_elems(c, s, Collective::all_reduce, Path::two_shot, 1000, 2, 4, f) == 1000);
+    CHECK(stage_count(1000, 1000) == 1);
+  }
+  SUBCASE("256 MiB of bf16 is split by pipeline.chunk_bytes into whole units") {
+    const size_t count = 128 * MiB;
+    for (Path p : {Path::two_shot, Path::one_shot, Path::ring}) {
+      for (int n : {2, 3, 4, 8}) {
+        const size_t st = stage_elems(c, s, Collective::all_reduce, p, count, 2, n, f);
+        REQUIRE(st > 0);
+        CHECK(st * 2 <= c.pipeline_chunk_bytes);
+        CHECK(st % stage_unit_elems(Collective::all_reduce, p, n, f) == 0);
+        CHECK(stage_scratch_bytes(Collective::all_reduce, p, st, n, f) <= s.set_bytes);
+        CHECK(stage_count(count, st) >= 8);
+      }
+    }
+  }
+  SUBCASE("a small scratch cap forces more, smaller stages") {
+    Config small = c;
+    small.scratch_max_bytes = 4 * MiB;
+    const ScratchLayout ss = scratch_layout(small);
+    CHECK(ss.staging_bytes == MiB);
+    const size_t st = stage_elems(small, ss, Collective::all_reduce, Path::two_shot, 16 * MiB, 4, 4, f);
+    REQUIRE(st > 0);
+    CHECK(stage_scratch_bytes(Collective::all_reduce, Path::two_shot, st, 4, f) <= ss.set_bytes);
+    // Not much smaller than what fits: three wire copies of ~1.03 bytes per element in 1.5 MiB.
+    CHECK(st >= 400000);
+    CHECK(stage_count(16 * MiB, st) > 30);
+  }
+  SUBCASE("scratch too small for one unit: 0 (the call falls back on every rank)") {
+    Config tiny = c;
+    tiny.scratch_max_bytes = 4096;
+    tiny.coalesce_enable = false;
+    const ScratchLayout ts = scratch_layout(tiny);
+    CHECK(ts.staging_bytes == 0);
+    CHECK(stage_elems(tiny, ts, Collective::all_reduce, Path::two_shot, 1 << 20, 2, 8, f) == 0);
+  }
+  SUBCASE("reduce_scatter and all_gather count caller bytes over all ranks") {
+    const size_t st = stage_elems(c, s, Collective::reduce_scatter, Path::two_shot, 64 * MiB, 4, 4, f);
+    REQUIRE(st > 0);
+    CHECK(st * 4 * 4 <= c.pipeline_chunk_bytes);
+    CHECK(st % f.block == 0);
+    const size_t ag = stage_elems(c, s, Collective::all_gather, Path::one_shot, 100, 4, 3, f);
+    CHECK(ag == 100);
+  }
+}
+
+TEST_CASE("coalescing: only grouped, same comm/stream/dtype/op, capped by bytes and calls") {
+  Config c;
+  c.coalesce_max_bytes = 1000;
+  c.coalesce_max_calls = 3;
+  int comm_a, comm_b, stream_a, stream_b;
+  auto item = [&](uint64_t bytes, const void* comm, const void* stream = nullptr,
+                  ncclDataType_t t = ncclBfloat16, ncclRedOp_t op = ncclSum) {
+    PendingShape p;
+    p.comm = comm;
+    p.stream = stream ? stream : &stream_a;
+    p.bytes = bytes;
+    p.dtype = t;
+    p.op = op;
+    return p;
+  };
+  std::vector<PendingShape> v = {item(100, &comm_a), item(100, &comm_a), item(100, &comm_a), item(100, &comm_a)};
+  CHECK(coalesce_batch_length(c, 1 << 20, v) == 3);  // call cap
+  v = {item(600, &comm_a), item(300, &comm_a), item(200, &comm_a)};
+  CHECK(coalesce_batch_length(c, 1 << 20, v) == 2);  // byte cap: 600 + 300 <= 1000 < 1100
+  CHECK(coalesce_batch_length(c, 800, v) == 1);      // the staging area caps too
+  v = {item(2000, &comm_a), item(10, &comm_a)};
+  CHECK(coalesce_batch_length(c, 1 << 20, v) == 1);  // alone beyond the cap: runs alone
+  v = {item(10, &comm_a), item(10, &comm_b)};
+  CHECK(coalesce_batch_length(c, 1 << 20, v) == 1);
+  v = {item(10, &comm_a), item(10, &comm_a, &stream_b)};
+  CHECK(coalesce_batch_length(c, 1 << 20, v) == 1);
+  v = {item(10, &comm_a), item(10, &comm_a, nullptr, ncclFloat32)};
+  CHECK(coalesce_batch_length(c, 1 << 20, v) == 1);
+  v = {item(10, &comm_a), item(10, &comm_a, nullptr, ncclBfloat16, ncclAvg)};
+  CHECK(coalesce_batch_length(c, 1 << 20, v) == 1);
+  v = {item(10, &comm_a), item(10, &comm_a)};
+  v[1].fp8 = false;  // a pass-through call in between is never swallowed
+  CHECK(coalesce_batch_length(c, 1 << 20, v) == 1);
+  v[1].fp8 = true;
+  v[0].collective = v[1].collective = Collective::reduce_scatter;
+  CHECK(coalesce_batch_length(c, 1 << 20, v) == 1);  // only all-reduces are packed
+  v[0].collective = v[1].collective = Collective::all_reduce;
+  CHECK(coalesce_batch_length(c, 1 << 20, v) == 2);
+  c.coalesce_enable = false;
+  CHECK(coalesce_batch_length(c, 1 << 20, v) == 1);
+  CHECK(coalesce_batch_length(c, 1 << 20, std::span<const PendingShape>()) == 0);
+}
+
+TEST_CASE("group nesting") {
+  GroupState g;
+  CHECK_FALSE(g.inside());
+  g.start();
+  g.start();
+  CHECK(g.depth() == 2);
+  CHECK_FALSE(g.end());  // inner end: queued calls wait
+  CHECK(g.inside());
+  CHECK(g.end());        // outermost end: queued calls run now
+  CHECK_FALSE(g.inside());
+  CHECK_FALSE(g.unbalanced());
+  CHECK_FALSE(g.end());
+  CHECK(g.unbalanced());
+  CHECK(g.depth() == 0);
+}
+
+TEST_CASE("fabric agreement: identical facts give identical decisions") {
+  Config c;
+  const uint64_t fp = config_fingerprint(c);
+  RankFacts a{1, fp, 0, 1, 1, {}};
+  RankFacts b = a;
+  SUBCASE("one host, NVLink everywhere") {
+    std::vector<RankFacts> v = {a, b};
+    const Agreement g = agree(c, v);
+    CHECK(g.fabric == Fabric::nvlink);
+    CHECK(g.fp8_ok);
+  }
+  SUBCASE("emulated hosts (distinct NCCL_HOSTID) are net") {
+    b.host_hash = 2;
+    std::vector<RankFacts> v = {a, b, a};
+    CHECK(agree(c, v).fabric == Fabric::net);
+  }
+  SUBCASE("P2P disabled on any rank, or no NVLink: pcie") {
+    b.p2p_disabled = 1;
+    std::vector<RankFacts> v = {a, b};
+    CHECK(agree(c, v).fabric == Fabric::pcie);
+    b.p2p_disabled = 0;
+    b.nvlink_local = 0;
+    v = {a, b};
+    CHECK(agree(c, v).fabric == Fabric::pcie);
+  }
+  SUBCASE("override wins") {
+    c.fabric_override = Fabric::pcie;
+    b.host_hash = 3;
+    std::vector<RankFacts> v = {a, b};
+    CHECK(agree(c, v).fabric == Fabric::pcie);
+  }
+  SUBCASE("scratch missing on one rank, or different configs: FP8 off everywhere") {
+    b.scratch_ok = 0;
+    std::vector<RankFacts> v = {a, b};
+    CHECK_FALSE(agree(c, v).fp8_ok);
+    b.scratch_ok = 1;
+    Config other = c;
+    other.thresholds[0][0] = 1;
+    b.config_fingerprint = config_fingerprint(other);
+    v = {a, b};
+    const Agreement g = agree(c, v);
+    CHECK_FALSE(g.fp8_ok);
+    CHECK(std::string(g.reason).find("configuration") != std::string::npos);
+  }
+  SUBCASE("fingerprint ignores logging, sees the wire format") {
+    Config log = c;
+    log.log_level = "debug";
+    CHECK(config_fingerprint(log) == fp);
+    Config e5 = c;
+    e5.format = Fp8Format::e5m2;
+    CHECK(config_fingerprint(e5) != fp);
+  }
+}
+
+namespace {
+int g_begins = 0, g_ends = 0;
+void on_begin(const CallRecord&) { ++g_begins; }
+void on_end(const CallRecord&) { ++g_ends; }
+}  // namespace
+
+TEST_CASE("accounting ring, totals and hooks") {
+  Accounting& acc = Accounting::instance();
+  acc.reset();
+  const uint64_t first = acc.next_seq();
+  CallRecord r;
+  r.seq = first;
+  r.path = Path::two_shot;
+  r.app_bytes = 1000;
+  r.wire_bytes = 520;
+  acc.record(r);
+  r.seq = acc.next_seq();
+  r.path = Path::passthrough;
+  acc.record(r);
+  const AccountingTotals t = acc.totals();
+  CHECK(t.calls[static_cast<int>(Path::two_shot)] == 1);
+  CHECK(t.wire_bytes[static_cast<int>(Path::two_shot)] == 520);
+  CHECK(t.calls[static_cast<int>(Path::passthrough)] == 1);
+  std::vector<CallRecord> out(8);
+  CHECK(acc.snapshot(out.data(), out.size(), first - 1) == 2);
+  CHECK(out[0].seq == first);
+  CHECK(out[1].seq == first + 1);
+  CHECK(acc.snapshot(out.data(), out.size(), first) == 1);
+  CHECK(std::string(to_string(Path::one_shot)) == "one_shot");
+  CHECK(std::string(to_string(CallKind::reduce_scatter)) == "reduce_scatter");
+
+  SUBCASE("unread records overwritten by a full ring are counted as dropped") {
+    acc.reset();
+    for (size_t i = 0; i < Accounting::kCapacity + 10; ++i) {
+      r.seq = acc.next_seq();
+      acc.record(r);
+    }
+    CHECK(acc.totals().dropped_records == 10);
+  }
+
+  CHECK(call_hooks() == nullptr);
+  static const CallHooks hooks{on_begin, on_end};
+  set_call_hooks(&hooks);
+  CHECK(call_hooks() == &hooks);
+  set_call_hooks(nullptr);
+  CHECK(call_hooks() == nullptr);
+}
+
+TEST_CASE("below every threshold: no agreement needed") {
+  Config c;  // net 256 KiB is the smallest default
+  CHECK(below_every_threshold(c, ar(100 * 1024)));        // 200 KiB of bf16
+  CHECK_FALSE(below_every_threshold(c, ar(128 * 1024)));  // 256 KiB: net would take it
+  c.fabric_override = Fabric::nvlink;
+  CHECK(below_every_threshold(c, ar(128 * 1024)));        // only nvlink's 64 MiB counts
+  CHECK_FALSE(below_every_threshold(c, ar(32 * MiB)));
+}

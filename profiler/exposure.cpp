@@ -1,0 +1,264 @@
+#include "profiler/exposure.hpp"
+
+#include <algorithm>
+
+namespace fp8wire::prof {
+
+namespace {
+double to_ms(int64_t ns) { return static_cast<double>(ns) * 1e-6; }
+
+Interval clip(Interval i, Interval window) {
+  return {std::max(i.begin, window.begin), std::min(i.end, window.end)};
+}
+
+struct CollectiveGroup {
+  uint64_t seq = 0;
+  Interval span{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
+  const Activity* first = nullptr;
+  uint32_t kernels = 0;
+};
+}  // namespace
+
+uint32_t NameTable::intern(std::string_view name) {
+  if (auto it = ids_.find(name); it != ids_.end()) return it->second;
+  const uint32_t id = static_cast<uint32_t>(names_.size());
+  const std::string& stored = names_.emplace_back(name);
+  ids_.emplace(std::string_view(stored), id);
+  return id;
+}
+
+std::string_view NameTable::name(uint32_t id) const {
+  return id < names_.size() ? std::string_view(names_[id]) : std::string_view();
+}
+
+StepReport compute_step(const StepInput& in, StepTimeline* timeline) {
+  const Interval window = in.window.time;
+  StepReport r;
+  r.rank = in.rank;
+  r.step = in.window.step;
+  r.begin_ns = window.begin;
+  r.end_ns = window.end;
+  r.step_ms = to_ms(window.length());
+
+  std::vector<Interval> compute, comm, memory;
+  std::vector<CollectiveGroup> groups;
+  std::unordered_map<uint64_t, size_t> group_of_seq;
+  for (const Activity& a : in.activities) {
+    const Interval inside = clip(a.time, window);
+    if (inside.empty()) continue;
+    switch (a.cls) {
+      case ActivityClass::compute:
+        compute.push_back(inside);
+        ++r.compute_kernels;
+        break;
+      case ActivityClass::memory:
+        memory.push_back(inside);
+        ++r.memory_ops;
+        break;
+      case ActivityClass::communication: {
+        comm.push_back(inside);
+        ++r.comm_kernels;
+        // One shim call = one collective, whatever kernels it launched (codec + NCCL). Without the
+        // shim every communication kernel is its own collective.
+        size_t g;
+        if (a.call_seq != 0) {
+          auto [it, inserted] = group_of_seq.emplace(a.call_seq, groups.size());
+          if (inserted) groups.push_back({.seq = a.call_seq});
+          g = it->second;
+        } else {
+          g = groups.size();
+          groups.push_back({});
+        }
+        CollectiveGroup& group = groups[g];
+        group.span.begin = std::min(group.span.begin, a.time.begin);
+        group.span.end = std::max(group.span.end, a.time.end);
+        if (!group.first || a.time.begin < group.first->time.begin) group.first = &a;
+        ++group.kernels;
+        break;
+      }
+    }
+  }
+
+  const IntervalSet c = IntervalSet::from(std::move(compute));
+  const IntervalSet m = IntervalSet::from(std::move(comm));
+  const IntervalSet y = IntervalSet::from(std::move(memory));
+  const IntervalSet exposed_comm = m.minus(c);
+  const IntervalSet exposed_memcpy = y.minus(c.unite(m));
+  const int64_t comm_ns = m.measure();
+  const int64_t overlap_ns = m.intersect(c).measure();
+
+  r.compute_ms = to_ms(c.measure());
+  r.comm_ms = to_ms(comm_ns);
+  r.exposed_comm_ms = to_ms(exposed_comm.measure());
+  r.exposed_memcpy_ms = to_ms(exposed_memcpy.measure());
+  // Computed from integer nanoseconds so the four parts add up exactly.
+  r.idle_ms = to_ms(window.length() - c.measure() - exposed_comm.measure() - exposed_memcpy.measure());
+  r.overlap_pct = comm_ns > 0 ? 100.0 * static_cast<double>(overlap_ns) / static_cast<double>(comm_ns) : 100.0;
+
+  std::unordered_map<uint64_t, const CallInfo*> call_of_seq;
+  for (const CallInfo& call : in.calls) {
+    call_of_seq.emplace(call.seq, &call);
+    if (call.issue_ns >= window.begin && call.issue_ns < window.end) {
+      r.app_bytes += call.app_bytes;
+      r.wire_bytes += call.wire_bytes;
+    }
+  }
+
+  const NameTable* names = in.names;
+  auto name_of = [names](uint32_t id) -> std::string {
+    return names ? std::string(names->name(id)) : std::string();
+  };
+  std::sort(groups.begin(), groups.end(),
+            [](const CollectiveGroup& a, const CollectiveGroup& b) { return a.span.begin < b.span.begin; });
+  std::vector<CollectiveReport> collectives;
+  collectives.reserve(groups.size());
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const CollectiveGroup& g = groups[k];
+    CollectiveReport cr;
+    cr.seq = g.seq;
+    cr.ordinal = static_cast<uint32_t>(k);
+    cr.kernel = name_of(g.first->name);
+    cr.range = name_of(g.first->range);
+    cr.kernels = g.kernels;
+    const Interval span = clip(g.span, window);
+    cr.begin_ns = g.span.begin;
+    cr.duration_ms = to_ms(span.length());
+    cr.exposed_ms = to_ms(c.uncovered_length(span));
+    if (auto it = call_of_seq.find(g.seq); g.seq != 0 && it != call_of_seq.end()) {
+      const CallInfo& call = *it->second;
+      cr.name = name_of(call.kind);
+      cr.dtype = name_of(call.dtype);
+      cr.path = name_of(call.path);
+      if (call.range != kNoName) cr.range = name_of(call.range);
+      cr.app_bytes = call.app_bytes;
+      cr.wire_bytes = call.wire_bytes;
+    } else {
+      const std::string_view collective = nccl_collective_of(cr.kernel);
+      cr.name = collective.empty() ? cr.kernel : std::string(collective);
+    }
+    collectives.push_back(std::move(cr));
+  }
+  r.calls = collectives.size();
+  const size_t top = std::min(in.top_n, collectives.size());
+  std::partial_sort(collectives.begin(), collectives.begin() + static_cast<std::ptrdiff_t>(top),
+                    collectives.end(), [](const CollectiveReport& a, const CollectiveReport& b) {
+                      if (a.exposed_ms != b.exposed_ms) return a.exposed_ms > b.exposed_ms;
+                      return a.ordinal < b.ordinal;
+                    });
+  collectives.resize(top);
+  r.top = std::move(collectives);
+
+  if (timeline) {
+    timeline->compute = c;
+    timeline->comm = m;
+    timeline->exposed_comm = exposed_comm;
+    timeline->exposed_memcpy = exposed_memcpy;
+  }
+  return r;
+}
+
+Collector::Collector(CollectorOptions options) : options_(options) {
+  // Preallocated once, so the steady state never grows these vectors.
+  activities_.reserve(options_.max_activities);
+  calls_.reserve(options_.max_calls);
+}
+
+void Collector::add_activity(const Activity& a) {
+  if (any_step_ && a.time.end <= reported_until_) {
+    ++counters_.late_activities;
+    return;
+  }
+  if (activities_.size() >= options_.max_activities) {
+    ++counters_.dropped_activities;
+    return;
+  }
+  activities_.push_back(a);
+}
+
+void Collector::add_call(const CallInfo& c) {
+  if (calls_.size() >= options_.max_calls) {
+    ++counters_.dropped_calls;
+    return;
+  }
+  calls_.push_back(c);
+}
+
+void Collector::step_begin(int64_t step, int64_t t) {
+  if (open_step_) {
+    ++counters_.nested_step_begins;
+    return;
+  }
+  open_step_ = StepWindow{step, {t, t}};
+  any_step_ = true;
+}
+
+void Collector::step_end(int64_t step, int64_t t) {
+  if (!open_step_ || (step >= 0 && step != open_step_->step)) {
+    ++counters_.unmatched_step_ends;
+    return;
+  }
+  open_step_->time.end = std::max(t, open_step_->time.begin);
+  closed_steps_.push_back(*open_step_);
+  open_step_.reset();
+}
+
+std::vector<Collector::Finalized> Collector::finalize(int64_t now, bool everything) {
+  if (everything && !any_step_) {
+    if (activities_.empty()) return {};
+    Interval whole{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
+    for (const Activity& a : activities_) {
+      whole.begin = std::min(whole.begin, a.time.begin);
+      whole.end = std::max(whole.end, a.time.end);
+    }
+    closed_steps_.push_back({-1, whole});
+    any_step_ = true;
+  }
+  if (everything && open_step_) {
+    // The job ended inside a step: report it up to its last recorded activity.
+    int64_t last = open_step_->time.begin;
+    for (const Activity& a : activities_) last = std::max(last, a.time.end);
+    open_step_->time.end = last;
+    closed_steps_.push_back(*open_step_);
+    open_step_.reset();
+  }
+
+  size_t ready = 0;
+  while (ready < closed_steps_.size() &&
+         (everything || (ready + 1 < closed_steps_.size() &&
+                         closed_steps_[ready + 1].time.end + options_.settle_ns <= now)))
+    ++ready;
+  return report_first(ready);
+}
+
+std::vector<Collector::Finalized> Collector::finalize_closed() { return report_first(closed_steps_.size()); }
+
+std::vector<Collector::Finalized> Collector::report_first(size_t ready) {
+  std::vector<Finalized> out;
+  for (size_t i = 0; i < ready; ++i) {
+    StepInput input;
+    input.window = closed_steps_[i];
+    input.activities = activities_;
+    input.calls = calls_;
+    input.names = &names_;
+    input.top_n = options_.top_n;
+    input.rank = options_.rank;
+    Finalized f;
+    f.report = compute_step(input, &f.timeline);
+    out.push_back(std::move(f));
+    reported_until_ = std::max(reported_until_, closed_steps_[i].time.end);
+    ++counters_.steps_reported;
+  }
+  closed_steps_.erase(closed_steps_.begin(), closed_steps_.begin() + static_cast<std::ptrdiff_t>(ready));
+
+  if (ready > 0) {
+    // Records that end before every unreported step begins can no longer matter.
+    int64_t watermark = reported_until_;
+    if (!closed_steps_.empty()) watermark = std::min(watermark, closed_steps_.front().time.begin);
+    if (open_step_) watermark = std::min(watermark, open_step_->time.begin);
+    std::erase_if(activities_, [watermark](const Activity& a) { return a.time.end <= watermark; });
+    std::erase_if(calls_, [watermark](const CallInfo& c) { return c.issue_ns < watermark; });
+  }
+  return out;
+}
+
+}  // namespace fp8wire::prof

@@ -1,0 +1,190 @@
+// Exposure of communication per step (DESIGN.md "Exposed communication"), in plain C++ so CI tests
+// it without a GPU. The CUPTI layer (prof_preload.cpp) and the Kineto reader (kineto.cpp) both reduce
+// their input to Activity / CallInfo / step windows and call the same code here.
+//
+// For a step window W: C = union of compute kernels, M = union of communication kernels, Y = union of
+// memcpy/memset.
+//   compute_ms        = |C ∩ W|
+//   exposed_comm_ms   = |(M \ C) ∩ W|
+//   exposed_memcpy_ms = |(Y \ (C ∪ M)) ∩ W|
+//   idle_ms           = |W| - the three above          (so the four add up to the step)
+//   overlap_pct       = 100 * |M ∩ C ∩ W| / |M ∩ W|     (100 when there is no communication)
+// Collective k (one shim call, or one NCCL kernel without the shim) spans [start_k, end_k] = first
+// kernel start .. last kernel end; exposed_k = |([start_k, end_k] ∩ W) \ C|.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "profiler/classify.hpp"
+#include "profiler/intervals.hpp"
+
+namespace fp8wire::prof {
+
+inline constexpr uint32_t kNoName = std::numeric_limits<uint32_t>::max();
+
+// Interned strings (kernel names, NVTX range names, dtype names): activities carry 4-byte ids.
+class NameTable {
+ public:
+  uint32_t intern(std::string_view name);
+  std::string_view name(uint32_t id) const;  // "" for kNoName or an unknown id
+  size_t size() const { return names_.size(); }
+
+ private:
+  std::deque<std::string> names_;  // deque: references stay valid as it grows
+  std::unordered_map<std::string_view, uint32_t> ids_;
+};
+
+struct Activity {
+  Interval time;
+  ActivityClass cls = ActivityClass::compute;
+  uint32_t name = kNoName;   // kernel name
+  uint32_t range = kNoName;  // the application's innermost NVTX range when the kernel was issued
+  uint64_t call_seq = 0;     // the shim's call sequence number (0: not issued inside a shim call)
+};
+
+// One call the shim intercepted (sched/accounting.hpp CallRecord, as the profiler keeps it).
+struct CallInfo {
+  uint64_t seq = 0;
+  int64_t issue_ns = 0;      // on the profiler's clock (the one activities use)
+  uint32_t kind = kNoName;   // "all_reduce", ...
+  uint32_t dtype = kNoName;  // "bf16", ...
+  uint32_t path = kNoName;   // "two_shot", "passthrough", ...
+  uint32_t range = kNoName;  // application's NVTX range at issue time
+  uint64_t app_bytes = 0;
+  uint64_t wire_bytes = 0;
+  uint32_t coalesced_calls = 1;
+};
+
+struct StepWindow {
+  int64_t step = 0;
+  Interval time;
+};
+
+struct CollectiveReport {
+  uint64_t seq = 0;          // shim sequence number; 0 without the shim
+  uint32_t ordinal = 0;      // position among this step's collectives, by start time
+  std::string name;          // call kind (shim) or collective from the NCCL kernel name
+  std::string kernel;        // first kernel's name
+  std::string range;         // application's NVTX range at issue time
+  std::string dtype;
+  std::string path;
+  uint64_t app_bytes = 0;
+  uint64_t wire_bytes = 0;
+  uint32_t kernels = 0;
+  int64_t begin_ns = 0;
+  double duration_ms = 0;    // [start_k, end_k] ∩ W
+  double exposed_ms = 0;
+};
+
+struct StepReport {
+  int rank = 0;
+  int64_t step = 0;
+  int64_t begin_ns = 0;
+  int64_t end_ns = 0;
+  double step_ms = 0;
+  double compute_ms = 0;
+  double comm_ms = 0;          // |M ∩ W|, hidden or not
+  double exposed_comm_ms = 0;
+  double exposed_memcpy_ms = 0;
+  double idle_ms = 0;
+  double overlap_pct = 100;
+  uint64_t app_bytes = 0;      // from the shim's records; 0 without the shim
+  uint64_t wire_bytes = 0;
+  uint64_t calls = 0;          // collectives in the step
+  uint64_t compute_kernels = 0;
+  uint64_t comm_kernels = 0;
+  uint64_t memory_ops = 0;
+  std::vector<CollectiveReport> top;  // most exposed first
+};
+
+// The sets behind a report, for the trace (clipped to the window).
+struct StepTimeline {
+  IntervalSet compute;
+  IntervalSet comm;
+  IntervalSet exposed_comm;
+  IntervalSet exposed_memcpy;
+};
+
+struct StepInput {
+  StepWindow window;
+  std::span<const Activity> activities;  // any order; those outside the window are ignored
+  std::span<const CallInfo> calls;       // any order; matched to activities by seq
+  const NameTable* names = nullptr;
+  size_t top_n = 10;
+  int rank = 0;
+};
+
+StepReport compute_step(const StepInput& input, StepTimeline* timeline = nullptr);
+
+struct CollectorOptions {
+  size_t max_activities = 1 << 19;  // raw records kept at once (about 20 MiB); more are dropped
+  size_t max_calls = 1 << 16;
+  size_t top_n = 10;
+  int rank = 0;
+  // A step is reported once a later step has ended and `settle_ns` has passed since, so the
+  // activity records of its kernels (delivered by CUPTI in batches) are in.
+  int64_t settle_ns = 300'000'000;
+};
+
+struct CollectorCounters {
+  uint64_t dropped_activities = 0;  // store full
+  uint64_t dropped_calls = 0;
+  uint64_t late_activities = 0;     // arrived after their step was reported
+  uint64_t unmatched_step_ends = 0;
+  uint64_t nested_step_begins = 0;  // a step began while another was open: ignored
+  uint64_t steps_reported = 0;
+};
+
+// Keeps raw records only until the steps they belong to are reported (bounded memory on long runs).
+// Not thread-safe: the caller serialises access.
+class Collector {
+ public:
+  explicit Collector(CollectorOptions options);
+  NameTable& names() { return names_; }
+  const CollectorOptions& options() const { return options_; }
+  void set_rank(int rank) { options_.rank = rank; }
+
+  void add_activity(const Activity& a);
+  void add_call(const CallInfo& c);
+  void step_begin(int64_t step, int64_t t);
+  // step < 0: ends whichever step is open.
+  void step_end(int64_t step, int64_t t);
+  bool step_open() const { return open_step_.has_value(); }
+
+  struct Finalized {
+    StepReport report;
+    StepTimeline timeline;
+  };
+  // Reports the steps that are ready at time `now` (or every closed step when `everything`), oldest
+  // first, then drops the records no unreported step can need. With `everything` and no step ever
+  // marked, the whole run (every kept record) is reported as step -1.
+  std::vector<Finalized> finalize(int64_t now, bool everything);
+  // Reports every closed step now, without waiting for a later one (an explicit flush).
+  std::vector<Finalized> finalize_closed();
+
+  const CollectorCounters& counters() const { return counters_; }
+  size_t kept_activities() const { return activities_.size(); }
+
+ private:
+  CollectorOptions options_;
+  NameTable names_;
+  std::vector<Activity> activities_;
+  std::vector<CallInfo> calls_;
+  std::vector<StepWindow> closed_steps_;  // ended, not yet reported, by begin time
+  std::optional<StepWindow> open_step_;
+  int64_t reported_until_ = std::numeric_limits<int64_t>::min();  // end of the last reported step
+  bool any_step_ = false;
+  CollectorCounters counters_;
+
+  std::vector<Finalized> report_first(size_t ready);
+};
+
+}  // namespace fp8wire::prof

@@ -1,0 +1,42 @@
+// Offline analysis of a PyTorch profiler (Kineto) trace: the same exposure figures per ProfilerStep
+// as the live profiler, from the trace alone. Events used ("ph":"X", ts/dur in microseconds):
+//   cat "kernel"                         -> kernels, classified by KernelClassifier
+//   cat "gpu_memcpy" / "gpu_memset"      -> memory activity
+//   cat "user_annotation", name matching a step prefix ("ProfilerStep#N") -> step windows
+//   other "user_annotation"              -> the application's ranges, for per-collective attribution
+//   cat "cuda_runtime" / "cuda_driver"   -> launch time and thread of each kernel (args.correlation)
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "profiler/classify.hpp"
+#include "profiler/exposure.hpp"
+
+namespace fp8wire::prof {
+
+struct KinetoOptions {
+  std::vector<std::string> step_prefixes = {"ProfilerStep#", "step"};
+  size_t top_n = 10;
+};
+
+struct KinetoAnalysis {
+  int rank = 0;                      // distributedInfo.rank when the trace has it
+  std::vector<StepReport> steps;     // by step window start
+  size_t kernels = 0;
+  size_t comm_kernels = 0;
+  size_t memory_ops = 0;
+};
+
+// On failure returns false and says why in `error` (with the offending field where there is one).
+bool analyze_kineto_text(const std::string& json_text, const KernelClassifier& classifier,
+                         const KinetoOptions& options, KinetoAnalysis& out, std::string& error);
+bool analyze_kineto_file(const std::string& path, const KernelClassifier& classifier,
+                         const KinetoOptions& options, KinetoAnalysis& out, std::string& error);
+
+// "ProfilerStep#12" with prefix "ProfilerStep#" -> 12; "step" -> `fallback`. Returns false when the
+// name does not start with any prefix.
+bool match_step_name(std::string_view name, const std::vector<std::string>& prefixes, int64_t fallback,
+                     int64_t& step);
+
+}  // namespace fp8wire::prof

@@ -1,0 +1,762 @@
+// libfp8wire_prof.so: the thin layer between CUPTI/NVTX and the tested host logic (exposure.hpp).
+// Loaded alone (LD_PRELOAD=libfp8wire_prof.so FP8WIRE_PROFILER_ENABLE=1) or next to libfp8wire.so,
+// which then hands it every intercepted call through fp8wire_prof_start()'s hooks.
+//
+// Sources of data:
+//  - CUPTI activity records: CONCURRENT_KERNEL, MEMCPY, MEMSET (timing), RUNTIME + DRIVER (only so
+//    that CUPTI emits EXTERNAL_CORRELATION records, which tie each kernel to its launch), and
+//    EXTERNAL_CORRELATION: kind CUSTOM0 = the shim's call sequence number (pushed by the begin hook),
+//    kind CUSTOM1 = hash of the application's innermost NVTX range (pushed by our NVTX handlers).
+//  - NVTX: this library is its own NVTX injection (InitializeInjectionNvtx2; fp8wire-prof points
+//    NVTX_INJECTION64_PATH at it). We chose our own injection over CUPTI's marker activity because
+//    the marker records only say when a range ran, not which kernels were launched inside it; with
+//    our handlers a push costs one CUPTI external-id push and a copy of the name the first time a
+//    thread sees it. Only the default domain's ranges are handled (what torch.cuda.nvtx uses);
+//    fp8wire's own "fp8wire" domain ranges are therefore never mistaken for the application's.
+//  - Step windows: NVTX ranges whose name starts with a Config::profiler_step_ranges prefix, or
+//    fp8wire_prof_step(). Times are on CUPTI's clock (cuptiGetTimestamp), the clock of the records.
+//
+// Application threads only post fixed-size events into lock-free rings; everything else runs on the
+// thread that delivers CUPTI buffers (or on flush/exit), under one mutex.
+#include <cupti.h>
+#include <nvtx3/nvToolsExt.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/config.hpp"
+#include "common/log.hpp"
+#include "profiler/classify.hpp"
+#include "profiler/event_ring.hpp"
+#include "profiler/exposure.hpp"
+#include "profiler/kineto.hpp"
+#include "profiler/report.hpp"
+#include "sched/accounting.hpp"
+
+#define FP8WIRE_PROF_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using namespace fp8wire;
+using namespace fp8wire::prof;
+
+constexpr size_t kNameChars = 64;
+constexpr int kMaxRangeDepth = 128;
+constexpr uint64_t kStepRangeFlag = 1ull << 63;  // marks nvtxRangeStart ids that opened a step
+constexpr int kBufferCount = 4;                  // CUPTI buffers, preallocated
+constexpr uint32_t kFlushPeriodMs = 100;
+
+struct NvtxEvent {
+  enum class Kind : uint8_t { step_begin, step_end, range_name };
+  Kind kind = Kind::range_name;
+  int64_t step = 0;
+  int64_t time = 0;
+  uint64_t hash = 0;
+  char name[kNameChars] = {};
+};
+
+struct CallEvent {
+  CallRecord record;
+  int64_t issue_time = 0;
+  uint64_t range_hash = 0;
+};
+
+uint64_t fnv1a(const char* s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; ++s) h = (h ^ static_cast<unsigned char>(*s)) * 1099511628211ull;
+  return h | 1;  // never 0: 0 means "no range"
+}
+
+int64_t now_ns() {
+  uint64_t t = 0;
+  cuptiGetTimestamp(&t);
+  return static_cast<int64_t>(t);
+}
+
+const char* call_kind_name(CallKind k) {
+  switch (k) {
+    case CallKind::all_reduce: return "all_reduce";
+    case CallKind::reduce_scatter: return "reduce_scatter";
+    case CallKind::all_gather: return "all_gather";
+    case CallKind::broadcast: return "broadcast";
+    case CallKind::reduce: return "reduce";
+    case CallKind::send: return "send";
+    case CallKind::recv: return "recv";
+  }
+  return "unknown";
+}
+
+const char* path_name(Path p) {
+  switch (p) {
+    case Path::passthrough: return "passthrough";
+    case Path::two_shot: return "two_shot";
+    case Path::one_shot: return "one_shot";
+    case Path::ring: return "ring";
+    case Path::fallback: return "fallback";
+  }
+  return "unknown";
+}
+
+const char* dtype_name(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: return "int8";
+    case ncclUint8: return "uint8";
+    case ncclInt32: return "int32";
+    case ncclUint32: return "uint32";
+    case ncclInt64: return "int64";
+    case ncclUint64: return "uint64";
+    case ncclFloat16: return "fp16";
+    case ncclFloat32: return "fp32";
+    case ncclFloat64: return "fp64";
+    case ncclBfloat16: return "bf16";
+    default: return "other";
+  }
+}
+
+int rank_from_env() {
+  for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    const long r = std::strtol(v, &end, 10);
+    if (end && *end == '\0' && r >= 0 && r < (1 << 24)) return static_cast<int>(r);
+  }
+  return -1;
+}
+
+bool make_directories(const std::string& dir) {
+  std::string partial;
+  for (size_t i = 0; i < dir.size(); ++i) {
+    partial += dir[i];
+    if ((dir[i] == '/' || i + 1 == dir.size()) && partial.size() > 1)
+      if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) return false;
+  }
+  return true;
+}
+
+struct ExternalIds {
+  uint64_t call_seq = 0;
+  uint64_t range_hash = 0;
+};
+
+struct KernelName {
+  uint32_t id;
+  ActivityClass cls;
+};
+
+class Profiler {
+ public:
+  explicit Profiler(const Config& config)
+      : config_(config),
+        classifier_(config.profiler_comm_pattern),
+        collector_(CollectorOptions{.top_n = config.profiler_top}) {}
+
+  bool start();
+  bool active() const { return active_.load(std::memory_order_acquire); }
+  const Config& config() const { return config_; }
+
+  // --- any thread, never blocks ---
+  void post_step(bool begin, int64_t step) {
+    NvtxEvent e;
+    e.kind = begin ? NvtxEvent::Kind::step_begin : NvtxEvent::Kind::step_end;
+    e.step = step;
+    e.time = now_ns();
+    nvtx_events_.push(e);
+  }
+  void post_range_name(uint64_t hash, const char* name) {
+    NvtxEvent e;
+    e.kind = NvtxEvent::Kind::range_name;
+    e.hash = hash;
+    std::strncpy(e.name, name, kNameChars - 1);
+    nvtx_events_.push(e);
+  }
+  void post_call(const CallEvent& e) {
+    if (e.record.rank >= 0 && call_rank_.load(std::memory_order_relaxed) < 0)
+      call_rank_.store(e.record.rank, std::memory_order_relaxed);
+    call_events_.push(e);
+  }
+  // Whether an NVTX range name marks a step; its number comes from the name ("ProfilerStep#12"),
+  // else from a per-process counter ("step").
+  bool is_step_name(const char* name, int64_t& step) {
+    if (!match_step_name(name, config_.profiler_step_ranges, -1, step)) return false;
+    if (step < 0) step = unnumbered_steps_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  // --- CUPTI callbacks ---
+  void buffer_requested(uint8_t** buffer, size_t* size);
+  void buffer_completed(uint8_t* buffer, size_t valid);
+
+  void flush(bool at_exit);
+
+ private:
+  void ingest_locked(uint8_t* buffer, size_t valid);
+  void drain_events_locked();
+  void report_locked(std::vector<Collector::Finalized>&& steps);
+  void open_outputs_locked();
+  void write_summary_locked();
+
+  Config config_;
+  KernelClassifier classifier_;
+  std::atomic<bool> active_{false};
+  std::atomic<int> call_rank_{-1};
+  std::atomic<int64_t> unnumbered_steps_{0};
+  EventRing<NvtxEvent> nvtx_events_{1 << 14};
+  EventRing<CallEvent> call_events_{1 << 15};
+
+  std::mutex mutex_;  // everything below
+  Collector collector_;
+  std::unordered_map<uint64_t, uint32_t> range_name_of_hash_;
+  std::unordered_map<uint32_t, ExternalIds> external_ids_;  // CUPTI correlation id -> ours
+  uint32_t newest_correlation_ = 0;
+  std::unordered_map<const char*, KernelName> kernel_names_;  // CUPTI's name pointers are stable
+
+  std::mutex pool_mutex_;  // the CUPTI buffer pool (never more than kBufferCount entries)
+  std::vector<uint8_t*> free_buffers_;
+  size_t buffer_bytes_ = 0;
+
+  // Below: guarded by mutex_ again.
+  int rank_ = -1;
+  bool outputs_opened_ = false;
+  FILE* jsonl_ = nullptr;
+  TraceWriter trace_;
+  std::deque<StepReport> recent_;  // for the periodic and final tables
+  uint64_t steps_since_table_ = 0;
+  struct Totals {
+    uint64_t steps = 0;
+    double step_ms = 0, compute_ms = 0, comm_ms = 0, exposed_comm_ms = 0, exposed_memcpy_ms = 0, idle_ms = 0;
+    uint64_t app_bytes = 0, wire_bytes = 0;
+  } totals_;
+  bool finished_ = false;
+};
+
+Profiler* g_profiler = nullptr;  // created once, never destroyed (atexit and CUPTI threads use it)
+std::atomic<Profiler*> g_active_profiler{nullptr};
+std::mutex g_start_mutex;
+
+Profiler* active_profiler() {
+  Profiler* p = g_active_profiler.load(std::memory_order_acquire);
+  return (p && p->active()) ? p : nullptr;
+}
+
+void CUPTIAPI on_buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *max_records = 0;
+  if (g_profiler) g_profiler->buffer_requested(buffer, size);
+  else { *buffer = nullptr; *size = 0; }
+}
+
+// Nothing may unwind into CUPTI (a C library calling us) or out of an atexit handler.
+void CUPTIAPI on_buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  try {
+    if (g_profiler) g_profiler->buffer_completed(buffer, valid);
+  } catch (const std::exception& e) {
+    FP8WIRE_WARN_ONCE("fp8wire profiler: dropped a CUPTI buffer: {}", e.what());
+  } catch (...) {
+    FP8WIRE_WARN_ONCE("fp8wire profiler: dropped a CUPTI buffer (unknown error)");
+  }
+}
+
+void CUPTIAPI on_cupti_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void*) {
+  // The records of a context must be collected before it goes away (at exit the CUDA runtime
+  // destroys its contexts before our atexit handler runs).
+  if (domain == CUPTI_CB_DOMAIN_RESOURCE && id == CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING)
+    cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+}
+
+void at_exit() {
+  try {
+    if (Profiler* p = active_profiler()) p->flush(/*at_exit=*/true);
+  } catch (...) {
+    FP8WIRE_WARN_ONCE("fp8wire profiler: the final report could not be written");
+  }
+}
+
+bool Profiler::start() {
+  buffer_bytes_ = std::max<size_t>(config_.profiler_buffer_bytes / kBufferCount, 64 << 10);
+  buffer_bytes_ = (buffer_bytes_ + 7) & ~size_t{7};  // CUPTI wants 8-byte aligned buffers
+  free_buffers_.reserve(kBufferCount);
+  for (int i = 0; i < kBufferCount; ++i)
+    free_buffers_.push_back(static_cast<uint8_t*>(std::aligned_alloc(8, buffer_bytes_)));
+
+  CUpti_SubscriberHandle subscriber = nullptr;
+  const CUptiResult sub = cuptiSubscribe(&subscriber, on_cupti_callback, nullptr);
+  if (sub != CUPTI_SUCCESS) {
+    const char* text = nullptr;
+    cuptiGetResultString(sub, &text);
+    if (sub == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
+      FP8WIRE_WARN_ONCE("fp8wire profiler: CUPTI is already in use by another tool (torch.profiler, nsys, ncu); "
+                        "carrying on without the exposure profiler");
+    else
+      FP8WIRE_WARN_ONCE("fp8wire profiler: CUPTI could not start ({}); carrying on without the exposure profiler",
+                        text ? text : "?");
+    return false;
+  }
+  cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
+  if (cuptiActivityRegisterCallbacks(on_buffer_requested, on_buffer_completed) != CUPTI_SUCCESS) {
+    FP8WIRE_WARN_ONCE("fp8wire profiler: cuptiActivityRegisterCallbacks failed; profiler off");
+    return false;
+  }
+  for (CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                  CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME,
+                                  CUPTI_ACTIVITY_KIND_DRIVER, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION}) {
+    const CUptiResult r = cuptiActivityEnable(kind);
+    if (r != CUPTI_SUCCESS) {
+      const char* text = nullptr;
+      cuptiGetResultString(r, &text);
+      FP8WIRE_WARN("fp8wire profiler: cannot enable CUPTI activity kind {} ({})", static_cast<int>(kind),
+                   text ? text : "?");
+      if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) return false;
+    }
+  }
+  cuptiActivityFlushPeriod(kFlushPeriodMs);
+  rank_ = rank_from_env();
+  if (rank_ >= 0) collector_.set_rank(rank_);
+  active_.store(true, std::memory_order_release);
+  std::atexit(at_exit);
+  FP8WIRE_INFO("fp8wire profiler on: step ranges {}, output '{}', classifier patterns {}",
+               fmt::join(config_.profiler_step_ranges, ","), config_.profiler_output,
+               fmt::join(classifier_.patterns(), "|"));
+  return true;
+}
+
+void Profiler::buffer_requested(uint8_t** buffer, size_t* size) {
+  // Its own lock: an application thread asking for a buffer must not wait for a report being built.
+  std::lock_guard lock(pool_mutex_);
+  if (free_buffers_.empty()) {
+    // CUPTI counts the records it cannot store; the summary reports them.
+    *buffer = nullptr;
+    *size = 0;
+    return;
+  }
+  *buffer = free_buffers_.back();
+  free_buffers_.pop_back();
+  *size = buffer_bytes_;
+}
+
+void Profiler::buffer_completed(uint8_t* buffer, size_t valid) {
+  std::lock_guard lock(mutex_);
+  if (buffer) {
+    if (!finished_) ingest_locked(buffer, valid);
+    std::lock_guard pool_lock(pool_mutex_);
+    free_buffers_.push_back(buffer);
+  }
+  if (finished_) return;
+  drain_events_locked();
+  report_locked(collector_.finalize(now_ns(), /*everything=*/false));
+}
+
+void Profiler::ingest_locked(uint8_t* buffer, size_t valid) {
+  // Pass 1: external ids. CUPTI writes them just before the API record of the launch, so they come
+  // in the same or an earlier buffer than the kernel itself.
+  CUpti_Activity* record = nullptr;
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    if (record->kind != CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) continue;
+    const auto* ext = reinterpret_cast<const CUpti_ActivityExternalCorrelation*>(record);
+    ExternalIds& ids = external_ids_[ext->correlationId];
+    if (ext->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) ids.call_seq = ext->externalId;
+    if (ext->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM1) ids.range_hash = ext->externalId;
+    newest_correlation_ = std::max(newest_correlation_, ext->correlationId);
+  }
+  auto attach = [this](Activity& a, uint32_t correlation) {
+    auto it = external_ids_.find(correlation);
+    if (it == external_ids_.end()) return;
+    a.call_seq = it->second.call_seq;
+    if (auto name = range_name_of_hash_.find(it->second.range_hash); name != range_name_of_hash_.end())
+      a.range = name->second;
+    external_ids_.erase(it);
+  };
+  record = nullptr;
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    Activity a;
+    switch (record->kind) {
+      case CUPTI_ACTIVITY_KIND_KERNEL:
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+        if (k->end <= k->start) continue;
+        auto [it, inserted] = kernel_names_.try_emplace(k->name, KernelName{});
+        if (inserted) {
+          const std::string_view name = k->name ? k->name : "?";
+          it->second = {collector_.names().intern(name), classifier_.classify_kernel(name)};
+        }
+        a.time = {static_cast<int64_t>(k->start), static_cast<int64_t>(k->end)};
+        a.cls = it->second.cls;
+        a.name = it->second.id;
+        attach(a, k->correlationId);
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+        if (m->end <= m->start) continue;
+        a.time = {static_cast<int64_t>(m->start), static_cast<int64_t>(m->end)};
+        a.cls = ActivityClass::memory;
+        attach(a, m->correlationId);
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+        if (m->end <= m->start) continue;
+        a.time = {static_cast<int64_t>(m->start), static_cast<int64_t>(m->end)};
+        a.cls = ActivityClass::memory;
+        attach(a, m->correlationId);
+        break;
+      }
+      default:
+        continue;  // API records exist only to carry external ids
+    }
+    collector_.add_activity(a);
+  }
+  // External ids of API calls that launched nothing (cudaEventRecord inside a range, ...) are never
+  // claimed; keep the table bounded by forgetting ids far older than the newest.
+  if (external_ids_.size() > (1u << 16)) {
+    const uint32_t horizon = newest_correlation_ > (1u << 15) ? newest_correlation_ - (1u << 15) : 0;
+    std::erase_if(external_ids_, [horizon](const auto& kv) { return kv.first < horizon; });
+  }
+}
+
+void Profiler::drain_events_locked() {
+  nvtx_events_.drain([this](const NvtxEvent& e) {
+    switch (e.kind) {
+      case NvtxEvent::Kind::step_begin: collector_.step_begin(e.step, e.time); break;
+      case NvtxEvent::Kind::step_end: collector_.step_end(e.step, e.time); break;
+      case NvtxEvent::Kind::range_name:
+        range_name_of_hash_.try_emplace(e.hash, collector_.names().intern(e.name));
+        break;
+    }
+  });
+  call_events_.drain([this](const CallEvent& e) {
+    CallInfo c;
+    c.seq = e.record.seq;
+    c.issue_ns = e.issue_time;
+    c.kind = collector_.names().intern(call_kind_name(e.record.kind));
+    c.dtype = collector_.names().intern(dtype_name(e.record.dtype));
+    c.path = collector_.names().intern(path_name(e.record.path));
+    if (auto it = range_name_of_hash_.find(e.range_hash); it != range_name_of_hash_.end()) c.range = it->second;
+    c.app_bytes = e.record.app_bytes;
+    c.wire_bytes = e.record.wire_bytes;
+    c.coalesced_calls = e.record.coalesced_calls;
+    collector_.add_call(c);
+  });
+}
+
+void Profiler::open_outputs_locked() {
+  outputs_opened_ = true;
+  // The rank may have been set after this library loaded (a launcher that forks, then sets RANK),
+  // and the shim's records carry the communicator rank.
+  if (rank_ < 0) rank_ = rank_from_env();
+  if (rank_ < 0) rank_ = call_rank_.load(std::memory_order_relaxed);
+  collector_.set_rank(rank_ >= 0 ? rank_ : 0);
+  const std::string& prefix = config_.profiler_output;
+  if (prefix.empty()) return;  // tables on stderr only
+  const std::string who = rank_ >= 0 ? fmt::format("rank{}", rank_) : fmt::format("pid{}", getpid());
+  std::string base;
+  if (prefix.back() == '/') {
+    if (!make_directories(prefix))
+      FP8WIRE_WARN("fp8wire profiler: cannot create profiler.output directory '{}': {}", prefix, strerror(errno));
+    base = prefix + who;
+  } else {
+    base = prefix + "." + who;
+  }
+  jsonl_ = std::fopen((base + ".jsonl").c_str(), "w");
+  if (!jsonl_)
+    FP8WIRE_WARN("fp8wire profiler: cannot write '{}.jsonl' (profiler.output): {}", base, strerror(errno));
+  if (!trace_.open(base + ".trace.json", rank_ >= 0 ? rank_ : 0))
+    FP8WIRE_WARN("fp8wire profiler: cannot write '{}.trace.json' (profiler.output): {}", base, strerror(errno));
+}
+
+void Profiler::report_locked(std::vector<Collector::Finalized>&& steps) {
+  if (steps.empty()) return;
+  if (!outputs_opened_) {
+    open_outputs_locked();
+    for (auto& f : steps) f.report.rank = collector_.options().rank;
+  }
+  for (Collector::Finalized& f : steps) {
+    const StepReport& r = f.report;
+    if (jsonl_) std::fprintf(jsonl_, "%s\n", dump_json(to_json(r)).c_str());
+    trace_.write_step(r, f.timeline);
+    ++totals_.steps;
+    totals_.step_ms += r.step_ms;
+    totals_.compute_ms += r.compute_ms;
+    totals_.comm_ms += r.comm_ms;
+    totals_.exposed_comm_ms += r.exposed_comm_ms;
+    totals_.exposed_memcpy_ms += r.exposed_memcpy_ms;
+    totals_.idle_ms += r.idle_ms;
+    totals_.app_bytes += r.app_bytes;
+    totals_.wire_bytes += r.wire_bytes;
+    recent_.push_back(r);
+    const size_t keep = std::max<size_t>(config_.profiler_report_every, 20);
+    while (recent_.size() > keep) recent_.pop_front();
+    if (config_.profiler_report_every > 0 && ++steps_since_table_ >= config_.profiler_report_every) {
+      steps_since_table_ = 0;
+      std::vector<StepReport> last(recent_.end() - config_.profiler_report_every, recent_.end());
+      fmt::print(stderr, "{}", format_table(merge_ranks(last, config_.profiler_top), 40));
+    }
+  }
+  if (jsonl_) std::fflush(jsonl_);
+}
+
+void Profiler::write_summary_locked() {
+  if (totals_.steps == 0) {
+    // A process that never ran a kernel (a launcher such as torchrun's parent) leaves no files.
+    FP8WIRE_INFO("fp8wire profiler: no GPU activity recorded in this process; no report written");
+    return;
+  }
+  const CollectorCounters& c = collector_.counters();
+  size_t cupti_dropped = 0;
+  cuptiActivityGetNumDroppedRecords(nullptr, 0, &cupti_dropped);
+  const double n = totals_.steps ? static_cast<double>(totals_.steps) : 1.0;
+  nlohmann::json summary{{"type", "summary"},
+                         {"rank", collector_.options().rank},
+                         {"steps", totals_.steps},
+                         {"mean_step_ms", totals_.step_ms / n},
+                         {"mean_compute_ms", totals_.compute_ms / n},
+                         {"mean_comm_ms", totals_.comm_ms / n},
+                         {"mean_exposed_comm_ms", totals_.exposed_comm_ms / n},
+                         {"mean_exposed_memcpy_ms", totals_.exposed_memcpy_ms / n},
+                         {"mean_idle_ms", totals_.idle_ms / n},
+                         {"app_bytes", totals_.app_bytes},
+                         {"wire_bytes", totals_.wire_bytes},
+                         {"counters", to_json(c)},
+                         {"dropped_nvtx_events", nvtx_events_.dropped()},
+                         {"dropped_call_events", call_events_.dropped()},
+                         {"dropped_cupti_records", cupti_dropped},
+                         {"dropped_trace_events", trace_.dropped_events()}};
+  if (jsonl_) std::fprintf(jsonl_, "%s\n", dump_json(summary).c_str());
+  if (!recent_.empty()) {
+    std::vector<StepReport> last(recent_.begin(), recent_.end());
+    fmt::print(stderr, "fp8wire profiler, rank {}: last {} step(s)\n{}", collector_.options().rank, last.size(),
+               format_table(merge_ranks(last, config_.profiler_top), 40));
+  }
+  fmt::print(stderr,
+             "fp8wire profiler, rank {}: {} steps, mean step {:.3f} ms, compute {:.3f}, exposed comm {:.3f}, "
+             "exposed memcpy {:.3f}, idle {:.3f}; dropped: {} activities, {} late, {} CUPTI records\n",
+             collector_.options().rank, totals_.steps, totals_.step_ms / n, totals_.compute_ms / n,
+             totals_.exposed_comm_ms / n, totals_.exposed_memcpy_ms / n, totals_.idle_ms / n,
+             c.dropped_activities, c.late_activities, cupti_dropped);
+}
+
+void Profiler::flush(bool at_exit) {
+  // Outside the mutex: FlushAll delivers buffers through buffer_completed, which takes it.
+  cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  std::lock_guard lock(mutex_);
+  if (finished_) return;
+  drain_events_locked();
+  if (at_exit) {
+    report_locked(collector_.finalize(now_ns(), /*everything=*/true));
+    write_summary_locked();
+    if (jsonl_) std::fclose(jsonl_);
+    jsonl_ = nullptr;
+    trace_.close();
+    finished_ = true;
+    active_.store(false, std::memory_order_release);
+  } else {
+    // Every closed step, without waiting for the next one (the caller asked for it now).
+    report_locked(collector_.finalize_closed());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NVTX handlers (default domain). Per-thread stack of what each push did, so pop undoes it.
+
+enum class FrameKind : uint8_t { untracked, range, step };
+struct RangeStack {
+  FrameKind kinds[kMaxRangeDepth];
+  uint64_t hashes[kMaxRangeDepth];
+  int depth = 0;
+  uint64_t posted[256] = {};  // names this thread already sent (direct-mapped by hash)
+};
+thread_local RangeStack t_ranges;
+
+uint64_t innermost_range_hash() {
+  for (int i = t_ranges.depth - 1; i >= 0; --i)
+    if (i < kMaxRangeDepth && t_ranges.kinds[i] == FrameKind::range) return t_ranges.hashes[i];
+  return 0;
+}
+
+int push_range(const char* name) {
+  const int level = t_ranges.depth++;
+  if (level >= kMaxRangeDepth) return level;
+  t_ranges.kinds[level] = FrameKind::untracked;
+  Profiler* p = active_profiler();
+  if (!p || !name) return level;
+  int64_t step = 0;
+  if (p->is_step_name(name, step)) {
+    t_ranges.kinds[level] = FrameKind::step;
+    p->post_step(true, step);
+    return level;
+  }
+  const uint64_t hash = fnv1a(name);
+  uint64_t& slot = t_ranges.posted[hash % 256];
+  if (slot != hash) {
+    slot = hash;
+    p->post_range_name(hash, name);
+  }
+  cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM1, hash);
+  t_ranges.kinds[level] = FrameKind::range;
+  t_ranges.hashes[level] = hash;
+  return level;
+}
+
+int pop_range() {
+  if (t_ranges.depth == 0) return -1;
+  const int level = --t_ranges.depth;
+  if (level >= kMaxRangeDepth) return level;
+  switch (t_ranges.kinds[level]) {
+    case FrameKind::range: cuptiActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM1, nullptr); break;
+    case FrameKind::step:
+      if (Profiler* p = active_profiler()) p->post_step(false, -1);
+      break;
+    case FrameKind::untracked: break;
+  }
+  return level;
+}
+
+const char* ascii_message(const nvtxEventAttributes_t* attr) {
+  if (!attr || attr->messageType != NVTX_MESSAGE_TYPE_ASCII) return nullptr;
+  return attr->message.ascii;
+}
+
+int NVTX_API nvtx_range_push_a(const char* message) { return push_range(message); }
+int NVTX_API nvtx_range_push_ex(const nvtxEventAttributes_t* attr) { return push_range(ascii_message(attr)); }
+int NVTX_API nvtx_range_pop() { return pop_range(); }
+
+std::atomic<uint64_t> g_next_range_id{1};
+
+nvtxRangeId_t range_start(const char* name) {
+  const uint64_t id = g_next_range_id.fetch_add(1, std::memory_order_relaxed);
+  Profiler* p = active_profiler();
+  int64_t step = 0;
+  if (!p || !name || !p->is_step_name(name, step)) return id;
+  p->post_step(true, step);
+  return id | kStepRangeFlag;
+}
+nvtxRangeId_t NVTX_API nvtx_range_start_a(const char* message) { return range_start(message); }
+nvtxRangeId_t NVTX_API nvtx_range_start_ex(const nvtxEventAttributes_t* attr) { return range_start(ascii_message(attr)); }
+void NVTX_API nvtx_range_end(nvtxRangeId_t id) {
+  if (!(id & kStepRangeFlag)) return;
+  if (Profiler* p = active_profiler()) p->post_step(false, -1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Call hooks handed to the shim.
+
+thread_local int64_t t_call_issue = 0;
+
+void hook_begin(const CallRecord& r) {
+  if (!active_profiler()) return;
+  t_call_issue = now_ns();
+  // Every kernel launched until hook_end carries this call's sequence number (CUSTOM0; the NVTX
+  // range hashes use CUSTOM1, so the two never mix).
+  cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, r.seq);
+}
+
+void hook_end(const CallRecord& r) {
+  Profiler* p = active_profiler();
+  if (!p) return;
+  cuptiActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, nullptr);
+  CallEvent e;
+  e.record = r;
+  e.issue_time = t_call_issue;
+  e.range_hash = innermost_range_hash();
+  p->post_call(e);
+}
+
+const CallHooks g_hooks{hook_begin, hook_end};
+
+LogLevel parse_log_level(const std::string& s) {
+  for (LogLevel l : {LogLevel::off, LogLevel::error, LogLevel::warn, LogLevel::info, LogLevel::debug, LogLevel::trace}) {
+    std::string name = log_level_name(l);
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (name == s) return l;
+  }
+  return LogLevel::warn;
+}
+
+Profiler* start_profiler(const Config& config) {
+  std::lock_guard lock(g_start_mutex);
+  if (g_profiler) return g_active_profiler.load(std::memory_order_acquire);
+  log_set_level(parse_log_level(config.log_level));
+  if (!config.log_file.empty()) log_set_file(config.log_file);
+  g_profiler = new Profiler(config);
+  if (!g_profiler->start()) return nullptr;
+  g_active_profiler.store(g_profiler, std::memory_order_release);
+  return g_profiler;
+}
+
+// Runs when the library is loaded (LD_PRELOAD, or dlopen through NVTX_INJECTION64_PATH).
+__attribute__((constructor)) void on_load() {
+  try {
+    const ConfigResult result = load_config();
+    for (const ConfigError& e : result.errors) FP8WIRE_WARN("fp8wire profiler: {}", e.message());
+    if (result.config.profiler_enable) start_profiler(result.config);
+  } catch (...) {
+    FP8WIRE_WARN_ONCE("fp8wire profiler: could not start; the job runs without it");
+  }
+}
+
+}  // namespace
+
+FP8WIRE_PROF_EXPORT const fp8wire::CallHooks* fp8wire_prof_start(const fp8wire::Config* cfg) {
+  try {
+    Profiler* p = nullptr;
+    if (cfg) {
+      p = start_profiler(*cfg);
+    } else {
+      Config config = load_config().config;
+      config.profiler_enable = true;
+      p = start_profiler(config);
+    }
+    return p ? &g_hooks : nullptr;
+  } catch (...) {
+    return nullptr;  // nothing exported throws
+  }
+}
+
+FP8WIRE_PROF_EXPORT void fp8wire_prof_step(int64_t step, int begin) {
+  if (Profiler* p = active_profiler()) p->post_step(begin != 0, begin ? step : -1);
+}
+
+FP8WIRE_PROF_EXPORT void fp8wire_prof_flush(void) {
+  try {
+    if (Profiler* p = active_profiler()) p->flush(/*at_exit=*/false);
+  } catch (...) {
+  }
+}
+
+// The public step API of shim/fp8wire.h, so a job that marks steps this way gets the same report
+// with the profiler alone. With both libraries preloaded the first one in LD_PRELOAD order answers;
+// the shim's versions forward here, so the result is the same.
+FP8WIRE_PROF_EXPORT void fp8wire_step_begin(int64_t step) { fp8wire_prof_step(step, 1); }
+FP8WIRE_PROF_EXPORT void fp8wire_step_end(int64_t step) { fp8wire_prof_step(step, 0); }
+FP8WIRE_PROF_EXPORT void fp8wire_profiler_flush(void) { fp8wire_prof_flush(); }
+
+// NVTX injection entry point (NVTX_INJECTION64_PATH=libfp8wire_prof.so).
+FP8WIRE_PROF_EXPORT int InitializeInjectionNvtx2(NvtxGetExportTableFunc_t get_export_table) {
+  const auto* callbacks = static_cast<const NvtxExportTableCallbacks*>(get_export_table(NVTX_ETID_CALLBACKS));
+  if (!callbacks) return 0;
+  NvtxFunctionTable table = nullptr;
+  unsigned int size = 0;
+  if (!callbacks->GetModuleFunctionTable(NVTX_CB_MODULE_CORE, &table, &size) || !table) return 0;
+  auto install = [&](unsigned id, NvtxFunctionPointer fn) {
+    if (id < size && table[id]) *table[id] = fn;
+  };
+  install(NVTX_CBID_CORE_RangePushA, reinterpret_cast<NvtxFunctionPointer>(nvtx_range_push_a));
+  install(NVTX_CBID_CORE_RangePushEx, reinterpret_cast<NvtxFunctionPointer>(nvtx_range_push_ex));
+  install(NVTX_CBID_CORE_RangePop, reinterpret_cast<NvtxFunctionPointer>(nvtx_range_pop));
+  install(NVTX_CBID_CORE_RangeStartA, reinterpret_cast<NvtxFunctionPointer>(nvtx_range_start_a));
+  install(NVTX_CBID_CORE_RangeStartEx, reinterpret_cast<NvtxFunctionPointer>(nvtx_range_start_ex));
+  install(NVTX_CBID_CORE_RangeEnd, reinterpret_cast<NvtxFunctionPointer>(nvtx_range_end));
+  return 1;
+}

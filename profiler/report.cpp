@@ -1,0 +1,361 @@
+#include "profiler/report.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+namespace fp8wire::prof {
+
+using nlohmann::json;
+
+std::string dump_json(const json& j, int indent) {
+  return j.dump(indent, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+}
+
+json to_json(const CollectiveReport& c) {
+  return json{{"seq", c.seq},           {"ordinal", c.ordinal},       {"name", c.name},
+              {"kernel", c.kernel},     {"range", c.range},           {"dtype", c.dtype},
+              {"path", c.path},         {"app_bytes", c.app_bytes},   {"wire_bytes", c.wire_bytes},
+              {"kernels", c.kernels},   {"begin_ns", c.begin_ns},     {"duration_ms", c.duration_ms},
+              {"exposed_ms", c.exposed_ms}};
+}
+
+json to_json(const StepReport& r) {
+  json top = json::array();
+  for (const CollectiveReport& c : r.top) top.push_back(to_json(c));
+  return json{{"type", "step"},
+              {"rank", r.rank},
+              {"step", r.step},
+              {"begin_ns", r.begin_ns},
+              {"end_ns", r.end_ns},
+              {"step_ms", r.step_ms},
+              {"compute_ms", r.compute_ms},
+              {"comm_ms", r.comm_ms},
+              {"exposed_comm_ms", r.exposed_comm_ms},
+              {"exposed_memcpy_ms", r.exposed_memcpy_ms},
+              {"idle_ms", r.idle_ms},
+              {"overlap_pct", r.overlap_pct},
+              {"app_bytes", r.app_bytes},
+              {"wire_bytes", r.wire_bytes},
+              {"calls", r.calls},
+              {"compute_kernels", r.compute_kernels},
+              {"comm_kernels", r.comm_kernels},
+              {"memory_ops", r.memory_ops},
+              {"top", std::move(top)}};
+}
+
+json to_json(const CollectorCounters& c) {
+  return json{{"dropped_activities", c.dropped_activities}, {"dropped_calls", c.dropped_calls},
+              {"late_activities", c.late_activities},       {"unmatched_step_ends", c.unmatched_step_ends},
+              {"nested_step_begins", c.nested_step_begins}, {"steps_reported", c.steps_reported}};
+}
+
+StepReport step_report_from_json(const json& j) {
+  StepReport r;
+  r.rank = j.value("rank", 0);
+  r.step = j.value("step", int64_t{0});
+  r.begin_ns = j.value("begin_ns", int64_t{0});
+  r.end_ns = j.value("end_ns", int64_t{0});
+  r.step_ms = j.value("step_ms", 0.0);
+  r.compute_ms = j.value("compute_ms", 0.0);
+  r.comm_ms = j.value("comm_ms", 0.0);
+  r.exposed_comm_ms = j.value("exposed_comm_ms", 0.0);
+  r.exposed_memcpy_ms = j.value("exposed_memcpy_ms", 0.0);
+  r.idle_ms = j.value("idle_ms", 0.0);
+  r.overlap_pct = j.value("overlap_pct", 100.0);
+  r.app_bytes = j.value("app_bytes", uint64_t{0});
+  r.wire_bytes = j.value("wire_bytes", uint64_t{0});
+  r.calls = j.value("calls", uint64_t{0});
+  r.compute_kernels = j.value("compute_kernels", uint64_t{0});
+  r.comm_kernels = j.value("comm_kernels", uint64_t{0});
+  r.memory_ops = j.value("memory_ops", uint64_t{0});
+  if (auto it = j.find("top"); it != j.end() && it->is_array()) {
+    for (const json& t : *it) {
+      CollectiveReport c;
+      c.seq = t.value("seq", uint64_t{0});
+      c.ordinal = t.value("ordinal", uint32_t{0});
+      c.name = t.value("name", "");
+      c.kernel = t.value("kernel", "");
+      c.range = t.value("range", "");
+      c.dtype = t.value("dtype", "");
+      c.path = t.value("path", "");
+      c.app_bytes = t.value("app_bytes", uint64_t{0});
+      c.wire_bytes = t.value("wire_bytes", uint64_t{0});
+      c.kernels = t.value("kernels", uint32_t{0});
+      c.begin_ns = t.value("begin_ns", int64_t{0});
+      c.duration_ms = t.value("duration_ms", 0.0);
+      c.exposed_ms = t.value("exposed_ms", 0.0);
+      r.top.push_back(std::move(c));
+    }
+  }
+  return r;
+}
+
+std::vector<StepReport> read_step_reports(const std::vector<std::string>& paths,
+                                          std::vector<std::string>& errors) {
+  std::vector<StepReport> out;
+  for (const std::string& path : paths) {
+    std::ifstream in(path);
+    if (!in) {
+      errors.push_back(fmt::format("{}: cannot open", path));
+      continue;
+    }
+    std::string line;
+    for (int number = 1; std::getline(in, line); ++number) {
+      if (line.empty()) continue;
+      json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.is_object()) {
+        errors.push_back(fmt::format("{}:{}: not a JSON object", path, number));
+        continue;
+      }
+      if (j.value("type", "") == "step") out.push_back(step_report_from_json(j));
+    }
+  }
+  return out;
+}
+
+namespace {
+struct Accumulator {
+  double max = -1e300;
+  double sum = 0;
+  int n = 0;
+  void add(double v) {
+    max = std::max(max, v);
+    sum += v;
+    ++n;
+  }
+  Stat stat() const { return n ? Stat{max, sum / n} : Stat{}; }
+};
+
+struct StepAccumulator {
+  Accumulator step_ms, compute_ms, comm_ms, exposed_comm_ms, exposed_memcpy_ms, idle_ms, overlap_pct;
+  uint64_t app_bytes = 0, wire_bytes = 0, calls = 0;
+  int ranks = 0;
+};
+
+json stat_json(const Stat& s) { return json{{"max", s.max}, {"mean", s.mean}}; }
+}  // namespace
+
+MergedReport merge_ranks(const std::vector<StepReport>& reports, size_t top_n) {
+  MergedReport m;
+  std::map<int64_t, StepAccumulator> by_step;
+  std::set<int> ranks;
+  for (const StepReport& r : reports) {
+    StepAccumulator& a = by_step[r.step];
+    a.step_ms.add(r.step_ms);
+    a.compute_ms.add(r.compute_ms);
+    a.comm_ms.add(r.comm_ms);
+    a.exposed_comm_ms.add(r.exposed_comm_ms);
+    a.exposed_memcpy_ms.add(r.exposed_memcpy_ms);
+    a.idle_ms.add(r.idle_ms);
+    a.overlap_pct.add(r.overlap_pct);
+    a.app_bytes += r.app_bytes;
+    a.wire_bytes += r.wire_bytes;
+    a.calls += r.calls;
+    ++a.ranks;
+    ranks.insert(r.rank);
+    for (const CollectiveReport& c : r.top) m.top.push_back({r.rank, r.step, c});
+  }
+  m.ranks = static_cast<int>(ranks.size());
+
+  // The mean row averages each per-step statistic over steps (mean of maxima, mean of means).
+  Accumulator mean_fields[7][2];
+  uint64_t app = 0, wire = 0, calls = 0;
+  for (const auto& [step, a] : by_step) {
+    MergedStep s;
+    s.step = step;
+    s.ranks = a.ranks;
+    s.step_ms = a.step_ms.stat();
+    s.compute_ms = a.compute_ms.stat();
+    s.comm_ms = a.comm_ms.stat();
+    s.exposed_comm_ms = a.exposed_comm_ms.stat();
+    s.exposed_memcpy_ms = a.exposed_memcpy_ms.stat();
+    s.idle_ms = a.idle_ms.stat();
+    s.overlap_pct = a.overlap_pct.stat();
+    s.app_bytes = a.app_bytes;
+    s.wire_bytes = a.wire_bytes;
+    s.calls = a.calls;
+    const Stat* fields[7] = {&s.step_ms, &s.compute_ms, &s.comm_ms, &s.exposed_comm_ms,
+                             &s.exposed_memcpy_ms, &s.idle_ms, &s.overlap_pct};
+    for (int f = 0; f < 7; ++f) {
+      mean_fields[f][0].add(fields[f]->max);
+      mean_fields[f][1].add(fields[f]->mean);
+    }
+    app += s.app_bytes;
+    wire += s.wire_bytes;
+    calls += s.calls;
+    m.steps.push_back(s);
+  }
+  m.mean.step = -1;
+  m.mean.ranks = m.ranks;
+  Stat* fields[7] = {&m.mean.step_ms, &m.mean.compute_ms, &m.mean.comm_ms, &m.mean.exposed_comm_ms,
+                     &m.mean.exposed_memcpy_ms, &m.mean.idle_ms, &m.mean.overlap_pct};
+  for (int f = 0; f < 7; ++f) {
+    fields[f]->max = mean_fields[f][0].stat().mean;
+    fields[f]->mean = mean_fields[f][1].stat().mean;
+  }
+  if (!m.steps.empty()) {
+    const uint64_t n = m.steps.size();
+    m.mean.app_bytes = app / n;
+    m.mean.wire_bytes = wire / n;
+    m.mean.calls = calls / n;
+  }
+
+  const size_t keep = std::min(top_n, m.top.size());
+  std::partial_sort(m.top.begin(), m.top.begin() + static_cast<std::ptrdiff_t>(keep), m.top.end(),
+                    [](const RankedCollective& a, const RankedCollective& b) {
+                      return a.collective.exposed_ms > b.collective.exposed_ms;
+                    });
+  m.top.resize(keep);
+  return m;
+}
+
+json to_json(const MergedReport& m) {
+  auto step_json = [](const MergedStep& s) {
+    return json{{"step", s.step},
+                {"ranks", s.ranks},
+                {"step_ms", stat_json(s.step_ms)},
+                {"compute_ms", stat_json(s.compute_ms)},
+                {"comm_ms", stat_json(s.comm_ms)},
+                {"exposed_comm_ms", stat_json(s.exposed_comm_ms)},
+                {"exposed_memcpy_ms", stat_json(s.exposed_memcpy_ms)},
+                {"idle_ms", stat_json(s.idle_ms)},
+                {"overlap_pct", stat_json(s.overlap_pct)},
+                {"app_bytes", s.app_bytes},
+                {"wire_bytes", s.wire_bytes},
+                {"calls", s.calls}};
+  };
+  json steps = json::array();
+  for (const MergedStep& s : m.steps) steps.push_back(step_json(s));
+  json top = json::array();
+  for (const RankedCollective& t : m.top) {
+    json c = to_json(t.collective);
+    c["rank"] = t.rank;
+    c["step"] = t.step;
+    top.push_back(std::move(c));
+  }
+  return json{{"ranks", m.ranks}, {"steps", std::move(steps)}, {"mean", step_json(m.mean)}, {"top", std::move(top)}};
+}
+
+namespace {
+std::string bytes_text(uint64_t b) {
+  if (b == 0) return "-";
+  if (b >= (1ull << 30)) return fmt::format("{:.2f}G", static_cast<double>(b) / (1ull << 30));
+  if (b >= (1ull << 20)) return fmt::format("{:.1f}M", static_cast<double>(b) / (1ull << 20));
+  if (b >= (1ull << 10)) return fmt::format("{:.1f}K", static_cast<double>(b) / (1ull << 10));
+  return fmt::format("{}", b);
+}
+
+std::string row(const std::string& label, const MergedStep& s) {
+  return fmt::format("{:>6} {:>5} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>7.1f} {:>9} {:>9}\n",
+                     label, s.ranks, s.step_ms.max, s.step_ms.mean, s.compute_ms.mean,
+                     s.comm_ms.mean, s.exposed_comm_ms.max, s.exposed_comm_ms.mean,
+                     s.exposed_memcpy_ms.mean, s.overlap_pct.mean, bytes_text(s.app_bytes),
+                     bytes_text(s.wire_bytes));
+}
+}  // namespace
+
+std::string format_table(const MergedReport& m, size_t max_rows) {
+  std::string out = fmt::format("fp8wire exposure report: {} rank(s), {} step(s); ms unless noted\n",
+                                m.ranks, m.steps.size());
+  out += fmt::format("{:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}\n", "step",
+                     "ranks", "step.max", "step.avg", "compute", "comm", "expo.max", "expo.avg",
+                     "memcpy", "ovl%", "app", "wire");
+  for (size_t i = 0; i < m.steps.size(); ++i) {
+    if (i == max_rows && m.steps.size() > max_rows) {
+      out += fmt::format("{:>6} ({} more steps)\n", "...", m.steps.size() - max_rows);
+      break;
+    }
+    out += row(std::to_string(m.steps[i].step), m.steps[i]);
+  }
+  if (!m.steps.empty()) out += row("mean", m.mean);
+  if (!m.top.empty()) {
+    out += "top exposed collectives:\n";
+    out += fmt::format("{:>4} {:>6} {:>6} {:>5} {:>14} {:>9} {:>9} {:>6} {:>11} {:>9}  {}\n", "rank",
+                       "step", "seq", "#", "collective", "dur", "exposed", "dtype", "path", "bytes",
+                       "nvtx range");
+    for (const RankedCollective& t : m.top) {
+      const CollectiveReport& c = t.collective;
+      out += fmt::format("{:>4} {:>6} {:>6} {:>5} {:>14} {:>9.3f} {:>9.3f} {:>6} {:>11} {:>9}  {}\n", t.rank,
+                         t.step, c.seq, c.ordinal, c.name.substr(0, 14), c.duration_ms, c.exposed_ms,
+                         c.dtype.empty() ? "-" : c.dtype, c.path.empty() ? "-" : c.path,
+                         bytes_text(c.app_bytes), c.range.empty() ? "-" : c.range);
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Trace
+
+namespace {
+enum Track : int { kSteps = 0, kCompute = 1, kComm = 2, kExposedComm = 3, kExposedMemcpy = 4, kCollectives = 5 };
+constexpr const char* kTrackNames[] = {"steps", "compute", "communication", "exposed communication",
+                                       "exposed memcpy", "top exposed collectives"};
+}  // namespace
+
+TraceWriter::~TraceWriter() { close(); }
+
+bool TraceWriter::open(const std::string& path, int rank) {
+  close();
+  file_ = std::fopen(path.c_str(), "w");
+  if (!file_) return false;
+  rank_ = rank;
+  events_ = 0;
+  std::fputs("[\n", file_);
+  std::fprintf(file_, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank,
+               rank);
+  for (int t = 0; t <= kCollectives; ++t)
+    std::fprintf(file_,
+                 ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}"
+                 ",\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":%d}}",
+                 rank, t, kTrackNames[t], rank, t, t);
+  return true;
+}
+
+void TraceWriter::event(const char* name, int track, int64_t begin_ns, int64_t duration_ns, const json* args) {
+  if (!file_) return;
+  if (events_ >= max_events_) {
+    ++dropped_;
+    return;
+  }
+  ++events_;
+  // Chrome trace times are microseconds; three decimals keep nanosecond resolution.
+  std::fprintf(file_, ",\n{\"ph\":\"X\",\"name\":%s,\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f",
+               dump_json(json(name)).c_str(), rank_, track, static_cast<double>(begin_ns) * 1e-3,
+               static_cast<double>(duration_ns) * 1e-3);
+  if (args) std::fprintf(file_, ",\"args\":%s", dump_json(*args).c_str());
+  std::fputs("}", file_);
+}
+
+void TraceWriter::write_step(const StepReport& r, const StepTimeline& timeline) {
+  if (!file_) return;
+  const json step_args{{"compute_ms", r.compute_ms},     {"comm_ms", r.comm_ms},
+                       {"exposed_comm_ms", r.exposed_comm_ms}, {"exposed_memcpy_ms", r.exposed_memcpy_ms},
+                       {"idle_ms", r.idle_ms},           {"overlap_pct", r.overlap_pct}};
+  event(fmt::format("step {}", r.step).c_str(), kSteps, r.begin_ns, r.end_ns - r.begin_ns, &step_args);
+  for (const Interval& i : timeline.compute.intervals()) event("compute", kCompute, i.begin, i.length(), nullptr);
+  for (const Interval& i : timeline.comm.intervals()) event("communication", kComm, i.begin, i.length(), nullptr);
+  for (const Interval& i : timeline.exposed_comm.intervals())
+    event("exposed", kExposedComm, i.begin, i.length(), nullptr);
+  for (const Interval& i : timeline.exposed_memcpy.intervals())
+    event("exposed memcpy", kExposedMemcpy, i.begin, i.length(), nullptr);
+  for (const CollectiveReport& c : r.top) {
+    const json args = to_json(c);
+    event(c.name.c_str(), kCollectives, std::max(c.begin_ns, r.begin_ns),
+          static_cast<int64_t>(c.duration_ms * 1e6), &args);
+  }
+  std::fflush(file_);
+}
+
+void TraceWriter::close() {
+  if (!file_) return;
+  std::fputs("\n]\n", file_);
+  std::fclose(file_);
+  file_ = nullptr;
+}
+
+}  // namespace fp8wire::prof

@@ -1,0 +1,317 @@
+#include "bench/host/launcher.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+extern char** environ;
+
+namespace fp8wire::bench {
+
+namespace {
+
+std::optional<long> parse_long(const char* text) {
+  if (!text || !*text) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text, &end, 10);
+  if (errno || *end) return std::nullopt;
+  return v;
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return "ended";
+}
+
+int code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+bool send_all(int fd, const void* data, size_t bytes) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes) {
+    const ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Receives exactly `bytes`, giving up at the deadline.
+bool recv_all(int fd, void* data, size_t bytes, Clock::time_point deadline) {
+  auto* p = static_cast<char*>(data);
+  while (bytes) {
+    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd pfd{fd, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, static_cast<int>(left * 1000) + 1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return false;
+    const ssize_t n = ::recv(fd, p, bytes, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<RankEnv> rank_env_from_environment(std::string& error) {
+  error.clear();
+  const char* rank_s = std::getenv("RANK");
+  const char* world_s = std::getenv("WORLD_SIZE");
+  if (!rank_s && !world_s) return std::nullopt;
+  RankEnv env;
+  const auto rank = parse_long(rank_s);
+  const auto world = parse_long(world_s);
+  if (!world || *world < 1) {
+    error = fmt::format("WORLD_SIZE='{}': expected an integer >= 1", world_s ? world_s : "");
+    return std::nullopt;
+  }
+  if (!rank || *rank < 0 || *rank >= *world) {
+    error = fmt::format("RANK='{}': expected an integer in [0, WORLD_SIZE={})", rank_s ? rank_s : "", *world);
+    return std::nullopt;
+  }
+  env.rank = static_cast<int>(*rank);
+  env.world_size = static_cast<int>(*world);
+  const char* local_s = std::getenv("LOCAL_RANK");
+  if (local_s) {
+    const auto local = parse_long(local_s);
+    if (!local || *local < 0) {
+      error = fmt::format("LOCAL_RANK='{}': expected an integer >= 0", local_s);
+      return std::nullopt;
+    }
+    env.local_rank = static_cast<int>(*local);
+  } else {
+    env.local_rank = env.rank;
+  }
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr && *addr) env.master_addr = addr;
+  const char* port_s = std::getenv("MASTER_PORT");
+  const auto port = parse_long(port_s);
+  if (env.world_size > 1 && (!port || *port < 1 || *port > 65535)) {
+    error = fmt::format("MASTER_PORT='{}': expected a TCP port in [1, 65535]", port_s ? port_s : "");
+    return std::nullopt;
+  }
+  env.master_port = port ? static_cast<int>(*port) : 0;
+  return env;
+}
+
+int find_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  int port = 0;
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+LaunchResult launch_local_ranks(const LaunchSpec& spec) {
+  LaunchResult result;
+  result.exit_codes.assign(static_cast<size_t>(std::max(spec.nranks, 0)), -1);
+  if (spec.argv.empty() || spec.nranks < 1) {
+    result.error = "launch: nothing to run (empty argv or nranks < 1)";
+    return result;
+  }
+  const int port = find_free_port();
+  if (port == 0) {
+    result.error = "launch: could not find a free TCP port on 127.0.0.1 for MASTER_PORT";
+    return result;
+  }
+
+  std::vector<pid_t> pids(static_cast<size_t>(spec.nranks), -1);
+  auto kill_all = [&](int sig) {
+    for (pid_t pid : pids)
+      if (pid > 0) ::kill(pid, sig);
+  };
+  for (int r = 0; r < spec.nranks; ++r) {
+    // Everything the child needs is built before fork: only async-signal-safe calls after it.
+    std::vector<std::pair<std::string, std::string>> vars = {
+        {"RANK", std::to_string(r)},          {"WORLD_SIZE", std::to_string(spec.nranks)},
+        {"LOCAL_RANK", std::to_string(r)},    {"LOCAL_WORLD_SIZE", std::to_string(spec.nranks)},
+        {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(port)}};
+    for (const auto& kv : spec.env) vars.push_back(kv);
+    if (static_cast<size_t>(r) < spec.env_per_rank.size())
+      for (const auto& kv : spec.env_per_rank[static_cast<size_t>(r)]) vars.push_back(kv);
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) {
+      const std::string entry(*e);
+      const std::string name = entry.substr(0, entry.find('='));
+      bool overridden = false;
+      for (const auto& kv : vars) overridden |= (kv.first == name);
+      if (!overridden) env_strings.push_back(entry);
+    }
+    for (const auto& kv : vars) env_strings.push_back(kv.first + "=" + kv.second);
+    std::vector<char*> envp, argv;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = spec.argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);  // exec failed
+    }
+    if (pid < 0) {
+      result.error = fmt::format("launch: fork for rank {} failed: {}", r, strerror(errno));
+      kill_all(SIGKILL);
+      for (pid_t p : pids)
+        if (p > 0) ::waitpid(p, nullptr, 0);
+      return result;
+    }
+    pids[static_cast<size_t>(r)] = pid;
+  }
+
+  const auto start = Clock::now();
+  int running = spec.nranks;
+  bool killing = false;
+  Clock::time_point kill_time{};
+  while (running > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (int r = 0; r < spec.nranks; ++r) {
+        if (pids[static_cast<size_t>(r)] != pid) continue;
+        pids[static_cast<size_t>(r)] = -1;
+        result.exit_codes[static_cast<size_t>(r)] = code_of(status);
+        --running;
+        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (failed && !killing) {
+          result.error = fmt::format("rank {} {}{}; stopping the other ranks", r, describe_status(status),
+                                     WIFEXITED(status) && WEXITSTATUS(status) == 127 ? " (could not exec " + spec.argv[0] + ")" : "");
+          killing = true;
+          kill_time = Clock::now();
+          kill_all(SIGTERM);
+        }
+      }
+      continue;
+    }
+    if (pid < 0 && errno != EINTR) break;  // no children left
+    if (!killing && spec.timeout_s > 0 && seconds_since(start) > spec.timeout_s) {
+      std::string hung;
+      for (int r = 0; r < spec.nranks; ++r)
+        if (pids[static_cast<size_t>(r)] > 0) hung += (hung.empty() ? "" : ", ") + std::to_string(r);
+      result.error = fmt::format("timeout after {:.0f} s (--timeout): rank(s) {} still running; killed", spec.timeout_s, hung);
+      killing = true;
+      kill_time = Clock::now();
+      kill_all(SIGTERM);
+    }
+    if (killing && seconds_since(kill_time) > spec.kill_grace_s) kill_all(SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  result.ok = !killing && result.error.empty();
+  return result;
+}
+
+bool exchange_bootstrap_blob(const RankEnv& env, void* data, size_t bytes, double timeout_s, std::string& error) {
+  if (env.world_size <= 1) return true;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const std::string where = fmt::format("{}:{}", env.master_addr, env.master_port);
+
+  if (env.rank == 0) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);  // peers on other nodes connect to MASTER_ADDR
+    addr.sin_port = htons(static_cast<uint16_t>(env.master_port));
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 128) != 0) {
+      error = fmt::format("bootstrap: rank 0 cannot listen on port {}: {}", env.master_port, strerror(errno));
+      if (fd >= 0) ::close(fd);
+      return false;
+    }
+    int served = 0;
+    while (served < env.world_size - 1) {
+      const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+      pollfd pfd{fd, POLLIN, 0};
+      const int ready = left > 0 ? ::poll(&pfd, 1, static_cast<int>(left * 1000) + 1) : 0;
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0) {
+        error = fmt::format("bootstrap: rank 0 on {} saw {} of {} ranks before the {:.0f} s timeout", where,
+                            served, env.world_size - 1, timeout_s);
+        ::close(fd);
+        return false;
+      }
+      const int peer = ::accept(fd, nullptr, nullptr);
+      if (peer < 0) continue;
+      // A one-byte "hello" proves the peer is a bench rank before the id goes out.
+      char hello = 0;
+      if (recv_all(peer, &hello, 1, deadline) && hello == 'F' && send_all(peer, data, bytes)) ++served;
+      ::close(peer);
+    }
+    ::close(fd);
+    return true;
+  }
+
+  // Other ranks: connect with retries (rank 0 may not be listening yet).
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  std::string last_error = "not attempted";
+  while (Clock::now() < deadline) {
+    addrinfo* info = nullptr;
+    const std::string port = std::to_string(env.master_port);
+    const int gai = ::getaddrinfo(env.master_addr.c_str(), port.c_str(), &hints, &info);
+    if (gai != 0) {
+      error = fmt::format("bootstrap: MASTER_ADDR '{}' does not resolve: {}", env.master_addr, gai_strerror(gai));
+      return false;
+    }
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    const bool connected = fd >= 0 && ::connect(fd, info->ai_addr, info->ai_addrlen) == 0;
+    ::freeaddrinfo(info);
+    if (connected) {
+      const char hello = 'F';
+      const bool ok = send_all(fd, &hello, 1) && recv_all(fd, data, bytes, deadline);
+      ::close(fd);
+      if (ok) return true;
+      last_error = "connection closed before the id arrived";
+    } else {
+      last_error = strerror(errno);
+      if (fd >= 0) ::close(fd);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  error = fmt::format("bootstrap: rank {} could not get the NCCL id from rank 0 at {} within {:.0f} s ({})",
+                      env.rank, where, timeout_s, last_error);
+  return false;
+}
+
+}  // namespace fp8wire::bench

@@ -1,0 +1,61 @@
+// Rank launching and bootstrap, POSIX only (no CUDA, no NCCL), so CI tests it with plain processes.
+//
+// Three ways a benchmark rank comes to exist:
+//   * local launch (default): the launcher forks one child per visible GPU, or N children on one GPU
+//     with --emulate-ranks N, and sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT for
+//     each, exactly as torchrun would;
+//   * torchrun or any launcher that sets those variables (multi-node): the process is one rank;
+//   * in both cases rank 0 serves the NCCL unique id over a small TCP exchange on MASTER_ADDR:PORT.
+// The launcher reaps every child; when one fails or the deadline passes it kills the others (SIGTERM,
+// then SIGKILL after a grace period) and says which rank did what.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fp8wire::bench {
+
+struct RankEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+};
+
+// Reads RANK, WORLD_SIZE, LOCAL_RANK (defaults to RANK), MASTER_ADDR (default 127.0.0.1) and
+// MASTER_PORT. nullopt with error empty: RANK/WORLD_SIZE not set (not launched as a rank).
+// nullopt with error set: set but invalid (the message names the variable and value).
+std::optional<RankEnv> rank_env_from_environment(std::string& error);
+
+struct LaunchSpec {
+  std::vector<std::string> argv;     // argv[0] is the executable path
+  int nranks = 1;
+  // Extra environment for every child, then per child (index = rank); values override inherited ones.
+  std::vector<std::pair<std::string, std::string>> env;
+  std::vector<std::vector<std::pair<std::string, std::string>>> env_per_rank;
+  double timeout_s = 600;            // whole launch; 0 = no deadline
+  double kill_grace_s = 5;           // SIGTERM -> SIGKILL
+};
+
+struct LaunchResult {
+  bool ok = false;
+  std::string error;                 // which rank failed how, or the timeout
+  std::vector<int> exit_codes;       // per rank: exit status, 128+signal, or -1 never reaped
+};
+
+// Starts nranks children with RANK etc. set (MASTER_PORT chosen free on 127.0.0.1) and waits.
+LaunchResult launch_local_ranks(const LaunchSpec& spec);
+
+// A TCP port free on the loopback interface right now.
+int find_free_port();
+
+// Rank 0 listens on master_port and sends `bytes` of `data` to world_size - 1 peers; the others
+// connect (retrying until timeout) and receive them into `data`. Returns false with an error naming
+// the address and step that failed.
+bool exchange_bootstrap_blob(const RankEnv& env, void* data, size_t bytes, double timeout_s, std::string& error);
+
+}  // namespace fp8wire::bench

@@ -1,0 +1,138 @@
+#include "bench/host/model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace fp8wire::bench {
+
+LinearFit fit_linear_relative(const std::vector<double>& x, const std::vector<double>& t_us) {
+  LinearFit fit;
+  const size_t n = std::min(x.size(), t_us.size());
+  if (n < 2) return fit;
+  // Normal equations of sum w (t - a - b x)^2 with w = 1 / t^2.
+  double sw = 0, swx = 0, swxx = 0, swt = 0, swxt = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!(t_us[i] > 0)) continue;
+    const double w = 1.0 / (t_us[i] * t_us[i]);
+    sw += w;
+    swx += w * x[i];
+    swxx += w * x[i] * x[i];
+    swt += w * t_us[i];
+    swxt += w * x[i] * t_us[i];
+  }
+  const double det = sw * swxx - swx * swx;
+  if (!(std::fabs(det) > 0)) return fit;
+  double b = (sw * swxt - swx * swt) / det;
+  double a = (swt - b * swx) / sw;
+  fit.ok = b > 0;
+  // Latency-only or bandwidth-only data can yield a slightly negative coefficient; refit the other
+  // one alone instead of reporting a negative latency.
+  if (a < 0) {
+    a = 0;
+    b = swxt / swxx;
+  }
+  if (b < 0) {
+    b = 0;
+    a = swt / sw;
+  }
+  fit.alpha_us = a;
+  fit.us_per_byte = b;
+  for (size_t i = 0; i < n; ++i) {
+    if (!(t_us[i] > 0)) continue;
+    fit.max_rel_residual = std::max(fit.max_rel_residual, std::fabs(a + b * x[i] - t_us[i]) / t_us[i]);
+  }
+  return fit;
+}
+
+const std::vector<Link>& assumed_links() {
+  // Bus bandwidths are what NCCL's busbw reaches at large sizes, not the raw link rate; latencies
+  // are the fixed cost of one NCCL collective among 8 ranks of that fabric. Both are assumptions
+  // (round numbers from public nccl-tests results of each class), labelled "predicted" wherever used.
+  static const std::vector<Link> links = {
+      {"pcie_gen4", 12.0, 20.0, "PCIe Gen4 x16: 32 GB/s raw per direction, ~20 GB/s NCCL busbw through host bridges, 12 us/op", false},
+      {"pcie_gen5", 10.0, 40.0, "PCIe Gen5 x16: 64 GB/s raw per direction, ~40 GB/s NCCL busbw, 10 us/op", false},
+      {"nvlink3", 8.0, 230.0, "NVLink3 (A100 SXM, 600 GB/s bidirectional): ~230 GB/s all-reduce busbw, 8 us/op", false},
+      {"nvlink4", 8.0, 360.0, "NVLink4 (H100/H200 SXM, 900 GB/s bidirectional, NVLS off): ~360 GB/s busbw, 8 us/op", false},
+      {"net_100g", 25.0, 11.0, "100 Gb/s RoCE/IB, one NIC per GPU: 12.5 GB/s line rate, ~11 GB/s busbw, 25 us/op", false},
+      {"net_400g", 20.0, 45.0, "400 Gb/s IB NDR, one NIC per GPU: 50 GB/s line rate, ~45 GB/s busbw, 20 us/op", false},
+  };
+  return links;
+}
+
+double WireParams::ratio() const {
+  return (1.0 + static_cast<double>(scale_bytes) / static_cast<double>(block)) /
+         static_cast<double>(dtype_size(dtype));
+}
+
+std::optional<PathShape> path_shape(Collective c, Path p, int nranks) {
+  const double n = std::max(nranks, 1);
+  const double part = (n - 1) / n;
+  if (p == Path::passthrough || p == Path::fallback) {
+    return PathShape{1, c == Collective::all_reduce ? 2 * part : part, 0, 0};
+  }
+  switch (c) {
+    case Collective::all_reduce:
+      if (p == Path::two_shot) return PathShape{2, 2 * part, 3, 3};
+      if (p == Path::one_shot) return PathShape{1, n - 1, 1 + n, 2};
+      if (p == Path::ring) return PathShape{2 * (n - 1), 2 * part, 1 + 2 * part, 2 * (n - 1) + 1};
+      break;
+    case Collective::reduce_scatter:
+      if (p == Path::two_shot || p == Path::one_shot) return PathShape{1, part, 2, 2};
+      if (p == Path::ring) return PathShape{n - 1, part, 1 + part, n};
+      break;
+    case Collective::all_gather:
+      if (p == Path::two_shot || p == Path::one_shot) return PathShape{1, part, 1 / n + 1, 2};
+      break;
+  }
+  return std::nullopt;
+}
+
+namespace {
+// Cost as intercept (us) + slope (us per byte of S).
+struct Line {
+  double intercept_us;
+  double slope_us_per_byte;
+};
+std::optional<Line> cost_line(Collective c, Path p, int nranks, const Link& link, const Codec& codec,
+                              const WireParams& wire) {
+  const auto shape = path_shape(c, p, nranks);
+  if (!shape || !(link.bus_gbps > 0)) return std::nullopt;
+  const bool fp8 = p != Path::passthrough && p != Path::fallback;
+  const double bytes_per_us_link = link.bus_gbps * 1e3;  // GB/s -> bytes/us
+  Line line{shape->ops * link.alpha_us, shape->bus_bytes_per_s / bytes_per_us_link};
+  if (fp8) {
+    line.slope_us_per_byte *= wire.ratio();
+    line.intercept_us += shape->launches * codec.launch_us;
+    if (codec.gbps > 0) line.slope_us_per_byte += shape->codec_bytes_per_s / (codec.gbps * 1e3);
+  }
+  return line;
+}
+}  // namespace
+
+double predict_us(Collective c, Path p, int nranks, double bytes, const Link& link, const Codec& codec,
+                  const WireParams& wire) {
+  const auto line = cost_line(c, p, nranks, link, codec, wire);
+  if (!line) return std::numeric_limits<double>::quiet_NaN();
+  return line->intercept_us + line->slope_us_per_byte * bytes;
+}
+
+PredictedCrossover predict_crossover(Collective c, Path p, int nranks, const Link& link,
+                                     const Codec& codec, const WireParams& wire) {
+  PredictedCrossover out;
+  const auto base = cost_line(c, Path::passthrough, nranks, link, codec, wire);
+  const auto fp8 = cost_line(c, p, nranks, link, codec, wire);
+  if (!base || !fp8) return out;
+  if (fp8->slope_us_per_byte > 0)
+    out.asymptotic_speedup = base->slope_us_per_byte / fp8->slope_us_per_byte;
+  if (!(fp8->slope_us_per_byte < base->slope_us_per_byte)) return out;  // never cheaper per byte
+  out.wins = true;
+  const double gap = fp8->intercept_us - base->intercept_us;
+  if (gap <= 0) return out;  // cheaper at every size
+  // Smallest S with fp8(S) < base(S); strictly above the crossing, rounded up to a whole byte.
+  const double s = gap / (base->slope_us_per_byte - fp8->slope_us_per_byte);
+  out.bytes = static_cast<uint64_t>(std::floor(s)) + 1;
+  return out;
+}
+
+}  // namespace fp8wire::bench

@@ -1,0 +1,39 @@
+// The TOML threshold profile: thresholds.<collective>.<fabric> and cost_model.<fabric>.*, the same
+// keys as common/config.hpp, so the shim loads it as its config file (FP8WIRE_CONFIG=<profile>).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/host/results.hpp"
+
+namespace fp8wire::bench {
+
+// A threshold that switches FP8 off for good: FP8 never won in the measured range. The largest
+// TOML integer, so every parser reads it as a plain size.
+inline constexpr uint64_t kNeverThreshold = 9223372036854775807ull;
+
+struct ThresholdEntry {
+  uint64_t bytes = kNeverThreshold;
+  std::string comment;  // measured speedup, margin, candidate path, or why "never"
+};
+
+struct FabricProfile {
+  Fabric fabric = Fabric::net;
+  std::array<std::optional<ThresholdEntry>, kCollectiveCount> thresholds;
+  std::optional<CostModel> cost_model;
+  std::string source;   // "measured on <host>, 2 ranks, ..." for the header comment
+};
+
+// Profile of one sweep: per collective measured, the "best" crossover of the preferred dtype (bf16
+// when measured, else the first one); never-winning collectives get kNeverThreshold.
+FabricProfile profile_from_sweep(const SweepResult& result, const std::vector<CrossoverReport>& reports,
+                                 const Calibration& calibration);
+
+// Renders several fabrics into one document. Fabrics appearing twice: the later entry wins.
+std::string render_profile_toml(const std::vector<FabricProfile>& fabrics);
+
+}  // namespace fp8wire::bench

@@ -1,0 +1,406 @@
+#include "bench/host/results.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include <fmt/format.h>
+
+namespace fp8wire::bench {
+
+using nlohmann::json;
+
+namespace {
+
+using Key = std::tuple<int, int, uint64_t>;  // collective, dtype, bytes
+Key key_of(const SweepPoint& p) {
+  return {static_cast<int>(p.collective), static_cast<int>(p.dtype), p.bytes};
+}
+bool usable(const SweepPoint& p) { return p.supported && p.time.n > 0 && p.time.median > 0; }
+
+const SweepPoint* find_point(const SweepResult& r, Collective c, DType d, Path path, uint64_t bytes) {
+  for (const auto& p : r.points)
+    if (p.collective == c && p.dtype == d && p.path == path && p.bytes == bytes) return &p;
+  return nullptr;
+}
+
+std::vector<std::pair<Collective, DType>> measured_pairs(const SweepResult& r) {
+  std::vector<std::pair<Collective, DType>> out;
+  for (const auto& p : r.points) {
+    const auto pair = std::make_pair(p.collective, p.dtype);
+    if (std::find(out.begin(), out.end(), pair) == out.end()) out.push_back(pair);
+  }
+  return out;
+}
+
+std::vector<uint64_t> sizes_of(const SweepResult& r, Collective c, DType d) {
+  std::set<uint64_t> s;
+  for (const auto& p : r.points)
+    if (p.collective == c && p.dtype == d) s.insert(p.bytes);
+  return {s.begin(), s.end()};
+}
+
+// The candidate curve for one size: one path, or the faster of the planner's FP8 choices.
+const SweepPoint* candidate_point(const SweepResult& r, Collective c, DType d, const std::string& cand,
+                                  uint64_t bytes) {
+  if (cand != "best") {
+    const auto path = parse_path(cand);
+    const SweepPoint* p = path ? find_point(r, c, d, *path, bytes) : nullptr;
+    return p && usable(*p) ? p : nullptr;
+  }
+  // Ring is a comparison only (DESIGN.md): the planner chooses between two_shot and one_shot.
+  const SweepPoint* best = nullptr;
+  for (Path path : {Path::two_shot, Path::one_shot}) {
+    const SweepPoint* p = find_point(r, c, d, path, bytes);
+    if (p && usable(*p) && (!best || p->time.median < best->time.median)) best = p;
+  }
+  return best;
+}
+
+}  // namespace
+
+void compute_speedups(SweepResult& result) {
+  std::map<Key, double> base;
+  for (const auto& p : result.points)
+    if (p.path == Path::passthrough && usable(p)) base[key_of(p)] = p.time.median;
+  for (auto& p : result.points) {
+    const auto it = base.find(key_of(p));
+    p.speedup = (it != base.end() && usable(p)) ? it->second / p.time.median : 0.0;
+  }
+}
+
+std::vector<CrossoverReport> analyze_crossovers(const SweepResult& result, const CrossoverOptions& options) {
+  std::vector<CrossoverReport> out;
+  for (const auto& [c, d] : measured_pairs(result)) {
+    std::vector<std::string> candidates;
+    for (Path path : {Path::two_shot, Path::one_shot, Path::ring}) {
+      bool any = false;
+      for (const auto& p : result.points) any |= (p.collective == c && p.dtype == d && p.path == path && usable(p));
+      if (any) candidates.push_back(path_name(path));
+    }
+    if (candidates.empty()) continue;
+    candidates.push_back("best");
+    for (const auto& cand : candidates) {
+      std::vector<CurvePoint> curve;
+      for (uint64_t bytes : sizes_of(result, c, d)) {
+        const SweepPoint* base = find_point(result, c, d, Path::passthrough, bytes);
+        const SweepPoint* fp8 = candidate_point(result, c, d, cand, bytes);
+        if (!base || !usable(*base) || !fp8) continue;
+        curve.push_back({bytes, base->time.median, base->time.rel_noise(), fp8->time.median,
+                         fp8->time.rel_noise()});
+      }
+      if (curve.empty()) continue;
+      out.push_back({c, d, cand, find_crossover(curve, options)});
+    }
+  }
+  return out;
+}
+
+LinearFit fit_baseline(const SweepResult& result, Collective c, std::optional<DType> dtype) {
+  std::vector<double> x, t;
+  for (const auto& p : result.points) {
+    if (p.collective != c || p.path != Path::passthrough || !usable(p)) continue;
+    if (dtype && p.dtype != *dtype) continue;
+    x.push_back(static_cast<double>(p.bytes) * busbw_factor(c, result.machine.nranks));
+    t.push_back(p.time.median);
+  }
+  return fit_linear_relative(x, t);
+}
+
+Calibration calibrate(const SweepResult& result) {
+  Calibration cal;
+  cal.link.name = fmt::format("measured:{}", fabric_name(result.machine.fabric));
+  cal.link.measured = true;
+  std::optional<Collective> fitted;
+  LinearFit fit;
+  for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather}) {
+    fit = fit_baseline(result, c);
+    if (fit.ok) {
+      fitted = c;
+      break;
+    }
+  }
+  if (fitted) {
+    cal.link.alpha_us = fit.alpha_us;
+    cal.link.bus_gbps = 1e-3 / fit.us_per_byte;
+    cal.link.basis = fmt::format("fit of plain NCCL {} on {} ranks (worst residual {:.0f} %)",
+                                 collective_name(*fitted), result.machine.nranks, 100 * fit.max_rel_residual);
+  } else {
+    cal.notes.push_back("no baseline fit (fewer than 2 sizes, or latency-only data): link not calibrated");
+  }
+
+  cal.codec = result.codec;
+  if (cal.codec.gbps > 0) {
+    if (cal.codec.basis.empty()) cal.codec.basis = "codec kernels timed on this GPU";
+  } else if (fitted) {
+    // Codec throughput from the two_shot slope: slope = ratio * bus/B + codec_passes / C.
+    std::vector<double> x, t;
+    const DType d = result.points.empty() ? DType::bf16 : result.points.front().dtype;
+    for (const auto& p : result.points)
+      if (p.collective == *fitted && p.dtype == d && p.path == Path::two_shot && usable(p)) {
+        x.push_back(static_cast<double>(p.bytes));
+        t.push_back(p.time.median);
+      }
+    const LinearFit f = fit_linear_relative(x, t);
+    const auto shape = path_shape(*fitted, Path::two_shot, result.machine.nranks);
+    WireParams wire = result.wire;
+    wire.dtype = d;
+    if (f.ok && shape) {
+      // fit.us_per_byte is the baseline's time per bus byte, i.e. 1 / bus bandwidth.
+      const double wire_term = wire.ratio() * shape->bus_bytes_per_s * fit.us_per_byte;
+      const double codec_slope = f.us_per_byte - wire_term;
+      if (codec_slope > 0) {
+        cal.codec.gbps = shape->codec_bytes_per_s / codec_slope * 1e-3;
+        cal.codec.basis = "derived from the two_shot slope minus its wire term";
+      }
+    }
+  }
+  if (!(cal.codec.gbps > 0)) {
+    cal.codec.gbps = 1000.0;
+    cal.codec.basis = "assumed 1000 GB/s (not measured)";
+    cal.notes.push_back("codec throughput not measured; assumed 1000 GB/s");
+  }
+  if (!(cal.codec.launch_us > 0)) cal.codec.launch_us = 4.0;
+
+  cal.model.op_latency_us = cal.link.alpha_us;
+  cal.model.bus_bandwidth_gbps = cal.link.bus_gbps;
+  cal.model.codec_gbps = cal.codec.gbps;
+  cal.model.kernel_launch_us = cal.codec.launch_us;
+  cal.model.calibrated = fitted.has_value();
+  return cal;
+}
+
+// --- JSON -------------------------------------------------------------------------------------
+
+namespace {
+json summary_json(const Summary& s) {
+  return {{"n", s.n}, {"median", s.median}, {"p25", s.p25}, {"p75", s.p75}, {"min", s.min},
+          {"max", s.max}, {"mean", s.mean}, {"mad", s.mad}};
+}
+json crossover_json(const CrossoverReport& r) {
+  const auto& x = r.crossover;
+  json outcomes = json::array();
+  for (auto o : x.outcomes) outcomes.push_back(to_string(o));
+  return {{"collective", collective_name(r.collective)}, {"dtype", to_string(r.dtype)},
+          {"candidate", r.candidate}, {"found", x.found}, {"at_smallest", x.at_smallest},
+          {"bytes", x.bytes}, {"interp_bytes", x.interp_bytes}, {"speedup", x.speedup},
+          {"min_speedup_above", x.min_speedup_above}, {"tolerance", x.tolerance},
+          {"outcomes", outcomes}};
+}
+}  // namespace
+
+json to_json(const SweepResult& r, const std::vector<CrossoverReport>& crossovers, const Calibration& cal) {
+  json j;
+  j["tool"] = "fp8wire-bench sweep";
+  j["schema"] = 1;
+  const auto& m = r.machine;
+  j["machine"] = {{"hostname", m.hostname}, {"gpu", m.gpu_name}, {"compute_capability", m.compute_capability},
+                  {"driver_version", m.driver_version}, {"cuda_runtime_version", m.runtime_version},
+                  {"nccl_version", m.nccl_version}, {"nranks", m.nranks}, {"emulated", m.emulated},
+                  {"fabric", fabric_name(m.fabric)}, {"p2p_disabled", m.p2p_disabled},
+                  {"created_utc", m.created_utc}};
+  j["options"] = r.options;
+  j["wire"] = {{"format", r.fp8_format}, {"block", r.wire.block}, {"scale_bytes", r.wire.scale_bytes}};
+  j["codec"] = {{"gbps", r.codec.gbps}, {"launch_us", r.codec.launch_us}, {"basis", r.codec.basis}};
+  json points = json::array();
+  for (const auto& p : r.points) {
+    json c = {{"ran", p.check.ran}, {"pass", p.check.pass}, {"max_err_ratio", p.check.max_err_ratio},
+              {"bound", p.check.bound}, {"mismatches", p.check.mismatches},
+              {"nonfinite", p.check.nonfinite}, {"bitwise_required", p.check.bitwise_required},
+              {"bitwise_identical", p.check.bitwise_identical}};
+    points.push_back({{"collective", collective_name(p.collective)}, {"dtype", to_string(p.dtype)},
+                      {"path", path_name(p.path)}, {"bytes", p.bytes}, {"count", p.count},
+                      {"supported", p.supported}, {"error", p.error}, {"times_us", p.times_us},
+                      {"time_us", summary_json(p.time)}, {"algbw_gbps", p.algbw_gbps},
+                      {"busbw_gbps", p.busbw_gbps}, {"wire_bytes", p.wire_bytes},
+                      {"wire_source", p.wire_source}, {"speedup", p.speedup}, {"check", c}});
+  }
+  j["points"] = points;
+  json xs = json::array();
+  for (const auto& x : crossovers) xs.push_back(crossover_json(x));
+  j["crossovers"] = xs;
+  j["cost_model"] = {{"fabric", fabric_name(m.fabric)}, {"op_latency_us", cal.model.op_latency_us},
+                     {"bus_bandwidth_gbps", cal.model.bus_bandwidth_gbps},
+                     {"codec_gbps", cal.model.codec_gbps}, {"kernel_launch_us", cal.model.kernel_launch_us},
+                     {"calibrated", cal.model.calibrated}, {"link_basis", cal.link.basis},
+                     {"codec_basis", cal.codec.basis}, {"notes", cal.notes}};
+  return j;
+}
+
+std::optional<SweepResult> sweep_from_json(const json& j, std::string& error) {
+  SweepResult r;
+  try {
+    const auto& m = j.at("machine");
+    r.machine.hostname = m.value("hostname", "");
+    r.machine.gpu_name = m.value("gpu", "");
+    r.machine.compute_capability = m.value("compute_capability", 0);
+    r.machine.driver_version = m.value("driver_version", 0);
+    r.machine.runtime_version = m.value("cuda_runtime_version", 0);
+    r.machine.nccl_version = m.value("nccl_version", 0);
+    r.machine.nranks = m.at("nranks").get<int>();
+    r.machine.emulated = m.value("emulated", false);
+    r.machine.p2p_disabled = m.value("p2p_disabled", false);
+    r.machine.created_utc = m.value("created_utc", "");
+    const std::string fabric = m.at("fabric").get<std::string>();
+    const auto f = parse_fabric(fabric);
+    if (!f) {
+      error = fmt::format("machine.fabric '{}': expected nvlink, pcie or net", fabric);
+      return std::nullopt;
+    }
+    r.machine.fabric = *f;
+    r.options = j.value("options", json::object());
+    if (j.contains("wire")) {
+      r.fp8_format = j["wire"].value("format", "e4m3");
+      r.wire.block = j["wire"].value("block", 128u);
+      r.wire.scale_bytes = j["wire"].value("scale_bytes", size_t{4});
+    }
+    if (j.contains("codec")) {
+      r.codec.gbps = j["codec"].value("gbps", 0.0);
+      r.codec.launch_us = j["codec"].value("launch_us", 0.0);
+      r.codec.basis = j["codec"].value("basis", "");
+    }
+    size_t index = 0;
+    for (const auto& pj : j.at("points")) {
+      SweepPoint p;
+      const std::string cs = pj.at("collective").get<std::string>();
+      const std::string ds = pj.at("dtype").get<std::string>();
+      const std::string ps = pj.at("path").get<std::string>();
+      const auto c = parse_collective(cs);
+      const auto d = parse_dtype(ds);
+      const auto path = parse_path(ps);
+      if (!c || !d || !path) {
+        error = fmt::format("points[{}]: unknown collective '{}', dtype '{}' or path '{}'", index, cs, ds, ps);
+        return std::nullopt;
+      }
+      p.collective = *c;
+      p.dtype = *d;
+      p.path = *path;
+      p.bytes = pj.at("bytes").get<uint64_t>();
+      p.count = pj.value("count", uint64_t{0});
+      p.supported = pj.value("supported", true);
+      p.error = pj.value("error", "");
+      p.times_us = pj.value("times_us", std::vector<double>{});
+      p.time = summarize(p.times_us);
+      p.algbw_gbps = pj.value("algbw_gbps", 0.0);
+      p.busbw_gbps = pj.value("busbw_gbps", 0.0);
+      p.wire_bytes = pj.value("wire_bytes", uint64_t{0});
+      p.wire_source = pj.value("wire_source", "");
+      if (pj.contains("check")) {
+        const auto& cj = pj["check"];
+        p.check.ran = cj.value("ran", false);
+        p.check.pass = cj.value("pass", false);
+        p.check.max_err_ratio = cj.value("max_err_ratio", 0.0);
+        p.check.bound = cj.value("bound", 0.0);
+        p.check.mismatches = cj.value("mismatches", uint64_t{0});
+        p.check.nonfinite = cj.value("nonfinite", uint64_t{0});
+        p.check.bitwise_required = cj.value("bitwise_required", false);
+        p.check.bitwise_identical = cj.value("bitwise_identical", true);
+      }
+      r.points.push_back(std::move(p));
+      ++index;
+    }
+  } catch (const json::exception& e) {
+    error = fmt::format("not a fp8wire-bench sweep JSON: {}", e.what());
+    return std::nullopt;
+  }
+  compute_speedups(r);
+  return r;
+}
+
+// --- tables -----------------------------------------------------------------------------------
+
+std::string render_table(const SweepResult& r, Collective c, DType d) {
+  std::string out = fmt::format(
+      "# {} {}  ranks {}{}  fabric {}  fp8 {} block {}\n", collective_name(c), to_string(d),
+      r.machine.nranks, r.machine.emulated ? " (emulated, 1 GPU)" : "", fabric_name(r.machine.fabric),
+      r.fp8_format, r.wire.block);
+  out += fmt::format("# {:>10} {:>12} {:>11} {:>10} {:>7} {:>8} {:>8} {:>11} {:>7} {:>10}  {}\n", "size",
+                     "count", "path", "time(us)", "+-%", "algbw", "busbw", "wire(B)", "speedup",
+                     "maxerr", "check");
+  out += fmt::format("# {:>10} {:>12} {:>11} {:>10} {:>7} {:>8} {:>8} {:>11} {:>7} {:>10}\n", "", "", "",
+                     "median", "", "GB/s", "GB/s", "per rank", "", "");
+  for (uint64_t bytes : sizes_of(r, c, d)) {
+    for (Path path : {Path::passthrough, Path::two_shot, Path::one_shot, Path::ring}) {
+      const SweepPoint* p = find_point(r, c, d, path, bytes);
+      if (!p) continue;
+      if (!p->supported) {
+        out += fmt::format("  {:>10} {:>12} {:>11}   unsupported: {}\n", format_bytes(bytes), p->count,
+                           path_name(path), p->error);
+        continue;
+      }
+      std::string check = "-";
+      if (p->check.ran) {
+        check = p->check.pass ? "PASS" : "FAIL";
+        if (p->check.bitwise_required) check += p->check.bitwise_identical ? " same" : " DIFF";
+      }
+      out += fmt::format("  {:>10} {:>12} {:>11} {:>10.1f} {:>7.1f} {:>8.2f} {:>8.2f} {:>11} {:>7} {:>10.2e}  {}\n",
+                         format_bytes(bytes), p->count, path_name(path), p->time.median,
+                         100 * p->time.rel_spread(), p->algbw_gbps, p->busbw_gbps, p->wire_bytes,
+                         p->speedup > 0 ? fmt::format("{:.2f}x", p->speedup) : std::string("-"),
+                         p->check.max_err_ratio, check);
+    }
+  }
+  return out;
+}
+
+namespace {
+std::string crossover_cell(const Crossover& x) {
+  if (!x.found) return "never (in range)";
+  return fmt::format("{}{} ({:.2f}x, min {:.2f}x above)", x.at_smallest ? "<=" : "", format_bytes(x.bytes),
+                     x.speedup, x.min_speedup_above);
+}
+}  // namespace
+
+std::string render_crossovers(const SweepResult& r, const std::vector<CrossoverReport>& reports) {
+  std::string out = fmt::format("# crossovers, fabric {} ({} ranks): smallest size from which fp8wire wins at every larger size\n",
+                                fabric_name(r.machine.fabric), r.machine.nranks);
+  for (const auto& x : reports)
+    out += fmt::format("  {:<15} {:<5} {:<12} {}\n", collective_name(x.collective), to_string(x.dtype),
+                       x.candidate, crossover_cell(x.crossover));
+  return out;
+}
+
+std::string render_fabric_comparison(const std::vector<SweepResult>& results, const CrossoverOptions& options) {
+  std::string out = "# crossover by fabric (measured)\n";
+  out += fmt::format("  {:<15} {:<5} {:<10}", "collective", "dtype", "candidate");
+  std::vector<std::vector<CrossoverReport>> all;
+  for (const auto& r : results) {
+    out += fmt::format(" {:<34}", fmt::format("{} ({} ranks)", fabric_name(r.machine.fabric), r.machine.nranks));
+    all.push_back(analyze_crossovers(r, options));
+  }
+  out += "\n";
+  std::vector<std::tuple<Collective, DType, std::string>> rows;
+  for (const auto& reports : all)
+    for (const auto& x : reports) {
+      auto row = std::make_tuple(x.collective, x.dtype, x.candidate);
+      if (std::find(rows.begin(), rows.end(), row) == rows.end()) rows.push_back(row);
+    }
+  for (const auto& [c, d, cand] : rows) {
+    out += fmt::format("  {:<15} {:<5} {:<10}", collective_name(c), to_string(d), cand);
+    for (const auto& reports : all) {
+      std::string cell = "not measured";
+      for (const auto& x : reports)
+        if (x.collective == c && x.dtype == d && x.candidate == cand) cell = crossover_cell(x.crossover);
+      out += fmt::format(" {:<34}", cell);
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+std::vector<std::string> failed_checks(const SweepResult& r) {
+  std::vector<std::string> out;
+  for (const auto& p : r.points) {
+    if (!p.check.ran || (p.check.pass && (!p.check.bitwise_required || p.check.bitwise_identical))) continue;
+    out.push_back(fmt::format("{} {} {} {}: max_err_ratio {:.3g} (bound {:.3g}), {} beyond bound, {} non-finite{}",
+                              collective_name(p.collective), to_string(p.dtype), path_name(p.path),
+                              format_bytes(p.bytes), p.check.max_err_ratio, p.check.bound, p.check.mismatches,
+                              p.check.nonfinite,
+                              p.check.bitwise_required && !p.check.bitwise_identical ? ", ranks differ bitwise" : ""));
+  }
+  return out;
+}
+
+}  // namespace fp8wire::bench

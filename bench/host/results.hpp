@@ -1,0 +1,106 @@
+// Results of a sweep: per-size measurements, their analysis (crossovers, cost-model calibration),
+// the JSON written for every run and read back by `fp8wire-bench model`, and the terminal tables.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/host/crossover.hpp"
+#include "bench/host/model.hpp"
+#include "bench/host/stats.hpp"
+#include "bench/host/units.hpp"
+
+namespace fp8wire::bench {
+
+struct CheckResult {
+  bool ran = false;
+  bool pass = false;
+  double max_err_ratio = 0;      // max |out - expected| / block reference magnitude (0 = exact)
+  double bound = 0;              // the stated bound on max_err_ratio (0 = bit-exact required)
+  uint64_t mismatches = 0;       // elements beyond the bound, summed over ranks
+  uint64_t nonfinite = 0;        // NaN/Inf in the output, summed over ranks
+  bool bitwise_required = false; // FP8 all-reduce: every rank must hold identical bytes
+  bool bitwise_identical = true;
+};
+
+struct SweepPoint {
+  Collective collective = Collective::all_reduce;
+  DType dtype = DType::bf16;
+  Path path = Path::passthrough;
+  uint64_t bytes = 0;            // full-buffer size (nccl-tests "size")
+  uint64_t count = 0;            // count argument of the NCCL call
+  bool supported = true;         // false: the path refused this call (error says why)
+  std::string error;
+  std::vector<double> times_us;  // per repeat, the slowest rank
+  Summary time;                  // over times_us
+  double algbw_gbps = 0, busbw_gbps = 0;
+  uint64_t wire_bytes = 0;       // bytes one rank sent per call
+  std::string wire_source;       // "accounting" (recorded by sched/) or "nominal" (computed)
+  double speedup = 0;            // passthrough median / this median at the same size (0 = n/a)
+  CheckResult check;
+};
+
+struct MachineInfo {
+  std::string hostname, gpu_name, created_utc;
+  int compute_capability = 0;     // 90 for sm_90
+  int driver_version = 0, runtime_version = 0, nccl_version = 0;
+  int nranks = 0;
+  bool emulated = false;          // several ranks on one GPU (NCCL_HOSTID per rank, sockets)
+  Fabric fabric = Fabric::net;    // label of the results
+  bool p2p_disabled = false;      // NCCL_P2P_DISABLE=1 was set (--fabric pcie)
+};
+
+struct SweepResult {
+  MachineInfo machine;
+  nlohmann::json options = nlohmann::json::object();  // the command line, as given
+  WireParams wire;                // format of the FP8 paths (dtype field unused here)
+  std::string fp8_format = "e4m3";
+  Codec codec;                    // measured codec throughput on this GPU (gbps 0 = not measured)
+  std::vector<SweepPoint> points;
+};
+
+// Fills speedup from the passthrough point of the same (collective, dtype, size).
+void compute_speedups(SweepResult& result);
+
+struct CrossoverReport {
+  Collective collective;
+  DType dtype;
+  std::string candidate;  // a path name, or "best" = per size the faster of two_shot and one_shot
+  Crossover crossover;
+};
+// One report per (collective, dtype, FP8 path measured) plus "best" per (collective, dtype).
+std::vector<CrossoverReport> analyze_crossovers(const SweepResult& result, const CrossoverOptions& options);
+
+// Alpha/beta of the baseline of one collective (x = bus bytes), from the sweep's passthrough points.
+LinearFit fit_baseline(const SweepResult& result, Collective c, std::optional<DType> dtype = std::nullopt);
+
+// Cost model for the profile: op_latency_us and bus bandwidth fitted from the all-reduce baseline (or
+// the first collective measured), codec from the measured kernels or, failing that, from the slope of
+// the two_shot fit once the wire term is taken out. basis explains each number.
+struct Calibration {
+  CostModel model;
+  Link link;
+  Codec codec;
+  std::vector<std::string> notes;
+};
+Calibration calibrate(const SweepResult& result);
+
+nlohmann::json to_json(const SweepResult& result, const std::vector<CrossoverReport>& crossovers,
+                       const Calibration& calibration);
+// Reads what to_json wrote (points and machine; analysis is recomputed). error names the bad field.
+std::optional<SweepResult> sweep_from_json(const nlohmann::json& j, std::string& error);
+
+// nccl-tests-like table of one (collective, dtype), every path, every size.
+std::string render_table(const SweepResult& result, Collective c, DType dtype);
+std::string render_crossovers(const SweepResult& result, const std::vector<CrossoverReport>& reports);
+// Side by side: one row per (collective, dtype, candidate), one column per fabric.
+std::string render_fabric_comparison(const std::vector<SweepResult>& results, const CrossoverOptions& options);
+// One line per check that failed; empty when every check passed.
+std::vector<std::string> failed_checks(const SweepResult& result);
+
+}  // namespace fp8wire::bench

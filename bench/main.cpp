@@ -1,0 +1,428 @@
+// fp8wire-bench: sweeps of plain NCCL against fp8wire's FP8 paths, crossovers and the threshold
+// profile (sweep), an alpha-beta model for fabrics not present (model), and the codec kernels
+// against the copy-bandwidth ceiling (kernels).
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench/host/launcher.hpp"
+#include "bench/host/model_report.hpp"
+#include "bench/host/profile.hpp"
+#include "bench/host/results.hpp"
+#include "bench/host/units.hpp"
+#include "bench/sweep.hpp"
+
+#if FP8WIRE_BENCH_HAVE_KERNELS && __has_include("bench/kernel_bench.hpp")
+#include "bench/kernel_bench.hpp"
+#define FP8WIRE_BENCH_KERNELS 1
+#else
+#define FP8WIRE_BENCH_KERNELS 0
+#endif
+
+namespace fb = fp8wire::bench;
+using fp8wire::Collective;
+using fp8wire::Path;
+
+namespace {
+
+// Parses the textual sweep options into SweepOptions; returns an error naming the argument.
+struct SweepArgs {
+  std::string collectives = "all", dtypes = "bf16", paths = "passthrough,two_shot,one_shot,ring";
+  std::string min = "4KiB", max = "1GiB";
+  std::string out_dir = ".", json, profile;
+  bool no_check = false;
+};
+
+std::string parse_sweep(const SweepArgs& a, fb::SweepOptions& o) {
+  o.collectives.clear();
+  if (a.collectives == "all") {
+    o.collectives = {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather};
+  } else {
+    for (const auto& s : fb::split_list(a.collectives)) {
+      const auto c = fb::parse_collective(s);
+      if (!c) return fmt::format("--collectives '{}': expected all_reduce, reduce_scatter, all_gather or all", s);
+      o.collectives.push_back(*c);
+    }
+  }
+  o.dtypes.clear();
+  for (const auto& s : fb::split_list(a.dtypes)) {
+    const auto d = fb::parse_dtype(s);
+    if (!d) return fmt::format("--dtypes '{}': expected bf16, fp16 or fp32", s);
+    o.dtypes.push_back(*d);
+  }
+  o.paths = {Path::passthrough};  // the baseline every speedup refers to
+  for (const auto& s : fb::split_list(a.paths)) {
+    const auto p = fb::parse_path(s);
+    if (!p) return fmt::format("--paths '{}': expected passthrough, two_shot, one_shot or ring", s);
+    if (*p != Path::passthrough) o.paths.push_back(*p);
+  }
+  if (o.collectives.empty()) return "--collectives: empty list";
+  if (o.dtypes.empty()) return "--dtypes: empty list";
+  const auto min = fb::parse_bytes(a.min);
+  if (!min || *min == 0) return fmt::format("--min '{}': expected a size > 0 such as 4KiB, 64MiB, 1GiB or plain bytes", a.min);
+  const auto max = fb::parse_bytes(a.max);
+  if (!max) return fmt::format("--max '{}': expected a size such as 4KiB, 64MiB, 1GiB or plain bytes", a.max);
+  if (*max < *min) return fmt::format("--max '{}' is below --min '{}'", a.max, a.min);
+  o.min_bytes = *min;
+  o.max_bytes = *max;
+  if (!(o.step > 1.0)) return fmt::format("--step {}: expected a growth factor > 1 (2 doubles the size each step)", o.step);
+  if (o.repeats < 1 || o.repeats > fb::kMaxRepeats) return fmt::format("--repeats {}: expected 1..{}", o.repeats, fb::kMaxRepeats);
+  if (o.iters < 1) return fmt::format("--iters {}: expected >= 1", o.iters);
+  if (o.warmup < 0) return fmt::format("--warmup {}: expected >= 0", o.warmup);
+  if (o.buffers < 1 || o.buffers > 64) return fmt::format("--buffers {}: expected 1..64", o.buffers);
+  if (o.emulate_ranks < 0 || o.emulate_ranks == 1 || o.emulate_ranks > 64)
+    return fmt::format("--emulate-ranks {}: expected 2..64 (0 = one rank per GPU)", o.emulate_ranks);
+  if (o.fabric != "auto" && o.fabric != "both" && !fb::parse_fabric(o.fabric))
+    return fmt::format("--fabric '{}': expected auto, nvlink, pcie, net or both", o.fabric);
+  if (!(o.timeout_s >= 0)) return fmt::format("--timeout {}: expected seconds >= 0", o.timeout_s);
+  if (!(o.bootstrap_timeout_s > 0)) return fmt::format("--bootstrap-timeout {}: expected seconds > 0", o.bootstrap_timeout_s);
+  o.check = !a.no_check;
+  o.json_path = a.json.empty() ? a.out_dir + "/fp8wire-sweep.json" : a.json;
+  o.profile_path = a.profile.empty() ? a.out_dir + "/fp8wire-profile.toml" : a.profile;
+  return {};
+}
+
+std::string self_exe() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return {};
+  buf[n] = 0;
+  return buf;
+}
+
+std::optional<fb::SweepResult> read_sweep(const std::string& path, std::string& error) {
+  std::ifstream f(path);
+  if (!f) {
+    error = fmt::format("cannot open sweep JSON '{}'", path);
+    return std::nullopt;
+  }
+  nlohmann::json j;
+  try {
+    f >> j;
+  } catch (const std::exception& e) {
+    error = fmt::format("'{}' is not valid JSON: {}", path, e.what());
+    return std::nullopt;
+  }
+  auto r = fb::sweep_from_json(j, error);
+  if (!r) error = fmt::format("'{}': {}", path, error);
+  return r;
+}
+
+// Launcher: one round of ranks per fabric; "both" adds a side-by-side report and a merged profile.
+int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vector<std::string>& argv) {
+  int nranks = o.emulate_ranks;
+  if (nranks == 0) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+      std::fprintf(stderr, "fp8wire-bench sweep: no CUDA device visible (use a GPU machine, or --emulate-ranks N on one GPU)\n");
+      return 2;
+    }
+    nranks = ndev;
+    if (nranks < 2) {
+      std::fprintf(stderr, "fp8wire-bench sweep: 1 GPU visible; a collective needs 2+ ranks: use --emulate-ranks N\n");
+      return 2;
+    }
+  }
+  const std::string exe = self_exe();
+  if (exe.empty()) {
+    std::fprintf(stderr, "fp8wire-bench sweep: cannot find its own executable (/proc/self/exe)\n");
+    return 2;
+  }
+  const std::vector<std::string> fabrics =
+      o.fabric == "both" ? std::vector<std::string>{"auto", "pcie"} : std::vector<std::string>{o.fabric};
+  std::vector<std::string> jsons;
+  int worst = 0;
+  for (const auto& fabric : fabrics) {
+    fb::LaunchSpec spec;
+    spec.argv = {exe};
+    spec.argv.insert(spec.argv.end(), argv.begin() + 1, argv.end());
+    std::string json = o.json_path, profile = o.profile_path;
+    if (fabrics.size() > 1) {
+      json = fmt::format("{}/fp8wire-sweep-{}.json", a.out_dir, fabric);
+      profile = fmt::format("{}/fp8wire-profile-{}.toml", a.out_dir, fabric);
+    }
+    for (const char* s : {"--fabric", fabric.c_str(), "--json", json.c_str(), "--profile", profile.c_str()}) spec.argv.push_back(s);
+    spec.nranks = nranks;
+    spec.timeout_s = o.timeout_s;
+    // NCCL reads these when the communicator is created; P2P off keeps traffic off NVLink.
+    if (fabric == "pcie") spec.env.push_back({"NCCL_P2P_DISABLE", "1"});
+    if (o.emulate_ranks > 0)
+      for (int r = 0; r < nranks; ++r) spec.env_per_rank.push_back({{"NCCL_HOSTID", fmt::format("emulated-host-{}", r)}});
+    std::fprintf(stderr, "fp8wire-bench sweep: %d ranks%s, fabric %s\n", nranks, o.emulate_ranks ? " on one GPU" : "", fabric.c_str());
+    const fb::LaunchResult res = fb::launch_local_ranks(spec);
+    if (!res.ok) {
+      // Exit code 1 from rank 0 alone is "a check failed" (already printed); anything else is an error.
+      const bool check_failure = res.exit_codes[0] == 1 &&
+                                 std::all_of(res.exit_codes.begin() + 1, res.exit_codes.end(), [](int c) { return c == 0 || c == 143; });
+      if (check_failure) {
+        worst = std::max(worst, 1);
+      } else {
+        std::fprintf(stderr, "fp8wire-bench sweep: %s\n", res.error.c_str());
+        return 2;
+      }
+    }
+    jsons.push_back(json);
+  }
+  if (fabrics.size() > 1) {
+    std::vector<fb::SweepResult> results;
+    std::vector<fb::FabricProfile> profiles;
+    for (const auto& path : jsons) {
+      std::string error;
+      auto r = read_sweep(path, error);
+      if (!r) {
+        std::fprintf(stderr, "fp8wire-bench sweep: %s\n", error.c_str());
+        return 2;
+      }
+      const auto crossovers = fb::analyze_crossovers(*r, o.crossover);
+      profiles.push_back(fb::profile_from_sweep(*r, crossovers, fb::calibrate(*r)));
+      results.push_back(std::move(*r));
+    }
+    std::printf("\n%s", fb::render_fabric_comparison(results, o.crossover).c_str());
+    std::ofstream f(o.profile_path);
+    f << fb::render_profile_toml(profiles);
+    if (!f) {
+      std::fprintf(stderr, "fp8wire-bench sweep: cannot write --profile '%s'\n", o.profile_path.c_str());
+      return 2;
+    }
+    std::printf("# wrote %s (both fabrics)\n", o.profile_path.c_str());
+  }
+  return worst;
+}
+
+int run_model(const std::vector<std::string>& files, const fb::ModelOptions& options, const std::string& json_out) {
+  std::vector<fb::SweepResult> sweeps;
+  for (const auto& path : files) {
+    std::string error;
+    auto r = read_sweep(path, error);
+    if (!r) {
+      std::fprintf(stderr, "fp8wire-bench model: %s\n", error.c_str());
+      return 2;
+    }
+    sweeps.push_back(std::move(*r));
+  }
+  const fb::ModelReport report = fb::model_report(sweeps, options);
+  std::printf("%s", report.text.c_str());
+  if (!json_out.empty()) {
+    std::ofstream f(json_out);
+    f << report.json.dump(1) << "\n";
+    if (!f) {
+      std::fprintf(stderr, "fp8wire-bench model: cannot write --json '%s'\n", json_out.c_str());
+      return 2;
+    }
+  }
+  return 0;
+}
+
+int run_report(const std::vector<std::string>& files, const fb::CrossoverOptions& crossover,
+               const std::string& profile_path) {
+  std::vector<fb::SweepResult> results;
+  std::vector<fb::FabricProfile> profiles;
+  for (const auto& path : files) {
+    std::string error;
+    auto r = read_sweep(path, error);
+    if (!r) {
+      std::fprintf(stderr, "fp8wire-bench report: %s\n", error.c_str());
+      return 2;
+    }
+    const auto reports = fb::analyze_crossovers(*r, crossover);
+    std::vector<std::pair<Collective, fb::DType>> shown;
+    for (const auto& p : r->points) {
+      const auto key = std::make_pair(p.collective, p.dtype);
+      if (std::find(shown.begin(), shown.end(), key) != shown.end()) continue;
+      shown.push_back(key);
+      std::printf("%s\n", fb::render_table(*r, p.collective, p.dtype).c_str());
+    }
+    std::printf("%s\n", fb::render_crossovers(*r, reports).c_str());
+    for (const auto& f : fb::failed_checks(*r)) std::printf("FAIL check %s\n", f.c_str());
+    profiles.push_back(fb::profile_from_sweep(*r, reports, fb::calibrate(*r)));
+    results.push_back(std::move(*r));
+  }
+  if (results.size() > 1) std::printf("%s\n", fb::render_fabric_comparison(results, crossover).c_str());
+  if (!profile_path.empty()) {
+    std::ofstream f(profile_path);
+    f << fb::render_profile_toml(profiles);
+    if (!f) {
+      std::fprintf(stderr, "fp8wire-bench report: cannot write --profile '%s'\n", profile_path.c_str());
+      return 2;
+    }
+    std::printf("# wrote %s\n", profile_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fp8wire-bench: plain NCCL vs fp8wire FP8 collectives; crossovers, threshold profile, model"};
+  app.require_subcommand(1);
+
+  // --- sweep --------------------------------------------------------------------------------------
+  fb::SweepOptions sweep;
+  SweepArgs sa;
+  auto* s = app.add_subcommand("sweep", "time plain NCCL against fp8wire's paths over a range of sizes");
+  s->add_option("--collectives", sa.collectives, "all_reduce,reduce_scatter,all_gather or all")->capture_default_str();
+  s->add_option("--dtypes", sa.dtypes, "bf16,fp16,fp32")->capture_default_str();
+  s->add_option("--paths", sa.paths, "FP8 paths to time besides passthrough: two_shot,one_shot,ring")->capture_default_str();
+  s->add_option("--min", sa.min, "smallest full-buffer size (4KiB, 64MiB, 1GiB, bytes)")->capture_default_str();
+  s->add_option("--max", sa.max, "largest full-buffer size")->capture_default_str();
+  s->add_option("--step", sweep.step, "size growth factor per step")->capture_default_str();
+  s->add_option("--warmup", sweep.warmup, "untimed operations per point")->capture_default_str();
+  s->add_option("--repeats", sweep.repeats, "timed samples per point (median, spread)")->capture_default_str();
+  s->add_option("--iters", sweep.iters, "operations per timed sample")->capture_default_str();
+  s->add_option("--buffers", sweep.buffers, "input/output buffers rotated across operations")->capture_default_str();
+  s->add_option("--emulate-ranks", sweep.emulate_ranks, "N ranks on one GPU (NCCL_HOSTID per rank, sockets); 0 = one rank per GPU")->capture_default_str();
+  s->add_option("--fabric", sweep.fabric, "auto | nvlink | pcie (NCCL_P2P_DISABLE=1) | net | both (auto, then pcie)")
+      ->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  s->add_option("--timeout", sweep.timeout_s, "seconds before a hung launch is killed (0 = none)")->capture_default_str();
+  s->add_option("--bootstrap-timeout", sweep.bootstrap_timeout_s, "seconds a rank waits for rank 0's NCCL id")->capture_default_str();
+  s->add_option("--out", sa.out_dir, "folder for the default JSON and profile")->capture_default_str();
+  s->add_option("--json", sa.json, "sweep JSON (default <out>/fp8wire-sweep.json)")->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  s->add_option("--profile", sa.profile, "TOML threshold profile (default <out>/fp8wire-profile.toml)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  s->add_flag("--no-check", sa.no_check, "skip the correctness checks");
+  s->add_option("--tie-margin", sweep.crossover.min_margin, "relative difference below which sizes tie")->capture_default_str();
+  s->add_option("--noise-sigmas", sweep.crossover.noise_sigmas, "tolerance in robust noise units")->capture_default_str();
+
+  // --- model --------------------------------------------------------------------------------------
+  std::vector<std::string> model_files;
+  fb::ModelOptions model;
+  std::string model_json, model_dtype = "bf16";
+  std::vector<int> model_nranks;
+  double codec_gbps = 0, launch_us = 0;
+  auto* m = app.add_subcommand("model", "predict crossovers for fabrics not present; check against measured sweeps");
+  m->add_option("sweeps", model_files, "sweep JSON files written by fp8wire-bench sweep")->required()->check(CLI::ExistingFile);
+  m->add_option("--nranks", model_nranks, "world sizes to predict for (default 8, plus each sweep's)");
+  m->add_option("--codec-gbps", codec_gbps, "override the measured codec throughput (GB/s of caller dtype)");
+  m->add_option("--launch-us", launch_us, "override the per-kernel launch cost");
+  m->add_option("--dtype", model_dtype, "dtype of the predictions")->capture_default_str();
+  m->add_option("--json", model_json, "write the report as JSON");
+
+  // --- report -----------------------------------------------------------------------------------
+  std::vector<std::string> report_files;
+  std::string report_profile;
+  fb::CrossoverOptions report_crossover;
+  auto* rep = app.add_subcommand("report", "re-render tables, crossovers and a merged profile from sweep JSONs "
+                                           "(e.g. one torchrun sweep per fabric)");
+  rep->add_option("sweeps", report_files, "sweep JSON files")->required()->check(CLI::ExistingFile);
+  rep->add_option("--profile", report_profile, "write one TOML profile holding every fabric given");
+  rep->add_option("--tie-margin", report_crossover.min_margin, "relative difference below which sizes tie")->capture_default_str();
+  rep->add_option("--noise-sigmas", report_crossover.noise_sigmas, "tolerance in robust noise units")->capture_default_str();
+
+  // --- kernels ------------------------------------------------------------------------------------
+  auto* k = app.add_subcommand("kernels", "codec kernels against the copy-bandwidth ceiling");
+  std::string kernel_sizes = "1MiB,16MiB,64MiB,256MiB", kernel_dtype = "bf16", kernel_list, kernel_json;
+  std::string kernel_format = "e4m3";
+  int kernel_warmup = 5, kernel_repeats = 30, kernel_k = 8;
+  uint32_t kernel_block = 128;
+  k->add_option("--sizes", kernel_sizes, "caller-dtype bytes per buffer")->capture_default_str();
+  k->add_option("--dtype", kernel_dtype, "bf16, fp16 or fp32")->capture_default_str();
+  k->add_option("--kernels", kernel_list, "quantize,dequantize,reduce,reduce_requant,naive (default all)");
+  k->add_option("--k", kernel_k, "inputs of the fused reduce (a world size)")->capture_default_str();
+  k->add_option("--format", kernel_format, "e4m3 or e5m2")->capture_default_str();
+  k->add_option("--block", kernel_block, "elements per scale block")->capture_default_str();
+  k->add_option("--warmup", kernel_warmup, "untimed runs")->capture_default_str();
+  k->add_option("--repeats", kernel_repeats, "timed runs (median)")->capture_default_str();
+  k->add_option("--json", kernel_json, "write the results as JSON");
+
+  CLI11_PARSE(app, argc, argv);
+  const std::vector<std::string> args(argv, argv + argc);
+
+  if (s->parsed()) {
+    sweep.as_json = nlohmann::json::array();
+    for (int i = 1; i < argc; ++i) sweep.as_json.push_back(argv[i]);
+    if (const std::string error = parse_sweep(sa, sweep); !error.empty()) {
+      std::fprintf(stderr, "fp8wire-bench sweep: %s\n", error.c_str());
+      return 2;
+    }
+    std::string env_error;
+    const auto env = fb::rank_env_from_environment(env_error);
+    if (!env_error.empty()) {
+      std::fprintf(stderr, "fp8wire-bench sweep: %s\n", env_error.c_str());
+      return 2;
+    }
+    if (!env) return launch_sweep(sweep, sa, args);
+    if (sweep.fabric == "both") {
+      std::fprintf(stderr, "fp8wire-bench sweep: --fabric both needs the built-in launcher (NCCL reads NCCL_P2P_DISABLE "
+                           "once per process); under torchrun run once per fabric\n");
+      return 2;
+    }
+    fb::RankEnv rank_env = *env;
+    // torchrun's own rendezvous store already listens on MASTER_PORT; the NCCL id goes one above.
+    if (std::getenv("TORCHELASTIC_RUN_ID")) rank_env.master_port += 1;
+    return fb::run_sweep_rank(sweep, rank_env);
+  }
+
+  if (m->parsed()) {
+    const auto d = fb::parse_dtype(model_dtype);
+    if (!d) {
+      std::fprintf(stderr, "fp8wire-bench model: --dtype '%s': expected bf16, fp16 or fp32\n", model_dtype.c_str());
+      return 2;
+    }
+    model.dtype = *d;
+    if (!model_nranks.empty()) model.nranks = model_nranks;
+    for (int n : model.nranks)
+      if (n < 2) {
+        std::fprintf(stderr, "fp8wire-bench model: --nranks %d: expected >= 2\n", n);
+        return 2;
+      }
+    if (codec_gbps < 0 || launch_us < 0) {
+      std::fprintf(stderr, "fp8wire-bench model: --codec-gbps and --launch-us must be >= 0\n");
+      return 2;
+    }
+    if (codec_gbps > 0) model.codec_gbps = codec_gbps;
+    if (launch_us > 0) model.launch_us = launch_us;
+    return run_model(model_files, model, model_json);
+  }
+
+  if (rep->parsed()) return run_report(report_files, report_crossover, report_profile);
+
+  if (k->parsed()) {
+#if FP8WIRE_BENCH_KERNELS
+    fb::KernelBenchOptions ko;
+    ko.sizes.clear();
+    for (const auto& text : fb::split_list(kernel_sizes)) {
+      const auto bytes = fb::parse_bytes(text);
+      if (!bytes || *bytes == 0) {
+        std::fprintf(stderr, "fp8wire-bench kernels: --sizes '%s': expected sizes such as 1MiB,64MiB\n", text.c_str());
+        return 2;
+      }
+      ko.sizes.push_back(*bytes);
+    }
+    const auto d = fb::parse_dtype(kernel_dtype);
+    if (!d) {
+      std::fprintf(stderr, "fp8wire-bench kernels: --dtype '%s': expected bf16, fp16 or fp32\n", kernel_dtype.c_str());
+      return 2;
+    }
+    ko.dtype = *d == fb::DType::bf16 ? fp8wire::quant::ElemType::bf16
+               : *d == fb::DType::f16 ? fp8wire::quant::ElemType::f16
+                                      : fp8wire::quant::ElemType::f32;
+    if (kernel_format != "e4m3" && kernel_format != "e5m2") {
+      std::fprintf(stderr, "fp8wire-bench kernels: --format '%s': expected e4m3 or e5m2\n", kernel_format.c_str());
+      return 2;
+    }
+    ko.format.fp8 = kernel_format == "e4m3" ? fp8wire::Fp8Format::e4m3 : fp8wire::Fp8Format::e5m2;
+    ko.format.block = kernel_block;  // validated by run_kernel_bench (quant::validate)
+    ko.kernels = fb::split_list(kernel_list);
+    ko.k = kernel_k;
+    ko.warmup = kernel_warmup;
+    ko.repeats = kernel_repeats;
+    ko.json_path = kernel_json;
+    return fb::run_kernel_bench(ko);
+#else
+    std::fprintf(stderr, "fp8wire-bench kernels: this build has no kernel benchmarks (bench/kernel_bench.cu missing)\n");
+    return 2;
+#endif
+  }
+  return 0;
+}

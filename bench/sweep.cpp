@@ -1,0 +1,542 @@
+#include "bench/sweep.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <memory>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <fmt/format.h>
+
+#include "bench/host/check.hpp"
+#include "bench/host/profile.hpp"
+#include "bench/host/results.hpp"
+#include "common/config.hpp"
+#include "common/log.hpp"
+#include "sched/accounting.hpp"
+#include "sched/engine.hpp"
+#include "sched/nccl_api_linked.hpp"
+#if FP8WIRE_BENCH_HAVE_QUANT
+#include "quant/quant.hpp"
+#endif
+
+namespace fp8wire::bench {
+
+namespace {
+
+// Errors inside the worker: print with the rank and return exit code 2 from run_sweep_rank.
+#define BENCH_CUDA(call)                                                                             \
+  do {                                                                                               \
+    cudaError_t bench_err_ = (call);                                                                 \
+    if (bench_err_ != cudaSuccess) {                                                                 \
+      std::fprintf(stderr, "fp8wire-bench rank %d: %s failed: %s\n", g_rank, #call, cudaGetErrorString(bench_err_)); \
+      return 2;                                                                                      \
+    }                                                                                                \
+  } while (0)
+#define BENCH_NCCL(call)                                                                             \
+  do {                                                                                               \
+    ncclResult_t bench_res_ = (call);                                                                \
+    if (bench_res_ != ncclSuccess) {                                                                 \
+      std::fprintf(stderr, "fp8wire-bench rank %d: %s failed: %s\n", g_rank, #call, ncclGetErrorString(bench_res_)); \
+      return 2;                                                                                      \
+    }                                                                                                \
+  } while (0)
+
+int g_rank = 0;
+
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::f32: return ncclFloat32;
+  }
+  return ncclFloat32;
+}
+
+// What one rank reports for one point, all-gathered (as bytes) to rank 0.
+struct RankReport {
+  double times_us[kMaxRepeats];
+  int32_t repeats;
+  int32_t status;          // ncclResult_t of the first failing call, 0 = fine
+  double max_err_ratio;
+  uint64_t mismatches;
+  uint64_t nonfinite;
+  uint64_t hash;
+  uint64_t wire_bytes;     // per application call, from Accounting
+  uint64_t recorded_calls; // calls Accounting saw during the timed region
+  uint64_t fallback_calls; // of those, calls an FP8 request ran as plain NCCL (fallback)
+  int32_t checked;
+};
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Device buffers of one (collective, dtype): `buffers` send and receive buffers at the largest size.
+struct Buffers {
+  std::vector<void*> send, recv;
+  ~Buffers() {
+    for (void* p : send) cudaFree(p);
+    for (void* p : recv) cudaFree(p);
+  }
+};
+
+struct Worker {
+  Worker(const SweepOptions& options, const RankEnv& rank_env) : opt(options), env(rank_env) {}
+  const SweepOptions& opt;
+  RankEnv env;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  NcclApi api;
+  std::unique_ptr<sched::Engine> engine;
+  Config config;
+  void* report_send = nullptr;   // device: one RankReport
+  void* report_recv = nullptr;   // device: world_size RankReports
+  std::vector<cudaEvent_t> start_events, stop_events;
+  bool progress_tty = false;
+
+  ncclResult_t issue(Collective c, Path path, const void* send, void* recv, uint64_t count, DType d) {
+    const ncclDataType_t t = nccl_type(d);
+    switch (c) {
+      case Collective::all_reduce: return engine->all_reduce_forced(path, send, recv, count, t, ncclSum, comm, stream);
+      case Collective::reduce_scatter: return engine->reduce_scatter_forced(path, send, recv, count, t, ncclSum, comm, stream);
+      case Collective::all_gather: return engine->all_gather_forced(path, send, recv, count, t, comm, stream);
+    }
+    return ncclInvalidArgument;
+  }
+
+  // All-gathers one RankReport per rank; rank 0 gets them in rank order.
+  int gather_reports(const RankReport& mine, std::vector<RankReport>& all) {
+    BENCH_CUDA(cudaMemcpyAsync(report_send, &mine, sizeof(RankReport), cudaMemcpyHostToDevice, stream));
+    BENCH_NCCL(api.AllGather(report_send, report_recv, sizeof(RankReport), ncclUint8, comm, stream));
+    all.resize(static_cast<size_t>(env.world_size));
+    BENCH_CUDA(cudaMemcpyAsync(all.data(), report_recv, sizeof(RankReport) * all.size(), cudaMemcpyDeviceToHost, stream));
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    return 0;
+  }
+
+  // Times one (collective, dtype, size, path); fills `point` on rank 0.
+  int run_point(Collective c, DType d, uint64_t bytes, Path path, const Buffers& buf, SweepPoint& point) {
+    const CallCounts counts = call_counts(c, bytes, d, env.world_size);
+    const size_t elem = dtype_size(d);
+    const int nbuf = static_cast<int>(buf.send.size());
+    RankReport mine{};
+    mine.repeats = opt.repeats;
+
+    // Poison the outputs so a path that writes nothing cannot pass on a previous path's result.
+    for (int b = 0; b < nbuf; ++b)
+      BENCH_CUDA(cudaMemsetAsync(buf.recv[static_cast<size_t>(b)], 0xff, counts.recv_elems * elem, stream));
+
+    int op = 0;
+    auto next = [&](void) -> ncclResult_t {
+      const int b = op++ % nbuf;
+      return issue(c, path, buf.send[static_cast<size_t>(b)], buf.recv[static_cast<size_t>(b)], counts.count_arg, d);
+    };
+    ncclResult_t status = ncclSuccess;
+    for (int w = 0; w < opt.warmup && status == ncclSuccess; ++w) status = next();
+    const AccountingTotals before = Accounting::instance().totals();
+    for (int r = 0; r < opt.repeats && status == ncclSuccess; ++r) {
+      BENCH_CUDA(cudaEventRecord(start_events[static_cast<size_t>(r)], stream));
+      for (int i = 0; i < opt.iters && status == ncclSuccess; ++i) status = next();
+      BENCH_CUDA(cudaEventRecord(stop_events[static_cast<size_t>(r)], stream));
+    }
+    const AccountingTotals after = Accounting::instance().totals();
+    // Make sure every rotation buffer holds a result before checking it.
+    while (status == ncclSuccess && op < nbuf) status = next();
+    mine.status = static_cast<int32_t>(status);
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    if (status == ncclSuccess) {
+      for (int r = 0; r < opt.repeats; ++r) {
+        float ms = 0;
+        BENCH_CUDA(cudaEventElapsedTime(&ms, start_events[static_cast<size_t>(r)], stop_events[static_cast<size_t>(r)]));
+        mine.times_us[r] = 1e3 * ms / opt.iters;
+      }
+      uint64_t calls = 0, wire = 0;
+      for (int p = 0; p < 5; ++p) {
+        calls += after.calls[p] - before.calls[p];
+        wire += after.wire_bytes[p] - before.wire_bytes[p];
+      }
+      mine.recorded_calls = calls;
+      const int fb = static_cast<int>(Path::fallback);
+      mine.fallback_calls = after.calls[fb] - before.calls[fb];
+      // Per application call: sched may record a pipelined call as several records.
+      mine.wire_bytes = wire / static_cast<uint64_t>(opt.repeats * opt.iters);
+
+      if (opt.check) {
+        CheckSpec spec;
+        spec.collective = c;
+        spec.path = path;
+        spec.dtype = d;
+        spec.nranks = env.world_size;
+        spec.rank = env.rank;
+        spec.count = counts.count_arg;
+        spec.block = config.block_size;
+        spec.fp8 = config.format;
+        spec.scale = config.scale_type;
+        std::vector<unsigned char> host(counts.recv_elems * elem);
+        // The last buffer written is (op - 1) % nbuf; large sizes check only that one (host time).
+        const int first = bytes <= opt.check_all_buffers_max_bytes ? 0 : nbuf - 1;
+        uint64_t hash = 0xcbf29ce484222325ull;
+        for (int k = first; k < nbuf; ++k) {
+          const int b = (op - nbuf + k) % nbuf;
+          BENCH_CUDA(cudaMemcpy(host.data(), buf.recv[static_cast<size_t>(b)], host.size(), cudaMemcpyDeviceToHost));
+          spec.buffer = b;
+          const LocalCheck lc = check_output(spec, host.data());
+          mine.max_err_ratio = std::max(mine.max_err_ratio, lc.max_err_ratio);
+          mine.mismatches += lc.mismatches;
+          mine.nonfinite += lc.nonfinite;
+          hash = (hash ^ lc.hash) * 0x100000001b3ull;
+        }
+        mine.hash = hash;
+        mine.checked = 1;
+      }
+    }
+
+    std::vector<RankReport> all;
+    if (int rc = gather_reports(mine, all)) return rc;
+    if (env.rank != 0) return 0;
+
+    point.collective = c;
+    point.dtype = d;
+    point.path = path;
+    point.bytes = bytes;
+    point.count = counts.count_arg;
+    for (const auto& r : all)
+      if (r.status != 0 && point.supported) {
+        point.supported = false;
+        point.error = fmt::format("{} ({})", ncclGetErrorString(static_cast<ncclResult_t>(r.status)), r.status);
+      }
+    if (!point.supported) return 0;
+    // A fallback is plain NCCL under an FP8 label: timing it as FP8 would fake the crossover.
+    for (const auto& r : all)
+      if (path != Path::passthrough && r.fallback_calls > 0 && point.supported) {
+        point.supported = false;
+        point.error = fmt::format("sched fell back to plain NCCL on {} of {} calls (see the fp8wire log)",
+                                  r.fallback_calls, r.recorded_calls);
+      }
+    if (!point.supported) return 0;
+    std::vector<std::vector<double>> times;
+    for (const auto& r : all) times.emplace_back(r.times_us, r.times_us + r.repeats);
+    point.times_us = max_over_ranks(times);
+    point.time = summarize(point.times_us);
+    point.algbw_gbps = algbw_gbps(bytes, point.time.median);
+    point.busbw_gbps = point.algbw_gbps * busbw_factor(c, env.world_size);
+    if (all[0].recorded_calls > 0) {
+      point.wire_bytes = all[0].wire_bytes;
+      point.wire_source = "accounting";
+    } else {
+      // Nothing recorded (an engine without accounting): what the path should send, per rank.
+      const auto shape = path_shape(c, path, env.world_size);
+      WireParams wire{d, config.block_size, quant_scale_bytes()};
+      const double per_byte = shape ? shape->bus_bytes_per_s * (path == Path::passthrough ? 1.0 : wire.ratio()) : 0;
+      point.wire_bytes = static_cast<uint64_t>(per_byte * static_cast<double>(bytes));
+      point.wire_source = "nominal";
+    }
+    if (opt.check && all[0].checked) {
+      CheckSpec spec;
+      spec.collective = c;
+      spec.path = path;
+      spec.dtype = d;
+      spec.nranks = env.world_size;
+      spec.fp8 = config.format;
+      spec.scale = config.scale_type;
+      point.check.ran = true;
+      point.check.bound = error_bound(spec);
+      for (const auto& r : all) {
+        point.check.max_err_ratio = std::max(point.check.max_err_ratio, r.max_err_ratio);
+        point.check.mismatches += r.mismatches;
+        point.check.nonfinite += r.nonfinite;
+      }
+      point.check.pass = point.check.mismatches == 0 && point.check.nonfinite == 0;
+      // Data-parallel replicas must stay in sync: an FP8 all-reduce leaves identical bytes everywhere.
+      point.check.bitwise_required = c == Collective::all_reduce && path != Path::passthrough;
+      // Reduce-scatter outputs are different slices; identity is meaningful for the other two only.
+      if (c != Collective::reduce_scatter)
+        for (const auto& r : all) point.check.bitwise_identical &= (r.hash == all[0].hash);
+      if (point.check.bitwise_required && !point.check.bitwise_identical) point.check.pass = false;
+    }
+    return 0;
+  }
+
+  size_t quant_scale_bytes() const {
+    return config.scale_type == ScaleType::fp32 ? 4 : config.scale_type == ScaleType::bf16 ? 2 : 1;
+  }
+
+  // Codec throughput of this GPU, for the cost model: quantize and dequantize of a 64 MiB bf16 buffer,
+  // and the GPU time of a one-block quantize as the per-launch cost. Rank 0 only.
+  int measure_codec(Codec& codec) {
+#if FP8WIRE_BENCH_HAVE_QUANT
+    using namespace fp8wire::quant;
+    const size_t count = 32ull << 20;  // 64 MiB of bf16
+    const WireFormat fmt = WireFormat::from(config);
+    const Segmented layout = Segmented::single(count, fmt);
+    void* in = nullptr;
+    void* wire = nullptr;
+    BENCH_CUDA(cudaMalloc(&in, count * 2));
+    BENCH_CUDA(cudaMalloc(&wire, layout.seg_stride));
+    BENCH_CUDA(cudaMemsetAsync(in, 0x3c, count * 2, stream));  // finite bf16 values
+    cudaEvent_t a, b;
+    BENCH_CUDA(cudaEventCreate(&a));
+    BENCH_CUDA(cudaEventCreate(&b));
+    auto time_it = [&](auto&& fn, int reps) -> float {
+      fn();
+      cudaEventRecord(a, stream);
+      for (int i = 0; i < reps; ++i) fn();
+      cudaEventRecord(b, stream);
+      cudaEventSynchronize(b);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      return ms / reps;
+    };
+    const float q_ms = time_it([&] { quantize(in, ElemType::bf16, count, wire, layout, fmt, stream); }, 10);
+    const float d_ms = time_it([&] { dequantize(wire, layout, count, in, ElemType::bf16, fmt, stream); }, 10);
+    const Segmented tiny = Segmented::single(fmt.block, fmt);
+    const float l_ms = time_it([&] { quantize(in, ElemType::bf16, fmt.block, wire, tiny, fmt, stream); }, 50);
+    const cudaError_t err = cudaGetLastError();
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaFree(in);
+    cudaFree(wire);
+    if (err != cudaSuccess || !(q_ms > 0) || !(d_ms > 0)) {
+      std::fprintf(stderr, "fp8wire-bench: codec timing failed (%s); the cost model assumes a codec throughput\n",
+                   cudaGetErrorString(err));
+      return 0;
+    }
+    const double bytes = static_cast<double>(count) * 2;
+    codec.gbps = 2 * bytes / ((q_ms + d_ms) * 1e-3) / 1e9;  // mean of quantize and dequantize
+    codec.launch_us = l_ms * 1e3;
+    codec.basis = fmt::format("quantize {:.0f} GB/s, dequantize {:.0f} GB/s of bf16 on this GPU (64 MiB)",
+                              bytes / (q_ms * 1e6), bytes / (d_ms * 1e6));
+#else
+    (void)codec;
+#endif
+    return 0;
+  }
+
+  void progress(const std::string& what, size_t done, size_t total) {
+    if (env.rank != 0) return;
+    if (progress_tty)
+      std::fprintf(stderr, "\r[%zu/%zu] %-60s", done, total, what.c_str());
+    else
+      std::fprintf(stderr, "[%zu/%zu] %s\n", done, total, what.c_str());
+    std::fflush(stderr);
+  }
+};
+
+}  // namespace
+
+int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
+  g_rank = env.rank;
+  log_set_rank(env.rank);  // sched/ and quant/ log lines name the rank, as under the shim
+  Worker w{opt, env};
+  w.progress_tty = isatty(STDERR_FILENO);
+
+  // The fabric label and the environment NCCL reads at communicator creation.
+  std::optional<Fabric> forced_fabric;
+  if (opt.fabric != "auto") forced_fabric = parse_fabric(opt.fabric);
+  const bool p2p_disabled = opt.fabric == "pcie";
+  if (p2p_disabled) setenv("NCCL_P2P_DISABLE", "1", 1);
+  // Emulated ranks share one GPU; a distinct host id per rank makes NCCL treat them as separate
+  // hosts joined by sockets. Always overwritten: a host id inherited by every rank would merge them.
+  if (opt.emulate_ranks > 0)
+    setenv("NCCL_HOSTID", fmt::format("emulated-host-{}", env.rank).c_str(), 1);
+
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    std::fprintf(stderr, "fp8wire-bench rank %d: no CUDA device visible\n", env.rank);
+    return 2;
+  }
+  const int device = opt.emulate_ranks > 0 ? 0 : env.local_rank % ndev;
+  BENCH_CUDA(cudaSetDevice(device));
+  BENCH_CUDA(cudaStreamCreateWithFlags(&w.stream, cudaStreamNonBlocking));
+
+  ConfigResult cfg = load_config();
+  if (!cfg.ok()) {
+    for (const auto& e : cfg.errors) std::fprintf(stderr, "fp8wire-bench rank %d: config: %s\n", env.rank, e.message().c_str());
+    return 2;
+  }
+  w.config = cfg.config;
+  if (forced_fabric) w.config.fabric_override = forced_fabric;
+  // The benchmark forces each path explicitly; per-collective switches meant for jobs (FP8
+  // all-gather is off by default, being lossy on weights) must not turn a forced path into a fallback.
+  w.config.enable = true;
+  w.config.collective_enable = {true, true, true};
+
+  // Rank 0 times the codec before anyone has a communicator: on emulated ranks the others would
+  // otherwise spin in their first collective on the same GPU and slow the kernels down.
+  Codec measured_codec;
+  if (env.rank == 0) {
+    if (int rc = w.measure_codec(measured_codec)) return rc;
+  }
+
+  ncclUniqueId id{};
+  if (env.rank == 0) BENCH_NCCL(ncclGetUniqueId(&id));
+  std::string error;
+  if (!exchange_bootstrap_blob(env, &id, sizeof(id), opt.bootstrap_timeout_s, error)) {
+    std::fprintf(stderr, "fp8wire-bench rank %d: %s\n", env.rank, error.c_str());
+    return 2;
+  }
+  BENCH_NCCL(ncclCommInitRank(&w.comm, env.world_size, id, env.rank));
+  w.api = nccl_api_from_linked();
+  w.engine = std::make_unique<sched::Engine>(w.config, w.api);
+  w.engine->comm_created(w.comm);
+  struct CommGuard {
+    Worker& w;
+    ~CommGuard() {
+      if (w.engine) w.engine->comm_destroyed(w.comm);
+      w.engine.reset();
+      ncclCommDestroy(w.comm);
+      cudaFree(w.report_send);
+      cudaFree(w.report_recv);
+      for (auto e : w.start_events) cudaEventDestroy(e);
+      for (auto e : w.stop_events) cudaEventDestroy(e);
+      cudaStreamDestroy(w.stream);
+    }
+  } guard{w};
+
+  BENCH_CUDA(cudaMalloc(&w.report_send, sizeof(RankReport)));
+  BENCH_CUDA(cudaMalloc(&w.report_recv, sizeof(RankReport) * static_cast<size_t>(env.world_size)));
+  w.start_events.resize(static_cast<size_t>(opt.repeats));
+  w.stop_events.resize(static_cast<size_t>(opt.repeats));
+  for (int r = 0; r < opt.repeats; ++r) {
+    BENCH_CUDA(cudaEventCreate(&w.start_events[static_cast<size_t>(r)]));
+    BENCH_CUDA(cudaEventCreate(&w.stop_events[static_cast<size_t>(r)]));
+  }
+
+  SweepResult result;
+  {
+    auto& m = result.machine;
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    m.hostname = host;
+    cudaDeviceProp prop{};
+    BENCH_CUDA(cudaGetDeviceProperties(&prop, device));
+    m.gpu_name = prop.name;
+    m.compute_capability = prop.major * 10 + prop.minor;
+    cudaDriverGetVersion(&m.driver_version);
+    cudaRuntimeGetVersion(&m.runtime_version);
+    ncclGetVersion(&m.nccl_version);
+    m.nranks = env.world_size;
+    m.emulated = opt.emulate_ranks > 0;
+    m.fabric = forced_fabric ? *forced_fabric : w.engine->fabric_of(w.comm);
+    m.p2p_disabled = p2p_disabled;
+    m.created_utc = utc_now();
+    result.options = opt.as_json;
+    result.wire.block = w.config.block_size;
+    result.wire.scale_bytes = w.quant_scale_bytes();
+    result.fp8_format = w.config.format == Fp8Format::e4m3 ? "e4m3" : "e5m2";
+    result.codec = measured_codec;
+  }
+
+  // The plan: every (collective, dtype) with its own size series (sizes split evenly into ranks).
+  struct Job {
+    Collective c;
+    DType d;
+    std::vector<uint64_t> sizes;
+    std::vector<Path> paths;
+  };
+  std::vector<Job> jobs;
+  size_t total_points = 0;
+  for (Collective c : opt.collectives)
+    for (DType d : opt.dtypes) {
+      Job job{c, d, size_series(opt.min_bytes, opt.max_bytes, opt.step, static_cast<uint64_t>(env.world_size) * dtype_size(d)),
+              paths_for(c, opt.paths)};
+      total_points += job.sizes.size() * job.paths.size();
+      jobs.push_back(std::move(job));
+    }
+  size_t done = 0;
+
+  for (const Job& job : jobs) {
+    if (job.sizes.empty()) continue;
+    const CallCounts largest = call_counts(job.c, job.sizes.back(), job.d, env.world_size);
+    const size_t elem = dtype_size(job.d);
+    Buffers buf;
+    for (int b = 0; b < opt.buffers; ++b) {
+      void* s = nullptr;
+      void* r = nullptr;
+      BENCH_CUDA(cudaMalloc(&s, largest.send_elems * elem));
+      buf.send.push_back(s);
+      BENCH_CUDA(cudaMalloc(&r, largest.recv_elems * elem));
+      buf.recv.push_back(r);
+    }
+    std::vector<unsigned char> host;
+    for (uint64_t bytes : job.sizes) {
+      const CallCounts counts = call_counts(job.c, bytes, job.d, env.world_size);
+      // Inputs: all-gather ranks send their own elements [0, sendcount); all-reduce and
+      // reduce-scatter send the whole global index range.
+      host.resize(counts.send_elems * elem);
+      for (int b = 0; b < opt.buffers; ++b) {
+        fill_input(job.d, env.rank, b, 0, counts.send_elems, host.data());
+        BENCH_CUDA(cudaMemcpy(buf.send[static_cast<size_t>(b)], host.data(), host.size(), cudaMemcpyHostToDevice));
+      }
+      // Pageable cudaMemcpy may return before its DMA lands; the collectives run on another stream.
+      BENCH_CUDA(cudaDeviceSynchronize());
+      for (Path path : job.paths) {
+        w.progress(fmt::format("{} {} {} {}", collective_name(job.c), to_string(job.d), format_bytes(bytes), path_name(path)),
+                 ++done, total_points);
+        SweepPoint point;
+        if (int rc = w.run_point(job.c, job.d, bytes, path, buf, point)) return rc;
+        if (env.rank == 0) result.points.push_back(std::move(point));
+      }
+    }
+  }
+  if (env.rank != 0) return 0;
+  if (w.progress_tty) std::fprintf(stderr, "\n");
+
+  compute_speedups(result);
+  const auto crossovers = analyze_crossovers(result, opt.crossover);
+  const Calibration calibration = calibrate(result);
+  for (const auto& job : jobs) std::printf("%s\n", render_table(result, job.c, job.d).c_str());
+  std::printf("%s\n", render_crossovers(result, crossovers).c_str());
+  fmt::print("# cost model ({}): op_latency {:.1f} us, bus {:.2f} GB/s [{}]; codec {:.0f} GB/s, launch {:.1f} us [{}]\n",
+             fabric_name(result.machine.fabric), calibration.model.op_latency_us, calibration.model.bus_bandwidth_gbps,
+             calibration.link.basis, calibration.model.codec_gbps, calibration.model.kernel_launch_us,
+             calibration.codec.basis);
+  std::fflush(stdout);
+
+  int rc = 0;
+  if (!opt.json_path.empty()) {
+    std::ofstream f(opt.json_path);
+    f << to_json(result, crossovers, calibration).dump(1) << "\n";
+    if (!f) {
+      std::fprintf(stderr, "fp8wire-bench: cannot write --json '%s'\n", opt.json_path.c_str());
+      rc = 2;
+    } else {
+      std::printf("# wrote %s\n", opt.json_path.c_str());
+    }
+  }
+  if (!opt.profile_path.empty()) {
+    std::ofstream f(opt.profile_path);
+    f << render_profile_toml({profile_from_sweep(result, crossovers, calibration)});
+    if (!f) {
+      std::fprintf(stderr, "fp8wire-bench: cannot write --profile '%s'\n", opt.profile_path.c_str());
+      rc = 2;
+    } else {
+      std::printf("# wrote %s\n", opt.profile_path.c_str());
+    }
+  }
+  const auto failures = failed_checks(result);
+  size_t checked = 0;
+  for (const auto& p : result.points) checked += p.check.ran;
+  for (const auto& f : failures) std::printf("FAIL check %s\n", f.c_str());
+  if (opt.check)
+    std::printf("%s checks: %zu points checked, %zu failed\n", failures.empty() ? "PASS" : "FAIL", checked, failures.size());
+  std::fflush(stdout);
+  if (rc == 0 && !failures.empty()) rc = 1;
+  return rc;
+}
+
+}  // namespace fp8wire::bench

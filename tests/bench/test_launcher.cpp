@@ -1,0 +1,118 @@
+#include <doctest/doctest.h>
+
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "bench/host/launcher.hpp"
+
+using namespace fp8wire::bench;
+
+namespace {
+LaunchSpec shell(const std::string& script, int nranks, double timeout_s = 20) {
+  LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c", script};
+  spec.nranks = nranks;
+  spec.timeout_s = timeout_s;
+  spec.kill_grace_s = 1;
+  return spec;
+}
+}  // namespace
+
+TEST_CASE("launcher sets torchrun variables and reaps every child") {
+  LaunchSpec spec = shell("test \"$WORLD_SIZE\" = 3 && test \"$RANK\" = \"$LOCAL_RANK\" && test -n \"$MASTER_PORT\" "
+                          "&& test \"$NCCL_HOSTID\" = \"emulated-host-$RANK\" && test \"$EXTRA\" = yes", 3);
+  spec.env = {{"EXTRA", "yes"}};
+  for (int r = 0; r < 3; ++r) spec.env_per_rank.push_back({{"NCCL_HOSTID", "emulated-host-" + std::to_string(r)}});
+  const LaunchResult res = launch_local_ranks(spec);
+  CHECK_MESSAGE(res.ok, res.error);
+  CHECK(res.exit_codes == std::vector<int>{0, 0, 0});
+}
+
+TEST_CASE("a failing rank stops the others quickly and is named") {
+  const auto start = std::chrono::steady_clock::now();
+  const LaunchResult res = launch_local_ranks(shell("if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 30", 2));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK_FALSE(res.ok);
+  CHECK(res.error.find("rank 1 exited with code 3") != std::string::npos);
+  CHECK(res.exit_codes[1] == 3);
+  CHECK(res.exit_codes[0] == 128 + 15);  // SIGTERM
+  CHECK(took < 10);
+}
+
+TEST_CASE("a hung launch times out, is killed and says which ranks hung") {
+  const LaunchResult res = launch_local_ranks(shell("if [ \"$RANK\" = 0 ]; then exit 0; fi; exec sleep 30", 2, 0.5));
+  CHECK_FALSE(res.ok);
+  CHECK(res.error.find("timeout") != std::string::npos);
+  CHECK(res.error.find("rank(s) 1") != std::string::npos);
+  CHECK(res.exit_codes[0] == 0);
+}
+
+TEST_CASE("an executable that does not exist is reported") {
+  LaunchSpec spec;
+  spec.argv = {"/nonexistent/fp8wire-bench"};
+  spec.nranks = 2;
+  spec.kill_grace_s = 1;
+  const LaunchResult res = launch_local_ranks(spec);
+  CHECK_FALSE(res.ok);
+  CHECK(res.error.find("could not exec") != std::string::npos);
+}
+
+TEST_CASE("TCP bootstrap hands rank 0's blob to every rank") {
+  const int port = find_free_port();
+  REQUIRE(port > 0);
+  const int world = 4;
+  std::vector<std::array<char, 128>> blobs(world);
+  std::vector<std::string> errors(world);
+  std::vector<int> ok(world, 0);
+  std::memset(blobs[0].data(), 0, 128);
+  std::strcpy(blobs[0].data(), "nccl-unique-id-bytes");
+  std::vector<std::thread> threads;
+  for (int r = world - 1; r >= 0; --r)  // peers first: they must retry until rank 0 listens
+    threads.emplace_back([&, r] {
+      RankEnv env{r, world, r, "127.0.0.1", port};
+      ok[r] = exchange_bootstrap_blob(env, blobs[r].data(), 128, 10.0, errors[r]);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    CHECK_MESSAGE(ok[r], errors[r]);
+    CHECK(std::string(blobs[r].data()) == "nccl-unique-id-bytes");
+  }
+}
+
+TEST_CASE("bootstrap without rank 0 fails within the timeout with a clear error") {
+  RankEnv env{1, 2, 1, "127.0.0.1", find_free_port()};
+  char blob[16];
+  std::string error;
+  CHECK_FALSE(exchange_bootstrap_blob(env, blob, sizeof(blob), 0.3, error));
+  CHECK(error.find("could not get the NCCL id from rank 0 at 127.0.0.1") != std::string::npos);
+}
+
+TEST_CASE("rank environment: absent, valid, invalid") {
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  std::string error;
+  CHECK_FALSE(rank_env_from_environment(error));
+  CHECK(error.empty());
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  setenv("MASTER_ADDR", "node0", 1);
+  unsetenv("LOCAL_RANK");
+  auto env = rank_env_from_environment(error);
+  REQUIRE(env);
+  CHECK(env->rank == 1);
+  CHECK(env->local_rank == 1);
+  CHECK(env->master_addr == "node0");
+  CHECK(env->master_port == 29500);
+  setenv("RANK", "2", 1);
+  CHECK_FALSE(rank_env_from_environment(error));
+  CHECK(error.find("RANK='2'") != std::string::npos);
+  setenv("RANK", "0", 1);
+  setenv("MASTER_PORT", "http", 1);
+  CHECK_FALSE(rank_env_from_environment(error));
+  CHECK(error.find("MASTER_PORT='http'") != std::string::npos);
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR"}) unsetenv(v);
+}

@@ -1,0 +1,96 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "bench/host/model.hpp"
+
+using namespace fp8wire;
+using namespace fp8wire::bench;
+
+TEST_CASE("relative least squares recovers alpha and beta") {
+  std::vector<double> x, t;
+  for (double s = 4096; s <= (1 << 30); s *= 2) {
+    x.push_back(s);
+    t.push_back(25.0 + s / 20e3);  // 25 us + 20 GB/s
+  }
+  const LinearFit f = fit_linear_relative(x, t);
+  REQUIRE(f.ok);
+  CHECK(f.alpha_us == doctest::Approx(25.0).epsilon(1e-6));
+  CHECK(1e-3 / f.us_per_byte == doctest::Approx(20.0).epsilon(1e-6));
+  CHECK(f.max_rel_residual < 1e-9);
+}
+
+TEST_CASE("fit: too few points, or a latency-only curve, is not ok; never negative") {
+  CHECK_FALSE(fit_linear_relative({1}, {1}).ok);
+  const LinearFit flat = fit_linear_relative({1, 2, 3}, {10, 10, 10});
+  CHECK_FALSE(flat.ok);
+  CHECK(flat.alpha_us == doctest::Approx(10));
+  // Noise that tilts the intercept below zero is clamped, not reported as a negative latency.
+  const LinearFit f = fit_linear_relative({1000, 2000, 4000}, {0.9, 2.1, 4.0});
+  CHECK(f.alpha_us >= 0);
+  CHECK(f.us_per_byte > 0);
+}
+
+TEST_CASE("wire ratio: 132 bytes per 128 bf16 elements") {
+  WireParams w{DType::bf16, 128, 4};
+  CHECK(w.ratio() == doctest::Approx(132.0 / 256.0));
+  w.dtype = DType::f32;
+  CHECK(w.ratio() == doctest::Approx(132.0 / 512.0));
+  w = {DType::bf16, 32, 1};
+  CHECK(w.ratio() == doctest::Approx(33.0 / 64.0));
+}
+
+TEST_CASE("predicted times follow the documented path shapes") {
+  const Link link{"test", 10.0, 100.0, "", false};  // 100 GB/s = 1e5 bytes/us
+  const Codec codec{1000.0, 2.0, ""};               // 1e6 bytes/us
+  const WireParams wire{DType::bf16, 128, 4};
+  const double S = 1e8;
+  // Baseline all-reduce on 4 ranks: 10 + 2*3/4 * 1e8 / 1e5 = 10 + 1500.
+  CHECK(predict_us(Collective::all_reduce, Path::passthrough, 4, S, link, codec, wire) == doctest::Approx(1510));
+  // two_shot: 2 ops + 1500 * r + 3 codec passes (3e8 / 1e6 = 300) + 3 launches.
+  const double r = wire.ratio();
+  CHECK(predict_us(Collective::all_reduce, Path::two_shot, 4, S, link, codec, wire) ==
+        doctest::Approx(20 + 1500 * r + 300 + 6));
+  // one_shot: 1 op + (n-1) S r / B + (1+n) S / C + 2 launches.
+  CHECK(predict_us(Collective::all_reduce, Path::one_shot, 4, S, link, codec, wire) ==
+        doctest::Approx(10 + 3000 * r + 500 + 4));
+  // all_gather: 1 op + 3/4 S r / B + (1/4 + 1) S / C + 2 launches.
+  CHECK(predict_us(Collective::all_gather, Path::two_shot, 4, S, link, codec, wire) ==
+        doctest::Approx(10 + 750 * r + 125 + 4));
+  CHECK(std::isnan(predict_us(Collective::all_gather, Path::ring, 4, S, link, codec, wire)));
+}
+
+TEST_CASE("closed-form crossover is where predicted times cross") {
+  const Link link{"pcie", 12.0, 20.0, "", false};
+  const Codec codec{1500.0, 3.0, ""};
+  const WireParams wire{DType::bf16, 128, 4};
+  for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather}) {
+    const PredictedCrossover p = predict_crossover(c, Path::two_shot, 8, link, codec, wire);
+    REQUIRE(p.wins);
+    REQUIRE(p.bytes > 0);
+    const double below = static_cast<double>(p.bytes) * 0.99, at = static_cast<double>(p.bytes);
+    CHECK(predict_us(c, Path::two_shot, 8, at, link, codec, wire) <
+          predict_us(c, Path::passthrough, 8, at, link, codec, wire));
+    CHECK(predict_us(c, Path::two_shot, 8, below, link, codec, wire) >=
+          predict_us(c, Path::passthrough, 8, below, link, codec, wire));
+    CHECK(p.asymptotic_speedup > 1.0);
+  }
+  // A link far faster than the codec: FP8 never pays.
+  const Link fast{"fast", 1.0, 5000.0, "", false};
+  CHECK_FALSE(predict_crossover(Collective::all_reduce, Path::two_shot, 8, fast, codec, wire).wins);
+  // A free codec and equal latency on a slow link: cheaper at every size for reduce_scatter.
+  const Codec free_codec{1e12, 0.0, ""};
+  const PredictedCrossover always = predict_crossover(Collective::reduce_scatter, Path::two_shot, 8, link, free_codec, wire);
+  CHECK(always.wins);
+  CHECK(always.bytes == 0);
+}
+
+TEST_CASE("assumed links are labelled and plausible") {
+  REQUIRE(assumed_links().size() >= 6);
+  for (const auto& l : assumed_links()) {
+    CHECK_FALSE(l.measured);
+    CHECK(l.alpha_us > 0);
+    CHECK(l.bus_gbps > 0);
+    CHECK_FALSE(l.basis.empty());
+  }
+}

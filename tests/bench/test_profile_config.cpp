@@ -1,0 +1,42 @@
+// The profile fp8wire-bench writes must load as the shim's configuration, key for key.
+#include <doctest/doctest.h>
+
+#include "bench/host/profile.hpp"
+#include "common/config.hpp"
+
+using namespace fp8wire;
+using namespace fp8wire::bench;
+
+TEST_CASE("profile round trip through parse_config_toml") {
+  FabricProfile pcie;
+  pcie.fabric = Fabric::pcie;
+  pcie.source = "synthetic";
+  pcie.thresholds[0] = ThresholdEntry{767u * 1024u, "bf16: 1.10x"};
+  pcie.thresholds[2] = ThresholdEntry{kNeverThreshold, "never"};
+  pcie.cost_model = CostModel{27.5, 21.25, 1500.0, 3.5, true};
+  FabricProfile net;
+  net.fabric = Fabric::net;
+  net.thresholds[0] = ThresholdEntry{4u << 20, ""};
+  net.thresholds[1] = ThresholdEntry{2u << 20, ""};
+
+  const std::string toml = render_profile_toml({pcie, net});
+  const ConfigResult r = parse_config_toml(toml, "profile.toml");
+  for (const auto& e : r.errors) MESSAGE(e.message());
+  REQUIRE(r.ok());
+  const Config& c = r.config;
+  const Config defaults;
+  CHECK(c.thresholds[0][static_cast<int>(Fabric::pcie)] == 767u * 1024u);
+  CHECK(c.thresholds[2][static_cast<int>(Fabric::pcie)] == kNeverThreshold);
+  CHECK(c.thresholds[0][static_cast<int>(Fabric::net)] == (4u << 20));
+  CHECK(c.thresholds[1][static_cast<int>(Fabric::net)] == (2u << 20));
+  // Keys the profile does not name keep their defaults.
+  CHECK(c.thresholds[0][static_cast<int>(Fabric::nvlink)] == defaults.thresholds[0][static_cast<int>(Fabric::nvlink)]);
+  CHECK(c.thresholds[1][static_cast<int>(Fabric::pcie)] == defaults.thresholds[1][static_cast<int>(Fabric::pcie)]);
+  const CostModel& m = c.cost_model[static_cast<int>(Fabric::pcie)];
+  CHECK(m.calibrated);
+  CHECK(m.op_latency_us == doctest::Approx(27.5));
+  CHECK(m.bus_bandwidth_gbps == doctest::Approx(21.25));
+  CHECK(m.codec_gbps == doctest::Approx(1500.0));
+  CHECK(m.kernel_launch_us == doctest::Approx(3.5));
+  CHECK_FALSE(c.cost_model[static_cast<int>(Fabric::net)].calibrated);
+}

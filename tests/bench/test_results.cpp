@@ -1,0 +1,155 @@
+#include <doctest/doctest.h>
+
+#include "bench/host/model_report.hpp"
+#include "bench/host/profile.hpp"
+#include "bench/host/results.hpp"
+
+using namespace fp8wire;
+using namespace fp8wire::bench;
+
+namespace {
+// A synthetic 2-rank all-reduce sweep on "pcie": baseline 30 us + 10 GB/s bus, two_shot 70 us +
+// half the bytes; one_shot slower at large sizes; reduce_scatter never wins.
+SweepResult synthetic_sweep() {
+  SweepResult r;
+  r.machine.hostname = "testhost";
+  r.machine.gpu_name = "Test GPU";
+  r.machine.nranks = 2;
+  r.machine.fabric = Fabric::pcie;
+  r.machine.nccl_version = 22809;
+  r.codec = {1200.0, 3.0, "test"};
+  for (uint64_t bytes = 4096; bytes <= (64u << 20); bytes *= 4) {
+    const double b = static_cast<double>(bytes);
+    auto add = [&](Collective c, Path p, double us) {
+      SweepPoint pt;
+      pt.collective = c;
+      pt.dtype = DType::bf16;
+      pt.path = p;
+      pt.bytes = bytes;
+      pt.count = bytes / 2;
+      pt.times_us = {us, us * 1.01, us * 0.99, us};
+      pt.time = summarize(pt.times_us);
+      pt.check.ran = true;
+      pt.check.pass = true;
+      pt.check.bound = p == Path::passthrough ? 0 : 0.1328;
+      r.points.push_back(pt);
+    };
+    add(Collective::all_reduce, Path::passthrough, 30 + b / 10e3);
+    add(Collective::all_reduce, Path::two_shot, 70 + 0.5 * b / 10e3);
+    add(Collective::all_reduce, Path::one_shot, 50 + 0.8 * b / 10e3);
+    add(Collective::reduce_scatter, Path::passthrough, 20 + b / 20e3);
+    add(Collective::reduce_scatter, Path::two_shot, 40 + 1.2 * b / 20e3);
+  }
+  compute_speedups(r);
+  return r;
+}
+}  // namespace
+
+TEST_CASE("speedups and crossovers of a synthetic sweep") {
+  const SweepResult r = synthetic_sweep();
+  const auto reports = analyze_crossovers(r, {});
+  const CrossoverReport* best = nullptr;
+  const CrossoverReport* rs = nullptr;
+  for (const auto& x : reports) {
+    if (x.collective == Collective::all_reduce && x.candidate == "best") best = &x;
+    if (x.collective == Collective::reduce_scatter && x.candidate == "best") rs = &x;
+  }
+  REQUIRE(best);
+  REQUIRE(rs);
+  // 256 KiB: baseline 56 us, one_shot 71, two_shot 83: a loss. 1 MiB: baseline 135 us, one_shot 134
+  // (a tie), two_shot 122 (a 9 % win): the "best" curve crosses at 1 MiB.
+  CHECK(best->crossover.found);
+  CHECK(best->crossover.bytes == (1u << 20));
+  CHECK_FALSE(rs->crossover.found);
+}
+
+TEST_CASE("JSON round trip keeps points, machine and analysis") {
+  const SweepResult r = synthetic_sweep();
+  const auto reports = analyze_crossovers(r, {});
+  const Calibration cal = calibrate(r);
+  const nlohmann::json j = to_json(r, reports, cal);
+  std::string error;
+  const auto back = sweep_from_json(j, error);
+  REQUIRE_MESSAGE(back, error);
+  CHECK(back->machine.nranks == 2);
+  CHECK(back->machine.fabric == Fabric::pcie);
+  CHECK(back->machine.hostname == "testhost");
+  REQUIRE(back->points.size() == r.points.size());
+  CHECK(back->points[3].time.median == doctest::Approx(r.points[3].time.median));
+  CHECK(back->points[4].speedup == doctest::Approx(r.points[4].speedup));
+  CHECK(back->codec.gbps == doctest::Approx(1200.0));
+  const auto again = analyze_crossovers(*back, {});
+  REQUIRE(again.size() == reports.size());
+  for (size_t i = 0; i < again.size(); ++i) CHECK(again[i].crossover.bytes == reports[i].crossover.bytes);
+
+  nlohmann::json bad = j;
+  bad["points"][0]["path"] = "warp";
+  CHECK_FALSE(sweep_from_json(bad, error));
+  CHECK(error.find("warp") != std::string::npos);
+  bad = j;
+  bad["machine"]["fabric"] = "carrier-pigeon";
+  CHECK_FALSE(sweep_from_json(bad, error));
+  CHECK(error.find("carrier-pigeon") != std::string::npos);
+}
+
+TEST_CASE("calibration recovers the baseline's alpha and bus bandwidth") {
+  const Calibration cal = calibrate(synthetic_sweep());
+  CHECK(cal.model.calibrated);
+  // all_reduce on 2 ranks: bus bytes = S, so 30 us + S / 10 GB/s.
+  CHECK(cal.model.op_latency_us == doctest::Approx(30.0).epsilon(1e-6));
+  CHECK(cal.model.bus_bandwidth_gbps == doctest::Approx(10.0).epsilon(1e-6));
+  CHECK(cal.model.codec_gbps == doctest::Approx(1200.0));
+  CHECK(cal.model.kernel_launch_us == doctest::Approx(3.0));
+}
+
+TEST_CASE("profile: measured threshold, never for a loser, cost model block") {
+  const SweepResult r = synthetic_sweep();
+  const auto reports = analyze_crossovers(r, {});
+  const FabricProfile p = profile_from_sweep(r, reports, calibrate(r));
+  REQUIRE(p.thresholds[0]);
+  CHECK(p.thresholds[0]->bytes == (1u << 20));
+  REQUIRE(p.thresholds[1]);
+  CHECK(p.thresholds[1]->bytes == kNeverThreshold);
+  CHECK_FALSE(p.thresholds[2]);  // all_gather not measured: not written
+  const std::string toml = render_profile_toml({p});
+  CHECK(toml.find("[thresholds.all_reduce]\npcie = 1048576") != std::string::npos);
+  CHECK(toml.find("[thresholds.reduce_scatter]\npcie = 9223372036854775807") != std::string::npos);
+  CHECK(toml.find("[cost_model.pcie]") != std::string::npos);
+  CHECK(toml.find("calibrated = true") != std::string::npos);
+  CHECK(toml.find("all_gather") == std::string::npos);
+}
+
+TEST_CASE("tables and reports render every point and failure") {
+  SweepResult r = synthetic_sweep();
+  const std::string table = render_table(r, Collective::all_reduce, DType::bf16);
+  CHECK(table.find("64 MiB") != std::string::npos);
+  CHECK(table.find("two_shot") != std::string::npos);
+  CHECK(table.find("PASS") != std::string::npos);
+  CHECK(failed_checks(r).empty());
+  r.points[1].check.pass = false;
+  r.points[1].check.mismatches = 7;
+  REQUIRE(failed_checks(r).size() == 1);
+  CHECK(failed_checks(r)[0].find("7 beyond bound") != std::string::npos);
+  r.points[2].check.bitwise_required = true;
+  r.points[2].check.bitwise_identical = false;
+  CHECK(failed_checks(r).size() == 2);
+
+  SweepResult other = synthetic_sweep();
+  other.machine.fabric = Fabric::nvlink;
+  const std::string side = render_fabric_comparison({synthetic_sweep(), other}, {});
+  CHECK(side.find("pcie (2 ranks)") != std::string::npos);
+  CHECK(side.find("nvlink (2 ranks)") != std::string::npos);
+}
+
+TEST_CASE("model report: checked against the measured fabric, predictions labelled") {
+  ModelOptions options;
+  options.nranks = {8};
+  const ModelReport rep = model_report({synthetic_sweep()}, options);
+  CHECK(rep.text.find("PREDICTED") != std::string::npos);
+  CHECK(rep.text.find("pcie_gen5") != std::string::npos);
+  CHECK(rep.text.find("measured:pcie") == std::string::npos);  // links are named in the JSON only
+  REQUIRE(rep.json["checks"].size() >= 2);
+  for (const auto& p : rep.json["predictions"]) CHECK(p["predicted"] == true);
+  // Every prediction for 2 and 8 ranks of every assumed link and collective.
+  CHECK(rep.json["predictions"].size() == assumed_links().size() * 2 * 3);
+}

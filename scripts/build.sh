@@ -5,14 +5,14 @@
 # It links the benchmark and tests against the NCCL that PyTorch uses (the pip nvidia-nccl wheel)
 # when that Python has one, so every program in one job talks to the same NCCL version.
 # Environment:
-#   FP8WIRE_TORCH_PYTHON   python with torch (default: .venv/bin/python, else python3)
+#   TORCH_PYTHON           python with torch (default: .venv/bin/python, else python3)
 #   CMAKE_CUDA_ARCHITECTURES  default: the GPU's own (nvidia-smi), else the project default
 #   FP8WIRE_EXTRA_INCLUDE  header-only dependencies carried to machines that lack them (default .carry/include)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 build="${1:-build}"
-py="${FP8WIRE_TORCH_PYTHON:-}"
+py="${TORCH_PYTHON:-}"
 if [[ -z "$py" ]]; then
   if [[ -x .venv/bin/python ]]; then py="$root/.venv/bin/python"; else py="$(command -v python3)"; fi
 fi
@@ -32,5 +32,5 @@ fi
 export PATH="/usr/local/cuda/bin:$PATH"
 cmake "${args[@]}"
 keep=()
-[[ "${FP8WIRE_BUILD_KEEP_GOING:-0}" == 1 ]] && keep=(-- -k 0)   # build what can be built
-cmake --build "$build" -j "${FP8WIRE_JOBS:-$(nproc)}" "${keep[@]}"
+[[ "${BUILD_KEEP_GOING:-0}" == 1 ]] && keep=(-- -k 0)   # build what can be built
+cmake --build "$build" -j "${BUILD_JOBS:-$(nproc)}" "${keep[@]}"

@@ -2,14 +2,14 @@
 # THE test command (README, .ci/run): installs what is missing, builds everything, runs every test.
 # On a machine without a GPU the GPU tests skip themselves (ctest reports them as skipped).
 #   scripts/test.sh                 # full: deps, configure, build, ctest
-#   FP8WIRE_BUILD_DIR=build-ci scripts/test.sh
-# Environment: FP8WIRE_JOBS (parallel build jobs, default nproc), CMAKE_CUDA_ARCHITECTURES
-# (default: the project's 80-real;89-real;90), FP8WIRE_CTEST_ARGS (extra ctest arguments).
+#   BUILD_DIR=build-ci scripts/test.sh
+# Environment: BUILD_JOBS (parallel build jobs, default nproc), CMAKE_CUDA_ARCHITECTURES
+# (default: the project's 80-real;89-real;90), CTEST_ARGS (extra ctest arguments).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-build="${FP8WIRE_BUILD_DIR:-build}"
-jobs="${FP8WIRE_JOBS:-$(nproc)}"
+build="${BUILD_DIR:-build}"
+jobs="${BUILD_JOBS:-$(nproc)}"
 
 start=$(date +%s)
 bash scripts/install-deps.sh
@@ -26,5 +26,5 @@ cmake --build "$build" -j "$jobs"
 echo "[test] build done ($(($(date +%s) - start)) s so far)"
 
 # shellcheck disable=SC2086
-ctest --test-dir "$build" --output-on-failure -j "$jobs" ${FP8WIRE_CTEST_ARGS:-}
+ctest --test-dir "$build" --output-on-failure -j "$jobs" ${CTEST_ARGS:-}
 echo "[test] done in $(($(date +%s) - start)) s"

@@ -7,26 +7,33 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OUT="${OUT:-$PWD/out}"
 logs="$OUT/logs"; mkdir -p "$logs"
-limit="${FP8WIRE_AREA_LIMIT_S:-240}"
+limit="${GPU_AREA_LIMIT_S:-240}"
 t0=$(date +%s)
 { nvidia-smi -L; nvidia-smi topo -m; } > "$logs/machine.txt" 2>&1
-if [[ "${FP8WIRE_SKIP_BUILD:-0}" != 1 ]]; then
+if [[ "${GPU_SKIP_BUILD:-0}" != 1 ]]; then
   bash scripts/build.sh build > "$logs/build.log" 2>&1; rc=$?
   echo "== build rc=$rc ($(( $(date +%s) - t0 )) s)"
   if (( rc != 0 )); then grep -E "error|Error|FAILED" "$logs/build.log" | head -40; fi
 fi
 summary=""
+# Only text results come back (the device returns at most 8 files of 16 MiB): logs, JSON, tables,
+# plots. Packed after every area, so a call cut off at its time limit still returns what ran.
+pack() {
+  (cd "$OUT" && find logs -type f -size -4M \( -name '*.log' -o -name '*.txt' -o -name '*.json' -o -name '*.jsonl' \
+     -o -name '*.md' -o -name '*.toml' -o -name '*.csv' -o -name '*.png' \) -print0 |
+     tar --null -czf logs.tar.gz -T -)
+}
+pack
 for area in "$@"; do
   s=$(date +%s)
-  OUT="$logs/$area" timeout -k 10 "$limit" bash "scripts/gpu/$area.sh" > "$logs/$area.log" 2>&1
+  var="GPU_LIMIT_${area^^}"; area_limit="${!var:-$limit}"   # e.g. GPU_LIMIT_SCHED=180
+  OUT="$logs/$area" timeout -k 10 "$area_limit" bash "scripts/gpu/$area.sh" > "$logs/$area.log" 2>&1
   rc=$?
   summary+="$area rc=$rc $(( $(date +%s) - s ))s"$'\n'
   echo "================ $area rc=$rc ($(( $(date +%s) - s )) s) ================"
-  tail -n "${FP8WIRE_TAIL:-40}" "$logs/$area.log"
+  tail -n "${GPU_TAIL:-40}" "$logs/$area.log"
+  pack
 done
-# Only text results come back (the device returns at most 8 files of 16 MiB): logs, JSON, tables, plots.
-(cd "$OUT" && find logs -type f -size -4M \( -name '*.log' -o -name '*.txt' -o -name '*.json' -o -name '*.jsonl' \
-   -o -name '*.md' -o -name '*.toml' -o -name '*.csv' -o -name '*.png' \) -print0 |
-   tar --null -czf logs.tar.gz -T -) && rm -rf "$logs"
+rm -rf "$logs"
 echo "================ summary ($(( $(date +%s) - t0 )) s) ================"
 printf '%s' "$summary"

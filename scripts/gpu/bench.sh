@@ -17,7 +17,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export NCCL_NVLS_ENABLE=0
 OUT="${OUT:-$(mktemp -d /tmp/fp8wire_bench_XXXX)}"
 mkdir -p "$OUT"
-BIN="${FP8WIRE_BENCH_BIN:-build/bench/fp8wire-bench}"
+BIN="${BENCH_BIN:-build/bench/fp8wire-bench}"
 PY="${PYTHON:-python3}"
 results=()
 failed=0

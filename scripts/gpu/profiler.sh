@@ -15,7 +15,7 @@ export NCCL_NVLS_ENABLE=0
 OUT="${OUT:-$PWD/out/profiler}"
 mkdir -p "$OUT"
 build="${FP8WIRE_BUILD:-build}"
-py="${FP8WIRE_TORCH_PYTHON:-}"
+py="${TORCH_PYTHON:-}"
 if [[ -z "$py" ]]; then
   if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import torch' 2>/dev/null; then py=.venv/bin/python; else py=python3; fi
 fi

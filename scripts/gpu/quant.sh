@@ -9,7 +9,7 @@
 #   4. error_bounds     the error table for the docs.
 # Detailed logs and kernels.json under $OUT (or a temp dir). Ends with a summary; exit 0 only if
 # every correctness check passed (performance targets print PASS/FAIL lines but do not fail the run).
-# FP8WIRE_QUANT_QUICK=1 runs test_quant_gpu --quick (small counts only).
+# QUANT_QUICK=1 runs test_quant_gpu --quick (small counts only).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out="${OUT:-$(mktemp -d /tmp/fp8wire-quant.XXXXXX)}"
@@ -37,7 +37,7 @@ run() {   # name, timeout, command...
 }
 
 run test_quant_ref 60 "$bin/test_quant_ref"
-quick=(); [[ "${FP8WIRE_QUANT_QUICK:-0}" == 1 ]] && quick=(--quick)
+quick=(); [[ "${QUANT_QUICK:-0}" == 1 ]] && quick=(--quick)
 run test_quant_gpu 150 "$bin/test_quant_gpu" "${quick[@]}"
 run kernel_bench 120 "$bin/fp8wire-kernel-bench" --sizes 1MiB,16MiB,64MiB,256MiB --k 8 --repeats 30 \
     --json "$out/kernels.json"

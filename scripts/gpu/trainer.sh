@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# GPU checks of the Pi0.5 reference trainer (run from the repo root, build in build/):
+#   (a) full pi05 preset on one GPU: micro-batch 32, 2 cameras, 762 tokens, 10 steps; the loss falls;
+#       reports samples/s, step ms, peak memory, MFU and the parameter count;
+#   (b) pi05_small on 2 emulated ranks (one GPU, NCCL_HOSTID per rank), 20 steps, overlapped bf16
+#       bucket all-reduce; every rank's parameter checksum must agree at the end;
+#   (c) the same run with one all-reduce after backward: the same loss curve up to the GPU's
+#       non-deterministic attention backward (scripts/loss_parity.py), and both modes' step times.
+# Worst case 230 s of timeouts (all.sh gives an area GPU_AREA_LIMIT_S, 240 s by default); expected ~2-3 min.
+# Logs and JSONL under $OUT (default out/gpu-trainer); the summary table is printed last.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+export NCCL_NVLS_ENABLE=0
+OUT="${OUT:-$PWD/out/gpu-trainer}"
+mkdir -p "$OUT"
+BIN="${TRAIN_BIN:-build/trainer/fp8wire-train}"
+PY="${PYTHON:-python3}"
+rows=()
+fails=0
+row() { rows+=("$(printf '%-34s %-5s %s' "$1" "$2" "$3")"); [[ "$2" == FAIL ]] && fails=$((fails + 1)); echo "$2: $1 $3"; }
+
+if [[ ! -x "$BIN" ]]; then
+  echo "FAIL: $BIN not built (FP8WIRE_BUILD_TRAINER needs LibTorch)"; exit 1
+fi
+
+# Mean of the first/last k losses of a JSONL log, and a value from the summary line.
+loss_drop() { "$PY" - "$1" <<'PY'
+import json, sys
+l = [json.loads(x)["loss"] for x in open(sys.argv[1]) if x.strip()]
+k = max(1, min(3, len(l) // 3))
+a, b = sum(l[:k]) / k, sum(l[-k:]) / k
+print(f"{a:.4f} {b:.4f} {'yes' if b < a else 'no'}")
+PY
+}
+field() { grep -o "$2 [0-9.]*" "$1" | tail -1 | awk '{print $NF}'; }
+
+# GPU unit check (tiny preset, bf16 on the device) ----------------------------------------------------
+GT="${TRAIN_GPU_TEST:-build/tests/trainer/trainer_gpu_test}"
+if [[ -x "$GT" ]]; then
+  timeout -k 5 40 "$GT" > "$OUT/gpu_test.log" 2>&1
+  rc=$?
+  cat "$OUT/gpu_test.log" | grep -E "PASS|FAIL|SKIPPED|loss"
+  row "tiny bf16 GPU unit checks" "$([[ $rc == 0 ]] && echo PASS || echo FAIL)" "rc=$rc ($(grep -c '^PASS' "$OUT/gpu_test.log") PASS lines)"
+fi
+
+# (a) full model, one GPU ------------------------------------------------------------------------
+A="$OUT/pi05"; mkdir -p "$A"
+timeout -k 5 100 "$BIN" --config trainer/configs/pi05.toml --steps 10 \
+  --set train.micro_batch=32 --set train.warmup_steps=2 --set train.peak_lr=5e-4 \
+  --set train.plot=false --set train.out_dir="$A" --set train.log_jsonl="$A/train_log.jsonl" > "$A/run.log" 2>&1
+rc=$?
+tail -n 14 "$A/run.log"
+if (( rc == 0 )); then
+  read -r first last fell < <(loss_drop "$A/train_log.jsonl")
+  params=$(grep -o "| [0-9]* parameters" "$A/run.log" | head -1 | awk '{print $2}')
+  summ=$(grep '^summary:' "$A/run.log" | tail -1)
+  sps=$(echo "$summ" | grep -o 'mean [0-9.]* samples/s' | awk '{print $2}')
+  ms=$(echo "$summ" | grep -o 'mean step [0-9.]* ms' | awk '{print $3}')
+  mem=$(echo "$summ" | grep -o 'peak [0-9.]* GiB' | awk '{print $2}')
+  mfu=$(echo "$summ" | grep -o 'MFU [0-9.]*%' | awk '{print $2}')
+  row "pi05 mb32 10 steps runs" PASS "params=$params"
+  row "pi05 loss falls" "$([[ $fell == yes ]] && echo PASS || echo FAIL)" "$first -> $last"
+  row "pi05 throughput" INFO "${sps} samples/s, ${ms} ms/step, peak ${mem} GiB, MFU ${mfu} (target >= 30 samples/s)"
+else
+  row "pi05 mb32 10 steps runs" FAIL "rc=$rc (see $A/run.log)"
+  grep -iE "error|out of memory|what\(\)" "$A/run.log" | head -5
+fi
+
+# (b) pi05_small, 2 emulated ranks, overlapped buckets ---------------------------------------------
+B="$OUT/small_overlap"; mkdir -p "$B"
+timeout -k 5 50 "$BIN" --config trainer/configs/pi05_small.toml --ranks 2 --steps 20 \
+  --set train.allreduce=overlap --set train.plot=false --set train.out_dir="$B" --set train.log_jsonl="$B/train_log.jsonl" > "$B/run.log" 2>&1
+rc=$?
+tail -n 6 "$B/run.log"
+insync=$(grep -c "ranks in sync: PASS" "$B/run.log")
+row "pi05_small 2 ranks overlap runs" "$([[ $rc == 0 ]] && echo PASS || echo FAIL)" "rc=$rc"
+row "pi05_small ranks in sync" "$([[ $insync == 2 ]] && echo PASS || echo FAIL)" "$insync/2 ranks report equal checksums"
+if [[ -s "$B/train_log.jsonl" ]]; then
+  read -r first last fell < <(loss_drop "$B/train_log.jsonl")
+  row "pi05_small loss falls" "$([[ $fell == yes ]] && echo PASS || echo FAIL)" "$first -> $last"
+fi
+
+# (c) one all-reduce after backward: same numbers, different exposure -----------------------------
+C="$OUT/small_after_backward"; mkdir -p "$C"
+timeout -k 5 40 "$BIN" --config trainer/configs/pi05_small.toml --ranks 2 --steps 20 \
+  --set train.allreduce=after_backward --set train.plot=false --set train.out_dir="$C" --set train.log_jsonl="$C/train_log.jsonl" > "$C/run.log" 2>&1
+rc=$?
+row "pi05_small after_backward runs" "$([[ $rc == 0 ]] && echo PASS || echo FAIL)" "rc=$rc"
+if [[ -s "$B/train_log.jsonl" && -s "$C/train_log.jsonl" ]]; then
+  parity=$("$PY" scripts/loss_parity.py "$B/train_log.jsonl" "$C/train_log.jsonl" --min-pearson 0.99 --max-rel-err 0.02 2>&1)
+  prc=$?
+  row "overlap vs after_backward losses" "$([[ $prc == 0 ]] && echo PASS || echo FAIL)" "$(echo "$parity" | tail -1)"
+  ov=$(grep '^summary:' "$B/run.log" | grep -o 'mean step [0-9.]* ms' | awk '{print $3}')
+  ab=$(grep '^summary:' "$C/run.log" | grep -o 'mean step [0-9.]* ms' | awk '{print $3}')
+  row "step ms overlap / after_backward" INFO "${ov} / ${ab}"
+fi
+
+"$PY" scripts/plot_loss.py "$A/train_log.jsonl" "$B/train_log.jsonl" "$C/train_log.jsonl" -o "$OUT/loss.png" \
+  > /dev/null 2>&1 && echo "loss curves: $OUT/loss.png"
+
+echo "==================== trainer summary ===================="
+printf '%s\n' "${rows[@]}"
+echo "trainer: $fails FAIL"
+exit $(( fails > 0 ))

@@ -1,0 +1,461 @@
+// CPU tests of the Pi0.5 reference trainer on the `tiny` preset.
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <ftw.h>
+#include <unistd.h>
+
+#include "trainer/config.hpp"
+#include "trainer/data.hpp"
+#include "trainer/model.hpp"
+#include "trainer/train.hpp"
+
+// c10 defines glog-style CHECK macros; doctest's must win in this file.
+#undef CHECK
+#undef CHECK_EQ
+#undef CHECK_NE
+#undef CHECK_LT
+#undef CHECK_LE
+#undef CHECK_GT
+#undef CHECK_GE
+#undef CHECK_NOTNULL
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+using namespace fp8wire::trainer;
+using at::Tensor;
+namespace fs = std::filesystem;
+
+namespace {
+
+Config tiny_config() {
+  Config c;
+  const std::string err = load_config_file(std::string(FP8WIRE_TRAINER_CONFIG_DIR) + "/tiny.toml", c);
+  REQUIRE_MESSAGE(err.empty(), err);
+  return c;
+}
+
+Batch tiny_batch(const Config& c, int64_t first = 0) { return make_synthetic_source(c)->get(first, c.train.micro_batch); }
+
+// One scratch directory per test process, removed by main() after the run.
+fs::path scratch_path() {
+  return fs::temp_directory_path() / ("fp8wire-trainer-test-" + std::to_string(::getpid()));
+}
+fs::path temp_dir() {
+  fs::create_directories(scratch_path());
+  return scratch_path();
+}
+
+Tensor all_params(Pi05Model& m) {
+  std::vector<Tensor> flat;
+  for (const auto& p : m.parameters()) flat.push_back(p.tensor.detach().reshape({-1}));
+  return at::cat(flat);
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("config: presets load, unknown keys and bad values are errors naming the key") {
+  Config c = tiny_config();
+  CHECK(c.preset_name == "tiny");
+  CHECK(c.model.width == 64);
+  for (const char* preset : {"pi05", "pi05_small"}) {
+    Config p;
+    CHECK(load_config_file(std::string(FP8WIRE_TRAINER_CONFIG_DIR) + "/" + preset + ".toml", p) == "");
+  }
+  Config full;
+  CHECK(load_config_file(std::string(FP8WIRE_TRAINER_CONFIG_DIR) + "/pi05.toml", full) == "");
+  CHECK(full.seq_len() == 762);
+  CHECK(apply_override("train.steps=7", c) == "");
+  CHECK(c.train.steps == 7);
+  CHECK(apply_override("train.stepz=7", c).find("train.stepz") != std::string::npos);
+  const std::string bad = apply_override("train.micro_batch=lots", c);
+  CHECK(bad.find("train.micro_batch") != std::string::npos);
+  CHECK(bad.find("lots") != std::string::npos);
+  CHECK(apply_override("train.remat=sometimes", c).find("remat") != std::string::npos);
+  CHECK(load_config_string("[model]\nwidth = \"wide\"\n", c).find("model.width") != std::string::npos);
+}
+
+TEST_CASE("mask and positions match hand-computed cases (empty slot, language padding)") {
+  // Tokens: image, image (empty camera slot), language, language padding, action block start, action.
+  Tensor ar = at::tensor({0, 0, 0, 0, 1, 0}, at::kLong).unsqueeze(0);
+  Tensor valid = at::tensor({1, 0, 1, 0, 1, 1}).to(at::kBool).unsqueeze(0);
+  Tensor allowed = attention_allowed(ar, valid)[0];
+  // c = cumsum(ar) = [0,0,0,0,1,1]; allowed(i,j) = c[j] <= c[i] && valid[i] && valid[j]
+  const int expected[6][6] = {
+      {1, 0, 1, 0, 0, 0},  // prefix token sees the valid prefix only (bidirectional)
+      {0, 0, 0, 0, 0, 0},  // empty slot: fully masked row
+      {1, 0, 1, 0, 0, 0},
+      {0, 0, 0, 0, 0, 0},  // padding: fully masked row
+      {1, 0, 1, 0, 1, 1},  // actions see the valid prefix and each other
+      {1, 0, 1, 0, 1, 1},
+  };
+  for (int i = 0; i < 6; ++i)
+    for (int j = 0; j < 6; ++j) CHECK_MESSAGE(allowed[i][j].item<bool>() == bool(expected[i][j]), "i=", i, " j=", j);
+  Tensor pos = joint_positions(valid)[0];
+  const int64_t expected_pos[6] = {0, 0, 1, 1, 2, 3};
+  for (int i = 0; i < 6; ++i) CHECK(pos[i].item<int64_t>() == expected_pos[i]);
+}
+
+TEST_CASE("shapes, parameter count and the pi05 parameter count") {
+  Config c = tiny_config();
+  Pi05Model m(c.model, c.data.num_images, c.data.max_token_len, at::kFloat, at::kCPU, 0);
+  Batch b = tiny_batch(c);
+  auto [prefix, valid] = m.embed_prefix(b);
+  CHECK(prefix.sizes() == at::IntArrayRef({4, c.prefix_len(), c.model.width}));
+  CHECK(valid.sizes() == at::IntArrayRef({4, c.prefix_len()}));
+  Tensor v = m.velocity(b, at::randn({4, 6, 8}), at::full({4}, 0.5));
+  CHECK(v.sizes() == at::IntArrayRef({4, 6, 8}));
+  CHECK(m.parameter_count() > 0);
+  // The full preset's count, from the shapes alone (meta device: nothing is allocated).
+  Config full;
+  REQUIRE(load_config_file(std::string(FP8WIRE_TRAINER_CONFIG_DIR) + "/pi05.toml", full) == "");
+  Pi05Model big(full.model, 2, 200, at::kBFloat16, at::Device(at::kMeta), 0);
+  const double billions = double(big.parameter_count()) / 1e9;
+  MESSAGE("pi05 parameters used by the loss: ", big.parameter_count());
+  CHECK(billions > 3.2);
+  CHECK(billions < 3.3);
+  // With the tensors openpi keeps but no loss reaches, it is openpi's 3.35 B.
+  const double with_dead = double(big.parameter_count() + big.unreached_parameter_count()) / 1e9;
+  CHECK(with_dead == doctest::Approx(3.35).epsilon(0.01));
+}
+
+TEST_CASE("adaRMS is the identity at zero init and the expert starts as a pass-through") {
+  Tensor x = at::randn({2, 3, 8});
+  Tensor cond = at::randn({2, 8});
+  AdaNormOut out = ada_rms_norm(x, cond, at::zeros({24, 8}), at::zeros({24}));
+  CHECK(at::allclose(out.y, rms_normalize(x)));
+  CHECK(at::count_nonzero(out.gate).item<int64_t>() == 0);
+  CHECK(at::allclose(rms_norm(x, at::zeros({8})), rms_normalize(x)));
+
+  // With all adaRMS projections zero, every gated residual of the expert adds nothing, so the
+  // velocity cannot depend on the prefix (images, language) at initialisation.
+  Config c = tiny_config();
+  Pi05Model m(c.model, c.data.num_images, c.data.max_token_len, at::kFloat, at::kCPU, 0);
+  Batch a = tiny_batch(c, 0), b = tiny_batch(c, 100);
+  b.actions = a.actions;
+  Tensor x_t = at::randn({4, 6, 8});
+  Tensor t = at::full({4}, 0.3);
+  at::NoGradGuard no_grad;
+  CHECK(at::allclose(m.velocity(a, x_t, t), m.velocity(b, x_t, t)));
+}
+
+TEST_CASE("no NaN on fully masked rows (no camera, no language)") {
+  Config c = tiny_config();
+  Pi05Model m(c.model, c.data.num_images, c.data.max_token_len, at::kFloat, at::kCPU, 1);
+  Batch b = tiny_batch(c);
+  b.image_mask.zero_();
+  b.token_mask.zero_();
+  b.token_mask[1].narrow(0, 0, 3).fill_(true);  // one sample keeps a little language
+  Tensor loss = m.loss(b, at::randn({4, 6, 8}), at::full({4}, 0.7));
+  CHECK(std::isfinite(loss.item<double>()));
+  loss.backward();
+  for (const auto& p : m.parameters())
+    if (p.tensor.grad().defined()) CHECK_MESSAGE(at::isfinite(p.tensor.grad()).all().item<bool>(), p.name);
+}
+
+TEST_CASE("loss formula and flow-matching time") {
+  Tensor v = at::tensor({1.0f, 2.0f, 3.0f, 4.0f}).view({1, 2, 2});
+  Tensor noise = at::tensor({0.5f, 0.5f, 0.0f, 1.0f}).view({1, 2, 2});
+  Tensor actions = at::tensor({0.0f, 1.0f, -1.0f, 2.0f}).view({1, 2, 2});
+  // u = noise - actions = [0.5, -0.5, 1, -1]; (v-u)^2 = [0.25, 6.25, 4, 25] -> mean 8.875
+  CHECK(flow_matching_loss(v, noise, actions).item<double>() == doctest::Approx(8.875));
+
+  Config c = tiny_config();
+  Pi05Model m(c.model, c.data.num_images, c.data.max_token_len, at::kFloat, at::kCPU, 2);
+  Batch b = tiny_batch(c);
+  Tensor n = at::randn({4, 6, 8});
+  Tensor t = at::tensor({0.1f, 0.4f, 0.6f, 0.999f});
+  Tensor tt = t.view({-1, 1, 1});
+  Tensor x_t = tt * n + (1 - tt) * b.actions;
+  Tensor manual = (m.velocity(b, x_t, t) - (n - b.actions)).pow(2).mean();
+  CHECK(m.loss(b, n, t).item<double>() == doctest::Approx(manual.item<double>()).epsilon(1e-6));
+
+  at::Generator gen = at::detail::createCPUGenerator(3);
+  Tensor times = sample_flow_time(20000, gen, at::kCPU);
+  CHECK(times.min().item<double>() >= 0.001);
+  CHECK(times.max().item<double>() <= 1.0);
+  // Beta(1.5, 1) has mean 0.6, so t has mean 0.6 * 0.999 + 0.001.
+  CHECK(times.mean().item<double>() == doctest::Approx(0.6 * 0.999 + 0.001).epsilon(0.01));
+  Tensor emb = sincos_time_embedding(at::tensor({0.0f}), 8, 4e-3, 4.0);
+  CHECK(emb[0][0].item<double>() == doctest::Approx(0.0));  // sin(0)
+  CHECK(emb[0][4].item<double>() == doctest::Approx(1.0));  // cos(0)
+}
+
+TEST_CASE("learning rate: step 0 is non-zero, warmup then cosine") {
+  TrainConfig t;
+  t.peak_lr = 1.0;
+  t.end_lr = 0.1;
+  t.warmup_steps = 4;
+  t.decay_steps = 14;
+  CHECK(learning_rate(t, 0) == doctest::Approx(0.2));
+  CHECK(learning_rate(t, 4) == doctest::Approx(1.0));
+  CHECK(learning_rate(t, 9) == doctest::Approx(0.55));
+  CHECK(learning_rate(t, 14) == doctest::Approx(0.1));
+  CHECK(learning_rate(t, 100) == doctest::Approx(0.1));
+}
+
+TEST_CASE("step 0 updates every trained parameter") {
+  Config c = tiny_config();
+  Trainer trainer(c, 0, 1, {});
+  Tensor before = all_params(trainer.model()).clone();
+  StepStats s = trainer.step(tiny_batch(c));
+  CHECK(s.lr > 0);
+  CHECK(std::isfinite(s.loss));
+  CHECK(s.grad_norm > 0);
+  CHECK_FALSE(at::equal(before, all_params(trainer.model())));
+  CHECK(trainer.steps_done() == 1);
+}
+
+TEST_CASE("activation checkpointing gives the same loss and gradients") {
+  Config c = tiny_config();
+  Batch b = tiny_batch(c);
+  Tensor n = at::randn({4, 6, 8});
+  Tensor t = at::full({4}, 0.45);
+  std::vector<Tensor> grads[2];
+  double losses[2];
+  for (int k = 0; k < 2; ++k) {
+    Pi05Model m(c.model, c.data.num_images, c.data.max_token_len, at::kFloat, at::kCPU, 5);
+    m.set_remat(k == 0 ? Remat::none : Remat::layers);
+    Tensor loss = m.loss(b, n, t);
+    loss.backward();
+    losses[k] = loss.item<double>();
+    for (const auto& p : m.parameters()) {
+      REQUIRE_MESSAGE(p.tensor.grad().defined(), p.name, " has no gradient (remat ", k, ")");
+      grads[k].push_back(p.tensor.grad().clone());
+    }
+  }
+  CHECK(losses[0] == losses[1]);
+  REQUIRE(grads[0].size() == grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) CHECK(at::allclose(grads[0][i], grads[1][i], 1e-5, 1e-6));
+}
+
+TEST_CASE("overfits one fixed batch: the loss falls by 10x") {
+  Config c = tiny_config();
+  c.train.peak_lr = 3e-3;
+  c.train.end_lr = 3e-3;
+  c.train.warmup_steps = 0;
+  c.train.decay_steps = 1;
+  Trainer trainer(c, 0, 1, {});
+  Batch b = tiny_batch(c);
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  Tensor n = at::randn({4, 6, 8}, gen, at::kFloat);
+  Tensor t = sample_flow_time(4, gen, at::kCPU);
+  const double first = trainer.step(b, n, t).loss;
+  double last = first;
+  for (int i = 0; i < 300 && last > first / 10; ++i) last = trainer.step(b, n, t).loss;
+  MESSAGE("fixed-batch loss ", first, " -> ", last, " after ", trainer.steps_done(), " steps");
+  CHECK(last < first / 10);
+}
+
+TEST_CASE("checkpoint round trip resumes bit for bit") {
+  Config c = tiny_config();
+  auto source = make_synthetic_source(c);
+  const fs::path path = temp_dir() / "ckpt.safetensors";
+  Tensor straight;
+  {
+    Trainer a(c, 0, 1, {});
+    for (int s = 0; s < 2; ++s) a.step(source->get(s * 4, 4));
+    REQUIRE(a.save(path.string()) == "");
+    for (int s = 2; s < 4; ++s) a.step(source->get(s * 4, 4));
+    straight = all_params(a.model()).clone();
+  }
+  Config other = c;
+  other.train.seed = 99;  // a different initialisation, fully replaced by the checkpoint
+  Trainer b(other, 0, 1, {});
+  REQUIRE(b.resume(path.string()) == "");
+  CHECK(b.steps_done() == 2);
+  for (int s = 2; s < 4; ++s) b.step(source->get(s * 4, 4));
+  CHECK(bitwise_equal(straight, all_params(b.model())));
+  Config four_ranks = c;
+  Trainer wrong_world(four_ranks, 0, 4, {});
+  CHECK(wrong_world.resume(path.string()).find("ranks") != std::string::npos);
+}
+
+TEST_CASE("safetensors reader round trip (dtypes, shapes, metadata) and bad files") {
+  const fs::path path = temp_dir() / "t.safetensors";
+  TensorMap out = {
+      {"f32", at::randn({3, 5})},
+      {"bf16", at::randn({7}).to(at::kBFloat16)},
+      {"i64", at::arange(10, at::kLong).view({2, 5})},
+      {"u8", at::randint(0, 256, {2, 2, 3}, at::kByte)},
+      {"bool", at::tensor({1, 0, 1}).to(at::kBool)},
+      {"scalar", at::full({}, 2.5, at::kDouble)},
+  };
+  REQUIRE(write_safetensors(path.string(), out, {{"format", "test"}, {"note", "hi"}}) == "");
+  TensorMap in;
+  Metadata meta;
+  REQUIRE(read_safetensors(path.string(), in, &meta) == "");
+  CHECK(meta["format"] == "test");
+  CHECK(meta["note"] == "hi");
+  REQUIRE(in.size() == out.size());
+  for (const auto& [k, v] : out) CHECK_MESSAGE(bitwise_equal(v, in.at(k)), k);
+  // Header layout: 8-byte little-endian length, JSON padded to 8 bytes.
+  std::ifstream f(path, std::ios::binary);
+  unsigned char len[8];
+  f.read(reinterpret_cast<char*>(len), 8);
+  CHECK(len[0] % 8 == 0);
+
+  const fs::path junk = temp_dir() / "junk.safetensors";
+  std::ofstream(junk) << "definitely not safetensors";
+  TensorMap none;
+  CHECK(read_safetensors(junk.string(), none).find("junk.safetensors") != std::string::npos);
+  CHECK(read_safetensors((temp_dir() / "missing.safetensors").string(), none).find("cannot open") != std::string::npos);
+}
+
+TEST_CASE("synthetic source is deterministic; shard round trip through the on-disk format") {
+  Config c = tiny_config();
+  auto source = make_synthetic_source(c);
+  Batch a = source->get(5, 3), b = source->get(5, 3), one = source->get(6, 1);
+  CHECK(at::equal(a.images, b.images));
+  CHECK(at::equal(a.actions, b.actions));
+  CHECK(at::equal(a.images[1], one.images[0]));
+  CHECK(at::equal(a.tokens[1], one.tokens[0]));
+  CHECK((a.images.scalar_type() == at::kByte));
+  CHECK(a.images.sizes() == at::IntArrayRef({3, 2, 32, 32, 3}));
+  CHECK(a.token_mask.any(1).all().item<bool>());
+  CHECK_FALSE(a.token_mask.all().item<bool>());  // prompts are padded
+  // actions padded with zeros beyond raw_action_dim
+  CHECK(at::count_nonzero(a.actions.narrow(2, 3, 5)).item<int64_t>() == 0);
+
+  const fs::path dir = temp_dir() / "shards";
+  fs::create_directories(dir);
+  REQUIRE(write_shard((dir / "shard-00000.safetensors").string(), source->get(0, 5), 3) == "");
+  REQUIRE(write_shard((dir / "shard-00001.safetensors").string(), source->get(5, 4), 3) == "");
+  Config sc = c;
+  sc.data.source = "shards";
+  sc.data.shard_dir = dir.string();
+  std::unique_ptr<DataSource> shards;
+  REQUIRE(make_shard_source(sc, shards) == "");
+  CHECK(shards->size() == 9);
+  Batch from_disk = shards->get(3, 4);  // crosses the shard boundary
+  Batch expected = source->get(3, 4);
+  CHECK(at::equal(from_disk.images, expected.images));
+  CHECK(at::equal(from_disk.image_mask, expected.image_mask));
+  CHECK(at::equal(from_disk.tokens, expected.tokens));
+  CHECK(at::equal(from_disk.token_mask, expected.token_mask));
+  CHECK(at::equal(from_disk.actions, expected.actions));
+
+  Config wrong = sc;
+  wrong.data.max_token_len = 13;
+  const std::string err = make_shard_source(wrong, shards);
+  CHECK(err.find("token_mask") != std::string::npos);
+  CHECK(err.find("data.max_token_len") != std::string::npos);
+}
+
+TEST_CASE("loader delivers consecutive rank-strided batches") {
+  Config c = tiny_config();
+  auto source = make_synthetic_source(c);
+  Loader loader(*source, 4, 2, 1, 3, 2, at::kCPU);  // rank 1 of 2, resuming at step 3
+  Batch b = loader.next();
+  CHECK(at::equal(b.actions, source->get(3 * 8 + 4, 4).actions));
+  Batch b2 = loader.next();
+  CHECK(at::equal(b2.actions, source->get(4 * 8 + 4, 4).actions));
+}
+
+namespace {
+
+// A process group that records each all-reduce (and reduces nothing: one process plays every rank).
+class RecordingBackend : public c10d::Backend {
+ public:
+  struct DoneWork : c10d::Work {
+    bool isCompleted() override { return true; }
+    bool wait(std::chrono::milliseconds) override { return true; }
+  };
+  RecordingBackend(int world) : c10d::Backend(0, world) {}
+  const std::string getBackendName() const override { return "recording"; }
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions&) override {
+    sizes.push_back(tensors.at(0).numel());
+    return c10::make_intrusive<DoneWork>();
+  }
+  std::vector<int64_t> sizes;
+};
+
+}  // namespace
+
+TEST_CASE("gradient buckets: overlap launches every bucket from backward, in order; after_backward uses one") {
+  Config c = tiny_config();
+  c.train.bucket_cap_mb = 0.02;  // ~5k fp32 elements: several buckets for the tiny model
+  Batch b = tiny_batch(c);
+  auto backend = c10::make_intrusive<RecordingBackend>(2);
+  Trainer overlap(c, 0, 2, backend);
+  const int64_t total = overlap.model().parameter_count();
+  StepStats s = overlap.step(b);
+  CHECK(s.buckets > 3);
+  CHECK(s.buckets_launched_in_backward == s.buckets);
+  REQUIRE(backend->sizes.size() == size_t(s.buckets));
+  int64_t sum = 0;
+  for (auto n : backend->sizes) sum += n;
+  CHECK(sum == total);  // every gradient element travels exactly once
+  overlap.step(b);
+  CHECK(backend->sizes.size() == size_t(2 * s.buckets));
+  for (int i = 0; i < s.buckets; ++i) CHECK(backend->sizes[i] == backend->sizes[s.buckets + i]);  // same order
+
+  Config single = c;
+  single.train.allreduce = "after_backward";
+  auto backend2 = c10::make_intrusive<RecordingBackend>(2);
+  Trainer after(single, 0, 2, backend2);
+  StepStats s2 = after.step(b);
+  CHECK(s2.buckets == 1);
+  CHECK(s2.buckets_launched_in_backward == 0);
+  REQUIRE(backend2->sizes.size() == 1);
+  CHECK(backend2->sizes[0] == total);
+
+  // Recomputed layers (activation checkpointing) still fire the hooks inside backward.
+  Config remat = c;
+  remat.train.remat = "layers";
+  auto backend3 = c10::make_intrusive<RecordingBackend>(2);
+  Trainer rematted(remat, 0, 2, backend3);
+  StepStats s3 = rematted.step(b);
+  CHECK(s3.buckets == s.buckets);
+  CHECK(s3.buckets_launched_in_backward == s3.buckets);
+}
+
+TEST_CASE("openpi/LeRobot weights load by name, with LeRobot's and older transformers' prefixes") {
+  Config c = tiny_config();
+  Pi05Model source(c.model, c.data.num_images, c.data.max_token_len, at::kFloat, at::kCPU, 21);
+  TensorMap file;
+  for (const auto& p : source.parameters()) {
+    std::string name = "model." + p.name;  // LeRobot's policy wrapper
+    const std::string modern = "model.paligemma_with_expert.paligemma.model.language_model.";
+    if (name.rfind(modern, 0) == 0)  // older transformers layout for the backbone
+      name = "model.paligemma_with_expert.paligemma.language_model.model." + name.substr(modern.size());
+    file[name] = p.tensor.detach().to(at::kBFloat16).to(at::kFloat);  // as stored in bf16
+  }
+  file["model.paligemma_with_expert.paligemma.lm_head.weight"] = at::zeros({3, 3});  // unused, ignored
+  const fs::path path = temp_dir() / "pi05.safetensors";
+  REQUIRE(write_safetensors(path.string(), file) == "");
+  Trainer trainer(c, 0, 1, {});
+  REQUIRE(trainer.load_weights(path.string()) == "");
+  const auto& loaded = trainer.model().parameters();
+  for (size_t i = 0; i < loaded.size(); ++i)
+    CHECK_MESSAGE(at::equal(loaded[i].tensor.detach(), source.parameters()[i].tensor.detach().to(at::kBFloat16).to(at::kFloat)),
+                  loaded[i].name);
+
+  TensorMap partial = file;
+  partial.erase(partial.begin());
+  REQUIRE(write_safetensors(path.string(), partial) == "");
+  CHECK(trainer.load_weights(path.string()).find("missing") != std::string::npos);
+  Config wider = c;
+  wider.model.width = 96;
+  Trainer mismatched(wider, 0, 1, {});
+  REQUIRE(write_safetensors(path.string(), file) == "");
+  CHECK(mismatched.load_weights(path.string()).find("shape") != std::string::npos);
+}
+
+int main(int argc, char** argv) {
+  doctest::Context context(argc, argv);
+  const int rc = context.run();
+  // POSIX, not fs::remove_all: the binary resolves std::filesystem to libtorch.so's copy, whose
+  // remove_all jumps through a null pointer.
+  ::nftw(scratch_path().c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); },
+         16, FTW_DEPTH | FTW_PHYS);
+  return rc;
+}

@@ -1,0 +1,389 @@
+#include "trainer/data.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+namespace fp8wire::trainer {
+
+using at::Tensor;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct DtypeName {
+  at::ScalarType type;
+  const char* name;
+};
+constexpr DtypeName kDtypes[] = {
+    {at::kDouble, "F64"}, {at::kFloat, "F32"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"},
+    {at::kLong, "I64"},   {at::kInt, "I32"},   {at::kShort, "I16"}, {at::kChar, "I8"},
+    {at::kByte, "U8"},    {at::kBool, "BOOL"},
+};
+
+const char* dtype_name(at::ScalarType t) {
+  for (const auto& d : kDtypes)
+    if (d.type == t) return d.name;
+  return nullptr;
+}
+
+bool dtype_from_name(const std::string& name, at::ScalarType& out) {
+  for (const auto& d : kDtypes)
+    if (name == d.name) {
+      out = d.type;
+      return true;
+    }
+  return false;
+}
+
+// Reads exactly `bytes` at `offset`; pread so the loader thread needs no shared file position.
+bool read_at(int fd, void* dst, uint64_t bytes, uint64_t offset) {
+  auto* p = static_cast<char*>(dst);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
+    if (n <= 0) return false;
+    p += n;
+    bytes -= uint64_t(n);
+    offset += uint64_t(n);
+  }
+  return true;
+}
+
+struct Fd {
+  int fd = -1;
+  explicit Fd(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+std::string write_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& metadata) {
+  nlohmann::ordered_json header;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<Tensor> blobs;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const char* dt = dtype_name(tensor.scalar_type());
+    if (!dt) return fmt::format("{}: tensor '{}' has dtype {}, which safetensors cannot hold", path, name,
+                                c10::toString(tensor.scalar_type()));
+    Tensor cpu = tensor.detach().to(at::kCPU).contiguous();
+    const uint64_t bytes = uint64_t(cpu.nbytes());
+    header[name] = {{"dtype", dt}, {"shape", cpu.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    blobs.push_back(cpu);
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the format pads the header with spaces to 8 bytes
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return fmt::format("{}: cannot open for writing", tmp);
+    const uint64_t n = text.size();
+    unsigned char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+    out.write(reinterpret_cast<const char*>(len), 8);
+    out.write(text.data(), std::streamsize(text.size()));
+    for (const auto& b : blobs) out.write(static_cast<const char*>(b.data_ptr()), std::streamsize(b.nbytes()));
+    if (!out) return fmt::format("{}: write failed (disk full?)", tmp);
+  }
+  // Written under a temporary name and renamed, so a crash never leaves a truncated checkpoint.
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return fmt::format("{}: rename from {} failed: {}", path, tmp, ec.message());
+  return "";
+}
+
+std::string read_safetensors_header(const std::string& path, std::map<std::string, SafetensorsEntry>& entries,
+                                    Metadata* metadata) {
+  Fd f(path);
+  if (f.fd < 0) return fmt::format("{}: cannot open: {}", path, std::strerror(errno));
+  unsigned char len[8];
+  if (!read_at(f.fd, len, 8, 0)) return fmt::format("{}: shorter than the 8-byte header length", path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
+  const uint64_t file_size = fs::file_size(path);
+  if (n > file_size - 8 || n > (100u << 20))
+    return fmt::format("{}: header length {} does not fit the file ({} bytes): not a safetensors file", path, n, file_size);
+  std::string text(n, '\0');
+  if (!read_at(f.fd, text.data(), n, 8)) return fmt::format("{}: cannot read the header", path);
+  nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
+  if (header.is_discarded() || !header.is_object()) return fmt::format("{}: header is not a JSON object", path);
+  const uint64_t data_start = 8 + n;
+  for (auto& [name, e] : header.items()) {
+    if (name == "__metadata__") {
+      if (metadata)
+        for (auto& [k, v] : e.items()) (*metadata)[k] = v.is_string() ? v.get<std::string>() : v.dump();
+      continue;
+    }
+    SafetensorsEntry entry;
+    if (!e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
+      return fmt::format("{}: tensor '{}' lacks dtype/shape/data_offsets", path, name);
+    if (!dtype_from_name(e["dtype"].get<std::string>(), entry.dtype))
+      return fmt::format("{}: tensor '{}' has unsupported dtype '{}'", path, name, e["dtype"].get<std::string>());
+    entry.shape = e["shape"].get<std::vector<int64_t>>();
+    const auto offsets = e["data_offsets"].get<std::vector<uint64_t>>();
+    int64_t numel = 1;
+    for (auto d : entry.shape) numel *= d;
+    entry.begin = data_start + offsets.at(0);
+    entry.bytes = offsets.at(1) - offsets.at(0);
+    if (entry.bytes != uint64_t(numel) * c10::elementSize(entry.dtype) || data_start + offsets.at(1) > file_size)
+      return fmt::format("{}: tensor '{}' has data_offsets [{}, {}] inconsistent with its shape or the file size", path,
+                         name, offsets.at(0), offsets.at(1));
+    entries[name] = entry;
+  }
+  return "";
+}
+
+std::string read_safetensors(const std::string& path, TensorMap& tensors, Metadata* metadata) {
+  std::map<std::string, SafetensorsEntry> entries;
+  if (auto err = read_safetensors_header(path, entries, metadata); !err.empty()) return err;
+  Fd f(path);
+  if (f.fd < 0) return fmt::format("{}: cannot open: {}", path, std::strerror(errno));
+  for (const auto& [name, e] : entries) {
+    Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+    if (!read_at(f.fd, t.data_ptr(), e.bytes, e.begin)) return fmt::format("{}: cannot read tensor '{}'", path, name);
+    tensors[name] = t;
+  }
+  return "";
+}
+
+// --- synthetic source --------------------------------------------------------------------------
+
+namespace {
+
+class SyntheticSource : public DataSource {
+ public:
+  explicit SyntheticSource(const Config& c) : cfg_(c) {}
+  int64_t size() const override { return INT64_MAX; }
+
+  Batch get(int64_t first, int64_t count) const override {
+    const auto& d = cfg_.data;
+    const auto& m = cfg_.model;
+    Batch b;
+    b.images = at::empty({count, d.num_images, d.camera_size, d.camera_size, 3}, at::kByte);
+    b.image_mask = at::ones({count, d.num_images}, at::kBool);
+    b.tokens = at::zeros({count, d.max_token_len}, at::kLong);
+    b.token_mask = at::zeros({count, d.max_token_len}, at::kBool);
+    b.actions = at::zeros({count, m.action_horizon, m.action_dim}, at::kFloat);
+    for (int64_t i = 0; i < count; ++i) fill(first + i, b, i);
+    return b;
+  }
+
+ private:
+  // Sample `index` depends only on (seed, index). Actions are a smooth function of the state so
+  // the model has something to learn; the state also appears, discretised, among the prompt tokens.
+  void fill(int64_t index, Batch& b, int64_t row) const {
+    const auto& d = cfg_.data;
+    const auto& m = cfg_.model;
+    at::Generator gen = at::detail::createCPUGenerator(cfg_.train.seed * 0x9E3779B97F4A7C15ull + uint64_t(index) + 1);
+    if (d.num_images > 0) b.images[row].copy_(at::randint(0, 256, b.images[row].sizes(), gen, at::kByte));
+    Tensor state = at::randn({d.state_dim}, gen, at::kFloat).clamp(-1, 1);
+    // LIBERO prompts are short: 1..24 words here, then the discretised state, then padding.
+    const int64_t words = 1 + index % std::max<int64_t>(1, std::min<int64_t>(24, d.max_token_len / 2));
+    const int64_t state_tokens = std::min<int64_t>(d.state_dim, d.max_token_len - words);
+    Tensor tokens = b.tokens[row];
+    tokens.narrow(0, 0, words).copy_(at::randint(1, m.vocab_size, {words}, gen, at::kLong));
+    if (state_tokens > 0) {
+      // 256 bins in [-1, 1] mapped onto the top of the vocabulary, as pi05's discrete state prompt.
+      Tensor bins = ((state.narrow(0, 0, state_tokens) + 1) * 127.5).floor().clamp(0, 255).to(at::kLong);
+      tokens.narrow(0, words, state_tokens).copy_(std::max<int64_t>(m.vocab_size - 256, 0) + bins % m.vocab_size);
+    }
+    b.token_mask[row].narrow(0, 0, words + state_tokens).fill_(true);
+    Tensor h = at::arange(m.action_horizon, at::kFloat).unsqueeze(1);            // [H, 1]
+    Tensor dims = at::arange(d.raw_action_dim, at::kFloat).unsqueeze(0);         // [1, A]
+    Tensor s0 = state.index({at::remainder(at::arange(d.raw_action_dim), d.state_dim)}).unsqueeze(0);
+    Tensor s1 = state.index({at::remainder(at::arange(1, d.raw_action_dim + 1), d.state_dim)}).unsqueeze(0);
+    Tensor actions = at::tanh(s0 + 0.5 * at::sin(0.2 * h * (dims + 1) + 3.0 * s1));
+    b.actions[row].narrow(1, 0, d.raw_action_dim).copy_(actions);
+  }
+  Config cfg_;
+};
+
+// Shard records: see trainer/README.md. Each sample is read row by row with pread.
+class ShardSource : public DataSource {
+ public:
+  struct Shard {
+    std::string path;
+    int64_t samples = 0;
+    std::map<std::string, SafetensorsEntry> entries;
+  };
+  ShardSource(const Config& c, std::vector<Shard> shards) : cfg_(c), shards_(std::move(shards)) {
+    for (const auto& s : shards_) {
+      starts_.push_back(total_);
+      total_ += s.samples;
+    }
+  }
+  int64_t size() const override { return total_; }
+
+  Batch get(int64_t first, int64_t count) const override {
+    const auto& d = cfg_.data;
+    const auto& m = cfg_.model;
+    Batch b;
+    b.images = at::empty({count, d.num_images, d.camera_size, d.camera_size, 3}, at::kByte);
+    b.image_mask = at::empty({count, d.num_images}, at::kBool);
+    b.tokens = at::empty({count, d.max_token_len}, at::kLong);
+    b.token_mask = at::empty({count, d.max_token_len}, at::kBool);
+    b.actions = at::zeros({count, m.action_horizon, m.action_dim}, at::kFloat);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t index = (first + i) % total_;  // epochs wrap around
+      const size_t s = size_t(std::upper_bound(starts_.begin(), starts_.end(), index) - starts_.begin() - 1);
+      const int64_t local = index - starts_[s];
+      const Shard& shard = shards_[s];
+      Fd f(shard.path);
+      auto row = [&](const char* key, const Tensor& dst) {
+        const auto& e = shard.entries.at(key);
+        const uint64_t bytes = e.bytes / uint64_t(e.shape[0]);
+        Tensor tmp = at::empty(dst.sizes(), at::TensorOptions().dtype(e.dtype));
+        if (bytes != uint64_t(tmp.nbytes()) || !read_at(f.fd, tmp.data_ptr(), bytes, e.begin + bytes * uint64_t(local)))
+          throw std::runtime_error(fmt::format("{}: cannot read sample {} of '{}'", shard.path, local, key));
+        dst.copy_(tmp);
+      };
+      row("images", b.images[i]);
+      row("image_mask", b.image_mask[i]);
+      row("tokens", b.tokens[i]);
+      row("token_mask", b.token_mask[i]);
+      row("actions", b.actions[i].narrow(1, 0, d.raw_action_dim));
+    }
+    return b;
+  }
+
+ private:
+  Config cfg_;
+  std::vector<Shard> shards_;
+  std::vector<int64_t> starts_;
+  int64_t total_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DataSource> make_synthetic_source(const Config& config) {
+  return std::make_unique<SyntheticSource>(config);
+}
+
+std::string make_shard_source(const Config& config, std::unique_ptr<DataSource>& out) {
+  const auto& d = config.data;
+  std::error_code ec;
+  if (!fs::is_directory(d.shard_dir, ec))
+    return fmt::format("data.shard_dir: '{}' is not a directory", d.shard_dir);
+  std::vector<std::string> paths;
+  for (const auto& e : fs::directory_iterator(d.shard_dir))
+    if (e.path().extension() == ".safetensors") paths.push_back(e.path().string());
+  std::sort(paths.begin(), paths.end());
+  if (paths.empty()) return fmt::format("data.shard_dir: '{}' holds no *.safetensors shard", d.shard_dir);
+  const std::map<std::string, std::vector<int64_t>> expected = {
+      {"images", {d.num_images, d.camera_size, d.camera_size, 3}},
+      {"image_mask", {d.num_images}},
+      {"tokens", {d.max_token_len}},
+      {"token_mask", {d.max_token_len}},
+      {"actions", {config.model.action_horizon, d.raw_action_dim}},
+  };
+  std::vector<ShardSource::Shard> shards;
+  for (const auto& p : paths) {
+    ShardSource::Shard s;
+    s.path = p;
+    Metadata meta;
+    if (auto err = read_safetensors_header(p, s.entries, &meta); !err.empty()) return err;
+    if (meta["format"] != "fp8wire-libero-v1")
+      return fmt::format("{}: __metadata__.format is '{}', expected 'fp8wire-libero-v1'", p, meta["format"]);
+    for (const auto& [key, row_shape] : expected) {
+      auto it = s.entries.find(key);
+      if (it == s.entries.end()) return fmt::format("{}: missing tensor '{}'", p, key);
+      std::vector<int64_t> got(it->second.shape.begin() + 1, it->second.shape.end());
+      if (got != row_shape)
+        return fmt::format("{}: tensor '{}' has rows of shape [{}], expected [{}] from the config (data.num_images, "
+                           "data.camera_size, data.max_token_len, model.action_horizon, data.raw_action_dim)", p, key,
+                           fmt::join(got, ", "), fmt::join(row_shape, ", "));
+      if (s.samples == 0) s.samples = it->second.shape[0];
+      if (it->second.shape[0] != s.samples) return fmt::format("{}: tensor '{}' has a different sample count", p, key);
+    }
+    shards.push_back(std::move(s));
+  }
+  out = std::make_unique<ShardSource>(config, std::move(shards));
+  return "";
+}
+
+std::string write_shard(const std::string& path, const Batch& batch, int64_t raw_action_dim) {
+  TensorMap t = {
+      {"images", batch.images.to(at::kByte)},
+      {"image_mask", batch.image_mask.to(at::kBool)},
+      {"tokens", batch.tokens.to(at::kInt)},
+      {"token_mask", batch.token_mask.to(at::kBool)},
+      {"actions", batch.actions.narrow(2, 0, raw_action_dim).to(at::kFloat)},
+  };
+  return write_safetensors(path, t, {{"format", "fp8wire-libero-v1"}});
+}
+
+// --- loader ------------------------------------------------------------------------------------
+
+Loader::Loader(const DataSource& source, int64_t micro_batch, int64_t world, int64_t rank, int64_t start_step,
+               int64_t prefetch, at::Device device)
+    : source_(source), micro_batch_(micro_batch), world_(world), rank_(rank), next_step_(start_step),
+      prefetch_(prefetch), device_(device) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Loader::~Loader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Loader::run() {
+  try {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || int64_t(ready_.size()) < prefetch_; });
+        if (stop_) return;
+      }
+      const int64_t first = next_step_ * micro_batch_ * world_ + rank_ * micro_batch_;
+      Batch b = source_.get(first, micro_batch_);
+      if (device_.is_cuda()) {
+        // Pinned host memory makes the copy below asynchronous with respect to the compute stream.
+        b = Batch{b.images.pin_memory(), b.image_mask.pin_memory(), b.tokens.pin_memory(),
+                  b.token_mask.pin_memory(), b.actions.pin_memory()};
+      }
+      ++next_step_;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ready_.push_back(std::move(b));
+      }
+      cv_.notify_all();
+    }
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = e.what();
+    cv_.notify_all();
+  }
+}
+
+Batch Loader::next() {
+  Batch host;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !ready_.empty() || !error_.empty(); });
+    if (ready_.empty()) throw std::runtime_error("data loader: " + error_);
+    host = std::move(ready_.front());
+    ready_.pop_front();
+  }
+  cv_.notify_all();
+  // The pinned buffers stay alive through the batch's tensors until the copies have been consumed.
+  return host.to(device_, /*non_blocking=*/device_.is_cuda());
+}
+
+}  // namespace fp8wire::trainer

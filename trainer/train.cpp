@@ -1,0 +1,634 @@
+#include "trainer/train.hpp"
+
+#include <nvtx3/nvToolsExt.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include "trainer/data.hpp"
+
+namespace fp8wire::trainer {
+
+using at::Tensor;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Phase ranges for Nsight and for fp8wire's profiler, which finds step windows by the name "step".
+struct NvtxRange {
+  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
+  ~NvtxRange() { nvtxRangePop(); }
+  NvtxRange(const NvtxRange&) = delete;
+  NvtxRange& operator=(const NvtxRange&) = delete;
+};
+
+void device_synchronize(at::Device device) {
+#ifdef USE_C10D_NCCL
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+#else
+  (void)device;
+#endif
+}
+
+// Names in openpi/LeRobot checkpoints written by older transformers versions, mapped to ours.
+std::string canonical_name(std::string name) {
+  static const std::pair<const char*, const char*> kAliases[] = {
+      {"paligemma_with_expert.paligemma.language_model.model.", "paligemma_with_expert.paligemma.model.language_model."},
+      {"paligemma_with_expert.paligemma.language_model.", "paligemma_with_expert.paligemma.model.language_model."},
+      {"paligemma_with_expert.paligemma.vision_tower.", "paligemma_with_expert.paligemma.model.vision_tower."},
+      {"paligemma_with_expert.paligemma.multi_modal_projector.",
+       "paligemma_with_expert.paligemma.model.multi_modal_projector."},
+  };
+  if (name.rfind("model.", 0) == 0) name = name.substr(6);  // LeRobot's policy wrapper prefix
+  for (const auto& [from, to] : kAliases)
+    if (name.rfind(from, 0) == 0) return to + name.substr(std::strlen(from));
+  return name;
+}
+
+}  // namespace
+
+double learning_rate(const TrainConfig& t, int64_t step) {
+  if (step < t.warmup_steps) {
+    const double init = t.peak_lr / double(t.warmup_steps + 1);
+    return init + (t.peak_lr - init) * double(step) / double(t.warmup_steps);
+  }
+  const double span = double(std::max<int64_t>(t.decay_steps - t.warmup_steps, 1));
+  const double progress = std::min(1.0, double(step - t.warmup_steps) / span);
+  return t.end_lr + (t.peak_lr - t.end_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
+}
+
+// --- gradient buckets --------------------------------------------------------------------------
+// Our own buckets rather than c10d's Reducer: the Reducer's C++ API is internal to PyTorch's DDP
+// (its constructor changes between releases and it expects DDP's Python side for bucket rebuilding
+// and logging), whereas what we need is small: parameters and their .grad live as views of one flat
+// buffer per bucket, in the compute dtype (bf16 on GPU: the gradient traffic fp8wire is built for),
+// and a post-accumulate hook launches a bucket's all-reduce as soon as its last gradient lands.
+// Each bucket also owns the fp32 master weights, fp32 gradients and AdamW moments of its elements,
+// so the optimiser is a handful of fused multi-tensor calls over flat buffers.
+class GradientBuckets {
+ public:
+  struct Bucket {
+    std::vector<size_t> params;
+    std::vector<int64_t> offsets;
+    int64_t numel = 0;
+    Tensor param_flat, grad_flat, grad32, master, exp_avg, exp_avg_sq;
+    int pending = 0;
+    bool ready = false;
+    bool launched = false;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  GradientBuckets(const std::vector<NamedParam>& params, const TrainConfig& t, int world,
+                  c10::intrusive_ptr<c10d::Backend> pg)
+      : params_(params), overlap_(t.allreduce == "overlap"), world_(world), pg_(std::move(pg)) {
+    at::NoGradGuard no_grad;
+    const double cap = overlap_ ? t.bucket_cap_mb * 1024 * 1024 : INFINITY;
+    double bytes = 0;
+    for (size_t k = params.size(); k-- > 0;) {
+      const Tensor& p = params[k].tensor;
+      if (buckets_.empty() || (bytes > 0 && bytes + double(p.nbytes()) > cap)) {
+        buckets_.push_back(std::make_unique<Bucket>());
+        bytes = 0;
+      }
+      Bucket& b = *buckets_.back();
+      b.params.push_back(k);
+      b.offsets.push_back(b.numel);
+      b.numel += p.numel();
+      bytes += double(p.nbytes());
+    }
+    owner_.assign(params.size(), {0, 0});
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      Bucket& b = *buckets_[bi];
+      const Tensor& first = params[b.params[0]].tensor;
+      b.param_flat = at::empty({b.numel}, first.options().requires_grad(false));
+      b.grad_flat = at::zeros({b.numel}, first.options().requires_grad(false));
+      const bool fp32 = first.scalar_type() == at::kFloat;
+      b.master = fp32 ? b.param_flat : at::empty({b.numel}, b.param_flat.options().dtype(at::kFloat));
+      b.grad32 = fp32 ? b.grad_flat : at::empty({b.numel}, b.master.options());
+      b.exp_avg = at::zeros({b.numel}, b.master.options());
+      b.exp_avg_sq = at::zeros({b.numel}, b.master.options());
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        Tensor p = params[b.params[j]].tensor;
+        const int64_t n = p.numel();
+        b.param_flat.narrow(0, b.offsets[j], n).copy_(p.reshape({-1}));
+        // The parameter now lives inside the flat buffer, so one copy refreshes all of it after the
+        // optimiser step, and autograd accumulates straight into the bucket (no extra grad copy).
+        p.set_data(b.param_flat.narrow(0, b.offsets[j], n).view(p.sizes()));
+        p.mutable_grad() = b.grad_flat.narrow(0, b.offsets[j], n).view(p.sizes());
+        owner_[b.params[j]] = {bi, j};
+        torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<ReadyHook>(this, bi));
+      }
+      if (!fp32) b.master.copy_(b.param_flat);
+    }
+  }
+
+  ~GradientBuckets() {
+    for (const auto& p : params_) torch::autograd::impl::set_post_acc_grad_hooks(p.tensor, nullptr);
+  }
+
+  std::vector<std::unique_ptr<Bucket>>& buckets() { return buckets_; }
+  std::pair<size_t, size_t> owner(size_t param) const { return owner_[param]; }
+
+  void begin_step() {
+    for (auto& b : buckets_) {
+      b->grad_flat.zero_();
+      b->pending = int(b->params.size());
+      b->ready = b->launched = false;
+      b->work.reset();
+    }
+    next_launch_ = 0;
+    launched_in_backward_ = 0;
+  }
+
+  int launched_in_backward() const { return launched_in_backward_; }
+
+  // Waits for every bucket's all-reduce and leaves the averaged fp32 gradients in grad32.
+  void finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& b : buckets_) {
+        if (!b->ready && !warned_missing_) {
+          fmt::print(stderr, "trainer: warning: a gradient bucket was not complete after backward "
+                             "(a parameter received no gradient); reducing it anyway\n");
+          warned_missing_ = true;
+        }
+        b->ready = true;
+      }
+      launch_ready_locked(/*from_hook=*/false);
+    }
+    for (auto& b : buckets_) {
+      if (b->work) b->work->wait();
+      // Widen first, then average in fp32 (1/world is not exact in bf16 for every world size).
+      if (!b->grad32.is_same(b->grad_flat)) b->grad32.copy_(b->grad_flat);
+      if (world_ > 1) b->grad32.mul_(1.0 / world_);
+    }
+  }
+
+ private:
+  struct ReadyHook : torch::autograd::PostAccumulateGradHook {
+    ReadyHook(GradientBuckets* owner, size_t bucket) : owner_(owner), bucket_(bucket) {}
+    void operator()(const torch::autograd::Variable&) override { owner_->on_ready(bucket_); }
+    GradientBuckets* owner_;
+    size_t bucket_;
+  };
+
+  void on_ready(size_t bi) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Bucket& b = *buckets_[bi];
+    if (--b.pending == 0) {
+      b.ready = true;
+      if (overlap_) launch_ready_locked(/*from_hook=*/true);
+    }
+  }
+
+  // Buckets launch strictly in index order on every rank (NCCL needs the same order everywhere),
+  // each as soon as it and all before it are complete.
+  void launch_ready_locked(bool from_hook) {
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_]->ready) {
+      Bucket& b = *buckets_[next_launch_++];
+      b.launched = true;
+      if (from_hook) ++launched_in_backward_;
+      if (world_ > 1 && pg_) {
+        std::vector<Tensor> tensors{b.grad_flat};
+        b.work = pg_->allreduce(tensors, c10d::AllreduceOptions{});
+      }
+    }
+  }
+
+  const std::vector<NamedParam>& params_;
+  bool overlap_;
+  int world_;
+  c10::intrusive_ptr<c10d::Backend> pg_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<std::pair<size_t, size_t>> owner_;
+  std::mutex mu_;
+  size_t next_launch_ = 0;
+  int launched_in_backward_ = 0;
+  bool warned_missing_ = false;
+};
+
+// --- trainer -----------------------------------------------------------------------------------
+
+Trainer::Trainer(const Config& config, int rank, int world, c10::intrusive_ptr<c10d::Backend> pg)
+    : cfg_(config), rank_(rank), world_(world),
+      device_(config.train.device == "cpu" ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0)),
+      gen_(at::detail::createCPUGenerator(config.train.seed * 1000003ull + uint64_t(rank) * 7919ull + 17)) {
+#ifdef USE_C10D_NCCL
+  if (device_.is_cuda()) device_ = at::Device(at::kCUDA, c10::cuda::current_device());
+#endif
+  const auto dtype = (cfg_.train.dtype == "bf16" && device_.is_cuda()) ? at::kBFloat16 : at::kFloat;
+  model_ = std::make_unique<Pi05Model>(cfg_.model, cfg_.data.num_images, cfg_.data.max_token_len, dtype, device_,
+                                       cfg_.train.seed);
+  model_->set_remat(parse_remat(cfg_.train.remat));
+  buckets_ = std::make_unique<GradientBuckets>(model_->parameters(), cfg_.train, world_, std::move(pg));
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::sync_params_from_masters() {
+  at::NoGradGuard no_grad;
+  for (auto& b : buckets_->buckets())
+    if (!b->master.is_same(b->param_flat)) b->param_flat.copy_(b->master);
+}
+
+StepStats Trainer::step(const Batch& batch) {
+  const int64_t bsz = batch.actions.size(0);
+  Tensor noise = at::randn(batch.actions.sizes(), gen_, at::kFloat);
+  Tensor time = sample_flow_time(bsz, gen_, at::kCPU);
+  return step(batch, noise.to(device_), time.to(device_));
+}
+
+StepStats Trainer::step(const Batch& batch, const Tensor& noise, const Tensor& time) {
+  const auto& t = cfg_.train;
+  StepStats stats;
+  buckets_->begin_step();
+  Tensor loss;
+  {
+    NvtxRange r("forward");
+    loss = model_->loss(batch, noise, time);
+  }
+  {
+    NvtxRange r("backward");
+    loss.backward();
+  }
+  {
+    NvtxRange r("allreduce");
+    buckets_->finish();
+  }
+  NvtxRange r("optimizer");
+  at::NoGradGuard no_grad;
+  std::vector<Tensor> masters, grads, m, v;
+  for (auto& b : buckets_->buckets()) {
+    masters.push_back(b->master);
+    grads.push_back(b->grad32);
+    m.push_back(b->exp_avg);
+    v.push_back(b->exp_avg_sq);
+  }
+  Tensor norm = at::stack(at::_foreach_norm(grads)).norm();
+  if (t.clip_norm > 0) {
+    Tensor coef = at::clamp_max(t.clip_norm / (norm + 1e-6), 1.0);
+    at::_foreach_mul_(grads, coef);
+  }
+  stats.lr = learning_rate(t, step_);
+  stats.buckets = int(buckets_->buckets().size());
+  stats.buckets_launched_in_backward = buckets_->launched_in_backward();
+  // One step counter shared by every flat buffer: the fused kernel only reads it.
+  Tensor step_count = at::full({}, double(step_ + 1), masters[0].options());
+  std::vector<Tensor> steps(masters.size(), step_count);
+  at::_fused_adamw_(masters, grads, m, v, {}, steps, stats.lr, t.beta1, t.beta2, t.weight_decay, t.eps,
+                    /*amsgrad=*/false, /*maximize=*/false);
+  sync_params_from_masters();
+  ++step_;
+  stats.loss = loss.item<double>();
+  stats.grad_norm = norm.item<double>();
+  return stats;
+}
+
+std::string Trainer::save(const std::string& path) const {
+  TensorMap out;
+  const auto& params = model_->parameters();
+  for (size_t k = 0; k < params.size(); ++k) {
+    auto [bi, j] = buckets_->owner(k);
+    const auto& b = *buckets_->buckets()[bi];
+    const Tensor& p = params[k].tensor;
+    auto slice = [&](const Tensor& flat) { return flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes()); };
+    out["model/" + params[k].name] = slice(b.master);
+    out["optim/exp_avg/" + params[k].name] = slice(b.exp_avg);
+    out["optim/exp_avg_sq/" + params[k].name] = slice(b.exp_avg_sq);
+  }
+  out["rng/noise_generator"] = gen_.get_state();
+  nlohmann::json meta_json = {{"step", step_}, {"world", world_}, {"micro_batch", cfg_.train.micro_batch},
+                              {"seed", cfg_.train.seed}};
+  Metadata meta = {{"format", "fp8wire-trainer-v1"},
+                   {"step", std::to_string(step_)},
+                   {"data_position_samples", std::to_string(step_ * cfg_.train.micro_batch * world_)},
+                   {"world", std::to_string(world_)},
+                   {"rank", std::to_string(rank_)}};
+  fs::path parent = fs::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  return write_safetensors(path, out, meta);
+}
+
+std::string Trainer::resume(const std::string& path) {
+  TensorMap in;
+  Metadata meta;
+  if (auto err = read_safetensors(path, in, &meta); !err.empty()) return err;
+  if (meta["format"] != "fp8wire-trainer-v1")
+    return fmt::format("{}: not an fp8wire trainer checkpoint (__metadata__.format '{}')", path, meta["format"]);
+  if (meta["world"] != std::to_string(world_))
+    return fmt::format("{}: written by a run of {} ranks, this run has {}: the data position would not "
+                       "resume bit for bit", path, meta["world"], world_);
+  at::NoGradGuard no_grad;
+  const auto& params = model_->parameters();
+  for (size_t k = 0; k < params.size(); ++k) {
+    auto [bi, j] = buckets_->owner(k);
+    auto& b = *buckets_->buckets()[bi];
+    const Tensor& p = params[k].tensor;
+    for (auto [prefix, flat] : {std::pair{"model/", b.master}, std::pair{"optim/exp_avg/", b.exp_avg},
+                                std::pair{"optim/exp_avg_sq/", b.exp_avg_sq}}) {
+      auto it = in.find(prefix + params[k].name);
+      if (it == in.end()) return fmt::format("{}: missing '{}{}'", path, prefix, params[k].name);
+      if (it->second.sizes() != p.sizes())
+        return fmt::format("{}: '{}{}' has shape {}, the model expects {}", path, prefix, params[k].name,
+                           c10::str(it->second.sizes()), c10::str(p.sizes()));
+      flat.narrow(0, b.offsets[j], p.numel()).copy_(it->second.reshape({-1}));
+    }
+  }
+  gen_.set_state(in.at("rng/noise_generator"));
+  step_ = std::stoll(meta["step"]);
+  sync_params_from_masters();
+  return "";
+}
+
+std::string Trainer::load_weights(const std::string& path) {
+  TensorMap in;
+  if (auto err = read_safetensors(path, in); !err.empty()) return err;
+  std::map<std::string, Tensor> by_name;
+  for (auto& [k, v] : in) by_name[canonical_name(k)] = v;
+  at::NoGradGuard no_grad;
+  const auto& params = model_->parameters();
+  std::vector<std::string> missing;
+  size_t used = 0;
+  for (size_t k = 0; k < params.size(); ++k) {
+    auto it = by_name.find(params[k].name);
+    if (it == by_name.end()) {
+      missing.push_back(params[k].name);
+      continue;
+    }
+    const Tensor& p = params[k].tensor;
+    if (it->second.sizes() != p.sizes())
+      return fmt::format("{}: '{}' has shape {}, the config expects {}", path, params[k].name,
+                         c10::str(it->second.sizes()), c10::str(p.sizes()));
+    auto [bi, j] = buckets_->owner(k);
+    auto& b = *buckets_->buckets()[bi];
+    b.master.narrow(0, b.offsets[j], p.numel()).copy_(it->second.reshape({-1}));
+    ++used;
+  }
+  if (!missing.empty())
+    return fmt::format("{}: {} of the model's {} parameters are missing, e.g. '{}' (trainer/README.md lists the "
+                       "expected names)", path, missing.size(), params.size(), missing.front());
+  if (used < by_name.size() && rank_ == 0)
+    fmt::print("trainer: {} tensors of {} were not used (lm_head, the backbone's final norm, the last "
+               "layer's prefix MLP: nothing the loss reaches)\n", by_name.size() - used, path);
+  sync_params_from_masters();
+  return "";
+}
+
+std::vector<double> Trainer::parameter_checksum() const {
+  at::NoGradGuard no_grad;
+  double s = 0, s2 = 0, p = 0, p2 = 0;
+  for (auto& b : buckets_->buckets()) {
+    Tensor m = b->master.to(at::kDouble);
+    Tensor d = b->param_flat.to(at::kDouble);
+    s += m.sum().item<double>();
+    s2 += m.pow(2).sum().item<double>();
+    p += d.sum().item<double>();
+    p2 += d.pow(2).sum().item<double>();
+  }
+  return {s, s2, p, p2};
+}
+
+// --- one rank's run ----------------------------------------------------------------------------
+
+namespace {
+
+double peak_memory_gib(at::Device device) {
+#ifdef USE_C10D_NCCL
+  if (device.is_cuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return double(stats.allocated_bytes[0].peak) / double(1ull << 30);
+  }
+#endif
+  (void)device;
+  return 0.0;
+}
+
+c10::intrusive_ptr<c10d::Backend> make_process_group(const Config& cfg, int rank, int world, std::string& error) {
+#ifdef USE_C10D_NCCL
+  if (world <= 1) return {};
+  if (cfg.train.device != "cuda") {
+    error = fmt::format("train.device \"{}\" supports one rank only; got WORLD_SIZE {}", cfg.train.device, world);
+    return {};
+  }
+  c10::intrusive_ptr<c10d::Store> store;
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  const char* file = std::getenv("FP8WIRE_TRAIN_STORE");
+  if (addr && port) {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<uint16_t>(std::atoi(port));
+    opts.isServer = rank == 0;
+    opts.numWorkers = world;
+    store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
+  } else if (file) {
+    store = c10::make_intrusive<c10d::FileStore>(file, world);
+  } else {
+    error = "a multi-rank run needs MASTER_ADDR and MASTER_PORT (torchrun style) or FP8WIRE_TRAIN_STORE (set by "
+            "fp8wire-train --ranks N)";
+    return {};
+  }
+  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world, opts);
+#else
+  if (world > 1) error = "this build of the trainer has no NCCL process group (LibTorch without CUDA)";
+  (void)cfg;
+  (void)rank;
+  return {};
+#endif
+}
+
+// The PNG is a convenience: matplotlib may be missing (it is on the CI machine), so a failure is a
+// note, never an error of the run.
+void plot_loss_curve(const std::string& log_path, const std::string& png) {
+  const fs::path script = fs::path(FP8WIRE_TRAINER_SOURCE_ROOT) / "scripts" / "plot_loss.py";
+  if (!fs::exists(script)) return;
+  const std::string cmd = fmt::format("python3 '{}' '{}' -o '{}' >/dev/null 2>&1", script.string(), log_path, png);
+  if (std::system(cmd.c_str()) == 0) fmt::print("loss curve: {}\n", png);
+  else fmt::print("loss curve: not drawn (python3 with matplotlib needed; scripts/plot_loss.py {})\n", log_path);
+}
+
+// Rank-consistent check that data-parallel replicas hold identical weights: max and min of every
+// checksum over ranks must agree bit for bit.
+bool ranks_in_sync(Trainer& trainer, c10d::Backend& pg, std::vector<double>& local) {
+  local = trainer.parameter_checksum();
+  std::vector<double> both;
+  for (double x : local) both.push_back(x);
+  for (double x : local) both.push_back(-x);
+  Tensor t = at::tensor(both, at::TensorOptions().dtype(at::kDouble)).to(trainer.device());
+  std::vector<Tensor> v{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::MAX;
+  pg.allreduce(v, opts)->wait();
+  Tensor host = t.cpu();
+  const auto* r = host.data_ptr<double>();
+  const size_t n = local.size();
+  for (size_t i = 0; i < n; ++i)
+    if (r[i] != -r[n + i]) return false;
+  return true;
+}
+
+}  // namespace
+
+int visible_gpu_count() {
+#ifdef USE_C10D_NCCL
+  return int(c10::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+
+void select_gpu(int index) {
+#ifdef USE_C10D_NCCL
+  c10::cuda::set_device(c10::DeviceIndex(index));
+#else
+  (void)index;
+#endif
+}
+
+int run_rank(const Config& cfg, int rank, int world, int local_rank) {
+  (void)local_rank;
+  try {
+    std::string error;
+    auto pg = make_process_group(cfg, rank, world, error);
+    if (!error.empty()) {
+      fmt::print(stderr, "fp8wire-train[rank {}]: {}\n", rank, error);
+      return 2;
+    }
+    Trainer trainer(cfg, rank, world, pg);
+    const auto& t = cfg.train;
+    if (!t.init_weights.empty())
+      if (auto err = trainer.load_weights(t.init_weights); !err.empty()) {
+        fmt::print(stderr, "fp8wire-train[rank {}]: train.init_weights: {}\n", rank, err);
+        return 2;
+      }
+    if (!t.resume.empty())
+      if (auto err = trainer.resume(t.resume); !err.empty()) {
+        fmt::print(stderr, "fp8wire-train[rank {}]: train.resume: {}\n", rank, err);
+        return 2;
+      }
+    const int64_t nparams = trainer.model().parameter_count();
+    const double flops = 3.0 * trainer.model().forward_flops_per_sample();  // forward + backward
+    if (rank == 0)
+      fmt::print("fp8wire-train: preset {} | {} parameters ({:.3f} B trained; {:.3f} B with the tensors openpi "
+                 "keeps that no loss reaches) | {} rank(s) | micro-batch {} | seq {} tokens | dtype {} | remat {} | "
+                 "allreduce {} (cap {} MiB)\n",
+                 cfg.preset_name, nparams, double(nparams) / 1e9,
+                 double(nparams + trainer.model().unreached_parameter_count()) / 1e9, world, t.micro_batch,
+                 cfg.seq_len(), t.dtype, t.remat, t.allreduce, t.bucket_cap_mb);
+
+    std::unique_ptr<DataSource> source;
+    if (cfg.data.source == "synthetic") source = make_synthetic_source(cfg);
+    else if (auto err = make_shard_source(cfg, source); !err.empty()) {
+      fmt::print(stderr, "fp8wire-train[rank {}]: {}\n", rank, err);
+      return 2;
+    }
+    Loader loader(*source, t.micro_batch, world, rank, trainer.steps_done(), cfg.data.prefetch, trainer.device());
+
+    std::ofstream jsonl;
+    const std::string log_path =
+        t.log_jsonl.empty() ? (fs::path(t.out_dir) / "train_log.jsonl").string() : t.log_jsonl;
+    if (rank == 0) {
+      std::error_code ec;
+      if (fs::path(log_path).has_parent_path()) fs::create_directories(fs::path(log_path).parent_path(), ec);
+      jsonl.open(log_path, std::ios::app);
+      if (!jsonl) fmt::print(stderr, "fp8wire-train: cannot open log {}; continuing without it\n", log_path);
+    }
+    double sum_ms = 0, sum_sps = 0;
+    int64_t timed = 0;
+    double first_loss = NAN, last_loss = NAN;
+    const int64_t first_step = trainer.steps_done();
+    for (int64_t s = trainer.steps_done(); s < t.steps; ++s) {
+      const auto start = std::chrono::steady_clock::now();
+      StepStats st;
+      {
+        NvtxRange step_range("step");
+        Batch batch;
+        {
+          NvtxRange r("data");
+          batch = loader.next();
+        }
+        st = trainer.step(batch);
+        device_synchronize(trainer.device());
+      }
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      const double sps = double(t.micro_batch * world) * 1000.0 / ms;
+      const double mfu = flops * double(t.micro_batch) / (ms / 1000.0) / (t.peak_tflops * 1e12);
+      const double mem = peak_memory_gib(trainer.device());
+      if (std::isnan(first_loss)) first_loss = st.loss;
+      last_loss = st.loss;
+      if (s - first_step >= 2) {  // the first steps pay for allocator warm-up and NCCL setup
+        sum_ms += ms;
+        sum_sps += sps;
+        ++timed;
+      }
+      if (rank == 0 && (s % t.log_every == 0 || s + 1 == t.steps)) {
+        nlohmann::json line = {{"step", s},        {"loss", st.loss},   {"grad_norm", st.grad_norm},
+                               {"lr", st.lr},      {"step_ms", ms},     {"samples_per_s", sps},
+                               {"peak_mem_gib", mem}, {"mfu", mfu},     {"world", world},
+                               {"buckets", st.buckets}, {"buckets_in_backward", st.buckets_launched_in_backward}};
+        if (jsonl) jsonl << line.dump() << "\n" << std::flush;
+        fmt::print("step {:>5}/{} | loss {:.4f} | grad {:.3f} | lr {:.3e} | {:.1f} ms | {:.1f} samples/s | "
+                   "peak {:.1f} GiB | MFU {:.1f}%\n",
+                   s + 1, t.steps, st.loss, st.grad_norm, st.lr, ms, sps, mem, 100.0 * mfu);
+        std::fflush(stdout);
+      }
+      if (!std::isfinite(st.loss)) {
+        fmt::print(stderr, "fp8wire-train[rank {}]: loss is {} at step {}; stopping\n", rank, st.loss, s);
+        return 3;
+      }
+      if (t.save_every > 0 && (s + 1) % t.save_every == 0 && !t.save_path.empty())
+        if (auto err = trainer.save(world > 1 ? fmt::format("{}.rank{}", t.save_path, rank) : t.save_path);
+            !err.empty())
+          fmt::print(stderr, "fp8wire-train[rank {}]: save: {}\n", rank, err);
+    }
+    if (!t.save_path.empty())
+      if (auto err = trainer.save(world > 1 ? fmt::format("{}.rank{}", t.save_path, rank) : t.save_path);
+          !err.empty()) {
+        fmt::print(stderr, "fp8wire-train[rank {}]: save: {}\n", rank, err);
+        return 2;
+      }
+    int rc = 0;
+    if (rank == 0) {
+      fmt::print("summary: params {} | loss {:.4f} -> {:.4f} | mean step {:.1f} ms | mean {:.1f} samples/s | "
+                 "peak {:.1f} GiB | MFU {:.1f}%\n",
+                 nparams, first_loss, last_loss, timed ? sum_ms / timed : 0.0, timed ? sum_sps / timed : 0.0,
+                 peak_memory_gib(trainer.device()),
+                 timed ? 100.0 * flops * double(t.micro_batch) / (sum_ms / timed / 1000.0) / (t.peak_tflops * 1e12)
+                       : 0.0);
+    }
+    if (pg && t.check_sync) {
+      std::vector<double> local;
+      const bool ok = ranks_in_sync(trainer, *pg, local);
+      fmt::print("rank {} parameter checksum {:.17g} {:.17g} | ranks in sync: {}\n", rank, local[0], local[1],
+                 ok ? "PASS" : "FAIL");
+      if (!ok) rc = 4;
+    }
+    if (rank == 0 && t.plot) plot_loss_curve(log_path, (fs::path(t.out_dir) / "loss.png").string());
+    if (pg) pg->shutdown();  // orderly NCCL teardown instead of the destructor's warning
+    return rc;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "fp8wire-train[rank {}]: {}\n", rank, e.what());
+    return 1;
+  }
+}
+
+}  // namespace fp8wire::trainer

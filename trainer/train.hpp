@@ -1,0 +1,70 @@
+// Training: bucketed data-parallel gradient all-reduce over c10d, AdamW on fp32 master weights,
+// the warmup + cosine schedule, checkpoints, and the step loop with NVTX ranges and JSON-lines logs.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "trainer/config.hpp"
+#include "trainer/model.hpp"
+#include "trainer/run.hpp"
+
+
+namespace fp8wire::trainer {
+
+struct StepStats {
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  int buckets = 0;                       // gradient buckets all-reduced this step
+  int buckets_launched_in_backward = 0;  // of those, launched by gradient hooks (overlapping backward)
+};
+
+// warmup from peak/(warmup+1) to peak, then cosine to end_lr at decay_steps (optax's
+// warmup_cosine_decay_schedule, as openpi). lr(0) > 0, so step 0 updates.
+double learning_rate(const TrainConfig& t, int64_t step);
+
+class GradientBuckets;
+
+class Trainer {
+ public:
+  // `pg` may be null (one rank). The model is built here from config (seeded identically on every
+  // rank), then optionally loaded from train.init_weights and train.resume.
+  Trainer(const Config& config, int rank, int world, c10::intrusive_ptr<c10d::Backend> pg);
+  ~Trainer();
+
+  // One optimiser step on `batch` (on the model's device). Noise and time are drawn from the
+  // trainer's generator unless given (the tests fix them to overfit one batch).
+  StepStats step(const Batch& batch);
+  StepStats step(const Batch& batch, const at::Tensor& noise, const at::Tensor& time);
+
+  int64_t steps_done() const { return step_; }
+  Pi05Model& model() { return *model_; }
+  at::Device device() const { return device_; }
+
+  // Own checkpoints: fp32 masters, AdamW moments, step, generator state (safetensors + metadata).
+  std::string save(const std::string& path) const;
+  std::string resume(const std::string& path);
+  // openpi/LeRobot Pi0.5 PyTorch weights by name (trainer/README.md); "" or an error.
+  std::string load_weights(const std::string& path);
+  // {sum, sum of squares} of the fp32 masters and of the device parameters, as doubles.
+  std::vector<double> parameter_checksum() const;
+
+ private:
+  void sync_params_from_masters();
+  Config cfg_;
+  int rank_, world_;
+  at::Device device_;
+  std::unique_ptr<Pi05Model> model_;
+  std::unique_ptr<GradientBuckets> buckets_;
+  at::Generator gen_;
+  int64_t step_ = 0;
+};
+
+
+}  // namespace fp8wire::trainer

@@ -515,12 +515,15 @@ const std::vector<KeySpec>& key_table() {
   return table;
 }
 
-// FP8WIRE_* variables that are not configuration keys: the config file itself, and the build-time
+// FP8WIRE_* variables that are not configuration keys: the config file itself; the build-time
 // variables of cmake/Fp8wireDeps.cmake and scripts/install-deps.sh, which are often still exported
-// in the shell that runs the job.
+// in the shell that runs the job; and the variables fp8wire's own tools pass to the processes they
+// start (fp8wire-train's rank rendezvous, fp8wire-prof's library locations). Without these, a job
+// started by fp8wire-train or fp8wire-prof would see a config error and run in pass-through.
 bool is_non_key_variable(std::string_view name) {
-  static constexpr std::string_view kNames[] = {"FP8WIRE_CONFIG", "FP8WIRE_NCCL_ROOT",
-                                                "FP8WIRE_EXTRA_INCLUDE", "FP8WIRE_SKIP_TORCH"};
+  static constexpr std::string_view kNames[] = {
+      "FP8WIRE_CONFIG",      "FP8WIRE_NCCL_ROOT", "FP8WIRE_EXTRA_INCLUDE", "FP8WIRE_SKIP_TORCH",
+      "FP8WIRE_TRAIN_STORE", "FP8WIRE_PROF_LIB",  "FP8WIRE_SHIM_LIB",      "FP8WIRE_CUPTI_DIR"};
   return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
 }
 

@@ -213,7 +213,10 @@ TEST_CASE("a failed key keeps its default and the others still apply") {
 
 TEST_CASE("an unknown FP8WIRE_ variable is an error with a suggestion; build variables are not") {
   const ConfigResult r = load_config("", {"FP8WIRE_BLOCKSIZE=256", "FP8WIRE_NCCL_ROOT=/opt/nccl",
-                                          "FP8WIRE_EXTRA_INCLUDE=/x", "FP8WIRE_CONFIG="});
+                                          "FP8WIRE_EXTRA_INCLUDE=/x", "FP8WIRE_CONFIG=",
+                                          // set by fp8wire-train / fp8wire-prof for their children
+                                          "FP8WIRE_TRAIN_STORE=/tmp/s", "FP8WIRE_PROF_LIB=/l.so",
+                                          "FP8WIRE_SHIM_LIB=/s.so", "FP8WIRE_CUPTI_DIR=/c"});
   REQUIRE(r.errors.size() == 1);
   CHECK(r.errors[0].source == "env FP8WIRE_BLOCKSIZE");
   CHECK(r.errors[0].value == "256");

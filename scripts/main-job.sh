@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# THE main job (README): fp8wire end to end on the GPUs present.
+#   1. builds fp8wire (scripts/build.sh), installing missing packages first where apt can;
+#   2. trains the bundled Pi0.5 reference model (trainer/configs/pi05_small.toml) for a short run,
+#      data parallel over NCCL: one rank per GPU, or RANKS ranks sharing one GPU (distinct
+#      NCCL_HOSTID per rank, so NCCL joins them over sockets) when there is a single GPU;
+#   3. runs it twice under the exposure profiler: plain NCCL (bf16 gradients), then with
+#      LD_PRELOAD=libfp8wire.so (FP8 on the wire); same seed, same data;
+#   4. prints each run's exposure report, the side-by-side comparison (step ms, exposed
+#      communication ms, bytes on the wire) and the loss parity of the two runs.
+# Environment: RANKS (default: GPUs, or 2 on one GPU), STEPS (30), CONFIG, MAIN_OUT (out/main-job),
+#   TRAIN_SET (extra --set overrides, space separated), SKIP_BUILD=1.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
+  have_headers() { [[ -e /usr/include/toml++ || -d .carry/include/toml++ || -n "${FP8WIRE_EXTRA_INCLUDE:-}" ]]; }
+  if ! have_headers && command -v apt-get >/dev/null; then
+    # torch is installed only when the python that builds the trainer lacks it.
+    py="${TORCH_PYTHON:-python3}"
+    if "$py" -c 'import torch' 2>/dev/null; then FP8WIRE_SKIP_TORCH=1 bash scripts/install-deps.sh; else bash scripts/install-deps.sh; fi
+  fi
+  bash scripts/build.sh build
+fi
+
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if (( gpus == 0 )); then echo "main-job: no GPU visible (nvidia-smi -L); this job needs one" >&2; exit 1; fi
+ranks="${RANKS:-$(( gpus > 1 ? gpus : 2 ))}"
+steps="${STEPS:-30}"
+config="${CONFIG:-trainer/configs/pi05_small.toml}"
+out="${MAIN_OUT:-out/main-job}"
+rm -rf "$out"; mkdir -p "$out"
+echo "main-job: $gpus GPU(s), $ranks ranks$( (( gpus == 1 )) && echo ' sharing GPU 0 (emulated hosts over NCCL sockets)'), $steps steps, $config"
+
+train() {  # train <label> [--shim]
+  local label="$1"; shift
+  local set_args=(--set "train.out_dir=$out/$label/train")
+  for kv in ${TRAIN_SET:-}; do set_args+=(--set "$kv"); done
+  echo; echo "================ $label ================"
+  build/profiler/fp8wire-prof --out "$out/$label" "$@" -- \
+    build/trainer/fp8wire-train --config "$config" --ranks "$ranks" --steps "$steps" "${set_args[@]}" \
+    2>&1 | tee "$out/$label.log"
+}
+train baseline
+FP8WIRE_LOG_LEVEL="${FP8WIRE_LOG_LEVEL:-info}" train fp8wire --shim
+
+echo; echo "================ comparison ================"
+python3 scripts/compare_runs.py "$out/baseline" "$out/fp8wire" | tee "$out/comparison.txt"

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The README's main job inside a batched GPU call (scripts/gpu/all.sh mainjob): the build already
+# exists; results go under $OUT/main.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+SKIP_BUILD=1 MAIN_OUT="${OUT:-out}/main" STEPS="${MAIN_STEPS:-30}" bash scripts/main-job.sh

@@ -187,6 +187,29 @@ FP8W_HD uint8_t f32_to_fp8_rne_sw(float v) {
   return uint8_t(sign | q);
 }
 
+// The same function as f32_to_fp8_rne_sw (bit for bit; test_quant_ref checks it on every rounding
+// boundary of every exponent), written without branches for the GPU's software path, where the
+// branchy form costs more instructions than the arithmetic. Both ranges are computed and selected:
+// the subnormal one by adding a magic 2^(kMinExp - kMantBits + 23), whose ulp is the FP8 subnormal
+// quantum, so the one correctly rounded addition is the round-half-even of a / quantum and the low bits
+// of the sum are the code (a < 2^kMinExp <= magic keeps the sum in magic's binade).
+template <Fp8Format F>
+FP8W_HD uint32_t f32_to_fp8_rne_branchless(float v) {
+  using T = Fp8Traits<F>;
+  const uint32_t u = f32_bits(v);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  constexpr int kDrop = 23 - T::kMantBits;
+  constexpr uint32_t kMinNormalBits = uint32_t(127 + T::kMinExp) << 23;
+  constexpr uint32_t kMagicBits = uint32_t(127 + T::kMinExp - T::kMantBits + 23) << 23;
+  const uint32_t normal =
+      ((a + ((1u << (kDrop - 1)) - 1u) + ((a >> kDrop) & 1u)) >> kDrop) - (uint32_t(127 - T::kBias) << T::kMantBits);
+  const uint32_t subnormal = f32_bits(add_rn(bits_f32(a), bits_f32(kMagicBits))) - kMagicBits;
+  uint32_t code = a >= kMinNormalBits ? normal : subnormal;
+  code = a >= T::kMaxBits ? T::kMaxCode : code;
+  return sign | code;
+}
+
 // Stochastic rounding to FP8 with saturation; `rnd` supplies (at least) 23 uniform random bits.
 // Integer-only below the saturation test, so host and device agree whatever conversion path is used.
 template <Fp8Format F>

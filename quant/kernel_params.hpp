@@ -41,7 +41,8 @@ struct DequantizeParams {
   uint32_t block_shift;
   ScaleType scale;
   void* out;
-  bool out_aligned;
+  uint32_t out_align;     // largest of 16, 8, 4, 2 dividing the out address (>= the element size)
+  uint32_t units;         // 16-byte output units per thread per tile (set by the raw launcher)
 };
 
 enum class OutKind : int { f32 = 0, f16 = 1, bf16 = 2, wire = 3 };
@@ -74,8 +75,9 @@ inline constexpr int kTileElems = kThreads * kVec;
 
 cudaError_t launch_quantize_kernel(const QuantizeParams& p, ElemType in_type, Fp8Format fp8, bool native,
                                    unsigned grid, cudaStream_t stream);
+// Sizes its own grid: one wave (sms x resident CTAs of the instance) looping over tiles.
 cudaError_t launch_dequantize_kernel(const DequantizeParams& p, ElemType out_type, Fp8Format fp8, bool native,
-                                     unsigned grid, cudaStream_t stream);
+                                     int sms, cudaStream_t stream);
 cudaError_t launch_reduce_kernel(const ReduceParams& p, OutKind out, Fp8Format fp8, bool native, bool f32_inputs,
                                  unsigned grid, cudaStream_t stream);
 

@@ -87,7 +87,7 @@ __device__ __forceinline__ uint32_t cvt_pair_native(float lo, float hi) {
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
   return r;
 #else
-  return uint32_t(math::f32_to_fp8_rne_sw<F>(lo)) | (uint32_t(math::f32_to_fp8_rne_sw<F>(hi)) << 8);
+  return math::f32_to_fp8_rne_branchless<F>(lo) | (math::f32_to_fp8_rne_branchless<F>(hi) << 8);
 #endif
 }
 
@@ -130,18 +130,17 @@ __device__ __forceinline__ uint4 encode16(const float (&x)[kVec], int n, const m
       for (int i = 0; i < kVec; i += 2) w[i / 4] |= cvt_pair_native<F>(v[i], v[i + 1]) << (8 * (i % 4));
     } else {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) w[i / 4] |= uint32_t(math::f32_to_fp8_rne_sw<F>(v[i])) << (8 * (i % 4));
+      for (int i = 0; i < kVec; ++i) w[i / 4] |= math::f32_to_fp8_rne_branchless<F>(v[i]) << (8 * (i % 4));
     }
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Decodes 16 payload bytes with decode multiplier s.
-template <Fp8Format F, bool kNative>
-__device__ __forceinline__ void decode16(uint4 payload, float s, float (&y)[kVec]) {
-  const uint32_t w[4] = {payload.x, payload.y, payload.z, payload.w};
+// Decodes N payload bytes (N / 4 little-endian words, N even) with decode multiplier s.
+template <Fp8Format F, bool kNative, int N>
+__device__ __forceinline__ void decode_bytes(const uint32_t (&w)[(N + 3) / 4], float s, float (&y)[N]) {
 #pragma unroll
-  for (int i = 0; i < kVec; i += 2) {
+  for (int i = 0; i < N; i += 2) {
     const uint32_t pair = (w[i / 4] >> (8 * (i % 4))) & 0xFFFFu;
     float lo, hi;
     if constexpr (kNative) {
@@ -153,6 +152,13 @@ __device__ __forceinline__ void decode16(uint4 payload, float s, float (&y)[kVec
     y[i] = math::mul_rn(lo, s);
     y[i + 1] = math::mul_rn(hi, s);
   }
+}
+
+// Decodes 16 payload bytes with decode multiplier s.
+template <Fp8Format F, bool kNative>
+__device__ __forceinline__ void decode16(uint4 payload, float s, float (&y)[kVec]) {
+  const uint32_t w[4] = {payload.x, payload.y, payload.z, payload.w};
+  decode_bytes<F, kNative, kVec>(w, s, y);
 }
 
 __device__ __forceinline__ uint32_t load_scale(const uint8_t* p, ScaleType st) {

@@ -39,6 +39,29 @@ int cached_attribute(std::array<std::atomic<int>, kMaxDevices>& cache, int devic
 
 bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// Largest of 16, 8, 4, 2, 1 that divides the address: caller buffers (PyTorch views, bucket offsets)
+// are only guaranteed to be aligned to their element size.
+uint32_t address_alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (uint32_t w : {16u, 8u, 4u, 2u})
+    if ((a & (w - 1)) == 0) return w;
+  return 1;
+}
+
+// A caller buffer must be aligned to its element size (a misaligned fp32/fp16 access faults on the GPU).
+const char* check_elem_pointer(const void* p, ElemType t) {
+  if (address_alignment(p) < elem_size(t))
+    return t == ElemType::f32 ? "buffer address is not a multiple of 4 (the fp32 element size)"
+                              : "buffer address is not a multiple of 2 (the element size)";
+  return nullptr;
+}
+
+int sm_count() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) device = 0;
+  return cached_attribute(g_sm_count, device, cudaDevAttrMultiProcessorCount, cudaDevAttrMultiProcessorCount, false);
+}
+
 uint32_t ilog2(uint32_t v) {
   uint32_t r = 0;
   while ((1u << r) < v) ++r;
@@ -94,6 +117,7 @@ cudaError_t quantize_impl(const char* name, const void* in, ElemType in_type, si
   if (!valid_elem(in_type)) return reject(name, fmt::format("unsupported input type {}", static_cast<int>(in_type)));
   if (count == 0) return cudaSuccess;
   if (!in) return reject(name, "input buffer is null");
+  if (const char* e = check_elem_pointer(in, in_type)) return reject(name, fmt::format("input: {}", e));
   if (const char* e = check_wire_pointer(wire)) return reject(name, e);
   if (residual && !is_aligned16(residual)) return reject(name, "residual must be 16-byte aligned");
   bool native = false;
@@ -124,6 +148,8 @@ cudaError_t prepare_reduce(const char* name, int k, bool has_plain, size_t count
   if ((out.plain == nullptr) == (out.wire == nullptr)) return reject(name, "give exactly one of out.plain and out.wire");
   if (out.wire && !is_aligned16(out.wire)) return reject(name, "out.wire must be 16-byte aligned");
   if (out.plain && !valid_elem(out.plain_type)) return reject(name, "out.plain_type must be f32, f16 or bf16");
+  if (out.plain)
+    if (const char* e = check_elem_pointer(out.plain, out.plain_type)) return reject(name, fmt::format("out.plain: {}", e));
   if (post_scale != post_scale) return reject(name, "post_scale is NaN");
   FP8WIRE_CUDA_RETURN(resolve_native(name, opt.path, native));
   p->k = k;
@@ -158,6 +184,7 @@ cudaError_t reduce_impl(const char* name, const void* const* inputs, int k, cons
     if (plain_position < 0 || plain_position > k)
       return reject(name, fmt::format("plain_position = {} is outside [0, k = {}]", plain_position, k));
     if (!valid_elem(plain_type)) return reject(name, "plain_type must be f32, f16 or bf16");
+    if (const char* e = check_elem_pointer(plain, plain_type)) return reject(name, fmt::format("plain: {}", e));
     p.plain = plain;
     p.plain_type = plain_type;
     p.plain_position = plain_position;
@@ -194,12 +221,13 @@ cudaError_t dequantize(const void* wire, Segmented layout, size_t count, void* o
   if (!valid_elem(out_type)) return reject(kName, fmt::format("unsupported output type {}", static_cast<int>(out_type)));
   if (count == 0) return cudaSuccess;
   if (!out) return reject(kName, "output buffer is null");
+  if (const char* e = check_elem_pointer(out, out_type)) return reject(kName, fmt::format("output: {}", e));
   if (const char* e = check_wire_pointer(wire)) return reject(kName, e);
   bool native = false;
   FP8WIRE_CUDA_RETURN(resolve_native(kName, opt.path, &native));
   const DequantizeParams p{static_cast<const uint8_t*>(wire), count, layout.seg_elems, layout.seg_stride,
-                           ilog2(fmt.block), fmt.scale, out, is_aligned16(out)};
-  return launch_dequantize_kernel(p, out_type, fmt.fp8, native, grid_for(count), stream);
+                           ilog2(fmt.block), fmt.scale, out, address_alignment(out), 0};
+  return launch_dequantize_kernel(p, out_type, fmt.fp8, native, sm_count(), stream);
 }
 
 cudaError_t dequantize_reduce(const void* const* inputs, int k, size_t count, float post_scale,

@@ -5,7 +5,8 @@
 //
 // Every kernel matches the CPU reference codec (quant/reference.hpp) bit for bit.
 // Wire buffers (and the residual) must be 16-byte aligned (cudaMalloc'd scratch always is); caller
-// buffers may have any alignment (16-byte aligned ones get vector loads and stores).
+// buffers need only be aligned to their element size (a launcher rejects less); 16-byte aligned ones
+// get the widest vector loads and stores.
 // quant/README.md defines the format and the arithmetic.
 #pragma once
 

@@ -5,7 +5,7 @@
 namespace fp8wire::quant::detail {
 
 template <ElemType T, Fp8Format F, bool kNative, bool kResidual>
-__global__ void __launch_bounds__(kThreads) quantize_kernel(const __grid_constant__ QuantizeParams p) {
+__global__ void __launch_bounds__(kThreads, kResidual ? 4 : 6) quantize_kernel(const __grid_constant__ QuantizeParams p) {
   __shared__ uint32_t smem[kThreads / 32];
   const size_t count = p.target.count;
   const size_t tiles = (count + kTileElems - 1) / kTileElems;

@@ -41,8 +41,10 @@ __device__ __forceinline__ void finish(const ReduceParams& p, float (&acc)[kVec]
 
 // Sum starts from -0.0f: -0 + t == t for every t (+0, -0 and NaN included), so the result equals
 // the reference's "first term, then add the others".
-template <OutKind kOut, Fp8Format F, bool kNative>
-__global__ void __launch_bounds__(kThreads, 3) dequantize_reduce_kernel(const __grid_constant__ ReduceParams p) {
+// kPlain: the mixed variant (a plain addend). A separate instance, because the plain addend's 16
+// registers live across the whole input loop: without it the kernel fits 4 CTAs per SM instead of 3.
+template <OutKind kOut, Fp8Format F, bool kNative, bool kPlain>
+__global__ void __launch_bounds__(kThreads, kPlain ? 3 : 4) dequantize_reduce_kernel(const __grid_constant__ ReduceParams p) {
   __shared__ uint32_t smem[kThreads / 32];
   constexpr int kBatch = 4;
   const size_t tiles = (p.count + kTileElems - 1) / kTileElems;
@@ -55,7 +57,7 @@ __global__ void __launch_bounds__(kThreads, 3) dequantize_reduce_kernel(const __
     for (int i = 0; i < kVec; ++i) acc[i] = -0.0f;
     if (n > 0) {
       float plain[kVec];
-      if (p.plain) load_plain(p, e, n, plain);
+      if constexpr (kPlain) load_plain(p, e, n, plain);
       const size_t scale_at = p.scales_offset + (e >> p.block_shift) * ssize;
       for (int j0 = 0; j0 < p.k; j0 += kBatch) {
         uint4 q[kBatch];
@@ -70,14 +72,16 @@ __global__ void __launch_bounds__(kThreads, 3) dequantize_reduce_kernel(const __
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           if (j0 + u < p.k) {
-            if (p.plain && p.plain_position == j0 + u) accumulate(acc, plain);
+            if constexpr (kPlain)
+              if (p.plain_position == j0 + u) accumulate(acc, plain);
             float t[kVec];
             decode16<F, kNative>(q[u], math::decode_scale(s[u], p.scale), t);
             accumulate(acc, t);
           }
         }
       }
-      if (p.plain && p.plain_position >= p.k) accumulate(acc, plain);
+      if constexpr (kPlain)
+        if (p.plain_position >= p.k) accumulate(acc, plain);
     }
     finish<kOut, F, kNative>(p, acc, e, n, smem);
   }
@@ -107,7 +111,8 @@ cudaError_t launch_reduce_kernel(const ReduceParams& p, OutKind out, Fp8Format f
                                  unsigned grid, cudaStream_t stream) {
   FP8WIRE_DISPATCH_OUT(out, kOut, FP8WIRE_DISPATCH_FP8(fp8, F, FP8WIRE_DISPATCH_BOOL(native, kNative, {
     if (f32_inputs) reduce_f32_kernel<kOut, F, kNative><<<grid, kThreads, 0, stream>>>(p);
-    else dequantize_reduce_kernel<kOut, F, kNative><<<grid, kThreads, 0, stream>>>(p);
+    else if (p.plain) dequantize_reduce_kernel<kOut, F, kNative, true><<<grid, kThreads, 0, stream>>>(p);
+    else dequantize_reduce_kernel<kOut, F, kNative, false><<<grid, kThreads, 0, stream>>>(p);
   })));
   return cudaGetLastError();
 }

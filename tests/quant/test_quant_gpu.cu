@@ -24,13 +24,22 @@ using namespace fp8wire::quant;
 
 namespace {
 
-#define CHECK_CUDA(call)                                                                        \
-  do {                                                                                          \
-    cudaError_t e_ = (call);                                                                    \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::printf("FAIL: CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, #call); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
+// A CUDA error inside a case throws; run_case() reports it with the case's description and carries
+// on with the next case unless the error is sticky (the context is then unusable: the matrix so far is
+// printed and the program exits).
+struct CudaFailure {
+  std::string what;
+};
+std::string g_case;   // what is running now, for error messages
+
+#define CHECK_CUDA(call)                                                                              \
+  do {                                                                                                \
+    cudaError_t e_ = (call);                                                                          \
+    if (e_ != cudaSuccess) {                                                                          \
+      char m_[512];                                                                                   \
+      std::snprintf(m_, sizeof m_, "CUDA error %s at %s:%d: %s", cudaGetErrorName(e_), __FILE__, __LINE__, #call); \
+      throw CudaFailure{m_};                                                                          \
+    }                                                                                                 \
   } while (0)
 
 struct Tally {
@@ -133,6 +142,13 @@ struct Buffers {
 void check_codec(Buffers& b, ElemType dtype, const WireFormat& f, ConvertPath path, size_t count, bool segmented,
                  bool misaligned, bool with_residual) {
   const std::string col = path_name(path);
+  {
+    char c[200];
+    std::snprintf(c, sizeof c, "%s %s %s count=%zu block=%u%s%s [%s]", with_residual ? "quantize_with_residual" : "quantize",
+                  to_string(dtype), fmt_key(f).c_str(), count, f.block, segmented ? " segmented" : "",
+                  misaligned ? " misaligned" : "", col.c_str());
+    g_case = c;
+  }
   const auto x = make_data(count, uint32_t(count * 7 + f.block), true);
   const auto xin = to_type(x, dtype);
   const size_t offset_bytes = misaligned ? elem_size(dtype) : 0;   // caller buffer not 16-byte aligned
@@ -194,21 +210,25 @@ void check_codec(Buffers& b, ElemType dtype, const WireFormat& f, ConvertPath pa
   // Dequantize the reference bytes into every caller dtype.
   upload(b.wire.p, want.data(), wire_bytes);
   for (ElemType out_type : {ElemType::f32, ElemType::f16, ElemType::bf16}) {
+    // Misaligned case: the output is offset by one element of its own type (element-aligned, not
+    // 16-byte aligned), as a PyTorch view or a bucket offset can be.
+    const size_t out_offset = misaligned ? elem_size(out_type) : 0;
+    g_case = std::string("dequantize -> ") + to_string(out_type) + " " + fmt_key(f) + " " + ctx + "[" + col + "]";
     const size_t out_bytes = count * elem_size(out_type);
     std::vector<uint8_t> dwant(out_bytes);
     ref::dequantize(want.data(), layout, count, dwant.data(), out_type, f);
     CHECK_CUDA(cudaMemset(b.out.p, 0xFF, out_bytes + 64));
-    const cudaError_t de = dequantize(b.wire.p, layout, count, b.out.as(offset_bytes), out_type, f, nullptr, opt);
+    const cudaError_t de = dequantize(b.wire.p, layout, count, b.out.as(out_offset), out_type, f, nullptr, opt);
     CHECK_CUDA(cudaDeviceSynchronize());
     const std::string drow = std::string("dequantize ") + to_string(out_type) + " " + to_string(f.fp8) + "/" + to_string(f.scale);
     if (de != cudaSuccess) {
       record(drow, col, false, std::string(ctx) + "launch returned " + cudaGetErrorName(de));
       continue;
     }
-    const auto dgot = download(b.out.as(offset_bytes), out_bytes);
+    const auto dgot = download(b.out.as(out_offset), out_bytes);
     const long dat = first_diff(dgot, dwant);
     bool tail_ok = true;   // nothing past the end may be written
-    for (uint8_t t : download(b.out.as(offset_bytes + out_bytes), 16)) tail_ok &= t == 0xFF;
+    for (uint8_t t : download(b.out.as(out_offset + out_bytes), 16)) tail_ok &= t == 0xFF;
     record(drow, col, dat < 0 && tail_ok,
            dat >= 0 ? std::string(ctx) + diff_text(dgot, dwant, dat, "output") : std::string(ctx) + "wrote past the end");
   }
@@ -226,6 +246,14 @@ struct ReduceCase {
 
 void check_reduce(Buffers& b, const WireFormat& f, ConvertPath path, const ReduceCase& c) {
   const std::string col = path_name(path);
+  {
+    static const char* kOutName[] = {"f32", "f16", "bf16", "wire"};
+    char d[200];
+    std::snprintf(d, sizeof d, "%s k=%d count=%zu -> %s %s block=%u post_scale=%g [%s]",
+                  c.naive ? "reduce_naive" : c.mixed ? "reduce_mixed" : "reduce", c.k, c.count, kOutName[c.out],
+                  fmt_key(f).c_str(), f.block, c.post_scale, col.c_str());
+    g_case = d;
+  }
   const size_t cb = align_up(chunk_bytes(c.count, f), 256);
   std::vector<std::vector<uint8_t>> chunks(c.k, std::vector<uint8_t>(chunk_bytes(c.count, f)));
   std::vector<const void*> host_ptrs(c.k), dev_ptrs(c.k);
@@ -305,6 +333,7 @@ void check_reduce(Buffers& b, const WireFormat& f, ConvertPath path, const Reduc
 
 // ---- CUDA graph: capture, replay twice, same bytes as a direct launch ------------------------------
 void check_graph(Buffers& b, ConvertPath path) {
+  g_case = std::string("graph capture + replay [") + path_name(path) + "]";
   const WireFormat f{};
   const size_t count = 100003;
   const auto x = to_type(make_data(count, 5, true), ElemType::bf16);
@@ -342,6 +371,7 @@ void check_graph(Buffers& b, ConvertPath path) {
 }
 
 void check_rejections(Buffers& b) {
+  g_case = "bad arguments rejected";
   WireFormat bad{};
   bad.block = 100;
   const WireFormat good{};
@@ -351,13 +381,61 @@ void check_rejections(Buffers& b) {
   const bool r3 = dequantize_reduce(ins, 1, 1000, 1.0f, ReduceOutput{}, good, nullptr) == cudaErrorInvalidValue;
   const bool r4 = dequantize_reduce(ins, kMaxReduceInputs + 1, 1000, 1.0f, ReduceOutput{b.out.p, ElemType::f32, nullptr},
                                     good, nullptr) == cudaErrorInvalidValue;
-  record("bad arguments rejected (cudaErrorInvalidValue)", "any", r1 && r2 && r3 && r4, "a bad argument was accepted");
+  // fp32 output two bytes off its element alignment.
+  const bool r5 = dequantize(b.wire.p, Segmented::single(1000, good), 1000, b.out.as(2), ElemType::f32, good, nullptr) ==
+                  cudaErrorInvalidValue;
+  record("bad arguments rejected (cudaErrorInvalidValue)", "any", r1 && r2 && r3 && r4 && r5, "a bad argument was accepted");
   CHECK_CUDA(cudaGetLastError());
+}
+
+void print_matrix() {
+  // Compact matrix: one line per kernel variant, one column per conversion path.
+  std::map<std::string, std::map<std::string, Tally>> rows;
+  for (auto& [key, t] : g_matrix) {
+    const auto bar = key.find('|');
+    rows[key.substr(0, bar)][key.substr(bar + 1)] = t;
+  }
+  std::printf("\n## bit-exactness matrix (passed/total per conversion path)\n");
+  std::printf("%-52s %-14s %-14s\n", "kernel dtype format/scale/rounding", "native", "software");
+  for (const auto& row_cols : rows) {
+    const std::string& row = row_cols.first;
+    const std::map<std::string, Tally>& cols = row_cols.second;
+    auto cell = [&](const char* c) {
+      auto it = cols.find(c);
+      if (it == cols.end()) it = cols.find("any");
+      if (it == cols.end()) return std::string("-");
+      return std::to_string(it->second.pass) + "/" + std::to_string(it->second.total) +
+             (it->second.pass == it->second.total ? "" : " FAIL");
+    };
+    std::printf("%-52s %-14s %-14s\n", row.c_str(), cell("native").c_str(), cell("software").c_str());
+  }
+  int total = 0;
+  for (auto& [k, t] : g_matrix) total += t.total;
+  std::printf("\n%s: test_quant_gpu %d checks, %d failures\n", g_failures ? "FAIL" : "PASS", total, g_failures);
+}
+
+// Runs one case; a CUDA error is recorded against the case. After a sticky error (e.g. a misaligned
+// access) the context cannot be used any more: print what we have and stop.
+template <class Case>
+void run_case(const char* col, Case&& body) {
+  try {
+    body();
+  } catch (const CudaFailure& f) {
+    record("CUDA error in a case", col, false, g_case + ": " + f.what);
+    std::printf("FAIL: during '%s': %s\n", g_case.c_str(), f.what.c_str());
+    (void)cudaGetLastError();
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaGetLastError() != cudaSuccess) {
+      std::printf("FAIL: the CUDA context is unusable after that error (sticky); stopping here\n");
+      print_matrix();
+      std::fflush(stdout);
+      std::exit(1);
+    }
+  }
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run_all(int argc, char** argv) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("SKIPPED: no CUDA device\n");
@@ -383,17 +461,17 @@ int main(int argc, char** argv) {
               const WireFormat f{fp8, st, block, r, 0xABCDEF};
               for (size_t count : small_counts) {
                 if (quick && count > 4097) continue;
-                check_codec(b, dtype, f, path, count, false, false, false);
+                run_case(path_name(path), [&] { check_codec(b, dtype, f, path, count, false, false, false); });
               }
-              check_codec(b, dtype, f, path, quick ? 4097 : 65537, true, block == 128, false);   // segmented (+ misaligned)
+              run_case(path_name(path), [&] { check_codec(b, dtype, f, path, quick ? 4097 : 65537, true, block == 128, false); });   // segmented (+ misaligned)
             }
             if (quick) continue;
             for (uint32_t block : {128u, 4096u}) {
               const WireFormat f{fp8, st, block, r, 0xABCDEF};
-              check_codec(b, dtype, f, path, kMaxCount, block == 4096, false, false);
-              check_codec(b, dtype, f, path, block == 128 ? kMaxCount : 4097, false, false, true);
+              run_case(path_name(path), [&] { check_codec(b, dtype, f, path, kMaxCount, block == 4096, false, false); });
+              run_case(path_name(path), [&] { check_codec(b, dtype, f, path, block == 128 ? kMaxCount : 4097, false, false, true); });
             }
-            check_codec(b, dtype, WireFormat{fp8, st, 32, r, 1}, path, 129, true, true, true);
+            run_case(path_name(path), [&] { check_codec(b, dtype, WireFormat{fp8, st, 32, r, 1}, path, 129, true, true, true); });
           }
   std::printf("codec matrix done: %d failures so far\n", g_failures);
 
@@ -409,40 +487,27 @@ int main(int argc, char** argv) {
                 if (out != 3 && r == Rounding::stochastic) continue;
                 const float post = (out == 0 || out == 3) && k > 1 ? 1.0f / float(k) : 1.0f;
                 const WireFormat f{fp8, st, count == 4097 ? 512u : 128u, r, 31};
-                check_reduce(b, f, path, ReduceCase{k, count, post, out, false, false});
+                run_case(path_name(path), [&] { check_reduce(b, f, path, ReduceCase{k, count, post, out, false, false}); });
               }
             if (k <= 8) {
               const WireFormat f{fp8, st, 128, Rounding::nearest, 31};
-              check_reduce(b, f, path, ReduceCase{k, count, 1.0f, 2, true, false});
-              check_reduce(b, f, path, ReduceCase{k, count, 1.0f, 0, true, false});
-              check_reduce(b, f, path, ReduceCase{k, count, 0.5f, 3, false, true});
+              run_case(path_name(path), [&] { check_reduce(b, f, path, ReduceCase{k, count, 1.0f, 2, true, false}); });
+              run_case(path_name(path), [&] { check_reduce(b, f, path, ReduceCase{k, count, 1.0f, 0, true, false}); });
+              run_case(path_name(path), [&] { check_reduce(b, f, path, ReduceCase{k, count, 0.5f, 3, false, true}); });
             }
           }
-  for (ConvertPath path : paths) check_graph(b, path);
-  check_rejections(b);
+  for (ConvertPath path : paths) run_case(path_name(path), [&] { check_graph(b, path); });
+  run_case("any", [&] { check_rejections(b); });
 
-  // Compact matrix: one line per kernel variant, one column per conversion path.
-  std::map<std::string, std::map<std::string, Tally>> rows;
-  for (auto& [key, t] : g_matrix) {
-    const auto bar = key.find('|');
-    rows[key.substr(0, bar)][key.substr(bar + 1)] = t;
-  }
-  std::printf("\n## bit-exactness matrix (passed/total per conversion path)\n");
-  std::printf("%-52s %-14s %-14s\n", "kernel dtype format/scale/rounding", "native", "software");
-  for (const auto& row_cols : rows) {
-    const std::string& row = row_cols.first;
-    const std::map<std::string, Tally>& cols = row_cols.second;
-    auto cell = [&](const char* c) {
-      auto it = cols.find(c);
-      if (it == cols.end()) it = cols.find("any");
-      if (it == cols.end()) return std::string("-");
-      return std::to_string(it->second.pass) + "/" + std::to_string(it->second.total) +
-             (it->second.pass == it->second.total ? "" : " FAIL");
-    };
-    std::printf("%-52s %-14s %-14s\n", row.c_str(), cell("native").c_str(), cell("software").c_str());
-  }
-  int total = 0;
-  for (auto& [k, t] : g_matrix) total += t.total;
-  std::printf("\n%s: test_quant_gpu %d checks, %d failures\n", g_failures ? "FAIL" : "PASS", total, g_failures);
+  print_matrix();
   return g_failures ? 1 : 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run_all(argc, argv);
+  } catch (const CudaFailure& f) {   // outside any case: device query or buffer allocation
+    std::printf("FAIL: %s (while: %s)\n", f.what.c_str(), g_case.empty() ? "setting up" : g_case.c_str());
+    return 1;
+  }
 }

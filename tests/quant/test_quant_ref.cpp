@@ -126,6 +126,38 @@ TEST_CASE("element conversions: exhaustive round trips of f16, bf16 and both FP8
   CHECK(m::fp8_to_f32_sw<Fp8Format::e5m2>(0x01) == std::ldexp(1.0f, -16));
 }
 
+// The GPU software path's branch-free conversion must equal the reference on every rounding boundary:
+// for each sign, exponent and rounding position p, mantissas (top << p) | low with low at and around
+// 0, the half-way point and the all-ones pattern; plus random bit patterns (NaN/Inf included).
+template <Fp8Format F>
+void check_branchless_conversion() {
+  std::vector<uint32_t> bits;
+  for (uint32_t sign : {0u, 0x80000000u})
+    for (uint32_t e = 0; e < 256; ++e)
+      for (uint32_t p = 1; p <= 23; ++p)
+        for (uint32_t top = 0; top < 16; ++top) {
+          const uint32_t half = 1u << (p - 1);
+          for (uint32_t low : {0u, 1u, half - 1, half, half + 1, (1u << p) - 1}) {
+            const uint32_t mant = ((top << p) | low) & 0x7FFFFFu;
+            bits.push_back(sign | (e << 23) | mant);
+          }
+        }
+  std::mt19937 rng(2024);
+  for (int i = 0; i < 2000000; ++i) bits.push_back(rng());
+  for (uint32_t b : bits) {
+    const float v = m::bits_f32(b);
+    if (m::f32_to_fp8_rne_branchless<F>(v) != m::f32_to_fp8_rne_sw<F>(v)) {
+      INFO("input bits 0x" << std::hex << b);
+      REQUIRE(m::f32_to_fp8_rne_branchless<F>(v) == m::f32_to_fp8_rne_sw<F>(v));
+    }
+  }
+}
+
+TEST_CASE("branch-free software conversion (GPU software path) equals the reference on every boundary") {
+  check_branchless_conversion<Fp8Format::e4m3>();
+  check_branchless_conversion<Fp8Format::e5m2>();
+}
+
 TEST_CASE("f32 -> f16 rounding agrees with the compiler's _Float16 on random and edge values") {
   std::mt19937 rng(7);
   std::uniform_int_distribution<uint32_t> any;

@@ -225,6 +225,13 @@ struct Engine::Impl {
     return raw;
   }
 
+  // The state of a communicator already registered, else nullptr: no NCCL query, no allocation.
+  const CommState* known_state(ncclComm_t comm) const {
+    std::lock_guard lock(mutex);
+    auto it = comms.find(comm);
+    return it != comms.end() && it->second->info_ok ? it->second.get() : nullptr;
+  }
+
   // A communicator registered inside a group (ncclCommInitRank between GroupStart/End) or still
   // initialising (non-blocking) cannot answer yet; it is asked again at its next call.
   void query_info(CommState& s) const {
@@ -241,6 +248,9 @@ struct Engine::Impl {
   }
 
   void release(CommState& s) {
+    // A communicator that never reached the agreement owns no CUDA resource: touch nothing (no
+    // cudaSetDevice, which would create a context on its device).
+    if (!s.agreed && !s.side && !s.scratch) return;
     DeviceGuard guard(s.device);
     if (s.side) cudaStreamSynchronize(s.side);
     if (s.scratch) cudaFree(s.scratch);
@@ -347,7 +357,7 @@ struct Engine::Impl {
   bool fits_scratch(const CommState& s, Collective collective, Path path, size_t count,
                     ncclDataType_t dtype) const {
     return stage_elems(config, s.layout, collective, path, count, nccl_type_size(dtype), s.nranks,
-                       format) > 0;
+                       format, s.fabric) > 0;
   }
 
   // ---- plain NCCL ------------------------------------------------------------------------------
@@ -473,7 +483,7 @@ struct Engine::Impl {
     elem_type_of(dtype, &type);
     const size_t es = quant::elem_size(type);
     const size_t stage = stage_elems(config, s.layout, Collective::all_reduce, path, count, es,
-                                     s.nranks, format);
+                                     s.nranks, format, s.fabric);
     if (stage == 0) return ncclInvalidUsage;
     const int n = s.nranks, r = s.rank;
     const float post = op == ncclAvg ? 1.0f / static_cast<float>(n) : 1.0f;
@@ -515,7 +525,10 @@ struct Engine::Impl {
         const size_t stride = l.seg_stride;
         char* sent = set;
         char* received = set + l.total_bytes();
-        char* gathered = set + 2 * l.total_bytes();  // ring: send slot, receive slot, gathered
+        // Two-shot: the reduced shard goes into the receive area's own slot (never received into,
+        // never an input of the reduce), and the in-place all-gather fills the other slots once the
+        // reduce has consumed them (same stream). Ring: send slot, receive slot, gathered.
+        char* gathered = received;
         if (path == Path::ring) {
           received = set + stride;
           gathered = set + 2 * stride;
@@ -600,7 +613,7 @@ struct Engine::Impl {
     elem_type_of(dtype, &type);
     const size_t es = quant::elem_size(type);
     const size_t stage = stage_elems(config, s.layout, Collective::reduce_scatter, Path::two_shot,
-                                     recvcount, es, s.nranks, format);
+                                     recvcount, es, s.nranks, format, s.fabric);
     if (stage == 0) return ncclInvalidUsage;
     const int n = s.nranks, r = s.rank;
     const float post = op == ncclAvg ? 1.0f / static_cast<float>(n) : 1.0f;
@@ -649,7 +662,7 @@ struct Engine::Impl {
     elem_type_of(dtype, &type);
     const size_t es = quant::elem_size(type);
     const size_t stage = stage_elems(config, s.layout, Collective::all_gather, Path::one_shot,
-                                     sendcount, es, s.nranks, format);
+                                     sendcount, es, s.nranks, format, s.fabric);
     if (stage == 0) return ncclInvalidUsage;
     const int n = s.nranks, r = s.rank;
     const auto* src = static_cast<const char*>(in);
@@ -727,6 +740,10 @@ struct Engine::Impl {
           res = ncclUnhandledCudaError;
         off += bytes;
       }
+      // The copies out of the staging area run on the caller stream after the side stream's end:
+      // the next call (maybe from another stream) must wait for them before refilling the area.
+      if (res == ncclSuccess && !capturing && cudaEventRecord(s.last, c.stream) != cudaSuccess)
+        res = ncclUnhandledCudaError;
     } else {
       switch (c.collective) {
         case Collective::all_reduce:
@@ -783,6 +800,17 @@ struct Engine::Impl {
     const Config& rules = forced ? forced_rules : config;
     if (static_eligibility(rules, shape_of(c, nullptr)) != PassReason::none)
       return run_plain_recorded(c, nullptr, Path::passthrough, seq, issue);
+    // Size against the smallest threshold over the fabrics, still before the communicator is
+    // looked up, queried or agreed on (and so before any CUDA call: on a machine or communicator
+    // where CUDA cannot answer, a small call must not become a "capturing" FP8 candidate).
+    // reduce_scatter / all_gather thresholds count the whole buffer (x world size): bound it with
+    // the largest world FP8 serves; the exact check follows the lookup.
+    if (!forced) {
+      CallShape widest = shape_of(c, nullptr);
+      widest.nranks = quant::kMaxReduceInputs;
+      if (below_every_threshold(config, widest))
+        return run_plain_recorded(c, known_state(c.comm), Path::passthrough, seq, issue);
+    }
     CommState* s = state_for(c.comm);
     if (static_eligibility(rules, shape_of(c, s)) != PassReason::none ||
         (!forced && below_every_threshold(config, shape_of(c, s))))

@@ -112,13 +112,17 @@ struct ScratchLayout {
 };
 ScratchLayout scratch_layout(const Config& config);
 
-// Pipelining: the largest stage (elements, a multiple of `unit_elems(...)`) whose scratch fits one
-// buffer set and whose caller bytes stay within pipeline_chunk_bytes. 0 when even one unit does not
-// fit (the call then falls back to pass-through, identically on every rank).
+// Pipelining. One stage of a call needs `stage_scratch_bytes`; a call that fits both buffer sets
+// runs as one stage (nothing overlaps it). Otherwise every stage fits one set, and the stage count is
+// the one the cost model of `fabric` predicts fastest between the fewest that fit and
+// caller bytes / pipeline.chunk_bytes: each stage adds its NCCL operations' fixed latency and hides
+// part of the quantize. Stages are a multiple of `stage_unit_elems(...)` but the last. 0 when even one
+// unit does not fit (the call then falls back to pass-through, identically on every rank).
 size_t stage_unit_elems(Collective collective, Path path, int nranks, const quant::WireFormat& format);
+size_t nccl_ops_per_stage(Collective collective, Path path, int nranks);
 size_t stage_elems(const Config& config, const ScratchLayout& scratch, Collective collective,
                    Path path, size_t count, size_t elem_bytes, int nranks,
-                   const quant::WireFormat& format);
+                   const quant::WireFormat& format, Fabric fabric);
 inline size_t stage_count(size_t count, size_t stage) { return stage ? (count + stage - 1) / stage : 0; }
 
 // --- coalescing --------------------------------------------------------------------------------

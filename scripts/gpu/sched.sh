@@ -5,15 +5,16 @@
 #      all-gather for f32/f16/bf16, sum/avg, 1 element .. 256 MiB, in-place and out-of-place, groups,
 #      coalescing, pipelining, graph capture; error bound, ranks bitwise identical, pass-through == NCCL.
 #   2. tests/sched/ddp_parity.py: PyTorch DDP 200 steps with and without LD_PRELOAD=build/shim/libfp8wire.so.
-#   3. tests/sched/graph_capture.py: torch CUDA graph of dist.all_reduce under the shim.
-# Env: SCHED_RANKS (default "2 3"), SCHED_GRAPH_RANKS (default "2 3 4"). Logs under $OUT when set.
+#   3. tests/sched/graph_capture.py: torch CUDA graph of dist.all_reduce under the shim (a plain-NCCL
+#      capture run first; SKIPPED when plain NCCL cannot capture on this testbed; per-phase watchdog).
+# Env: SCHED_RANKS (default "2 3"), SCHED_GRAPH_RANKS (default "2 3"). Logs under $OUT when set.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export NCCL_NVLS_ENABLE=0
 OUT="${OUT:-$(mktemp -d /tmp/fp8wire_sched_XXXX)}"
 mkdir -p "$OUT"
 ranks="${SCHED_RANKS:-2 3}"
-graph_ranks="${SCHED_GRAPH_RANKS:-2 3 4}"
+graph_ranks="${SCHED_GRAPH_RANKS:-2 3}"
 PY="${PYTHON:-python3}"
 summary=()
 failed=0
@@ -24,9 +25,9 @@ run() {  # run <label> <command...>: logs to $OUT/<label>.log, keeps PASS/FAIL l
   local s=$(date +%s)
   "$@" > "$OUT/$label.log" 2>&1
   local rc=$?
-  grep -E "^(PASS|FAIL|SKIPPED)" "$OUT/$label.log" | grep -vE "^PASS n=" | tail -n 40
+  grep -E "^(PASS|FAIL|SKIPPED|INFO)" "$OUT/$label.log" | grep -vE "^PASS n=" | tail -n 40
   summary+=("$(printf '%-28s rc=%-3s %4ss  %s' "$label" "$rc" "$(( $(date +%s) - s ))" \
-    "$(grep -cE '^PASS' "$OUT/$label.log") pass, $(grep -cE '^FAIL' "$OUT/$label.log") fail")")
+    "$(grep -cE '^PASS' "$OUT/$label.log") pass, $(grep -cE '^FAIL' "$OUT/$label.log") fail, $(grep -cE '^SKIPPED' "$OUT/$label.log") skipped")")
   if (( rc != 0 )); then
     failed=1
     echo "---- $label failed (rc=$rc), log tail:"; tail -n 25 "$OUT/$label.log"
@@ -47,7 +48,14 @@ for n in $ranks; do
   run "ddp_parity_n$n" timeout -k 5 120 "$PY" tests/sched/ddp_parity.py --nproc "$n" --out "$OUT"
 done
 for n in $graph_ranks; do
-  run "graph_capture_n$n" timeout -k 5 90 "$PY" tests/sched/graph_capture.py --nproc "$n" --out "$OUT"
+  # graph_capture.py bounds itself (per-phase watchdog, two launches of <= 80 s); the outer timeout
+  # is only a backstop. A SKIPPED (plain NCCL cannot capture on this testbed) ends the series.
+  run "graph_capture_n$n" timeout -k 5 175 "$PY" tests/sched/graph_capture.py --nproc "$n" --out "$OUT" \
+    --step-timeout 30
+  if grep -q "^SKIPPED" "$OUT/graph_capture_n$n.log"; then
+    summary+=("graph_capture: larger worlds not run (skipped at n=$n)")
+    break
+  fi
 done
 
 echo "================ sched summary ($(( $(date +%s) - t0 )) s, logs in $OUT) ================"

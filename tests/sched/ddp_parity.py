@@ -72,12 +72,13 @@ def main():
         print(f"FAIL ddp_parity: shim '{args.shim}' not found (build it first)")
         return 1
     wargs = ["--steps", str(args.steps)]
-    ok_plain, plain = emulated_launch.launch(__file__, args.nproc, {}, wargs, log_dir=args.out,
+    # Each run is bounded below sched.sh's outer timeout, so a hang still prints the ranks' log tails.
+    ok_plain, plain = emulated_launch.launch(__file__, args.nproc, {}, wargs, timeout_s=55, log_dir=args.out,
                                              tag=f"ddp_plain_n{args.nproc}")
     fp8_env = {"LD_PRELOAD": os.path.abspath(args.shim),
                "FP8WIRE_THRESHOLDS_ALL_REDUCE_NET": "0", "FP8WIRE_THRESHOLDS_ALL_REDUCE_PCIE": "0",
                "FP8WIRE_THRESHOLDS_ALL_REDUCE_NVLINK": "0", "FP8WIRE_LOG_LEVEL": "info"}
-    ok_fp8, fp8 = emulated_launch.launch(__file__, args.nproc, fp8_env, wargs, log_dir=args.out,
+    ok_fp8, fp8 = emulated_launch.launch(__file__, args.nproc, fp8_env, wargs, timeout_s=55, log_dir=args.out,
                                          tag=f"ddp_fp8_n{args.nproc}")
     checks = [("plain run completed", ok_plain and len(plain) == args.nproc, ""),
               ("fp8 run completed", ok_fp8 and len(fp8) == args.nproc, "")]

@@ -123,11 +123,21 @@ void report(Rank& R, const std::string& name, bool ok, double ratio, uint64_t ha
   fflush(R.out);
 }
 
+// Host -> device copy that is complete when it returns. A plain cudaMemcpy from pageable memory
+// may return before its DMA lands, and it runs on the legacy stream, which the non-blocking rank
+// stream does not wait for: the next kernel on the rank stream could read stale bytes (seen as a
+// wrong in-place all-gather and a "pipelined != single stage" mismatch at 4 ranks, where four
+// processes share the copy engines).
+void upload(void* dev, const void* host, size_t bytes) {
+  CHECK_CUDA(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaDeviceSynchronize());
+}
+
 // Fills a device buffer with rank r's input for `count` elements.
 void make_input(int rank, size_t count, const TypeInfo& t, uint32_t seed, void* dev) {
   HostBuf h(t.elem, count);
   for (size_t i = 0; i < count; ++i) h.set(i, input_value(rank, i, seed));
-  CHECK_CUDA(cudaMemcpy(dev, h.bytes.data(), h.bytes.size(), cudaMemcpyHostToDevice));
+  upload(dev, h.bytes.data(), h.bytes.size());
 }
 
 // Element i of rank r's input, rounded to the dtype as the device sees it.
@@ -307,7 +317,7 @@ void run_all_gather_cases(Rank& R, sched::Engine& eng) {
       HostBuf h_in(t.elem, sendcount);
       for (size_t i = 0; i < sendcount; ++i) h_in.set(i, input_value(R.rank, R.rank * sendcount + i, seed));
       void* src = inplace ? static_cast<char*>(out) + R.rank * sendcount * es : in;
-      CHECK_CUDA(cudaMemcpy(src, h_in.bytes.data(), h_in.bytes.size(), cudaMemcpyHostToDevice));
+      upload(src, h_in.bytes.data(), h_in.bytes.size());
       const ncclResult_t res = eng.all_gather_forced(Path::one_shot, src, out, sendcount, t.nccl, R.comm, R.stream);
       CHECK_CUDA(cudaStreamSynchronize(R.stream));
       const HostBuf h = download(out, t, total);
@@ -324,6 +334,9 @@ void run_all_gather_cases(Rank& R, sched::Engine& eng) {
         const double got = h.get(i);
         if (!std::isfinite(got)) finite = false;
         const double bound = amax / 28.0 * 1.0001 + std::abs(x) * t.out_eps * 1.01 + 1e-30;
+        if (std::abs(got - x) > bound && worst <= 1.0)  // the first bad element, for diagnosis
+          fprintf(stderr, "rank %d ag/%s/%zu: element %zu (slot of rank %d, offset %zu) = %g, expected %g\n",
+                  R.rank, t.name, sendcount, i, owner, i % sendcount, got, x);
         worst = std::max(worst, std::abs(got - x) / bound);
       }
       char name[160];
@@ -361,7 +374,7 @@ void run_passthrough_cases(Rank& R, sched::Engine& eng) {
   for (size_t i = 0; i < count; ++i) hi[i] = static_cast<int32_t>(i * (R.rank + 1));
   int32_t* di = nullptr;
   CHECK_CUDA(cudaMalloc(&di, count * 4));
-  CHECK_CUDA(cudaMemcpy(di, hi.data(), count * 4, cudaMemcpyHostToDevice));
+  upload(di, hi.data(), count * 4);
   CHECK_NCCL(eng.all_reduce(di, di, count, ncclInt32, ncclSum, R.comm, R.stream));
   CHECK_CUDA(cudaStreamSynchronize(R.stream));
   CHECK_CUDA(cudaMemcpy(hi.data(), di, count * 4, cudaMemcpyDeviceToHost));
@@ -373,7 +386,7 @@ void run_passthrough_cases(Rank& R, sched::Engine& eng) {
   for (size_t i = 0; i < count; ++i) hf[i] = static_cast<float>(i) + R.rank;
   float* df = nullptr;
   CHECK_CUDA(cudaMalloc(&df, count * 4));
-  CHECK_CUDA(cudaMemcpy(df, hf.data(), count * 4, cudaMemcpyHostToDevice));
+  upload(df, hf.data(), count * 4);
   CHECK_NCCL(eng.all_reduce(df, df, count, ncclFloat32, ncclMax, R.comm, R.stream));
   CHECK_CUDA(cudaStreamSynchronize(R.stream));
   CHECK_CUDA(cudaMemcpy(hf.data(), df, count * 4, cudaMemcpyDeviceToHost));
@@ -402,8 +415,8 @@ void run_group_case(Rank& R, sched::Engine& eng) {
   CHECK_CUDA(cudaMalloc(&recvb, ring_count * 4));
   CHECK_CUDA(cudaMalloc(&ints, ring_count * 4));
   std::vector<int32_t> hs(ring_count, R.rank + 1);
-  CHECK_CUDA(cudaMemcpy(sendb, hs.data(), ring_count * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(ints, hs.data(), ring_count * 4, cudaMemcpyHostToDevice));
+  upload(sendb, hs.data(), ring_count * 4);
+  upload(ints, hs.data(), ring_count * 4);
 
   CHECK_NCCL(eng.group_start());
   CHECK_NCCL(eng.all_reduce(bufs[0], bufs[0], counts[0], t.nccl, ncclSum, R.comm, R.stream));
@@ -475,6 +488,16 @@ void run_pipeline_case(Rank& R, sched::Engine& eng, const NcclApi& api) {
     std::vector<CallRecord> rec(4);
     const size_t nrec = Accounting::instance().snapshot(rec.data(), rec.size(), before);
     const bool path_ok = nrec >= 1 && rec[0].path == path;
+    if (ha.bytes != hb.bytes) {  // diagnosis: where the pipelined result departs from one stage
+      size_t first = 0;
+      while (first < count && ha.get(first) == hb.get(first)) ++first;
+      const ErrStats ea = check_sum(ha, 1, R.n, 77, t, path == Path::one_shot ? 1 : 2, 1.0, [](size_t i) { return i; });
+      const ErrStats eb = check_sum(hb, 1, R.n, 77, t, path == Path::one_shot ? 1 : 2, 1.0, [](size_t i) { return i; });
+      fprintf(stderr, "rank %d pipeline/%s: first difference at element %zu (single %g, piped %g); "
+              "err/bound single %.3f piped %.3f; %zu records\n", R.rank, to_string(path), first,
+              first < count ? ha.get(first) : 0.0, first < count ? hb.get(first) : 0.0, ea.worst_ratio,
+              eb.worst_ratio, nrec);
+    }
     report(R, std::string("pipeline/bf16/") + to_string(path) + "/scratch2MiB==single-stage",
            ha.bytes == hb.bytes && path_ok, 0, fnv(hb.bytes.data(), hb.bytes.size()), true);
     cudaFree(in);

@@ -4,9 +4,15 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/log.hpp"
 #include "sched/engine.hpp"
 
 using namespace fp8wire;
@@ -14,6 +20,7 @@ using namespace fp8wire;
 namespace {
 std::vector<std::string> g_calls;
 std::vector<uint64_t> g_hook_seqs;
+int g_comm_queries = 0;  // CommCount calls: the registry asked NCCL about a communicator
 
 ncclComm_t comm_of(uintptr_t v) { return reinterpret_cast<ncclComm_t>(v); }
 const ncclComm_t kFourRanks = comm_of(0x1000);
@@ -43,6 +50,7 @@ NcclApi fake_api() {
     return ncclSuccess;
   };
   api.CommCount = [](const ncclComm_t c, int* n) {
+    ++g_comm_queries;
     if (c == kNotReady) return ncclInvalidArgument;  // e.g. still initialising inside a group
     *n = c == kOneRank ? 1 : 4;
     return ncclSuccess;
@@ -170,4 +178,55 @@ TEST_CASE("call hooks run around every call, with the sequence number") {
   REQUIRE(g_hook_seqs.size() == 4);
   CHECK(g_hook_seqs[0] == g_hook_seqs[1]);
   CHECK(g_hook_seqs[2] == g_hook_seqs[1] + 1);
+}
+
+// Below-threshold calls are decided by host rules alone: no communicator lookup or query, no
+// agreement, and no CUDA call (on a machine without a GPU a failing cudaStreamIsCapturing would read
+// as "capturing" and log a warning). Thresholds of 1 TiB make every call small.
+TEST_CASE("thresholds above the call: host rules only, no registry, no CUDA, no warning") {
+  const NcclApi api = fake_api();
+  Config c;
+  c.collective_enable.fill(true);
+  for (auto& per : c.thresholds) per = {1ull << 40, 1ull << 40, 1ull << 40};
+  char log_path[] = "/tmp/fp8wire_sched_threshold_XXXXXX";
+  const int fd = mkstemp(log_path);
+  REQUIRE(fd >= 0);
+  close(fd);
+  const LogLevel previous = log_level();
+  log_set_level(LogLevel::info);
+  log_set_file(log_path);
+  {
+    sched::Engine eng(c, api);
+    g_calls.clear();
+    g_comm_queries = 0;
+    CHECK(eng.all_reduce(kBuf, kBuf, 1000, ncclFloat32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+    CHECK(eng.reduce_scatter(kBuf, kBuf, 250, ncclBfloat16, ncclAvg, kFourRanks, nullptr) == ncclSuccess);
+    CHECK(eng.all_gather(kBuf, kBuf, 333, ncclFloat16, kFourRanks, nullptr) == ncclSuccess);
+    CHECK(eng.group_start() == ncclSuccess);
+    CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+    CHECK(eng.group_end() == ncclSuccess);
+    CHECK(g_comm_queries == 0);
+    CHECK(g_calls == std::vector<std::string>{"AllReduce", "ReduceScatter", "AllGather", "GroupStart", "AllReduce",
+                                              "GroupEnd"});
+    const CallRecord r = last_record();
+    CHECK(r.path == Path::passthrough);
+    CHECK(r.app_bytes == kBig * 2);
+    // A registered communicator keeps its size in the record (lookup only, still no query).
+    eng.comm_created(kFourRanks);
+    const int queries = g_comm_queries;
+    CHECK(eng.all_reduce(kBuf, kBuf, 1000, ncclFloat32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+    CHECK(g_comm_queries == queries);
+    CHECK(last_record().nranks == 4);
+    eng.comm_destroyed(kFourRanks);  // never agreed: releases nothing, touches no device
+  }
+  log_set_file("");
+  log_set_level(previous);
+  std::ifstream in(log_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::remove(log_path);
+  INFO(text.str());
+  CHECK(text.str().find("WARN") == std::string::npos);
+  CHECK(text.str().find("captur") == std::string::npos);
+  CHECK(text.str().find("agree") == std::string::npos);
 }

@@ -186,42 +186,86 @@ TEST_CASE("shard layout: block-aligned shards, short and empty tails, odd world 
   }
 }
 
-TEST_CASE("pipelining: stages fit the scratch set and the chunk size") {
+TEST_CASE("pipelining: stages fit the scratch, as few as the fabric's latency makes worthwhile") {
   Config c;
   const auto f = quant::WireFormat::from(c);
   const ScratchLayout s = scratch_layout(c);
   CHECK(s.total_bytes <= c.scratch_max_bytes);
   CHECK(s.staging_bytes == 64 * MiB);  // min(coalesce.max_bytes, scratch/4)
   CHECK(s.set_offset(1) == s.staging_bytes + s.set_bytes);
+  const Collective AR = Collective::all_reduce;
 
   SUBCASE("small buffers: one stage") {
-    CHECK(stage_elems(c, s, Collective::all_reduce, Path::two_shot, 1000, 2, 4, f) == 1000);
+    CHECK(stage_elems(c, s, AR, Path::two_shot, 1000, 2, 4, f, Fabric::net) == 1000);
     CHECK(stage_count(1000, 1000) == 1);
   }
-  SUBCASE("256 MiB of bf16 is split by pipeline.chunk_bytes into whole units") {
+  SUBCASE("two-shot keeps two wire copies (sent, received + gathered)") {
+    const ShardLayout l = shard_layout(1 << 20, 4, f);
+    CHECK(stage_scratch_bytes(AR, Path::two_shot, 1 << 20, 4, f) == 2 * l.total_bytes());
+  }
+  SUBCASE("a call that fits both buffer sets runs as one stage, whatever pipeline.chunk_bytes says") {
+    // 64 MiB of bf16: two wire copies are ~66 MiB, more than one set (96 MiB) only for one-shot at 4.
+    for (int n : {2, 3, 4}) {
+      CHECK(stage_elems(c, s, AR, Path::two_shot, 32 * MiB, 2, n, f, Fabric::net) == 32 * MiB);
+      CHECK(stage_elems(c, s, AR, Path::one_shot, 32 * MiB, 2, n, f, Fabric::net) == 32 * MiB);
+    }
+  }
+  SUBCASE("256 MiB of bf16 on net: as few stages as the scratch allows (not 8 chunks of 32 MiB)") {
+    // A 256 MiB cap (the default is larger, and fits this call in one stage).
+    Config c = Config{};
+    c.scratch_max_bytes = 256 * MiB;
+    const ScratchLayout s = scratch_layout(c);
     const size_t count = 128 * MiB;
-    for (Path p : {Path::two_shot, Path::one_shot, Path::ring}) {
-      for (int n : {2, 3, 4, 8}) {
-        const size_t st = stage_elems(c, s, Collective::all_reduce, p, count, 2, n, f);
+    for (Path p : {Path::two_shot, Path::one_shot}) {
+      for (int n : {2, 4}) {
+        CAPTURE(n);
+        const size_t st = stage_elems(c, s, AR, p, count, 2, n, f, Fabric::net);
         REQUIRE(st > 0);
-        CHECK(st * 2 <= c.pipeline_chunk_bytes);
-        CHECK(st % stage_unit_elems(Collective::all_reduce, p, n, f) == 0);
-        CHECK(stage_scratch_bytes(Collective::all_reduce, p, st, n, f) <= s.set_bytes);
-        CHECK(stage_count(count, st) >= 8);
+        CHECK(st % stage_unit_elems(AR, p, n, f) == 0);
+        CHECK(stage_scratch_bytes(AR, p, st, n, f) <= s.set_bytes);
+        // The fewest stages whose scratch fits one set.
+        const size_t bigger = st + stage_unit_elems(AR, p, n, f) * 1024;
+        CHECK((stage_count(count, st) == 1 || stage_count(count, bigger) == stage_count(count, st) ||
+               stage_scratch_bytes(AR, p, (count + stage_count(count, st) - 2) / (stage_count(count, st) - 1), n, f) > s.set_bytes));
+        if (p == Path::two_shot && n == 2) CHECK(stage_count(count, st) == 3);
+        if (p == Path::one_shot && n == 4) CHECK(stage_count(count, st) <= 6);
       }
     }
+  }
+  SUBCASE("uncalibrated net: no stage beyond what the scratch forces") {
+    Config big = c;
+    big.scratch_max_bytes = 384 * MiB;  // both sets: 320 MiB, two wire copies of 256 MiB bf16: 264 MiB
+    const ScratchLayout bs = scratch_layout(big);
+    CHECK(stage_elems(big, bs, AR, Path::two_shot, 128 * MiB, 2, 2, f, Fabric::net) == 128 * MiB);
+    CHECK(stage_elems(big, bs, AR, Path::one_shot, 128 * MiB, 2, 2, f, Fabric::net) == 128 * MiB);
+    // The same call on nvlink's (trusted) defaults pipelines: 15 us operations hide the quantize.
+    const size_t st = stage_elems(big, bs, AR, Path::two_shot, 128 * MiB, 2, 2, f, Fabric::nvlink);
+    CHECK(stage_count(128 * MiB, st) > 1);
+  }
+  SUBCASE("a calibrated high-latency fabric never pipelines beyond the scratch minimum") {
+    Config slow = c;
+    slow.cost_model[static_cast<int>(Fabric::net)] = {4500.0, 3.0, 2000.0, 5.0, true};
+    CHECK(stage_elems(slow, s, AR, Path::two_shot, 16 * MiB, 2, 2, f, Fabric::net) == 16 * MiB);
+    Config fast = c;  // cheap operations, slow codec: pipelining pays, down to pipeline.chunk_bytes
+    fast.cost_model[static_cast<int>(Fabric::nvlink)] = {1.0, 300.0, 50.0, 2.0, true};
+    const size_t st = stage_elems(fast, s, AR, Path::two_shot, 16 * MiB, 2, 2, f, Fabric::nvlink);
+    CHECK(stage_count(16 * MiB, st) == 1);  // 32 MiB of caller bytes: one 32 MiB chunk already
+    fast.pipeline_chunk_bytes = 4 * MiB;
+    const size_t st4 = stage_elems(fast, s, AR, Path::two_shot, 16 * MiB, 2, 2, f, Fabric::nvlink);
+    CHECK(stage_count(16 * MiB, st4) == 8);  // sqrt(quantize / latency) is larger: capped by the chunk
+    CHECK(st4 * 2 >= 4 * MiB);
   }
   SUBCASE("a small scratch cap forces more, smaller stages") {
     Config small = c;
     small.scratch_max_bytes = 4 * MiB;
     const ScratchLayout ss = scratch_layout(small);
     CHECK(ss.staging_bytes == MiB);
-    const size_t st = stage_elems(small, ss, Collective::all_reduce, Path::two_shot, 16 * MiB, 4, 4, f);
+    const size_t st = stage_elems(small, ss, AR, Path::two_shot, 16 * MiB, 4, 4, f, Fabric::net);
     REQUIRE(st > 0);
-    CHECK(stage_scratch_bytes(Collective::all_reduce, Path::two_shot, st, 4, f) <= ss.set_bytes);
-    // Not much smaller than what fits: three wire copies of ~1.03 bytes per element in 1.5 MiB.
-    CHECK(st >= 400000);
-    CHECK(stage_count(16 * MiB, st) > 30);
+    CHECK(stage_scratch_bytes(AR, Path::two_shot, st, 4, f) <= ss.set_bytes);
+    // Not much smaller than what fits: two wire copies of ~1.03 bytes per element in 1.5 MiB.
+    CHECK(st >= 600000);
+    CHECK(stage_count(16 * MiB, st) > 20);
   }
   SUBCASE("scratch too small for one unit: 0 (the call falls back on every rank)") {
     Config tiny = c;
@@ -229,14 +273,14 @@ TEST_CASE("pipelining: stages fit the scratch set and the chunk size") {
     tiny.coalesce_enable = false;
     const ScratchLayout ts = scratch_layout(tiny);
     CHECK(ts.staging_bytes == 0);
-    CHECK(stage_elems(tiny, ts, Collective::all_reduce, Path::two_shot, 1 << 20, 2, 8, f) == 0);
+    CHECK(stage_elems(tiny, ts, AR, Path::two_shot, 1 << 20, 2, 8, f, Fabric::net) == 0);
   }
-  SUBCASE("reduce_scatter and all_gather count caller bytes over all ranks") {
-    const size_t st = stage_elems(c, s, Collective::reduce_scatter, Path::two_shot, 64 * MiB, 4, 4, f);
+  SUBCASE("reduce_scatter and all_gather: stages of whole blocks that fit") {
+    const size_t st = stage_elems(c, s, Collective::reduce_scatter, Path::two_shot, 64 * MiB, 4, 4, f, Fabric::net);
     REQUIRE(st > 0);
-    CHECK(st * 4 * 4 <= c.pipeline_chunk_bytes);
     CHECK(st % f.block == 0);
-    const size_t ag = stage_elems(c, s, Collective::all_gather, Path::one_shot, 100, 4, 3, f);
+    CHECK(stage_scratch_bytes(Collective::reduce_scatter, Path::two_shot, st, 4, f) <= s.set_bytes);
+    const size_t ag = stage_elems(c, s, Collective::all_gather, Path::one_shot, 100, 4, 3, f, Fabric::net);
     CHECK(ag == 100);
   }
 }

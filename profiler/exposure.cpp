@@ -183,6 +183,54 @@ void Collector::add_call(const CallInfo& c) {
   calls_.push_back(c);
 }
 
+void Collector::add_external(uint32_t correlation, uint64_t call_seq, uint64_t range_hash) {
+  if (correlation == 0) return;
+  ++counters_.external_records;
+  if (externals_.size() >= options_.max_externals) {
+    // Entries stay after they are claimed (a graph launch's kernels share one id) and the kernel
+    // record may come before or after its launch's, so the table is bounded by age instead:
+    // forget the older half by correlation id (CUPTI numbers API calls in order).
+    const uint32_t half = static_cast<uint32_t>(options_.max_externals / 2);
+    const uint32_t horizon = newest_correlation_ > half ? newest_correlation_ - half : 0;
+    const size_t before = externals_.size();
+    std::erase_if(externals_, [horizon](const auto& kv) { return kv.first < horizon; });
+    counters_.dropped_externals += before - externals_.size();
+    if (externals_.size() >= options_.max_externals) {  // ids out of order: drop everything
+      counters_.dropped_externals += externals_.size();
+      externals_.clear();
+    }
+  }
+  External& e = externals_[correlation];
+  if (call_seq) e.call_seq = call_seq;
+  if (range_hash) e.range_hash = range_hash;
+  newest_correlation_ = std::max(newest_correlation_, correlation);
+}
+
+void Collector::name_range(uint64_t range_hash, std::string_view name) {
+  if (range_hash) range_names_.try_emplace(range_hash, names_.intern(name));
+}
+
+uint32_t Collector::range_name(uint64_t range_hash) const {
+  const auto it = range_names_.find(range_hash);
+  return it == range_names_.end() ? kNoName : it->second;
+}
+
+void Collector::resolve_externals() {
+  for (Activity& a : activities_) {
+    if (a.correlation == 0) continue;
+    const auto it = externals_.find(a.correlation);
+    if (it == externals_.end()) continue;  // maybe later: its record may still be on the way
+    if (a.call_seq == 0) a.call_seq = it->second.call_seq;
+    if (a.range == kNoName && it->second.range_hash != 0) {
+      const auto name = range_names_.find(it->second.range_hash);
+      if (name == range_names_.end()) continue;  // the name is posted before the launch; retry later
+      a.range = name->second;
+    }
+    a.correlation = 0;  // resolved
+    ++counters_.joined_activities;
+  }
+}
+
 void Collector::step_begin(int64_t step, int64_t t) {
   if (open_step_) {
     ++counters_.nested_step_begins;
@@ -224,8 +272,7 @@ std::vector<Collector::Finalized> Collector::finalize(int64_t now, bool everythi
 
   size_t ready = 0;
   while (ready < closed_steps_.size() &&
-         (everything || (ready + 1 < closed_steps_.size() &&
-                         closed_steps_[ready + 1].time.end + options_.settle_ns <= now)))
+         (everything || closed_steps_[ready].time.end + options_.settle_ns <= now))
     ++ready;
   return report_first(ready);
 }
@@ -234,6 +281,8 @@ std::vector<Collector::Finalized> Collector::finalize_closed() { return report_f
 
 std::vector<Collector::Finalized> Collector::report_first(size_t ready) {
   std::vector<Finalized> out;
+  if (ready == 0) return out;
+  resolve_externals();
   for (size_t i = 0; i < ready; ++i) {
     StepInput input;
     input.window = closed_steps_[i];
@@ -255,7 +304,12 @@ std::vector<Collector::Finalized> Collector::report_first(size_t ready) {
     int64_t watermark = reported_until_;
     if (!closed_steps_.empty()) watermark = std::min(watermark, closed_steps_.front().time.begin);
     if (open_step_) watermark = std::min(watermark, open_step_->time.begin);
-    std::erase_if(activities_, [watermark](const Activity& a) { return a.time.end <= watermark; });
+    std::erase_if(activities_, [this, watermark](const Activity& a) {
+      if (a.time.end > watermark) return false;
+      // Kernels launched outside any NVTX range or shim call have no external ids: expected.
+      if (a.correlation != 0) ++counters_.unjoined_activities;
+      return true;
+    });
     std::erase_if(calls_, [watermark](const CallInfo& c) { return c.issue_ns < watermark; });
   }
   return out;

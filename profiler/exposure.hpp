@@ -48,6 +48,10 @@ struct Activity {
   uint32_t name = kNoName;   // kernel name
   uint32_t range = kNoName;  // the application's innermost NVTX range when the kernel was issued
   uint64_t call_seq = 0;     // the shim's call sequence number (0: not issued inside a shim call)
+  // CUPTI correlation id of the launch (0: none). range / call_seq are filled from it when the
+  // Collector reports the step, because CUPTI may deliver a kernel record before the
+  // external-correlation record of its launch (they sit in different per-thread buffers).
+  uint32_t correlation = 0;
 };
 
 // One call the shim intercepted (sched/accounting.hpp CallRecord, as the profiler keeps it).
@@ -129,15 +133,21 @@ struct CollectorOptions {
   size_t max_calls = 1 << 16;
   size_t top_n = 10;
   int rank = 0;
-  // A step is reported once a later step has ended and `settle_ns` has passed since, so the
-  // activity records of its kernels (delivered by CUPTI in batches) are in.
-  int64_t settle_ns = 300'000'000;
+  // A step is reported once `settle_ns` has passed since it ended, so the activity records of its
+  // kernels (delivered by CUPTI in batches, by a flush every few tens of ms) are in. Records that
+  // still come later are counted as late, never silently mixed into another step.
+  int64_t settle_ns = 2'000'000'000;
+  size_t max_externals = 1 << 17;  // launch correlation ids kept for attribution
 };
 
 struct CollectorCounters {
   uint64_t dropped_activities = 0;  // store full
   uint64_t dropped_calls = 0;
   uint64_t late_activities = 0;     // arrived after their step was reported
+  uint64_t dropped_externals = 0;   // correlation table full: oldest launches forgotten
+  uint64_t external_records = 0;    // launch external ids received (NVTX range / shim call)
+  uint64_t joined_activities = 0;   // kernels whose launch's external ids were found
+  uint64_t unjoined_activities = 0; // kernels dropped after reporting whose launch had none known
   uint64_t unmatched_step_ends = 0;
   uint64_t nested_step_begins = 0;  // a step began while another was open: ignored
   uint64_t steps_reported = 0;
@@ -154,6 +164,12 @@ class Collector {
 
   void add_activity(const Activity& a);
   void add_call(const CallInfo& c);
+  // What was pushed around the launch with CUPTI correlation id `correlation`: the shim's call
+  // sequence number and/or the hash of the application's innermost NVTX range (0: not set).
+  void add_external(uint32_t correlation, uint64_t call_seq, uint64_t range_hash);
+  // The name behind a range hash (posted once per thread and name by the NVTX handlers).
+  void name_range(uint64_t range_hash, std::string_view name);
+  uint32_t range_name(uint64_t range_hash) const;  // kNoName when not (yet) named
   void step_begin(int64_t step, int64_t t);
   // step < 0: ends whichever step is open.
   void step_end(int64_t step, int64_t t);
@@ -163,8 +179,8 @@ class Collector {
     StepReport report;
     StepTimeline timeline;
   };
-  // Reports the steps that are ready at time `now` (or every closed step when `everything`), oldest
-  // first, then drops the records no unreported step can need. With `everything` and no step ever
+  // Reports the steps that ended at least settle_ns before `now` (or every closed step when
+  // `everything`), oldest first, then drops the records no unreported step can need. With `everything` and no step ever
   // marked, the whole run (every kept record) is reported as step -1.
   std::vector<Finalized> finalize(int64_t now, bool everything);
   // Reports every closed step now, without waiting for a later one (an explicit flush).
@@ -172,6 +188,7 @@ class Collector {
 
   const CollectorCounters& counters() const { return counters_; }
   size_t kept_activities() const { return activities_.size(); }
+  size_t kept_externals() const { return externals_.size(); }
 
  private:
   CollectorOptions options_;
@@ -183,8 +200,16 @@ class Collector {
   int64_t reported_until_ = std::numeric_limits<int64_t>::min();  // end of the last reported step
   bool any_step_ = false;
   CollectorCounters counters_;
+  struct External {
+    uint64_t call_seq = 0;
+    uint64_t range_hash = 0;
+  };
+  std::unordered_map<uint32_t, External> externals_;  // correlation id -> what was pushed
+  uint32_t newest_correlation_ = 0;
+  std::unordered_map<uint64_t, uint32_t> range_names_;  // range hash -> name id
 
   std::vector<Finalized> report_first(size_t ready);
+  void resolve_externals();
 };
 
 }  // namespace fp8wire::prof

@@ -25,6 +25,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "profiler/classify.hpp"
 #include "profiler/kineto.hpp"
@@ -166,10 +167,19 @@ int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bo
   }
   std::optional<fs::path> shim_lib;
   if (with_shim) {
-    shim_lib = first_existing({env_or("FP8WIRE_SHIM_LIB"), here / "../shim/libfp8wire.so",
-                               here / "libfp8wire.so", here / "../lib/libfp8wire.so"});
+    // Build tree (build/profiler/fp8wire-prof next to build/shim/libfp8wire.so), then an install
+    // (bin/ and lib/), then the same folder.
+    const std::vector<fs::path> candidates = {env_or("FP8WIRE_SHIM_LIB"), here.parent_path() / "shim/libfp8wire.so",
+                                              here.parent_path() / "lib/libfp8wire.so", here / "libfp8wire.so"};
+    shim_lib = first_existing(candidates);
     if (!shim_lib) {
-      fmt::print(stderr, "fp8wire-prof: --shim given but libfp8wire.so not found (set FP8WIRE_SHIM_LIB)\n");
+      std::vector<std::string> tried;
+      for (const fs::path& p : candidates)
+        if (!p.empty()) tried.push_back(p.string());
+      fmt::print(stderr,
+                 "fp8wire-prof: --shim given but libfp8wire.so not found (looked at {}; was it built? set "
+                 "FP8WIRE_SHIM_LIB to its path)\n",
+                 fmt::join(tried, ", "));
       return 2;
     }
   }

@@ -3,10 +3,17 @@
 // which then hands it every intercepted call through fp8wire_prof_start()'s hooks.
 //
 // Sources of data:
-//  - CUPTI activity records: CONCURRENT_KERNEL, MEMCPY, MEMSET (timing), RUNTIME + DRIVER (only so
-//    that CUPTI emits EXTERNAL_CORRELATION records, which tie each kernel to its launch), and
-//    EXTERNAL_CORRELATION: kind CUSTOM0 = the shim's call sequence number (pushed by the begin hook),
-//    kind CUSTOM1 = hash of the application's innermost NVTX range (pushed by our NVTX handlers).
+//  - CUPTI activity records: CONCURRENT_KERNEL, MEMCPY, MEMSET (timing), API records of the kernel
+//    launch functions only (cuptiActivityEnableRuntimeApi/DriverApi: CUPTI emits
+//    EXTERNAL_CORRELATION records only next to API records, and tracing every CUDA call, queries
+//    and event polls included, costs a record each), and EXTERNAL_CORRELATION: kind CUSTOM0 = the
+//    shim's call sequence number (pushed by the begin hook), kind CUSTOM1 = hash of the
+//    application's innermost NVTX range (pushed by our NVTX handlers). The Collector joins them to
+//    kernels by correlation id when it reports a step: with CUPTI's per-thread buffers a kernel
+//    record may arrive before or after the external-correlation record of its launch.
+//  - Delivery: CUPTI hands back a buffer when it is full, or on a flush once all its records are
+//    complete. A background thread calls cuptiActivityFlushAll(0) every kFlushIntervalMs and then
+//    reports the steps that ended at least CollectorOptions::settle_ns ago.
 //  - NVTX: this library is its own NVTX injection (InitializeInjectionNvtx2; fp8wire-prof points
 //    NVTX_INJECTION64_PATH at it). We chose our own injection over CUPTI's marker activity because
 //    the marker records only say when a range ran, not which kernels were launched inside it; with
@@ -26,12 +33,15 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -56,8 +66,15 @@ using namespace fp8wire::prof;
 constexpr size_t kNameChars = 64;
 constexpr int kMaxRangeDepth = 128;
 constexpr uint64_t kStepRangeFlag = 1ull << 63;  // marks nvtxRangeStart ids that opened a step
-constexpr int kBufferCount = 4;                  // CUPTI buffers, preallocated
-constexpr uint32_t kFlushPeriodMs = 100;
+// CUPTI buffers: kBufferCount preallocated, up to kMaxBufferCount when CUPTI asks for more. CUPTI
+// keeps one buffer per thread that records activity (per-thread buffers are its default), so the
+// pool must cover every such thread (main, autograd, NCCL, ...) plus buffers waiting for delivery;
+// when none can be had CUPTI drops records (counted in the summary).
+constexpr int kBufferCount = 32;
+constexpr int kMaxBufferCount = 128;
+constexpr size_t kMinBufferBytes = 256 << 10;
+constexpr uint32_t kFlushPeriodMs = 100;     // CUPTI's own periodic flush (returns full buffers)
+constexpr uint32_t kFlushIntervalMs = 50;    // our flush thread (returns completed partial buffers)
 
 struct NvtxEvent {
   enum class Kind : uint8_t { step_begin, step_end, range_name };
@@ -147,11 +164,6 @@ bool make_directories(const std::string& dir) {
   return true;
 }
 
-struct ExternalIds {
-  uint64_t call_seq = 0;
-  uint64_t range_hash = 0;
-};
-
 struct KernelName {
   uint32_t id;
   ActivityClass cls;
@@ -169,7 +181,16 @@ class Profiler {
   const Config& config() const { return config_; }
 
   // --- any thread, never blocks ---
-  void post_step(bool begin, int64_t step) {
+  // Steps come from NVTX step ranges or from the C API (fp8wire_prof_step / fp8wire_step_begin);
+  // once a job uses the API, its NVTX step ranges are ignored, so a job marking both ways does not
+  // open nested windows.
+  enum class StepSource { nvtx, api };
+  void post_step(bool begin, int64_t step, StepSource source) {
+    if (source == StepSource::api) {
+      if (!explicit_steps_.load(std::memory_order_relaxed)) explicit_steps_.store(true, std::memory_order_relaxed);
+    } else if (explicit_steps_.load(std::memory_order_relaxed)) {
+      return;
+    }
     NvtxEvent e;
     e.kind = begin ? NvtxEvent::Kind::step_begin : NvtxEvent::Kind::step_end;
     e.step = step;
@@ -203,6 +224,9 @@ class Profiler {
   void flush(bool at_exit);
 
  private:
+  void ensure_flush_thread();
+  void flush_thread_main();
+  void stop_flush_thread();
   void ingest_locked(uint8_t* buffer, size_t valid);
   void drain_events_locked();
   void report_locked(std::vector<Collector::Finalized>&& steps);
@@ -214,18 +238,17 @@ class Profiler {
   std::atomic<bool> active_{false};
   std::atomic<int> call_rank_{-1};
   std::atomic<int64_t> unnumbered_steps_{0};
+  std::atomic<bool> explicit_steps_{false};
   EventRing<NvtxEvent> nvtx_events_{1 << 14};
   EventRing<CallEvent> call_events_{1 << 15};
 
   std::mutex mutex_;  // everything below
   Collector collector_;
-  std::unordered_map<uint64_t, uint32_t> range_name_of_hash_;
-  std::unordered_map<uint32_t, ExternalIds> external_ids_;  // CUPTI correlation id -> ours
-  uint32_t newest_correlation_ = 0;
   std::unordered_map<const char*, KernelName> kernel_names_;  // CUPTI's name pointers are stable
 
-  std::mutex pool_mutex_;  // the CUPTI buffer pool (never more than kBufferCount entries)
+  std::mutex pool_mutex_;  // the CUPTI buffer pool (never more than kMaxBufferCount buffers)
   std::vector<uint8_t*> free_buffers_;
+  int allocated_buffers_ = 0;
   size_t buffer_bytes_ = 0;
 
   // Below: guarded by mutex_ again.
@@ -241,6 +264,16 @@ class Profiler {
     uint64_t app_bytes = 0, wire_bytes = 0;
   } totals_;
   bool finished_ = false;
+  bool all_api_records_ = false;  // RUNTIME + DRIVER kinds on (fallback), not only launch functions
+
+  // The flush thread: started when CUPTI first asks for a buffer (a process that never touches the
+  // GPU, such as a launcher, never gets one), in the process that runs it (pid: after a fork the
+  // child has no such thread).
+  std::atomic<pid_t> flush_thread_pid_{0};
+  std::mutex flush_thread_mutex_;
+  std::condition_variable flush_thread_wake_;
+  bool flush_thread_stop_ = false;     // guarded by flush_thread_mutex_
+  bool flush_thread_running_ = false;  // guarded by flush_thread_mutex_
 };
 
 Profiler* g_profiler = nullptr;  // created once, never destroyed (atexit and CUPTI threads use it)
@@ -284,12 +317,66 @@ void at_exit() {
   }
 }
 
+// API records only for the functions that launch kernels: they carry the external ids (NVTX range,
+// shim call) that CUPTI attaches to the launch. Runtime launches are listed as well as driver ones
+// because which of the two CUPTI reports for a runtime launch is its choice; a kernel's correlation
+// id matches the API record of its launch either way.
+// Returns false when it had to fall back to tracing every API call.
+bool enable_launch_api_records() {
+  static constexpr CUpti_CallbackId kRuntimeLaunches[] = {
+      CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
+      CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
+      CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
+      CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000,
+      CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernelMultiDevice_v9000,
+      CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
+      CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
+      CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000,
+      CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000,
+      CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000,
+      CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000,
+  };
+  static constexpr CUpti_CallbackId kDriverLaunches[] = {
+      CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+      CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+      CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,  // NCCL launches this way
+      CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+      CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
+      CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+      CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernelMultiDevice,
+      CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
+      CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+  };
+  bool ok = true;
+  for (CUpti_CallbackId id : kRuntimeLaunches) ok = ok && cuptiActivityEnableRuntimeApi(id, 1) == CUPTI_SUCCESS;
+  for (CUpti_CallbackId id : kDriverLaunches) ok = ok && cuptiActivityEnableDriverApi(id, 1) == CUPTI_SUCCESS;
+  if (ok) return true;
+  // An older CUPTI without per-function control: every API call then costs a record.
+  FP8WIRE_WARN_ONCE("fp8wire profiler: CUPTI cannot trace launch functions alone; tracing every CUDA API call "
+                    "(more overhead)");
+  cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME);
+  cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER);
+  return false;
+}
+
+// Set once any thread pushed an external id (NVTX range or shim call): from then on CUPTI should be
+// emitting external-correlation records.
+std::atomic<bool> g_external_pushed{false};
+void note_external_pushed() {
+  if (!g_external_pushed.load(std::memory_order_relaxed)) g_external_pushed.store(true, std::memory_order_relaxed);
+}
+
 bool Profiler::start() {
-  buffer_bytes_ = std::max<size_t>(config_.profiler_buffer_bytes / kBufferCount, 64 << 10);
+  // profiler.buffer_bytes is the memory of 8 buffers (the pool holds kBufferCount).
+  buffer_bytes_ = std::max<size_t>(config_.profiler_buffer_bytes / 8, kMinBufferBytes);
   buffer_bytes_ = (buffer_bytes_ + 7) & ~size_t{7};  // CUPTI wants 8-byte aligned buffers
-  free_buffers_.reserve(kBufferCount);
-  for (int i = 0; i < kBufferCount; ++i)
-    free_buffers_.push_back(static_cast<uint8_t*>(std::aligned_alloc(8, buffer_bytes_)));
+  free_buffers_.reserve(kMaxBufferCount);
+  for (int i = 0; i < kBufferCount; ++i) {
+    if (void* b = std::aligned_alloc(8, buffer_bytes_)) {
+      free_buffers_.push_back(static_cast<uint8_t*>(b));
+      ++allocated_buffers_;
+    }
+  }
 
   CUpti_SubscriberHandle subscriber = nullptr;
   const CUptiResult sub = cuptiSubscribe(&subscriber, on_cupti_callback, nullptr);
@@ -310,8 +397,7 @@ bool Profiler::start() {
     return false;
   }
   for (CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                                  CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME,
-                                  CUPTI_ACTIVITY_KIND_DRIVER, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION}) {
+                                  CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION}) {
     const CUptiResult r = cuptiActivityEnable(kind);
     if (r != CUPTI_SUCCESS) {
       const char* text = nullptr;
@@ -321,6 +407,7 @@ bool Profiler::start() {
       if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) return false;
     }
   }
+  all_api_records_ = !enable_launch_api_records();
   cuptiActivityFlushPeriod(kFlushPeriodMs);
   rank_ = rank_from_env();
   if (rank_ >= 0) collector_.set_rank(rank_);
@@ -333,8 +420,17 @@ bool Profiler::start() {
 }
 
 void Profiler::buffer_requested(uint8_t** buffer, size_t* size) {
+  ensure_flush_thread();
   // Its own lock: an application thread asking for a buffer must not wait for a report being built.
   std::lock_guard lock(pool_mutex_);
+  if (free_buffers_.empty() && allocated_buffers_ < kMaxBufferCount) {
+    // More threads record activity than the preallocated pool covers. A rare allocation beats
+    // losing records; the pool never shrinks, so this happens at most kMaxBufferCount times.
+    if (void* b = std::aligned_alloc(8, buffer_bytes_)) {
+      free_buffers_.push_back(static_cast<uint8_t*>(b));
+      ++allocated_buffers_;
+    }
+  }
   if (free_buffers_.empty()) {
     // CUPTI counts the records it cannot store; the summary reports them.
     *buffer = nullptr;
@@ -353,35 +449,92 @@ void Profiler::buffer_completed(uint8_t* buffer, size_t valid) {
     std::lock_guard pool_lock(pool_mutex_);
     free_buffers_.push_back(buffer);
   }
-  if (finished_) return;
-  drain_events_locked();
-  report_locked(collector_.finalize(now_ns(), /*everything=*/false));
+  // Steps are reported by the flush thread (or at flush/exit), after their settle time.
+}
+
+void Profiler::ensure_flush_thread() {
+  const pid_t pid = getpid();
+  if (flush_thread_pid_.load(std::memory_order_acquire) == pid) return;
+  std::lock_guard lock(flush_thread_mutex_);
+  if (flush_thread_pid_.load(std::memory_order_relaxed) == pid || !active()) return;
+  flush_thread_stop_ = false;
+  flush_thread_running_ = true;
+  try {
+    std::thread([this] { flush_thread_main(); }).detach();  // detached: a forked child must not join it
+  } catch (const std::exception& e) {
+    flush_thread_running_ = false;
+    FP8WIRE_WARN_ONCE("fp8wire profiler: no flush thread ({}); steps are reported at exit only", e.what());
+  }
+  flush_thread_pid_.store(pid, std::memory_order_release);
+}
+
+void Profiler::flush_thread_main() {
+  std::unique_lock lock(flush_thread_mutex_);
+  while (!flush_thread_stop_) {
+    flush_thread_wake_.wait_for(lock, std::chrono::milliseconds(kFlushIntervalMs));
+    if (flush_thread_stop_) break;
+    lock.unlock();
+    try {
+      // Default flush (not forced): only buffers whose records are all complete come back, so no
+      // kernel is delivered without its timestamps. Outside mutex_: delivery takes it.
+      cuptiActivityFlushAll(0);
+      bool trace_all_apis = false;
+      {
+        std::lock_guard guard(mutex_);
+        if (!finished_) {
+          drain_events_locked();
+          report_locked(collector_.finalize(now_ns(), /*everything=*/false));
+          // Ranges were pushed and steps went by, yet not one external-correlation record came:
+          // this CUPTI ties them to the whole RUNTIME/DRIVER kinds, not to per-function API
+          // records. Attribution matters more than the extra records: switch, once, and say so.
+          const CollectorCounters& c = collector_.counters();
+          if (!all_api_records_ && c.steps_reported >= 3 && c.external_records == 0 &&
+              g_external_pushed.load(std::memory_order_relaxed)) {
+            all_api_records_ = true;
+            trace_all_apis = true;
+          }
+        }
+      }
+      if (trace_all_apis) {
+        FP8WIRE_WARN("fp8wire profiler: no external-correlation records with launch-only API tracing; tracing "
+                     "every CUDA API call from now on (NVTX range / shim call attribution; more overhead)");
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME);
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER);
+      }
+    } catch (const std::exception& e) {
+      FP8WIRE_WARN_ONCE("fp8wire profiler: periodic report failed: {}", e.what());
+    } catch (...) {
+      FP8WIRE_WARN_ONCE("fp8wire profiler: periodic report failed");
+    }
+    lock.lock();
+  }
+  flush_thread_running_ = false;
+  flush_thread_wake_.notify_all();
+}
+
+void Profiler::stop_flush_thread() {
+  std::unique_lock lock(flush_thread_mutex_);
+  if (flush_thread_pid_.load(std::memory_order_relaxed) != getpid()) return;  // none in this process
+  flush_thread_stop_ = true;
+  flush_thread_wake_.notify_all();
+  // Bounded: at exit we must not hang on a thread stuck in CUPTI.
+  flush_thread_wake_.wait_for(lock, std::chrono::seconds(2), [this] { return !flush_thread_running_; });
 }
 
 void Profiler::ingest_locked(uint8_t* buffer, size_t valid) {
-  // Pass 1: external ids. CUPTI writes them just before the API record of the launch, so they come
-  // in the same or an earlier buffer than the kernel itself.
   CUpti_Activity* record = nullptr;
-  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
-    if (record->kind != CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) continue;
-    const auto* ext = reinterpret_cast<const CUpti_ActivityExternalCorrelation*>(record);
-    ExternalIds& ids = external_ids_[ext->correlationId];
-    if (ext->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) ids.call_seq = ext->externalId;
-    if (ext->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM1) ids.range_hash = ext->externalId;
-    newest_correlation_ = std::max(newest_correlation_, ext->correlationId);
-  }
-  auto attach = [this](Activity& a, uint32_t correlation) {
-    auto it = external_ids_.find(correlation);
-    if (it == external_ids_.end()) return;
-    a.call_seq = it->second.call_seq;
-    if (auto name = range_name_of_hash_.find(it->second.range_hash); name != range_name_of_hash_.end())
-      a.range = name->second;
-    external_ids_.erase(it);
-  };
-  record = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     Activity a;
     switch (record->kind) {
+      case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
+        // Joined to kernels by correlation id when their step is reported (either may come first).
+        const auto* ext = reinterpret_cast<const CUpti_ActivityExternalCorrelation*>(record);
+        if (ext->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0)
+          collector_.add_external(ext->correlationId, ext->externalId, 0);
+        else if (ext->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM1)
+          collector_.add_external(ext->correlationId, 0, ext->externalId);
+        continue;
+      }
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
@@ -394,15 +547,15 @@ void Profiler::ingest_locked(uint8_t* buffer, size_t valid) {
         a.time = {static_cast<int64_t>(k->start), static_cast<int64_t>(k->end)};
         a.cls = it->second.cls;
         a.name = it->second.id;
-        attach(a, k->correlationId);
+        a.correlation = k->correlationId;
         break;
       }
+      // Memory activity needs no attribution (only its time counts).
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
         if (m->end <= m->start) continue;
         a.time = {static_cast<int64_t>(m->start), static_cast<int64_t>(m->end)};
         a.cls = ActivityClass::memory;
-        attach(a, m->correlationId);
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
@@ -410,19 +563,12 @@ void Profiler::ingest_locked(uint8_t* buffer, size_t valid) {
         if (m->end <= m->start) continue;
         a.time = {static_cast<int64_t>(m->start), static_cast<int64_t>(m->end)};
         a.cls = ActivityClass::memory;
-        attach(a, m->correlationId);
         break;
       }
       default:
         continue;  // API records exist only to carry external ids
     }
     collector_.add_activity(a);
-  }
-  // External ids of API calls that launched nothing (cudaEventRecord inside a range, ...) are never
-  // claimed; keep the table bounded by forgetting ids far older than the newest.
-  if (external_ids_.size() > (1u << 16)) {
-    const uint32_t horizon = newest_correlation_ > (1u << 15) ? newest_correlation_ - (1u << 15) : 0;
-    std::erase_if(external_ids_, [horizon](const auto& kv) { return kv.first < horizon; });
   }
 }
 
@@ -431,9 +577,7 @@ void Profiler::drain_events_locked() {
     switch (e.kind) {
       case NvtxEvent::Kind::step_begin: collector_.step_begin(e.step, e.time); break;
       case NvtxEvent::Kind::step_end: collector_.step_end(e.step, e.time); break;
-      case NvtxEvent::Kind::range_name:
-        range_name_of_hash_.try_emplace(e.hash, collector_.names().intern(e.name));
-        break;
+      case NvtxEvent::Kind::range_name: collector_.name_range(e.hash, e.name); break;
     }
   });
   call_events_.drain([this](const CallEvent& e) {
@@ -443,7 +587,7 @@ void Profiler::drain_events_locked() {
     c.kind = collector_.names().intern(call_kind_name(e.record.kind));
     c.dtype = collector_.names().intern(dtype_name(e.record.dtype));
     c.path = collector_.names().intern(path_name(e.record.path));
-    if (auto it = range_name_of_hash_.find(e.range_hash); it != range_name_of_hash_.end()) c.range = it->second;
+    c.range = collector_.range_name(e.range_hash);
     c.app_bytes = e.record.app_bytes;
     c.wire_bytes = e.record.wire_bytes;
     c.coalesced_calls = e.record.coalesced_calls;
@@ -541,13 +685,20 @@ void Profiler::write_summary_locked() {
   }
   fmt::print(stderr,
              "fp8wire profiler, rank {}: {} steps, mean step {:.3f} ms, compute {:.3f}, exposed comm {:.3f}, "
-             "exposed memcpy {:.3f}, idle {:.3f}; dropped: {} activities, {} late, {} CUPTI records\n",
+             "exposed memcpy {:.3f}, idle {:.3f}; dropped: {} activities, {} late, {} CUPTI records; "
+             "launch ids: {} received, {} kernels joined, {} not\n",
              collector_.options().rank, totals_.steps, totals_.step_ms / n, totals_.compute_ms / n,
              totals_.exposed_comm_ms / n, totals_.exposed_memcpy_ms / n, totals_.idle_ms / n,
-             c.dropped_activities, c.late_activities, cupti_dropped);
+             c.dropped_activities, c.late_activities, cupti_dropped, c.external_records, c.joined_activities,
+             c.unjoined_activities);
+  if (c.late_activities > 0 || cupti_dropped > 0)
+    FP8WIRE_WARN("fp8wire profiler, rank {}: {} records came after their step was reported and {} were dropped by "
+                 "CUPTI (no free buffer); the figures above undercount GPU activity",
+                 collector_.options().rank, c.late_activities, cupti_dropped);
 }
 
 void Profiler::flush(bool at_exit) {
+  if (at_exit) stop_flush_thread();
   // Outside the mutex: FlushAll delivers buffers through buffer_completed, which takes it.
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   std::lock_guard lock(mutex_);
@@ -594,7 +745,7 @@ int push_range(const char* name) {
   int64_t step = 0;
   if (p->is_step_name(name, step)) {
     t_ranges.kinds[level] = FrameKind::step;
-    p->post_step(true, step);
+    p->post_step(true, step, Profiler::StepSource::nvtx);
     return level;
   }
   const uint64_t hash = fnv1a(name);
@@ -604,6 +755,7 @@ int push_range(const char* name) {
     p->post_range_name(hash, name);
   }
   cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM1, hash);
+  note_external_pushed();
   t_ranges.kinds[level] = FrameKind::range;
   t_ranges.hashes[level] = hash;
   return level;
@@ -616,7 +768,7 @@ int pop_range() {
   switch (t_ranges.kinds[level]) {
     case FrameKind::range: cuptiActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM1, nullptr); break;
     case FrameKind::step:
-      if (Profiler* p = active_profiler()) p->post_step(false, -1);
+      if (Profiler* p = active_profiler()) p->post_step(false, -1, Profiler::StepSource::nvtx);
       break;
     case FrameKind::untracked: break;
   }
@@ -639,14 +791,14 @@ nvtxRangeId_t range_start(const char* name) {
   Profiler* p = active_profiler();
   int64_t step = 0;
   if (!p || !name || !p->is_step_name(name, step)) return id;
-  p->post_step(true, step);
+  p->post_step(true, step, Profiler::StepSource::nvtx);
   return id | kStepRangeFlag;
 }
 nvtxRangeId_t NVTX_API nvtx_range_start_a(const char* message) { return range_start(message); }
 nvtxRangeId_t NVTX_API nvtx_range_start_ex(const nvtxEventAttributes_t* attr) { return range_start(ascii_message(attr)); }
 void NVTX_API nvtx_range_end(nvtxRangeId_t id) {
   if (!(id & kStepRangeFlag)) return;
-  if (Profiler* p = active_profiler()) p->post_step(false, -1);
+  if (Profiler* p = active_profiler()) p->post_step(false, -1, Profiler::StepSource::nvtx);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -660,6 +812,7 @@ void hook_begin(const CallRecord& r) {
   // Every kernel launched until hook_end carries this call's sequence number (CUSTOM0; the NVTX
   // range hashes use CUSTOM1, so the two never mix).
   cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, r.seq);
+  note_external_pushed();
 }
 
 void hook_end(const CallRecord& r) {
@@ -725,7 +878,7 @@ FP8WIRE_PROF_EXPORT const fp8wire::CallHooks* fp8wire_prof_start(const fp8wire::
 }
 
 FP8WIRE_PROF_EXPORT void fp8wire_prof_step(int64_t step, int begin) {
-  if (Profiler* p = active_profiler()) p->post_step(begin != 0, begin ? step : -1);
+  if (Profiler* p = active_profiler()) p->post_step(begin != 0, begin ? step : -1, Profiler::StepSource::api);
 }
 
 FP8WIRE_PROF_EXPORT void fp8wire_prof_flush(void) {

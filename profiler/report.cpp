@@ -50,7 +50,9 @@ json to_json(const StepReport& r) {
 json to_json(const CollectorCounters& c) {
   return json{{"dropped_activities", c.dropped_activities}, {"dropped_calls", c.dropped_calls},
               {"late_activities", c.late_activities},       {"unmatched_step_ends", c.unmatched_step_ends},
-              {"nested_step_begins", c.nested_step_begins}, {"steps_reported", c.steps_reported}};
+              {"nested_step_begins", c.nested_step_begins}, {"steps_reported", c.steps_reported},
+              {"dropped_externals", c.dropped_externals},   {"external_records", c.external_records},
+              {"joined_activities", c.joined_activities},   {"unjoined_activities", c.unjoined_activities}};
 }
 
 StepReport step_report_from_json(const json& j) {

@@ -48,6 +48,16 @@ def median_of(steps, key, stat="max"):
     return statistics.median(values) if values else float("nan")
 
 
+def bytes_mib(steps, key):
+    """Median MiB per step, or NaN when the run has no byte counts (no shim: nothing to count)."""
+    value = median_of(steps, key)
+    return value / 2**20 if value > 0 else float("nan")
+
+
+def cell(fmt, value):
+    return "-" if value != value else fmt.format(value)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("baseline")
@@ -74,8 +84,10 @@ def main():
         ("comm ms / step (union)", lambda st, lg: median_of(st, "comm_ms"), "{:.1f}"),
         ("compute ms / step (union)", lambda st, lg: median_of(st, "compute_ms"), "{:.1f}"),
         ("overlap % (mean over ranks)", lambda st, lg: median_of(st, "overlap_pct", "mean"), "{:.1f}"),
-        ("MiB asked for / step", lambda st, lg: median_of(st, "app_bytes") / 2**20, "{:.1f}"),
-        ("MiB on the wire / step", lambda st, lg: median_of(st, "wire_bytes") / 2**20, "{:.1f}"),
+        # report.json: per step, bytes summed over ranks, from libfp8wire.so's call records (so 0
+        # in a run without the shim: shown as '-').
+        ("MiB asked for / step (all ranks)", lambda st, lg: bytes_mib(st, "app_bytes"), "{:.1f}"),
+        ("MiB on the wire / step (all ranks)", lambda st, lg: bytes_mib(st, "wire_bytes"), "{:.1f}"),
         ("trainer step ms (rank 0)", lambda st, lg: statistics.median(r["step_ms"] for r in lg), "{:.1f}"),
         ("samples/s (all ranks)", lambda st, lg: statistics.median(r["samples_per_s"] for r in lg), "{:.2f}"),
     ]
@@ -86,7 +98,7 @@ def main():
         a = fn(runs[0][2], runs[0][4])
         b = fn(runs[1][2], runs[1][4])
         ratio = f"{b / a:.3f}" if a and a == a and b == b else "-"
-        print(f"{label:{name_w}}  {fmt.format(a):>12}  {fmt.format(b):>12}  {ratio:>7}")
+        print(f"{label:{name_w}}  {cell(fmt, a):>12}  {cell(fmt, b):>12}  {ratio:>7}")
 
     here = os.path.dirname(os.path.abspath(__file__))
     print("\nloss parity (same seed and data):")

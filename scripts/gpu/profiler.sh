@@ -8,6 +8,9 @@
 #     the coalescing lesson (per-layer all-reduces hidden in "backward" vs one merged after it).
 #  3. fp8wire-prof analyze on a real PyTorch profiler (Kineto) trace from a 2-rank torchrun job.
 #  4. the same torch.profiler job under fp8wire-prof: CUPTI is contended; the job must still finish.
+#  5. the Pi0.5 reference trainer (2 ranks, a few steps) under fp8wire-prof, when it is built: a real
+#     many-threaded LibTorch job. Every step after the first must show compute and communication,
+#     and no record may be dropped or arrive after its step was reported.
 # Detailed logs go to $OUT (default out/profiler); the summary table is printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -113,6 +116,40 @@ else
   else
     note "FAIL: torch.profiler job under fp8wire-prof rc=$rc (see $k2/job.log)"
   fi
+fi
+
+# 5. the trainer: many threads, thousands of launches per step (the main job's workload)
+trainer="$build/trainer/fp8wire-train"
+if [[ -x "$trainer" ]]; then
+  td="$OUT/trainer"
+  mkdir -p "$td"
+  timeout -k 5 150 "$prof" --out "$td" -- "$trainer" --config trainer/configs/pi05_small.toml --ranks 2 --steps 6 \
+    --set "train.out_dir=$td/train" > "$td/job.log" 2>&1
+  trc=$?
+  grep -E "fp8wire profiler, rank [0-9]+: [0-9]+ steps" "$td/job.log" || true
+  verdict=$("$py" - "$td" <<'PY'
+import glob, json, os, sys
+d = sys.argv[1]
+steps, sums = [], []
+for path in sorted(glob.glob(os.path.join(d, "rank*.jsonl"))):
+    for line in open(path):
+        r = json.loads(line)
+        (steps if r.get("type") == "step" else sums).append(r)
+later = [s for s in steps if s["step"] >= 1]
+busy = [s for s in later if s["compute_ms"] > 0.05 * s["step_ms"] and s["comm_ms"] > 0]
+late = sum(x.get("counters", {}).get("late_activities", 0) for x in sums)
+dropped = sum(x.get("dropped_cupti_records", 0) + x.get("counters", {}).get("dropped_activities", 0) for x in sums)
+joined = sum(x.get("counters", {}).get("joined_activities", 0) for x in sums)
+ok = later and len(busy) == len(later) and len(sums) >= 2 and late == 0 and dropped == 0
+print(("PASS" if ok else "FAIL") + f": trainer under fp8wire-prof: {len(busy)}/{len(later)} steps after step 0 with "
+      f"compute > 5% and comm > 0, {late} late, {dropped} dropped records, {joined} kernels joined to ranges, "
+      f"{len(sums)} rank summaries")
+PY
+)
+  note "${verdict:-FAIL: trainer under fp8wire-prof: no verdict (rc=$trc, see $td/job.log)}"
+  (( trc == 0 )) || note "FAIL: trainer under fp8wire-prof rc=$trc (see $td/job.log)"
+else
+  note "SKIP: $trainer not built; no trainer run under the profiler"
 fi
 
 echo

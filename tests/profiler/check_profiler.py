@@ -42,6 +42,14 @@ def load_reports(d):
     return out
 
 
+def load_summaries(d):
+    """The 'summary' line each rank writes at exit (counters of dropped and late records)."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(d, "rank*.jsonl"))):
+        out += [r for r in read_jsonl(path) if r.get("type") == "summary"]
+    return out
+
+
 def tol(designed):
     return max(TOL_REL * abs(designed), TOL_ABS_MS)
 
@@ -104,6 +112,19 @@ def main():
                    f"({partition_bad} bad)")
     if partition_bad:
         failures.append("partition does not add up")
+
+    # Every GPU record must reach its step: none dropped by CUPTI (no free buffer), none arriving
+    # after its step was reported.
+    sums = [x for d in args.on for x in load_summaries(d)]
+    late = sum(x.get("counters", {}).get("late_activities", 0) for x in sums)
+    dropped = sum(x.get("dropped_cupti_records", 0) + x.get("counters", {}).get("dropped_activities", 0) for x in sums)
+    joined = sum(x.get("counters", {}).get("joined_activities", 0) for x in sums)
+    ok = bool(sums) and late == 0 and dropped == 0
+    what = (f"record delivery: {len(sums)} rank summaries, {late} late, {dropped} dropped records "
+            f"({joined} kernels joined to their launch's NVTX range / shim call)")
+    summary.append(f"{'PASS' if ok else 'FAIL'}: {what}")
+    if not ok:
+        failures.append(what)
 
     if args.expect_shim:
         steps = [r for d in args.on for r in load_reports(d).values()]

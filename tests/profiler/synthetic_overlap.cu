@@ -4,7 +4,9 @@
 //   overlap   compute kernel (spins a known time) on one stream, all-reduce on another: hidden
 //   serial    the all-reduce waits for the compute kernel (event dependency): fully exposed
 //   partial   the all-reduce starts after 3/4 of the compute: partly exposed
-//   launches  1000 short compute kernels (host launch rate; for the overhead figure)
+//   launches  1000 short compute kernels (host launch rate; for the overhead figure), launched by 8
+//             fresh threads per step: CUPTI keeps a buffer per recording thread, so this also checks
+//             that no record is dropped or late when many threads launch (the trainer's case)
 //   bucketed  "backward": L layers, one small all-reduce per layer issued as its gradient is ready
 //   merged    the same bytes as one all-reduce after the last layer (the coalescing lesson)
 // The designed figures come from CUDA events around every kernel, measured independently of the
@@ -28,6 +30,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -243,7 +246,14 @@ int run_rank(const Options& opt) {
         comm_marks.push_back({a0, tl.mark(comms)});
       } else if (scenario == "launches") {
         const int c0 = tl.mark(compute);
-        for (int k = 0; k < 1000; ++k) spin_kernel<<<1, 1, 0, compute>>>(20000);
+        std::vector<std::thread> launchers;
+        for (int t = 0; t < 8; ++t)
+          launchers.emplace_back([compute] {
+            nvtxRangePushA("launcher");  // each launch then also carries an external-correlation record
+            for (int k = 0; k < 125; ++k) spin_kernel<<<1, 1, 0, compute>>>(20000);
+            nvtxRangePop();
+          });
+        for (std::thread& t : launchers) t.join();
         compute_marks.push_back({c0, tl.mark(compute)});  // back-to-back kernels; gaps are launch gaps
       } else if (scenario == "bucketed" || scenario == "merged") {
         int last_ready = 0;

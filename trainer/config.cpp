@@ -51,6 +51,7 @@ std::vector<Field> fields(Config& c) {
       {"train.decay_steps", &t.decay_steps}, {"train.beta1", &t.beta1}, {"train.beta2", &t.beta2},
       {"train.eps", &t.eps}, {"train.weight_decay", &t.weight_decay},
       {"train.clip_norm", &t.clip_norm}, {"train.remat", &t.remat},
+      {"train.remat_every", &t.remat_every},
       {"train.allreduce", &t.allreduce}, {"train.bucket_cap_mb", &t.bucket_cap_mb},
       {"train.log_jsonl", &t.log_jsonl}, {"train.out_dir", &t.out_dir},
       {"train.log_every", &t.log_every}, {"train.init_weights", &t.init_weights},
@@ -230,6 +231,8 @@ std::string validate(const Config& c) {
     return fmt::format("train.dtype: got '{}', expected \"bf16\" or \"fp32\"", c.train.dtype);
   if (c.train.remat != "none" && c.train.remat != "vision" && c.train.remat != "layers")
     return fmt::format("train.remat: got '{}', expected \"none\", \"vision\" or \"layers\"", c.train.remat);
+  if (c.train.remat_every < 1)
+    return fmt::format("train.remat_every: got {}, expected 1 or more (1 = every layer)", c.train.remat_every);
   if (c.train.allreduce != "overlap" && c.train.allreduce != "after_backward")
     return fmt::format("train.allreduce: got '{}', expected \"overlap\" or \"after_backward\"", c.train.allreduce);
   if (c.train.bucket_cap_mb <= 0)

@@ -65,6 +65,9 @@ struct TrainConfig {
   double clip_norm = 1.0;
   // Activation checkpointing: "none", "vision" (vision tower layers) or "layers" (every layer).
   std::string remat = "none";
+  // 1 = checkpoint every layer the policy covers; k = only layers 0, k, 2k, ... (less recompute,
+  // more activation memory: pi05 at micro-batch 32 fits k = 2 on an H200, trainer/README.md).
+  int64_t remat_every = 1;
   // Gradient all-reduce: "overlap" (buckets launch during backward) or "after_backward" (one
   // bucket after backward: the DESIGN.md lesson).
   std::string allreduce = "overlap";

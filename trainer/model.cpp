@@ -239,7 +239,8 @@ Pi05Model::Pi05Model(const ModelConfig& config, int64_t num_images, int64_t max_
       ExpertWeights& e = suffix ? layer.suffix : layer.prefix;
       if (suffix) e.ada1 = add_linear(p + "input_layernorm.dense", w, 3 * w, true, "zeros");
       else e.ln1 = add(p + "input_layernorm.weight", {w}, "zeros");
-      e.q = add_linear(p + "self_attn.q_proj", w, q_out, false, "lecun");
+      // The last layer's prefix queries would only produce prefix outputs: not created either.
+      if (suffix || layer.prefix_tail) e.q = add_linear(p + "self_attn.q_proj", w, q_out, false, "lecun");
       e.k = add_linear(p + "self_attn.k_proj", w, kv_out, false, "lecun");
       e.v = add_linear(p + "self_attn.v_proj", w, kv_out, false, "lecun");
       if (!suffix && !layer.prefix_tail) continue;
@@ -266,7 +267,8 @@ int64_t Pi05Model::parameter_count() const {
 int64_t Pi05Model::unreached_parameter_count() const {
   const auto& c = cfg_;
   if (c.depth == 0) return 0;
-  return c.heads * c.head_dim * c.width + c.width + 3 * c.width * c.mlp + c.width;
+  // q_proj and o_proj, post-attention norm, MLP, final norm.
+  return 2 * c.heads * c.head_dim * c.width + c.width + 3 * c.width * c.mlp + c.width;
 }
 
 double Pi05Model::forward_flops_per_sample() const {
@@ -316,8 +318,9 @@ std::pair<Tensor, Tensor> Pi05Model::embed_prefix(const Batch& batch) const {
     img = (img * (2.0 / 255.0) - 1.0).to(dtype_);
     Tensor x = at::conv2d(img, patch_w_, patch_b_, {c.patch_size, c.patch_size});
     x = x.flatten(2).transpose(1, 2) + pos_emb_;
-    const bool ckpt = remat_ != Remat::none;
-    for (const auto& l : vision_) {
+    for (size_t i = 0; i < vision_.size(); ++i) {
+      const VisionLayer& l = vision_[i];
+      const bool ckpt = remat_ != Remat::none && int64_t(i) % remat_every_ == 0;
       x = run_segment(ckpt, [this, &l](const variable_list& in) { return variable_list{vision_layer(l, in[0])}; },
                       {x})[0];
     }
@@ -343,7 +346,11 @@ std::vector<Tensor> Pi05Model::joint_layer(const JointLayer& l, const Tensor& xp
     Tensor t = at::cat({linear(hp, wp.w, wp.b), linear(hs.y, ws.w, ws.b)}, 1);
     return t.view({b, s, heads, c.head_dim}).transpose(1, 2);
   };
-  Tensor q = apply_rope(project(l.prefix.q, l.suffix.q, c.heads), cos, sin);
+  // In the last layer only the action tokens query (their outputs are all the loss reads); the
+  // prefix still provides keys and values.
+  Tensor q = l.prefix_tail ? apply_rope(project(l.prefix.q, l.suffix.q, c.heads), cos, sin)
+                           : apply_rope(linear(hs.y, l.suffix.q.w, l.suffix.q.b).view({b, a, c.heads, c.head_dim}).transpose(1, 2),
+                                        cos.narrow(2, p, a), sin.narrow(2, p, a));
   Tensor k = apply_rope(project(l.prefix.k, l.suffix.k, c.kv_heads), cos, sin);
   Tensor v = project(l.prefix.v, l.suffix.v, c.kv_heads);
   // Grouped-query attention: expanding K/V keeps SDPA on its fused kernels with an arbitrary mask.
@@ -352,9 +359,10 @@ std::vector<Tensor> Pi05Model::joint_layer(const JointLayer& l, const Tensor& xp
     k = k.repeat_interleave(group, 1);
     v = v.repeat_interleave(group, 1);
   }
-  Tensor o = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, 1.0 / std::sqrt(double(c.head_dim)));
-  o = o.transpose(1, 2).reshape({b, s, c.heads * c.head_dim});
-  Tensor os = o.narrow(1, p, a);
+  Tensor rows = l.prefix_tail ? mask : mask.narrow(2, p, a).contiguous();
+  Tensor o = at::scaled_dot_product_attention(q, k, v, rows, 0.0, false, 1.0 / std::sqrt(double(c.head_dim)));
+  o = o.transpose(1, 2).reshape({b, q.size(2), c.heads * c.head_dim});
+  Tensor os = l.prefix_tail ? o.narrow(1, p, a) : o;
   Tensor ys = xs + linear(os, l.suffix.o.w, l.suffix.o.b) * hs.gate;
   AdaNormOut h2 = ada_rms_norm(ys, cond, l.suffix.ada2.w, l.suffix.ada2.b);
   auto mlp = [](const ExpertWeights& e, const Tensor& h) {
@@ -390,9 +398,10 @@ Tensor Pi05Model::velocity(const Batch& batch, const Tensor& x_t, const Tensor& 
   Tensor angle = (pos.unsqueeze(-1) * inv).unsqueeze(1);  // [B, 1, S, D/2]
   Tensor cos = at::cos(angle), sin = at::sin(angle);
 
-  const bool ckpt = remat_ == Remat::layers;
   Tensor xp = prefix, xs = suffix;
-  for (const auto& l : layers_) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const JointLayer& l = layers_[i];
+    const bool ckpt = remat_ == Remat::layers && int64_t(i) % remat_every_ == 0;
     auto out = run_segment(
         ckpt,
         [this, &l, mask, cos, sin](const variable_list& in) { return joint_layer(l, in[0], in[1], in[2], mask, cos, sin); },

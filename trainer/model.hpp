@@ -64,12 +64,17 @@ class Pi05Model {
   const std::vector<NamedParam>& parameters() const { return params_; }
   int64_t parameter_count() const;
   // Tensors openpi's checkpoints carry that no loss reaches and this model therefore does not
-  // create: the last layer's prefix o_proj/post-attention norm/MLP and the backbone's final norm
+  // create: the last layer's prefix q_proj/o_proj/post-attention norm/MLP and the backbone's final norm
   // (the LM head is tied to the embedding). parameter_count() + this = openpi's 3.35 B.
   int64_t unreached_parameter_count() const;
   const ModelConfig& config() const { return cfg_; }
   at::ScalarType dtype() const { return dtype_; }
-  void set_remat(Remat remat) { remat_ = remat; }
+  // `every` = k checkpoints layers 0, k, 2k, ... of the covered towers (1 = all of them): the others
+  // keep their activations, trading memory for the recomputation (trainer/README.md, "Throughput").
+  void set_remat(Remat remat, int64_t every = 1) {
+    remat_ = remat;
+    remat_every_ = every < 1 ? 1 : every;
+  }
 
   // v_t for noisy actions x_t at flow time t. Batch tensors must be on the model's device.
   at::Tensor velocity(const Batch& batch, const at::Tensor& x_t, const at::Tensor& time) const;
@@ -99,6 +104,7 @@ class Pi05Model {
   at::ScalarType dtype_;
   at::Device device_;
   Remat remat_ = Remat::none;
+  int64_t remat_every_ = 1;
   std::vector<NamedParam> params_;
   // vision
   at::Tensor patch_w_, patch_b_, pos_emb_, post_ln_w_, post_ln_b_;

@@ -75,6 +75,25 @@ double learning_rate(const TrainConfig& t, int64_t step) {
   return t.end_lr + (t.peak_lr - t.end_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
 }
 
+std::vector<std::vector<size_t>> cut_buckets(const std::vector<NamedParam>& params, double cap_bytes) {
+  std::vector<std::vector<size_t>> out;
+  double bytes = 0;
+  for (size_t k = params.size(); k-- > 0;) {
+    const double n = double(params[k].tensor.numel()) * double(params[k].tensor.element_size());
+    if (out.empty() || (bytes > 0 && bytes + n > cap_bytes)) {
+      out.emplace_back();
+      bytes = 0;
+    }
+    out.back().push_back(k);
+    bytes += n;
+  }
+  return out;
+}
+
+double bucket_cap_bytes(const TrainConfig& t) {
+  return t.allreduce == "overlap" ? t.bucket_cap_mb * 1024 * 1024 : INFINITY;
+}
+
 // --- gradient buckets --------------------------------------------------------------------------
 // Our own buckets rather than c10d's Reducer: the Reducer's C++ API is internal to PyTorch's DDP
 // (its constructor changes between releases and it expects DDP's Python side for bucket rebuilding
@@ -89,7 +108,7 @@ class GradientBuckets {
     std::vector<size_t> params;
     std::vector<int64_t> offsets;
     int64_t numel = 0;
-    Tensor param_flat, grad_flat, grad32, master, exp_avg, exp_avg_sq;
+    Tensor param_flat, grad_flat, master, exp_avg, exp_avg_sq;
     int pending = 0;
     bool ready = false;
     bool launched = false;
@@ -100,19 +119,14 @@ class GradientBuckets {
                   c10::intrusive_ptr<c10d::Backend> pg)
       : params_(params), overlap_(t.allreduce == "overlap"), world_(world), pg_(std::move(pg)) {
     at::NoGradGuard no_grad;
-    const double cap = overlap_ ? t.bucket_cap_mb * 1024 * 1024 : INFINITY;
-    double bytes = 0;
-    for (size_t k = params.size(); k-- > 0;) {
-      const Tensor& p = params[k].tensor;
-      if (buckets_.empty() || (bytes > 0 && bytes + double(p.nbytes()) > cap)) {
-        buckets_.push_back(std::make_unique<Bucket>());
-        bytes = 0;
-      }
+    for (auto& indices : cut_buckets(params, bucket_cap_bytes(t))) {
+      buckets_.push_back(std::make_unique<Bucket>());
       Bucket& b = *buckets_.back();
-      b.params.push_back(k);
-      b.offsets.push_back(b.numel);
-      b.numel += p.numel();
-      bytes += double(p.nbytes());
+      for (size_t k : indices) {
+        b.params.push_back(k);
+        b.offsets.push_back(b.numel);
+        b.numel += params[k].tensor.numel();
+      }
     }
     owner_.assign(params.size(), {0, 0});
     for (size_t bi = 0; bi < buckets_.size(); ++bi) {
@@ -122,7 +136,6 @@ class GradientBuckets {
       b.grad_flat = at::zeros({b.numel}, first.options().requires_grad(false));
       const bool fp32 = first.scalar_type() == at::kFloat;
       b.master = fp32 ? b.param_flat : at::empty({b.numel}, b.param_flat.options().dtype(at::kFloat));
-      b.grad32 = fp32 ? b.grad_flat : at::empty({b.numel}, b.master.options());
       b.exp_avg = at::zeros({b.numel}, b.master.options());
       b.exp_avg_sq = at::zeros({b.numel}, b.master.options());
       for (size_t j = 0; j < b.params.size(); ++j) {
@@ -160,7 +173,8 @@ class GradientBuckets {
 
   int launched_in_backward() const { return launched_in_backward_; }
 
-  // Waits for every bucket's all-reduce and leaves the averaged fp32 gradients in grad32.
+  // Waits for every bucket's all-reduce: grad_flat then holds the sum over ranks (the optimiser
+  // widens and averages it bucket by bucket).
   void finish() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -176,9 +190,6 @@ class GradientBuckets {
     }
     for (auto& b : buckets_) {
       if (b->work) b->work->wait();
-      // Widen first, then average in fp32 (1/world is not exact in bf16 for every world size).
-      if (!b->grad32.is_same(b->grad_flat)) b->grad32.copy_(b->grad_flat);
-      if (world_ > 1) b->grad32.mul_(1.0 / world_);
     }
   }
 
@@ -237,7 +248,7 @@ Trainer::Trainer(const Config& config, int rank, int world, c10::intrusive_ptr<c
   const auto dtype = (cfg_.train.dtype == "bf16" && device_.is_cuda()) ? at::kBFloat16 : at::kFloat;
   model_ = std::make_unique<Pi05Model>(cfg_.model, cfg_.data.num_images, cfg_.data.max_token_len, dtype, device_,
                                        cfg_.train.seed);
-  model_->set_remat(parse_remat(cfg_.train.remat));
+  model_->set_remat(parse_remat(cfg_.train.remat), cfg_.train.remat_every);
   buckets_ = std::make_unique<GradientBuckets>(model_->parameters(), cfg_.train, world_, std::move(pg));
 }
 
@@ -275,26 +286,27 @@ StepStats Trainer::step(const Batch& batch, const Tensor& noise, const Tensor& t
   }
   NvtxRange r("optimizer");
   at::NoGradGuard no_grad;
-  std::vector<Tensor> masters, grads, m, v;
-  for (auto& b : buckets_->buckets()) {
-    masters.push_back(b->master);
-    grads.push_back(b->grad32);
-    m.push_back(b->exp_avg);
-    v.push_back(b->exp_avg_sq);
-  }
-  Tensor norm = at::stack(at::_foreach_norm(grads)).norm();
-  if (t.clip_norm > 0) {
-    Tensor coef = at::clamp_max(t.clip_norm / (norm + 1e-6), 1.0);
-    at::_foreach_mul_(grads, coef);
-  }
+  auto& buckets = buckets_->buckets();
+  std::vector<Tensor> summed;
+  for (auto& b : buckets) summed.push_back(b->grad_flat);
+  // Global norm of the averaged gradient, accumulated in fp32 straight from the (bf16) buckets.
+  Tensor norm = at::stack(at::_foreach_norm(summed, 2, at::kFloat)).norm() * (1.0 / double(world_));
+  // One factor turns the all-reduced sum into the clipped average.
+  Tensor scale = at::full({}, 1.0 / double(world_), norm.options());
+  if (t.clip_norm > 0) scale = scale * at::clamp_max(t.clip_norm / (norm + 1e-6), 1.0);
   stats.lr = learning_rate(t, step_);
-  stats.buckets = int(buckets_->buckets().size());
+  stats.buckets = int(buckets.size());
   stats.buckets_launched_in_backward = buckets_->launched_in_backward();
   // One step counter shared by every flat buffer: the fused kernel only reads it.
-  Tensor step_count = at::full({}, double(step_ + 1), masters[0].options());
-  std::vector<Tensor> steps(masters.size(), step_count);
-  at::_fused_adamw_(masters, grads, m, v, {}, steps, stats.lr, t.beta1, t.beta2, t.weight_decay, t.eps,
-                    /*amsgrad=*/false, /*maximize=*/false);
+  Tensor step_count = at::full({}, double(step_ + 1), buckets[0]->master.options());
+  // Bucket by bucket, so the fp32 gradient exists for one bucket at a time (a full fp32 gradient
+  // copy of pi05 would hold 12 GiB for the whole step); in fp32 the bucket itself is scaled.
+  for (auto& b : buckets) {
+    Tensor grad = b->grad_flat.scalar_type() == at::kFloat ? b->grad_flat : b->grad_flat.to(at::kFloat);
+    grad.mul_(scale);
+    at::_fused_adamw_({b->master}, {grad}, {b->exp_avg}, {b->exp_avg_sq}, {}, {step_count}, stats.lr, t.beta1,
+                      t.beta2, t.weight_decay, t.eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
   sync_params_from_masters();
   ++step_;
   stats.loss = loss.item<double>();
@@ -405,6 +417,19 @@ std::vector<double> Trainer::parameter_checksum() const {
     p2 += d.pow(2).sum().item<double>();
   }
   return {s, s2, p, p2};
+}
+
+Tensor Trainer::master(size_t index) const {
+  auto [bi, j] = buckets_->owner(index);
+  const auto& b = *buckets_->buckets()[bi];
+  const Tensor& p = model_->parameters().at(index).tensor;
+  return b.master.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
+}
+
+std::vector<int64_t> Trainer::bucket_bytes() const {
+  std::vector<int64_t> out;
+  for (const auto& b : buckets_->buckets()) out.push_back(int64_t(b->grad_flat.nbytes()));
+  return out;
 }
 
 // --- one rank's run ----------------------------------------------------------------------------
@@ -533,7 +558,24 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
                  "allreduce {} (cap {} MiB)\n",
                  cfg.preset_name, nparams, double(nparams) / 1e9,
                  double(nparams + trainer.model().unreached_parameter_count()) / 1e9, world, t.micro_batch,
-                 cfg.seq_len(), t.dtype, t.remat, t.allreduce, t.bucket_cap_mb);
+                 cfg.seq_len(), t.dtype,
+                 t.remat == "none" || t.remat_every == 1 ? t.remat : fmt::format("{} every {}", t.remat, t.remat_every),
+                 t.allreduce, t.bucket_cap_mb);
+    if (rank == 0) {
+      // The all-reduce traffic per step, bucket by bucket in launch order: what fp8wire will see.
+      const auto sizes = trainer.bucket_bytes();
+      int64_t total = 0, largest = 0;
+      std::string list;
+      for (int64_t b : sizes) {
+        total += b;
+        largest = std::max(largest, b);
+        if (list.size() < 400) list += fmt::format("{}{:.1f}", list.empty() ? "" : " ", double(b) / (1 << 20));
+      }
+      fmt::print("gradient buckets: {} per step in {}, {:.1f} MiB in all, largest {:.1f} MiB; MiB in launch "
+                 "order: {}{}\n",
+                 sizes.size(), c10::toString(trainer.model().dtype()), double(total) / (1 << 20),
+                 double(largest) / (1 << 20), list, list.size() >= 400 ? " ..." : "");
+    }
 
     std::unique_ptr<DataSource> source;
     if (cfg.data.source == "synthetic") source = make_synthetic_source(cfg);

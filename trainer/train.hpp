@@ -29,6 +29,15 @@ struct StepStats {
 // warmup_cosine_decay_schedule, as openpi). lr(0) > 0, so step 0 updates.
 double learning_rate(const TrainConfig& t, int64_t step);
 
+// Gradient buckets as the trainer cuts them: parameter indices per bucket, in launch order (the
+// parameters in reverse registration order, a new bucket whenever the next one would pass
+// `cap_bytes`; one bucket alone may exceed it when a single tensor does). Bytes count the
+// parameters' own dtype, which is the dtype the bucket is all-reduced in (bf16 on the GPU).
+std::vector<std::vector<size_t>> cut_buckets(const std::vector<NamedParam>& params, double cap_bytes);
+// The cap in bytes for a config: train.bucket_cap_mb MiB with "overlap", unlimited (one bucket)
+// with "after_backward".
+double bucket_cap_bytes(const TrainConfig& t);
+
 class GradientBuckets;
 
 class Trainer {
@@ -54,6 +63,11 @@ class Trainer {
   std::string load_weights(const std::string& path);
   // {sum, sum of squares} of the fp32 masters and of the device parameters, as doubles.
   std::vector<double> parameter_checksum() const;
+  // The fp32 master copy of parameter `index` (in model().parameters() order), shaped like it: the
+  // optimiser updates this, the device parameter is its rounding to the compute dtype.
+  at::Tensor master(size_t index) const;
+  // Bytes of each gradient bucket as all-reduced, in launch order.
+  std::vector<int64_t> bucket_bytes() const;
 
  private:
   void sync_params_from_masters();

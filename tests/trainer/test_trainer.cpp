@@ -8,6 +8,8 @@
 #include <ftw.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include "trainer/config.hpp"
 #include "trainer/data.hpp"
 #include "trainer/model.hpp"
@@ -202,16 +204,74 @@ TEST_CASE("learning rate: step 0 is non-zero, warmup then cosine") {
   CHECK(learning_rate(t, 100) == doctest::Approx(0.1));
 }
 
-TEST_CASE("step 0 updates every trained parameter") {
+TEST_CASE("step 0 moves every parameter that has a gradient; step 1 reaches the rest") {
   Config c = tiny_config();
   Trainer trainer(c, 0, 1, {});
-  Tensor before = all_params(trainer.model()).clone();
+  const auto& params = trainer.model().parameters();
+  auto snapshot = [&] {
+    std::vector<Tensor> out;
+    for (size_t k = 0; k < params.size(); ++k) out.push_back(trainer.master(k).clone());
+    return out;
+  };
+  const std::vector<Tensor> before = snapshot();
   StepStats s = trainer.step(tiny_batch(c));
   CHECK(s.lr > 0);
+  CHECK(s.lr == learning_rate(c.train, 0));
   CHECK(std::isfinite(s.loss));
   CHECK(s.grad_norm > 0);
-  CHECK_FALSE(at::equal(before, all_params(trainer.model())));
   CHECK(trainer.steps_done() == 1);
+  // openpi zero-initialises the adaRMS projections, so every expert gate is 0 at step 0: the
+  // gradient reaches only the path around the gated branches (action_in/out_proj, the adaRMS
+  // projections). Those must all move; once the gates are non-zero, step 1 reaches the rest.
+  std::vector<std::string> unmoved;
+  int with_grad = 0;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const bool has_grad = params[k].tensor.grad().abs().max().item<float>() > 0;
+    with_grad += has_grad;
+    if (has_grad) CHECK_MESSAGE(!at::equal(before[k], trainer.master(k)), params[k].name, " did not move at step 0");
+  }
+  CHECK(with_grad > 0);
+  for (size_t k = 0; k < params.size(); ++k)
+    if (params[k].name == "action_out_proj.weight" ||
+        params[k].name == "paligemma_with_expert.gemma_expert.model.layers.0.input_layernorm.dense.weight")
+      CHECK_MESSAGE(!at::equal(before[k], trainer.master(k)), params[k].name, " did not move at step 0");
+  trainer.step(tiny_batch(c, c.train.micro_batch));
+  for (size_t k = 0; k < params.size(); ++k)
+    if (at::equal(before[k], trainer.master(k))) unmoved.push_back(params[k].name);
+  for (const auto& name : unmoved) CHECK_MESSAGE(false, name, " has not moved after two steps");
+  CHECK(unmoved.empty());
+}
+
+TEST_CASE("gradient buckets: bf16, cut at the cap in reverse registration order") {
+  // The presets' real layouts, built on the meta device (shapes only, no memory).
+  for (const char* preset : {"pi05_small", "pi05"}) {
+    Config c;
+    REQUIRE(load_config_file(std::string(FP8WIRE_TRAINER_CONFIG_DIR) + "/" + preset + ".toml", c) == "");
+    Pi05Model m(c.model, c.data.num_images, c.data.max_token_len, at::kBFloat16, at::Device(at::kMeta), 0);
+    const auto& params = m.parameters();
+    const double cap = bucket_cap_bytes(c.train);
+    CHECK(cap == c.train.bucket_cap_mb * 1024 * 1024);
+    const auto buckets = cut_buckets(params, cap);
+    size_t next = params.size();
+    std::string sizes;
+    double total = 0;
+    for (const auto& b : buckets) {
+      double bytes = 0;
+      for (size_t k : b) {
+        CHECK(k + 1 == next);  // launch order = reverse registration order, every parameter once
+        next = k;
+        bytes += double(params[k].tensor.nbytes());
+      }
+      CHECK((bytes <= cap || b.size() == 1));
+      total += bytes;
+      sizes += fmt::format(" {:.1f}", bytes / (1 << 20));
+    }
+    CHECK(next == 0);
+    MESSAGE(std::string(preset), ": ", buckets.size(), " bf16 buckets, ", total / (1 << 20), " MiB per step; MiB:", sizes);
+    Config one = c;
+    one.train.allreduce = "after_backward";
+    CHECK(cut_buckets(params, bucket_cap_bytes(one.train)).size() == 1);
+  }
 }
 
 TEST_CASE("activation checkpointing gives the same loss and gradients") {
@@ -219,11 +279,12 @@ TEST_CASE("activation checkpointing gives the same loss and gradients") {
   Batch b = tiny_batch(c);
   Tensor n = at::randn({4, 6, 8});
   Tensor t = at::full({4}, 0.45);
-  std::vector<Tensor> grads[2];
-  double losses[2];
-  for (int k = 0; k < 2; ++k) {
+  // none, every layer, every other layer (tiny has 2 vision and 2 joint layers: one of each rerun).
+  std::vector<Tensor> grads[3];
+  double losses[3];
+  for (int k = 0; k < 3; ++k) {
     Pi05Model m(c.model, c.data.num_images, c.data.max_token_len, at::kFloat, at::kCPU, 5);
-    m.set_remat(k == 0 ? Remat::none : Remat::layers);
+    m.set_remat(k == 0 ? Remat::none : Remat::layers, k == 2 ? 2 : 1);
     Tensor loss = m.loss(b, n, t);
     loss.backward();
     losses[k] = loss.item<double>();
@@ -232,9 +293,11 @@ TEST_CASE("activation checkpointing gives the same loss and gradients") {
       grads[k].push_back(p.tensor.grad().clone());
     }
   }
-  CHECK(losses[0] == losses[1]);
-  REQUIRE(grads[0].size() == grads[1].size());
-  for (size_t i = 0; i < grads[0].size(); ++i) CHECK(at::allclose(grads[0][i], grads[1][i], 1e-5, 1e-6));
+  for (int k = 1; k < 3; ++k) {
+    CHECK(losses[0] == losses[k]);
+    REQUIRE(grads[0].size() == grads[k].size());
+    for (size_t i = 0; i < grads[0].size(); ++i) CHECK(at::allclose(grads[0][i], grads[k][i], 1e-5, 1e-6));
+  }
 }
 
 TEST_CASE("overfits one fixed batch: the loss falls by 10x") {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,14 @@ std::string parse_sweep(const SweepArgs& a, fb::SweepOptions& o) {
   o.check = !a.no_check;
   o.json_path = a.json.empty() ? a.out_dir + "/fp8wire-sweep.json" : a.json;
   o.profile_path = a.profile.empty() ? a.out_dir + "/fp8wire-profile.toml" : a.profile;
+  // Create the output folders now: a sweep can run for many minutes, and its results must not be
+  // lost at the end to a folder that does not exist.
+  for (const std::string* path : {&o.json_path, &o.profile_path}) {
+    const std::filesystem::path dir = std::filesystem::path(*path).parent_path();
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+    if (ec) return fmt::format("cannot create the folder of '{}': {}", *path, ec.message());
+  }
   return {};
 }
 

@@ -1,21 +1,38 @@
 #!/usr/bin/env bash
-# The issue-4 performance points on the emulated testbed (N ranks sharing one GPU over NCCL sockets):
-# bf16 all-reduce, plain NCCL vs fp8wire's two-shot / one-shot / ring, at 4, 16, 64 and 256 MiB,
-# for 2 and 4 ranks, and once more at 2 ranks against NCCL's Tree all-reduce (set per collective:
-# NCCL_ALGO=allreduce:tree, because NCCL_ALGO=Tree alone breaks all-gather). Every point is checked
-# for correctness by fp8wire-bench. JSON and tables under $OUT.
+# The issue-4/5 performance points on the emulated testbed (N ranks sharing one GPU over NCCL
+# sockets), every point checked for correctness by fp8wire-bench:
+#   ar2       bf16 all-reduce, 2 ranks, 64 KiB..256 MiB: plain NCCL vs two-shot / one-shot / ring,
+#             crossover, threshold profile, plot
+#   ar2_tree  the same against NCCL's Tree all-reduce (set per collective: NCCL_ALGO=allreduce:tree,
+#             because NCCL_ALGO=Tree alone breaks all-gather), 4..256 MiB
+#   ar4       4 ranks, 4..256 MiB
+#   rsag2     reduce-scatter and all-gather, 2 ranks, 64 KiB..64 MiB (crossovers)
+# JSON, profiles, plots and tables under $OUT.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT="${OUT:-out/perf}"; mkdir -p "$OUT"
 BIN=build/bench/fp8wire-bench
-sweep() {  # sweep <label> <ranks> [env...]
-  local label="$1" ranks="$2"; shift 2
-  echo "==== $label: $ranks emulated ranks $*"
-  env "$@" timeout -k 5 150 "$BIN" sweep --emulate-ranks "$ranks" --collectives all_reduce --dtypes bf16 \
-    --min 4MiB --max 256MiB --step 4 --warmup 2 --repeats 5 --buffers 2 --timeout 140 \
-    --out "$OUT/$label" > "$OUT/$label.log" 2> "$OUT/$label.err"
-  echo "rc=$?"; grep -vE '^\s*$' "$OUT/$label.log" | tail -n 30
+only="${PERF_SWEEPS:-ar2 ar4 ar2_tree rsag2}"   # which sweeps to run
+sweep() {  # sweep <label> <ranks> <min> <max> <collectives> <paths> [env...]
+  local label="$1" ranks="$2" min="$3" max="$4" coll="$5" paths="$6"; shift 6
+  [[ " $only " == *" $label "* ]] || return 0
+  mkdir -p "$OUT/$label"
+  local s=$(date +%s)
+  env "$@" timeout -k 5 "${PERF_SWEEP_LIMIT:-100}" "$BIN" sweep --emulate-ranks "$ranks" --collectives "$coll" \
+    --dtypes bf16 --paths "$paths" --min "$min" --max "$max" --step 4 --warmup 2 --repeats 5 --buffers 2 \
+    --timeout "$(( ${PERF_SWEEP_LIMIT:-100} - 5 ))" --out "$OUT/$label" > "$OUT/$label.log" 2> "$OUT/$label.err"
+  local rc=$?
+  echo "==== $label: $ranks ranks, $coll, $min..$max $* rc=$rc ($(( $(date +%s) - s )) s)"
+  (( rc == 0 )) || tail -n 5 "$OUT/$label.err"
+  grep -vE '^\s*$' "$OUT/$label.log" | tail -n 24
+  python3 scripts/plot_sweep.py "$OUT/$label/fp8wire-sweep.json" -o "$OUT/$label.png" >/dev/null 2>&1 || true
 }
-sweep ar2 2
-sweep ar2_tree 2 NCCL_ALGO=allreduce:tree
-sweep ar4 4
+sweep ar2 2 64KiB 256MiB all_reduce passthrough,two_shot,one_shot,ring
+sweep ar4 4 4MiB 256MiB all_reduce passthrough,two_shot,one_shot
+sweep ar2_tree 2 4MiB 256MiB all_reduce passthrough,two_shot,one_shot NCCL_ALGO=allreduce:tree
+sweep rsag2 2 64KiB 64MiB reduce_scatter,all_gather passthrough,two_shot,one_shot
+jsons=$(ls "$OUT"/*/fp8wire-sweep.json 2>/dev/null)
+if [[ -n "$jsons" ]]; then
+  "$BIN" model $jsons > "$OUT/model.log" 2>&1
+  echo "==== model rc=$?"; tail -n 25 "$OUT/model.log"
+fi

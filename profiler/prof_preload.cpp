@@ -103,30 +103,6 @@ int64_t now_ns() {
   return static_cast<int64_t>(t);
 }
 
-const char* call_kind_name(CallKind k) {
-  switch (k) {
-    case CallKind::all_reduce: return "all_reduce";
-    case CallKind::reduce_scatter: return "reduce_scatter";
-    case CallKind::all_gather: return "all_gather";
-    case CallKind::broadcast: return "broadcast";
-    case CallKind::reduce: return "reduce";
-    case CallKind::send: return "send";
-    case CallKind::recv: return "recv";
-  }
-  return "unknown";
-}
-
-const char* path_name(Path p) {
-  switch (p) {
-    case Path::passthrough: return "passthrough";
-    case Path::two_shot: return "two_shot";
-    case Path::one_shot: return "one_shot";
-    case Path::ring: return "ring";
-    case Path::fallback: return "fallback";
-  }
-  return "unknown";
-}
-
 const char* dtype_name(ncclDataType_t t) {
   switch (t) {
     case ncclInt8: return "int8";
@@ -584,9 +560,9 @@ void Profiler::drain_events_locked() {
     CallInfo c;
     c.seq = e.record.seq;
     c.issue_ns = e.issue_time;
-    c.kind = collector_.names().intern(call_kind_name(e.record.kind));
+    c.kind = collector_.names().intern(to_string(e.record.kind));
     c.dtype = collector_.names().intern(dtype_name(e.record.dtype));
-    c.path = collector_.names().intern(path_name(e.record.path));
+    c.path = collector_.names().intern(to_string(e.record.path));
     c.range = collector_.range_name(e.range_hash);
     c.app_bytes = e.record.app_bytes;
     c.wire_bytes = e.record.wire_bytes;

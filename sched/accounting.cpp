@@ -8,30 +8,6 @@
 
 namespace fp8wire {
 
-const char* to_string(Path p) {
-  switch (p) {
-    case Path::passthrough: return "passthrough";
-    case Path::two_shot: return "two_shot";
-    case Path::one_shot: return "one_shot";
-    case Path::ring: return "ring";
-    case Path::fallback: return "fallback";
-  }
-  return "?";
-}
-
-const char* to_string(CallKind k) {
-  switch (k) {
-    case CallKind::all_reduce: return "all_reduce";
-    case CallKind::reduce_scatter: return "reduce_scatter";
-    case CallKind::all_gather: return "all_gather";
-    case CallKind::broadcast: return "broadcast";
-    case CallKind::reduce: return "reduce";
-    case CallKind::send: return "send";
-    case CallKind::recv: return "recv";
-  }
-  return "?";
-}
-
 namespace {
 std::atomic<const CallHooks*> g_hooks{nullptr};
 

@@ -21,10 +21,31 @@ enum class Path : uint8_t {
   ring = 3,         // FP8 ring (comparison only)
   fallback = 4,     // eligible, but the FP8 path could not run; passed through (reason logged once)
 };
-const char* to_string(Path);
+// Inline, so the profiler companion and the benchmark name paths the same way without linking sched.
+inline const char* to_string(Path p) {
+  switch (p) {
+    case Path::passthrough: return "passthrough";
+    case Path::two_shot: return "two_shot";
+    case Path::one_shot: return "one_shot";
+    case Path::ring: return "ring";
+    case Path::fallback: return "fallback";
+  }
+  return "unknown";
+}
 
 enum class CallKind : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, send, recv };
-const char* to_string(CallKind);
+inline const char* to_string(CallKind k) {
+  switch (k) {
+    case CallKind::all_reduce: return "all_reduce";
+    case CallKind::reduce_scatter: return "reduce_scatter";
+    case CallKind::all_gather: return "all_gather";
+    case CallKind::broadcast: return "broadcast";
+    case CallKind::reduce: return "reduce";
+    case CallKind::send: return "send";
+    case CallKind::recv: return "recv";
+  }
+  return "unknown";
+}
 
 struct CallRecord {
   uint64_t seq = 0;            // per-process sequence number of intercepted collectives, from 1

@@ -154,16 +154,7 @@ const char* fabric_name(Fabric f) {
   return "?";
 }
 
-const char* path_name(Path p) {
-  switch (p) {
-    case Path::passthrough: return "passthrough";
-    case Path::two_shot: return "two_shot";
-    case Path::one_shot: return "one_shot";
-    case Path::ring: return "ring";
-    case Path::fallback: return "fallback";
-  }
-  return "?";
-}
+const char* path_name(Path p) { return fp8wire::to_string(p); }
 
 std::optional<Path> parse_path(std::string_view text) {
   const std::string s = lower(text);

@@ -4,17 +4,30 @@
     scripts/convert_lerobot_libero.py --dataset /data/libero --out /data/libero_shards \
         [--tokenizer paligemma_tokenizer.model] [--max-token-len 200] [--horizon 50] [--samples-per-shard 512]
 
-Input: a LeRobot v2 dataset directory (meta/info.json, meta/tasks.jsonl, data/chunk-*/episode_*.parquet)
-with image columns (`image`, `wrist_image` or `observation.images.*`) holding 256x256 frames as
-encoded bytes, `state` (8) and `actions` (7), as in the LIBERO dataset openpi trains on.
-Output: shard-NNNNN.safetensors, each sample one frame t with its action chunk actions[t : t + horizon]
-(past the episode end the last action repeats, as LeRobot's delta_timestamps padding does), and
-norm_stats.json with openpi's quantile statistics (q01/q99, mean, std) of state and actions.
-Normalisation is applied here, so the trainer reads ready-to-use values:
+Input: a LeRobot v2.x dataset directory (meta/info.json, meta/tasks.jsonl,
+data/chunk-*/episode_*.parquet) whose cameras are image features (PNG/JPEG bytes in the parquet,
+as struct {bytes, path}), with an 8-value state and 7-value actions. Column names are taken from
+meta/info.json: openpi's LIBERO dataset (`image`, `wrist_image`, `state`, `actions`) and LeRobot's
+naming (`observation.images.image`, `observation.images.wrist_image` or `.image2`,
+`observation.state`, `action`) are both recognised; --cameras/--state-key/--action-key override.
+Video features (frames in videos/*.mp4) are not read: decoding them needs a video decoder.
+
+Output: shard-NNNNN.safetensors, each sample one frame t of an episode with its action chunk
+actions[t : t + horizon]; past the episode's last frame the last action repeats (LeRobot clamps
+delta_timestamps queries to the episode, openpi trains on that). Episodes are told apart by the
+`episode_index` column, so a file holding several episodes is split correctly.
+norm_stats.json holds the statistics (mean, std, q01, q99) as openpi's compute_norm_stats gathers
+them: state over frames, actions over the elements of every action chunk (so the repeated last
+action counts as often as the chunks repeat it). Quantiles are exact (numpy's linear
+interpolation) where openpi approximates them with a 5000-bin histogram: the two differ by at most
+one bin, (max - min) / 5000. Normalisation is applied here, so the trainer reads ready-to-use values:
     x_norm = (x - q01) / (q99 - q01 + 1e-6) * 2 - 1
-Prompts follow pi05: "Task: <task>, State: <256-bin discretised state>;\\nAction: ", tokenised with
-SentencePiece (the PaliGemma tokenizer model, with BOS) when --tokenizer is given; without one, the
-UTF-8 bytes + 1 stand in for token ids (enough to exercise the pipeline, not to train a real policy).
+Prompts follow pi05: "Task: <task>, State: <256-bin discretised state>;\\nAction: " with the
+normalised 8-value state discretised by np.digitize as openpi does (no clipping, so a value below
+-1 shows as -1), tokenised with SentencePiece (the PaliGemma tokenizer model, with BOS) when
+--tokenizer is given; without one, the UTF-8 bytes + 1 stand in for token ids (enough to exercise
+the pipeline, not to train a real policy).
+Samples are written in dataset order (episode by episode); the trainer reads them in file order.
 Needs numpy, pyarrow, pillow, and sentencepiece when --tokenizer is given.
 """
 import argparse
@@ -24,6 +37,13 @@ import json
 import os
 import struct
 import sys
+
+# Names tried, in order, when the corresponding option is "auto".
+STATE_KEYS = ("observation.state", "state")
+ACTION_KEYS = ("action", "actions")
+CAMERA_SETS = (("observation.images.image", "observation.images.wrist_image"),
+               ("observation.images.image", "observation.images.image2"),
+               ("image", "wrist_image"))
 
 
 def fail(message):
@@ -56,34 +76,119 @@ def write_safetensors(path, tensors, metadata):
     os.replace(tmp, path)
 
 
-def quantile_stats(values):
+def repeated_stats(values, counts):
+    """mean, std, q01, q99 per column of `values` [N, D] with row i repeated counts[i] times, without
+    materialising the repeats; quantiles as np.quantile's default (linear) method on the repeated rows."""
     import numpy as np
-    v = np.asarray(values, dtype=np.float64)
-    return {"mean": v.mean(0).tolist(), "std": v.std(0).tolist(),
-            "q01": np.quantile(v, 0.01, axis=0).tolist(), "q99": np.quantile(v, 0.99, axis=0).tolist()}
+    v = np.asarray(values, np.float64)
+    c = np.asarray(counts, np.int64)
+    total = int(c.sum())
+    if total < 2:
+        fail("fewer than 2 values: cannot compute normalisation statistics")
+    mean = (v * c[:, None]).sum(0) / total
+    std = np.sqrt(((v - mean) ** 2 * c[:, None]).sum(0) / total)
+    result = {"mean": mean.tolist(), "std": std.tolist()}
+    for name, q in (("q01", 0.01), ("q99", 0.99)):
+        position = q * (total - 1)
+        lo = int(np.floor(position))
+        frac = position - lo
+        column_values = []
+        for d in range(v.shape[1]):
+            order = np.argsort(v[:, d], kind="stable")
+            sorted_v, ends = v[order, d], np.cumsum(c[order])
+            # Repeated-row index k lives in the first run whose cumulative end exceeds k.
+            a = sorted_v[np.searchsorted(ends, lo, side="right")]
+            b = sorted_v[np.searchsorted(ends, min(lo + 1, total - 1), side="right")]
+            column_values.append(float(a + (b - a) * frac))
+        result[name] = column_values
+    return result
 
 
 def normalise(x, stats):
+    """openpi's quantile normalisation, in float64 as openpi's numpy pipeline computes it."""
     import numpy as np
-    q01, q99 = np.asarray(stats["q01"], np.float32), np.asarray(stats["q99"], np.float32)
-    return (x - q01) / (q99 - q01 + 1e-6) * 2.0 - 1.0
+    q01, q99 = np.asarray(stats["q01"], np.float64), np.asarray(stats["q99"], np.float64)
+    return (np.asarray(x, np.float64) - q01) / (q99 - q01 + 1e-6) * 2.0 - 1.0
 
 
-def decode_image(cell, size):
-    """A LeRobot image cell: {'bytes': PNG/JPEG, 'path': ...}, raw bytes, or an HxWx3 array."""
+def chunk_indices(length, horizon):
+    """[length, horizon] frame indices of each frame's action chunk, clamped to the episode's last frame."""
+    import numpy as np
+    return np.minimum(np.arange(length)[:, None] + np.arange(horizon)[None, :], length - 1)
+
+
+def decode_image(cell, size, dataset_dir, where):
+    """A LeRobot image cell: {'bytes': PNG/JPEG, 'path': ...} (bytes may be null when only the path,
+    relative to the dataset, was stored), raw bytes, or an HxWx3 array."""
     import numpy as np
     from PIL import Image
     if isinstance(cell, dict):
-        cell = cell.get("bytes")
+        data = cell.get("bytes")
+        if data is None and cell.get("path"):
+            path = cell["path"] if os.path.isabs(cell["path"]) else os.path.join(dataset_dir, cell["path"])
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                fail(f"{where}: image cell has no bytes and its path cannot be read: {e}")
+        cell = data
     if isinstance(cell, (bytes, bytearray)):
-        img = Image.open(io.BytesIO(cell)).convert("RGB")
+        try:
+            img = Image.open(io.BytesIO(cell)).convert("RGB")
+        except Exception as e:  # PIL raises several types for undecodable data
+            fail(f"{where}: cannot decode image bytes: {e}")
         if img.size != (size, size):
             img = img.resize((size, size), Image.BILINEAR)
         return np.asarray(img, dtype=np.uint8)
+    if cell is None:
+        fail(f"{where}: empty image cell")
     array = np.asarray(cell, dtype=np.uint8)
     if array.shape != (size, size, 3):
-        fail(f"image of shape {array.shape}, expected ({size}, {size}, 3); pass --camera-size")
+        fail(f"{where}: image of shape {array.shape}, expected ({size}, {size}, 3); pass --camera-size")
     return array
+
+
+def column_matrix(table, name, where):
+    """A list<float> column as a float64 [rows, dim] array."""
+    import numpy as np
+    rows = table.column(name).to_pylist()
+    try:
+        matrix = np.asarray(rows, np.float64)
+    except ValueError:
+        fail(f"{where}: column '{name}' has rows of different lengths")
+    if matrix.ndim != 2:
+        fail(f"{where}: column '{name}' is not a vector per frame (shape {matrix.shape})")
+    return matrix
+
+
+def resolve_columns(args, features, available):
+    """Picks the state/action/camera columns: explicit options win, else the first known name present."""
+    def pick(option, candidates, what):
+        if option != "auto":
+            return option
+        for name in candidates:
+            if name in available:
+                return name
+        fail(f"no {what} column among {list(candidates)}; columns are {sorted(available)} (pass --{what}-key)")
+    state_key = pick(args.state_key, STATE_KEYS, "state")
+    action_key = pick(args.action_key, ACTION_KEYS, "action")
+    if args.cameras != "auto":
+        cameras = [c for c in args.cameras.split(",") if c]
+    else:
+        for candidate in CAMERA_SETS:
+            if all(c in available or c in features for c in candidate):
+                cameras = list(candidate)
+                break
+        else:
+            fail(f"no known LIBERO camera pair ({[list(c) for c in CAMERA_SETS]}); columns are "
+                 f"{sorted(available)} (pass --cameras)")
+    for c in cameras:
+        if features.get(c, {}).get("dtype") == "video":
+            fail(f"camera '{c}' is a video feature (frames in videos/*.mp4): this converter reads image "
+                 f"features only (PNG/JPEG bytes in the parquet files)")
+        if c not in available:
+            fail(f"camera column '{c}' is not in the parquet files; columns are {sorted(available)}")
+    return state_key, action_key, cameras
 
 
 def main():
@@ -91,20 +196,24 @@ def main():
     p.add_argument("--dataset", required=True, help="LeRobot dataset directory")
     p.add_argument("--out", required=True, help="output directory for shards and norm_stats.json")
     p.add_argument("--tokenizer", help="SentencePiece model (PaliGemma's) for the prompts")
-    p.add_argument("--cameras", default="image,wrist_image",
-                   help="comma-separated image columns, in slot order (default image,wrist_image)")
-    p.add_argument("--state-key", default="state")
-    p.add_argument("--action-key", default="actions")
+    p.add_argument("--cameras", default="auto",
+                   help="comma-separated image columns in slot order (default: auto, from the known LIBERO names)")
+    p.add_argument("--state-key", default="auto", help="state column (default: auto)")
+    p.add_argument("--action-key", default="auto", help="action column (default: auto)")
     p.add_argument("--camera-size", type=int, default=256)
     p.add_argument("--max-token-len", type=int, default=200)
     p.add_argument("--horizon", type=int, default=50)
     p.add_argument("--samples-per-shard", type=int, default=512)
     p.add_argument("--max-episodes", type=int, default=0, help="convert only the first N episodes (0 = all)")
     args = p.parse_args()
+    for name in ("camera_size", "max_token_len", "horizon", "samples_per_shard"):
+        if getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
 
     try:
         import numpy as np
         import pyarrow.parquet as pq
+        import PIL  # noqa: F401  (checked here so a missing pillow fails before any work)
     except ImportError as e:
         fail(f"{e}; install numpy, pyarrow and pillow")
     tokenizer = None
@@ -115,37 +224,78 @@ def main():
             fail("--tokenizer needs the sentencepiece package")
         tokenizer = sentencepiece.SentencePieceProcessor(model_file=args.tokenizer)
 
+    info = {}
+    info_path = os.path.join(args.dataset, "meta", "info.json")
+    if os.path.exists(info_path):
+        with open(info_path) as f:
+            info = json.load(f)
+    version = str(info.get("codebase_version", "v2"))
+    if not version.startswith("v2"):
+        fail(f"{info_path}: codebase_version {version}; this converter reads LeRobot v2.x datasets "
+             f"(one parquet file per episode, meta/tasks.jsonl)")
+    features = info.get("features", {})
+
     files = sorted(glob.glob(os.path.join(args.dataset, "data", "*", "*.parquet")))
     if not files:
         fail(f"no data/*/*.parquet under {args.dataset}: not a LeRobot v2 dataset")
-    if args.max_episodes:
-        files = files[:args.max_episodes]
     tasks = {}
     tasks_path = os.path.join(args.dataset, "meta", "tasks.jsonl")
     if os.path.exists(tasks_path):
-        for line in open(tasks_path):
-            if line.strip():
-                t = json.loads(line)
-                tasks[int(t["task_index"])] = t["task"]
-    cameras = [c for c in args.cameras.split(",") if c]
+        with open(tasks_path) as f:
+            for line in f:
+                if line.strip():
+                    t = json.loads(line)
+                    tasks[int(t["task_index"])] = t["task"]
+    available = set(pq.read_schema(files[0]).names)
+    state_key, action_key, cameras = resolve_columns(args, features, available)
 
-    # Pass 1: statistics over every frame (openpi computes them before training, on raw values).
-    states, actions = [], []
-    for path in files:
-        table = pq.read_table(path, columns=[args.state_key, args.action_key]).to_pydict()
-        states.extend(table[args.state_key])
-        actions.extend(table[args.action_key])
-    stats = {"state": quantile_stats(states), "actions": quantile_stats(actions)}
+    def episodes(columns):
+        """Yields (file, episode index, table rows of that episode in frame order), the first
+        --max-episodes episodes only."""
+        seen = 0
+        for path in files:
+            table = pq.read_table(path, columns=columns)
+            if "episode_index" in table.column_names:
+                ids = np.asarray(table.column("episode_index").to_pylist(), np.int64)
+            else:
+                ids = np.zeros(table.num_rows, np.int64)  # no column: the file is one episode
+            frame = (np.asarray(table.column("frame_index").to_pylist(), np.int64)
+                     if "frame_index" in table.column_names else np.arange(table.num_rows))
+            for episode in dict.fromkeys(ids.tolist()):  # in order of first appearance
+                rows = np.flatnonzero(ids == episode)
+                rows = rows[np.argsort(frame[rows], kind="stable")]
+                yield path, episode, table.take(rows)
+                seen += 1
+                if args.max_episodes and seen >= args.max_episodes:
+                    return
+
+    # Pass 1: statistics on raw values, over what openpi's compute_norm_stats sees: every frame's
+    # state once, and every element of every frame's action chunk.
+    numeric = [c for c in (state_key, action_key, "episode_index", "frame_index") if c in available]
+    states, actions, action_counts = [], [], []
+    for path, episode, table in episodes(numeric):
+        where = f"{path} (episode {episode})"
+        state, act = column_matrix(table, state_key, where), column_matrix(table, action_key, where)
+        states.append(state)
+        actions.append(act)
+        action_counts.append(np.bincount(chunk_indices(len(act), args.horizon).ravel(), minlength=len(act)))
+    states, actions, action_counts = np.concatenate(states), np.concatenate(actions), np.concatenate(action_counts)
+    stats = {"state": repeated_stats(states, np.ones(len(states), np.int64)),
+             "actions": repeated_stats(actions, action_counts)}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "norm_stats.json"), "w") as f:
-        json.dump({"norm_stats": stats, "normalisation": "quantile: (x - q01) / (q99 - q01 + 1e-6) * 2 - 1"}, f, indent=1)
-    raw_action_dim = len(actions[0])
-    del states, actions
+        json.dump({"norm_stats": stats,
+                   "normalisation": "quantile: (x - q01) / (q99 - q01 + 1e-6) * 2 - 1",
+                   "columns": {"state": state_key, "actions": action_key, "cameras": cameras},
+                   "horizon": args.horizon}, f, indent=1)
+    raw_action_dim = actions.shape[1]
+    del states, actions, action_counts
 
-    bins = np.linspace(-1, 1, 257)[:-1]
+    bins = np.linspace(-1, 1, 256 + 1)[:-1]
     buffer = {k: [] for k in ("images", "image_mask", "tokens", "token_mask", "actions")}
     shard_index = 0
     total = 0
+    episode_count = 0
 
     def flush():
         nonlocal shard_index
@@ -158,19 +308,23 @@ def main():
         for v in buffer.values():
             v.clear()
 
-    for path in files:
-        table = pq.read_table(path).to_pydict()
-        missing = [c for c in cameras + [args.state_key, args.action_key] if c not in table]
-        if missing:
-            fail(f"{path}: no column(s) {missing}; columns are {sorted(table)} (see --cameras/--state-key/--action-key)")
-        state = normalise(np.asarray(table[args.state_key], np.float32), stats["state"])
-        act = normalise(np.asarray(table[args.action_key], np.float32), stats["actions"])
+    for path, episode, table in episodes(None):
+        where = f"{path} (episode {episode})"
+        episode_count += 1
+        state = normalise(column_matrix(table, state_key, where), stats["state"])
+        act = normalise(column_matrix(table, action_key, where), stats["actions"]).astype(np.float32)
         n = len(state)
-        task_ids = table.get("task_index", [0] * n)
+        if act.shape[1] != raw_action_dim:
+            fail(f"{where}: {act.shape[1]} action values per frame, earlier episodes have {raw_action_dim}")
+        task_ids = (table.column("task_index").to_pylist() if "task_index" in table.column_names else [0] * n)
+        image_cells = {c: table.column(c).to_pylist() for c in cameras}
+        chunks = chunk_indices(n, args.horizon)
         for t in range(n):
-            chunk = act[np.minimum(np.arange(t, t + args.horizon), n - 1)]
-            text = tasks.get(int(task_ids[t]), "").strip().replace("_", " ").replace("\n", " ")
-            discrete = np.digitize(np.clip(state[t], -1, 1), bins) - 1
+            task_index = int(task_ids[t])
+            if task_index not in tasks:
+                fail(f"{where}: frame {t} has task_index {task_index}, which {tasks_path} does not list")
+            text = tasks[task_index].strip().replace("_", " ").replace("\n", " ")
+            discrete = np.digitize(state[t], bins) - 1
             prompt = f"Task: {text}, State: {' '.join(map(str, discrete))};\nAction: "
             ids = tokenizer.encode(prompt, add_bos=True) if tokenizer else [b + 1 for b in prompt.encode()]
             ids = ids[:args.max_token_len]
@@ -178,18 +332,20 @@ def main():
             tokens[:len(ids)] = ids
             mask = np.zeros(args.max_token_len, bool)
             mask[:len(ids)] = True
-            buffer["images"].append(np.stack([decode_image(table[c][t], args.camera_size) for c in cameras]))
+            buffer["images"].append(np.stack([decode_image(image_cells[c][t], args.camera_size, args.dataset,
+                                                           f"{where} frame {t} camera {c}") for c in cameras]))
             buffer["image_mask"].append(np.ones(len(cameras), bool))
             buffer["tokens"].append(tokens)
             buffer["token_mask"].append(mask)
-            buffer["actions"].append(chunk.astype(np.float32))
+            buffer["actions"].append(act[chunks[t]])
             total += 1
             if len(buffer["images"]) == args.samples_per_shard:
                 flush()
     flush()
-    print(f"convert_lerobot_libero: {total} samples from {len(files)} episode file(s) -> {shard_index} shard(s) in "
+    print(f"convert_lerobot_libero: {total} samples from {episode_count} episode(s) -> {shard_index} shard(s) in "
           f"{args.out}; set data.source=\"shards\", data.shard_dir, data.num_images={len(cameras)}, "
-          f"data.raw_action_dim={raw_action_dim}, data.max_token_len={args.max_token_len}")
+          f"data.camera_size={args.camera_size}, data.raw_action_dim={raw_action_dim}, "
+          f"data.max_token_len={args.max_token_len}, model.action_horizon={args.horizon}")
 
 
 if __name__ == "__main__":

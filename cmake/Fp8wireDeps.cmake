@@ -11,10 +11,17 @@ find_package(CUDAToolkit 12.0 REQUIRED)
 # NCCL: the toolkit's copy here; on the GPU machine the pip nvidia-nccl wheel PyTorch uses.
 # FP8WIRE_NCCL_ROOT overrides both.
 set(FP8WIRE_NCCL_ROOT "$ENV{FP8WIRE_NCCL_ROOT}" CACHE PATH "NCCL install prefix (include/nccl.h, lib/libnccl.so*)")
+# A given root is searched alone and first: headers and library must come from the same NCCL (the
+# pip wheel ships only libnccl.so.2, which a plain search would lose to a system libnccl.so).
+if(FP8WIRE_NCCL_ROOT)
+  find_path(NCCL_INCLUDE_DIR nccl.h PATHS ${FP8WIRE_NCCL_ROOT}/include NO_DEFAULT_PATH)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
+    PATHS ${FP8WIRE_NCCL_ROOT}/lib ${FP8WIRE_NCCL_ROOT}/lib64 NO_DEFAULT_PATH)
+endif()
 find_path(NCCL_INCLUDE_DIR nccl.h
-  HINTS ${FP8WIRE_NCCL_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS} /usr/include /usr/local/include)
-find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
-  HINTS ${FP8WIRE_NCCL_ROOT}/lib ${FP8WIRE_NCCL_ROOT}/lib64 ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
+  HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include /usr/local/include)
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
+  HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
 if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
   message(FATAL_ERROR "NCCL not found (nccl.h: '${NCCL_INCLUDE_DIR}', libnccl: '${NCCL_LIBRARY}'). "
                       "Set -DFP8WIRE_NCCL_ROOT=<prefix with include/nccl.h and lib/libnccl.so.2>.")

@@ -16,11 +16,33 @@ cd "$root"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
-  have_headers() { [[ -e /usr/include/toml++ || -d .carry/include/toml++ || -n "${FP8WIRE_EXTRA_INCLUDE:-}" ]]; }
-  if ! have_headers && command -v apt-get >/dev/null; then
-    # torch is installed only when the python that builds the trainer lacks it.
-    py="${TORCH_PYTHON:-python3}"
-    if "$py" -c 'import torch' 2>/dev/null; then FP8WIRE_SKIP_TORCH=1 bash scripts/install-deps.sh; else bash scripts/install-deps.sh; fi
+  # Header-only and small libraries the build needs; found in the system, in .carry/include (what
+  # scripts/gpu/carry-deps.sh copies for machines without apt) or in FP8WIRE_EXTRA_INCLUDE.
+  missing_headers() {
+    local h d found
+    for h in toml++ doctest/doctest.h CLI/CLI.hpp nlohmann/json.hpp fmt/format.h; do
+      found=0
+      for d in /usr/include /usr/local/include .carry/include ${FP8WIRE_EXTRA_INCLUDE:-}; do
+        [[ -e "$d/$h" ]] && found=1 && break
+      done
+      (( found )) || echo "$h"
+    done
+  }
+  missing="$(missing_headers)"
+  if [[ -n "$missing" ]]; then
+    if command -v apt-get >/dev/null && [[ "$(id -u)" == 0 ]]; then
+      echo "main-job: installing missing build dependencies ($(echo $missing))"
+      # torch is installed only when the python that builds the trainer lacks it.
+      if "${TORCH_PYTHON:-python3}" -c 'import torch' 2>/dev/null; then
+        FP8WIRE_SKIP_TORCH=1 bash scripts/install-deps.sh
+      else
+        bash scripts/install-deps.sh
+      fi
+    else
+      echo "main-job: missing headers ($(echo $missing)) and no apt-get as root to install them;" \
+           "copy them into .carry/include (scripts/gpu/carry-deps.sh) or set FP8WIRE_EXTRA_INCLUDE" >&2
+      exit 1
+    fi
   fi
   bash scripts/build.sh build
 fi

@@ -45,6 +45,7 @@ std::vector<Field> fields(Config& c) {
       {"data.num_images", &d.num_images}, {"data.camera_size", &d.camera_size},
       {"data.state_dim", &d.state_dim}, {"data.raw_action_dim", &d.raw_action_dim},
       {"data.max_token_len", &d.max_token_len}, {"data.prefetch", &d.prefetch},
+      {"data.shuffle", &d.shuffle},
       {"train.device", &t.device}, {"train.dtype", &t.dtype}, {"train.micro_batch", &t.micro_batch},
       {"train.steps", &t.steps}, {"train.seed", &t.seed}, {"train.peak_lr", &t.peak_lr},
       {"train.end_lr", &t.end_lr}, {"train.warmup_steps", &t.warmup_steps},

@@ -45,6 +45,10 @@ struct DataConfig {
   int64_t raw_action_dim = 7;        // padded with zeros to model.action_dim
   int64_t max_token_len = 200;       // prompt tokens (language padding is masked)
   int64_t prefetch = 2;              // batches prepared ahead by the loader thread
+  // Visit shard samples in a fresh permutation every epoch, seeded by train.seed and the epoch (as
+  // openpi's shuffling loader); false keeps dataset order (consecutive frames of one episode per
+  // batch). The synthetic source ignores it: its samples are independent draws already.
+  bool shuffle = true;
 };
 
 struct TrainConfig {

@@ -9,6 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
+#include <random>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -166,18 +169,23 @@ namespace {
 class SyntheticSource : public DataSource {
  public:
   explicit SyntheticSource(const Config& c) : cfg_(c) {}
-  int64_t size() const override { return INT64_MAX; }
+  int64_t size() const override { return kUnboundedSource; }
 
-  Batch get(int64_t first, int64_t count) const override {
+  Batch get(const std::vector<int64_t>& indices) const override {
     const auto& d = cfg_.data;
     const auto& m = cfg_.model;
+    const int64_t count = int64_t(indices.size());
     Batch b;
     b.images = at::empty({count, d.num_images, d.camera_size, d.camera_size, 3}, at::kByte);
     b.image_mask = at::ones({count, d.num_images}, at::kBool);
     b.tokens = at::zeros({count, d.max_token_len}, at::kLong);
     b.token_mask = at::zeros({count, d.max_token_len}, at::kBool);
     b.actions = at::zeros({count, m.action_horizon, m.action_dim}, at::kFloat);
-    for (int64_t i = 0; i < count; ++i) fill(first + i, b, i);
+    for (int64_t i = 0; i < count; ++i) {
+      if (indices[size_t(i)] < 0)
+        throw std::out_of_range(fmt::format("synthetic source: sample index {} is negative", indices[size_t(i)]));
+      fill(indices[size_t(i)], b, i);
+    }
     return b;
   }
 
@@ -227,9 +235,10 @@ class ShardSource : public DataSource {
   }
   int64_t size() const override { return total_; }
 
-  Batch get(int64_t first, int64_t count) const override {
+  Batch get(const std::vector<int64_t>& indices) const override {
     const auto& d = cfg_.data;
     const auto& m = cfg_.model;
+    const int64_t count = int64_t(indices.size());
     Batch b;
     b.images = at::empty({count, d.num_images, d.camera_size, d.camera_size, 3}, at::kByte);
     b.image_mask = at::empty({count, d.num_images}, at::kBool);
@@ -237,7 +246,10 @@ class ShardSource : public DataSource {
     b.token_mask = at::empty({count, d.max_token_len}, at::kBool);
     b.actions = at::zeros({count, m.action_horizon, m.action_dim}, at::kFloat);
     for (int64_t i = 0; i < count; ++i) {
-      const int64_t index = (first + i) % total_;  // epochs wrap around
+      const int64_t index = indices[size_t(i)];
+      if (index < 0 || index >= total_)
+        throw std::out_of_range(
+            fmt::format("shard source: sample index {} is outside [0, {}) (data.shard_dir)", index, total_));
       const size_t s = size_t(std::upper_bound(starts_.begin(), starts_.end(), index) - starts_.begin() - 1);
       const int64_t local = index - starts_[s];
       const Shard& shard = shards_[s];
@@ -267,6 +279,12 @@ class ShardSource : public DataSource {
 };
 
 }  // namespace
+
+Batch DataSource::get(int64_t first, int64_t count) const {
+  std::vector<int64_t> indices(size_t(std::max<int64_t>(count, 0)));
+  std::iota(indices.begin(), indices.end(), first);
+  return get(indices);
+}
 
 std::unique_ptr<DataSource> make_synthetic_source(const Config& config) {
   return std::make_unique<SyntheticSource>(config);
@@ -310,6 +328,9 @@ std::string make_shard_source(const Config& config, std::unique_ptr<DataSource>&
     }
     shards.push_back(std::move(s));
   }
+  int64_t total = 0;
+  for (const auto& s : shards) total += s.samples;
+  if (total == 0) return fmt::format("data.shard_dir: '{}' holds shards without any sample", d.shard_dir);
   out = std::make_unique<ShardSource>(config, std::move(shards));
   return "";
 }
@@ -325,11 +346,69 @@ std::string write_shard(const std::string& path, const Batch& batch, int64_t raw
   return write_safetensors(path, t, {{"format", "fp8wire-libero-v1"}});
 }
 
+// --- sample order ------------------------------------------------------------------------------
+
+DataPosition SampleOrder::position(int64_t consumed) const {
+  if (epoch_samples == kUnboundedSource) return {0, consumed};
+  return {consumed / epoch_samples, consumed % epoch_samples};
+}
+
+int64_t SampleOrder::consumed(const DataPosition& p) const {
+  if (epoch_samples == kUnboundedSource) return p.offset;
+  return p.epoch * epoch_samples + p.offset;
+}
+
+SampleOrder make_sample_order(const Config& config, const DataSource& source) {
+  const int64_t size = source.size();
+  return {size, config.data.shuffle && size != kUnboundedSource, config.train.seed};
+}
+
+namespace {
+// Uniform in [0, n) without modulo bias: draws below 2^64 mod n are rejected, so the accepted range
+// is a whole number of copies of [0, n).
+uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
+  const uint64_t reject_below = (0 - n) % n;  // == 2^64 mod n
+  uint64_t x;
+  do x = rng();
+  while (x < reject_below);
+  return x % n;
+}
+}  // namespace
+
+std::vector<int64_t> epoch_permutation(int64_t size, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(size_t(std::max<int64_t>(size, 0)));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  // All 64 bits of seed and epoch enter the state ("seed + epoch" would make seed 1 epoch 0 the same as
+  // seed 0 epoch 1); the last word keeps these streams apart from any other use of the same seed.
+  std::seed_seq seq{uint32_t(seed), uint32_t(seed >> 32), uint32_t(uint64_t(epoch)), uint32_t(uint64_t(epoch) >> 32),
+                    0x5348'5546u};
+  std::mt19937_64 rng(seq);
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[uniform_below(rng, i)]);
+  return order;
+}
+
+std::vector<int64_t> SampleStream::indices(int64_t first, int64_t count) {
+  std::vector<int64_t> out(size_t(std::max<int64_t>(count, 0)));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const DataPosition p = order_.position(first + int64_t(i));
+    if (!order_.shuffle) {
+      out[i] = p.offset;
+      continue;
+    }
+    if (p.epoch != cached_epoch_) {
+      permutation_ = epoch_permutation(order_.epoch_samples, order_.seed, p.epoch);
+      cached_epoch_ = p.epoch;
+    }
+    out[i] = permutation_[size_t(p.offset)];
+  }
+  return out;
+}
+
 // --- loader ------------------------------------------------------------------------------------
 
-Loader::Loader(const DataSource& source, int64_t micro_batch, int64_t world, int64_t rank, int64_t start_step,
-               int64_t prefetch, at::Device device)
-    : source_(source), micro_batch_(micro_batch), world_(world), rank_(rank), next_step_(start_step),
+Loader::Loader(const DataSource& source, const SampleOrder& order, int64_t micro_batch, int64_t world, int64_t rank,
+               int64_t start_step, int64_t prefetch, at::Device device)
+    : source_(source), stream_(order), micro_batch_(micro_batch), world_(world), rank_(rank), next_step_(start_step),
       prefetch_(prefetch), device_(device) {
   thread_ = std::thread([this] { run(); });
 }
@@ -352,7 +431,7 @@ void Loader::run() {
         if (stop_) return;
       }
       const int64_t first = next_step_ * micro_batch_ * world_ + rank_ * micro_batch_;
-      Batch b = source_.get(first, micro_batch_);
+      Batch b = source_.get(stream_.indices(first, micro_batch_));
       if (device_.is_cuda()) {
         // Pinned host memory makes the copy below asynchronous with respect to the compute stream.
         b = Batch{b.images.pin_memory(), b.image_mask.pin_memory(), b.tokens.pin_memory(),

@@ -3,6 +3,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -31,6 +32,16 @@ using at::Tensor;
 namespace fs = std::filesystem;
 
 namespace {
+
+bool parse_int(const std::string& text, int64_t& out) {
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+// The epoch length as checkpoints record it; unbounded sources have no epoch boundary.
+std::string epoch_samples_text(const SampleOrder& order) {
+  return order.epoch_samples == kUnboundedSource ? "unbounded" : std::to_string(order.epoch_samples);
+}
 
 // Phase ranges for Nsight and for fp8wire's profiler, which finds step windows by the name "step".
 struct NvtxRange {
@@ -329,15 +340,51 @@ std::string Trainer::save(const std::string& path) const {
   out["rng/noise_generator"] = gen_.get_state();
   nlohmann::json meta_json = {{"step", step_}, {"world", world_}, {"micro_batch", cfg_.train.micro_batch},
                               {"seed", cfg_.train.seed}};
+  const DataPosition data = data_position();
   Metadata meta = {{"format", "fp8wire-trainer-v1"},
                    {"step", std::to_string(step_)},
                    {"data_position_samples", std::to_string(step_ * cfg_.train.micro_batch * world_)},
+                   {"data_epoch", std::to_string(data.epoch)},
+                   {"data_offset_samples", std::to_string(data.offset)},
+                   {"data_epoch_samples", epoch_samples_text(order_)},
+                   {"data_shuffle", order_.shuffle ? "true" : "false"},
+                   {"data_seed", std::to_string(order_.seed)},
                    {"world", std::to_string(world_)},
                    {"rank", std::to_string(rank_)}};
   fs::path parent = fs::path(path).parent_path();
   std::error_code ec;
   if (!parent.empty()) fs::create_directories(parent, ec);
   return write_safetensors(path, out, meta);
+}
+
+DataPosition Trainer::data_position() const { return order_.position(step_ * cfg_.train.micro_batch * world_); }
+
+std::string Trainer::check_data_position(Metadata& meta, int64_t step) const {
+  if (!meta.count("data_epoch")) {
+    // Written before the sample order was recorded: such runs read their data in dataset order.
+    if (!order_.shuffle) return "";
+    return "has no data position (data_epoch), so it was written by a trainer that read samples in dataset "
+           "order; resume it with data.shuffle=false";
+  }
+  if (meta["data_epoch_samples"] != epoch_samples_text(order_))
+    return fmt::format("written with {} samples per epoch, this run's data has {}: the sample order would "
+                       "differ (data.shard_dir)", meta["data_epoch_samples"], epoch_samples_text(order_));
+  if (meta["data_shuffle"] != (order_.shuffle ? "true" : "false"))
+    return fmt::format("written with data.shuffle={}, this run has data.shuffle={}", meta["data_shuffle"],
+                       order_.shuffle);
+  if (order_.shuffle && meta["data_seed"] != std::to_string(order_.seed))
+    return fmt::format("written with train.seed {}, this run has {}: the seed orders the shuffled samples",
+                       meta["data_seed"], order_.seed);
+  DataPosition saved;
+  if (!parse_int(meta["data_epoch"], saved.epoch) || !parse_int(meta["data_offset_samples"], saved.offset))
+    return fmt::format("data position (data_epoch '{}', data_offset_samples '{}') is not two integers",
+                       meta["data_epoch"], meta["data_offset_samples"]);
+  const DataPosition here = order_.position(step * cfg_.train.micro_batch * world_);
+  if (saved != here)
+    return fmt::format("its data position (epoch {}, offset {}) is not where step {} of {} x {} samples lands "
+                       "(epoch {}, offset {}): train.micro_batch differs from the run that wrote it",
+                       saved.epoch, saved.offset, step, cfg_.train.micro_batch, world_, here.epoch, here.offset);
+  return "";
 }
 
 std::string Trainer::resume(const std::string& path) {
@@ -349,6 +396,10 @@ std::string Trainer::resume(const std::string& path) {
   if (meta["world"] != std::to_string(world_))
     return fmt::format("{}: written by a run of {} ranks, this run has {}: the data position would not "
                        "resume bit for bit", path, meta["world"], world_);
+  int64_t step = 0;
+  if (!parse_int(meta["step"], step) || step < 0)
+    return fmt::format("{}: __metadata__.step is '{}', expected a non-negative integer", path, meta["step"]);
+  if (auto err = check_data_position(meta, step); !err.empty()) return fmt::format("{}: {}", path, err);
   at::NoGradGuard no_grad;
   const auto& params = model_->parameters();
   for (size_t k = 0; k < params.size(); ++k) {
@@ -366,7 +417,7 @@ std::string Trainer::resume(const std::string& path) {
     }
   }
   gen_.set_state(in.at("rng/noise_generator"));
-  step_ = std::stoll(meta["step"]);
+  step_ = step;
   sync_params_from_masters();
   return "";
 }
@@ -545,6 +596,15 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
         fmt::print(stderr, "fp8wire-train[rank {}]: train.init_weights: {}\n", rank, err);
         return 2;
       }
+    // The source comes before resume: the checkpoint's data position is checked against its order.
+    std::unique_ptr<DataSource> source;
+    if (cfg.data.source == "synthetic") source = make_synthetic_source(cfg);
+    else if (auto err = make_shard_source(cfg, source); !err.empty()) {
+      fmt::print(stderr, "fp8wire-train[rank {}]: {}\n", rank, err);
+      return 2;
+    }
+    const SampleOrder order = make_sample_order(cfg, *source);
+    trainer.set_sample_order(order);
     if (!t.resume.empty())
       if (auto err = trainer.resume(t.resume); !err.empty()) {
         fmt::print(stderr, "fp8wire-train[rank {}]: train.resume: {}\n", rank, err);
@@ -577,13 +637,14 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
                  double(largest) / (1 << 20), list, list.size() >= 400 ? " ..." : "");
     }
 
-    std::unique_ptr<DataSource> source;
-    if (cfg.data.source == "synthetic") source = make_synthetic_source(cfg);
-    else if (auto err = make_shard_source(cfg, source); !err.empty()) {
-      fmt::print(stderr, "fp8wire-train[rank {}]: {}\n", rank, err);
-      return 2;
+    if (rank == 0 && order.epoch_samples != kUnboundedSource) {
+      const DataPosition at = trainer.data_position();
+      fmt::print("data: {} samples per epoch, {} | starting at epoch {}, sample {} of it\n", order.epoch_samples,
+                 order.shuffle ? fmt::format("shuffled each epoch (train.seed {})", order.seed) : "dataset order",
+                 at.epoch, at.offset);
     }
-    Loader loader(*source, t.micro_batch, world, rank, trainer.steps_done(), cfg.data.prefetch, trainer.device());
+    Loader loader(*source, order, t.micro_batch, world, rank, trainer.steps_done(), cfg.data.prefetch,
+                  trainer.device());
 
     std::ofstream jsonl;
     const std::string log_path =

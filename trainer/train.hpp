@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "trainer/config.hpp"
+#include "trainer/data.hpp"
 #include "trainer/model.hpp"
 #include "trainer/run.hpp"
 
@@ -56,7 +57,16 @@ class Trainer {
   Pi05Model& model() { return *model_; }
   at::Device device() const { return device_; }
 
-  // Own checkpoints: fp32 masters, AdamW moments, step, generator state (safetensors + metadata).
+  // The order this run's samples follow (make_sample_order); the default is an unbounded source in
+  // dataset order (the synthetic source). Set it before resume(), which checks it.
+  void set_sample_order(const SampleOrder& order) { order_ = order; }
+  // Where the data stream stands after steps_done() steps of micro_batch x world samples.
+  DataPosition data_position() const;
+
+  // Own checkpoints: fp32 masters, AdamW moments, step, generator state, data position (epoch and
+  // offset in the sample order) (safetensors + metadata). resume() refuses a checkpoint whose data
+  // order or position this run could not continue exactly (another world size, micro-batch, dataset
+  // size, data.shuffle, or train.seed when shuffling).
   std::string save(const std::string& path) const;
   std::string resume(const std::string& path);
   // openpi/LeRobot Pi0.5 PyTorch weights by name (trainer/README.md); "" or an error.
@@ -71,6 +81,8 @@ class Trainer {
 
  private:
   void sync_params_from_masters();
+  // "" when a checkpoint's data metadata continues this run's sample order exactly at `step`.
+  std::string check_data_position(Metadata& meta, int64_t step) const;
   Config cfg_;
   int rank_, world_;
   at::Device device_;
@@ -78,6 +90,7 @@ class Trainer {
   std::unique_ptr<GradientBuckets> buckets_;
   at::Generator gen_;
   int64_t step_ = 0;
+  SampleOrder order_;
 };
 
 

@@ -305,7 +305,8 @@ def main():
                "--set", f"data.camera_size={SIZE}", "--set", f"data.state_dim={STATE_DIM}",
                "--set", f"data.raw_action_dim={ACTION_DIM}", "--set", "data.max_token_len=160",
                "--set", "model.action_dim=32", "--set", f"model.action_horizon={HORIZON}",
-               # 2 x 36 samples: the second batch spans three of the 32-sample shards.
+               # 2 x 36 samples of the 120, shuffled (data.shuffle defaults to true for shards):
+               # each batch draws rows from all four 32-sample shards.
                "--set", "train.micro_batch=36",
                "--set", f"train.out_dir={os.path.join(work, 'train')}"]
         r = subprocess.run(cmd, capture_output=True, text=True)

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <ftw.h>
+#include <map>
+#include <set>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -342,6 +344,82 @@ TEST_CASE("checkpoint round trip resumes bit for bit") {
   CHECK(wrong_world.resume(path.string()).find("ranks") != std::string::npos);
 }
 
+TEST_CASE("checkpoint resume continues the exact shuffled shard sequence, across an epoch boundary") {
+  Config c = tiny_config();
+  auto synthetic = make_synthetic_source(c);
+  const fs::path dir = temp_dir() / "shuffle_shards";
+  fs::create_directories(dir);
+  // 10 samples in two shards; 4 per step, so steps 2..4 cross into epochs 1 and 2.
+  REQUIRE(write_shard((dir / "shard-00000.safetensors").string(), synthetic->get(0, 6), c.data.raw_action_dim) == "");
+  REQUIRE(write_shard((dir / "shard-00001.safetensors").string(), synthetic->get(6, 4), c.data.raw_action_dim) == "");
+  c.data.source = "shards";
+  c.data.shard_dir = dir.string();
+  std::unique_ptr<DataSource> source;
+  REQUIRE(make_shard_source(c, source) == "");
+  const SampleOrder order = make_sample_order(c, *source);
+  REQUIRE(order.shuffle);
+  REQUIRE(order.epoch_samples == 10);
+
+  const fs::path path = temp_dir() / "shuffle_ckpt.safetensors";
+  Tensor straight;
+  std::vector<Tensor> straight_batches;
+  {
+    Trainer a(c, 0, 1, {});
+    a.set_sample_order(order);
+    Loader loader(*source, order, 4, 1, 0, 0, 2, at::kCPU);
+    for (int s = 0; s < 2; ++s) a.step(loader.next());
+    CHECK(a.data_position() == DataPosition{0, 8});
+    REQUIRE(a.save(path.string()) == "");
+    for (int s = 2; s < 5; ++s) {
+      Batch b = loader.next();
+      straight_batches.push_back(b.tokens.clone());
+      a.step(b);
+    }
+    CHECK(a.data_position() == DataPosition{2, 0});
+    straight = all_params(a.model()).clone();
+  }
+  std::map<std::string, SafetensorsEntry> entries;
+  Metadata meta;
+  REQUIRE(read_safetensors_header(path.string(), entries, &meta) == "");
+  CHECK(meta["data_epoch"] == "0");
+  CHECK(meta["data_offset_samples"] == "8");
+  CHECK(meta["data_epoch_samples"] == "10");
+  CHECK(meta["data_shuffle"] == "true");
+
+  Trainer b(c, 0, 1, {});
+  b.set_sample_order(order);
+  REQUIRE(b.resume(path.string()) == "");
+  CHECK(b.steps_done() == 2);
+  Loader loader(*source, order, 4, 1, 0, b.steps_done(), 2, at::kCPU);
+  for (int s = 2; s < 5; ++s) {
+    Batch batch = loader.next();
+    CHECK(at::equal(batch.tokens, straight_batches[size_t(s - 2)]));  // the same samples, in the same order
+    b.step(batch);
+  }
+  CHECK(bitwise_equal(straight, all_params(b.model())));
+
+  // A run that could not continue the same sequence is refused, naming what differs.
+  auto refusal = [&](Config cfg, SampleOrder o) {
+    Trainer t(cfg, 0, 1, {});
+    t.set_sample_order(o);
+    return t.resume(path.string());
+  };
+  SampleOrder unshuffled = order;
+  unshuffled.shuffle = false;
+  CHECK(refusal(c, unshuffled).find("data.shuffle") != std::string::npos);
+  SampleOrder other_size = order;
+  other_size.epoch_samples = 9;
+  CHECK(refusal(c, other_size).find("samples per epoch") != std::string::npos);
+  Config other_seed = c;
+  other_seed.train.seed = 5;
+  SampleOrder reseeded = order;
+  reseeded.seed = 5;
+  CHECK(refusal(other_seed, reseeded).find("train.seed") != std::string::npos);
+  Config other_micro = c;
+  other_micro.train.micro_batch = 3;
+  CHECK(refusal(other_micro, order).find("micro_batch") != std::string::npos);
+}
+
 TEST_CASE("safetensors reader round trip (dtypes, shapes, metadata) and bad files") {
   const fs::path path = temp_dir() / "t.safetensors";
   TensorMap out = {
@@ -413,14 +491,160 @@ TEST_CASE("synthetic source is deterministic; shard round trip through the on-di
   CHECK(err.find("data.max_token_len") != std::string::npos);
 }
 
-TEST_CASE("loader delivers consecutive rank-strided batches") {
+TEST_CASE("loader delivers consecutive rank-strided batches (synthetic: dataset order)") {
   Config c = tiny_config();
+  REQUIRE(c.data.shuffle);  // the default; the unbounded synthetic source keeps dataset order anyway
   auto source = make_synthetic_source(c);
-  Loader loader(*source, 4, 2, 1, 3, 2, at::kCPU);  // rank 1 of 2, resuming at step 3
+  const SampleOrder order = make_sample_order(c, *source);
+  CHECK_FALSE(order.shuffle);
+  Loader loader(*source, order, 4, 2, 1, 3, 2, at::kCPU);  // rank 1 of 2, resuming at step 3
   Batch b = loader.next();
   CHECK(at::equal(b.actions, source->get(3 * 8 + 4, 4).actions));
   Batch b2 = loader.next();
   CHECK(at::equal(b2.actions, source->get(4 * 8 + 4, 4).actions));
+}
+
+namespace {
+
+// A source of `n` samples whose first token is the sample's index, so a batch says which samples it
+// holds. Every other field is minimal: the loader only moves batches, it never looks inside.
+class IndexSource : public DataSource {
+ public:
+  explicit IndexSource(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  Batch get(const std::vector<int64_t>& indices) const override {
+    const int64_t count = int64_t(indices.size());
+    for (int64_t i : indices)
+      if (i < 0 || i >= n_) throw std::out_of_range("IndexSource: index out of range");
+    Batch b;
+    b.images = at::zeros({count, 0, 1, 1, 3}, at::kByte);
+    b.image_mask = at::zeros({count, 0}, at::kBool);
+    b.tokens = at::tensor(indices, at::kLong).unsqueeze(1);
+    b.token_mask = at::ones({count, 1}, at::kBool);
+    b.actions = at::zeros({count, 1, 1}, at::kFloat);
+    return b;
+  }
+
+ private:
+  int64_t n_;
+};
+
+std::vector<int64_t> indices_of(const Batch& b) {
+  Tensor t = b.tokens.select(1, 0).contiguous();
+  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+}
+
+std::vector<int64_t> iota_vector(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = i;
+  return v;
+}
+
+// The sample stream of a shuffled run: epoch permutations one after another.
+std::vector<int64_t> shuffled_stream(int64_t n, uint64_t seed, int64_t epochs) {
+  std::vector<int64_t> out;
+  for (int64_t e = 0; e < epochs; ++e) {
+    auto p = epoch_permutation(n, seed, e);
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("epoch permutation: a permutation, reproducible, new for every epoch and seed, unbiased") {
+  for (int64_t n : {0, 1, 2, 7, 1000}) {
+    auto p = epoch_permutation(n, 5, 3);
+    CHECK(p == epoch_permutation(n, 5, 3));  // a fresh computation (another rank, a resumed run) agrees
+    std::sort(p.begin(), p.end());
+    CHECK(p == iota_vector(n));
+  }
+  const auto base = epoch_permutation(1000, 0, 0);
+  CHECK(base != iota_vector(1000));
+  CHECK(base != epoch_permutation(1000, 0, 1));
+  CHECK(base != epoch_permutation(1000, 1, 0));
+  CHECK(epoch_permutation(1000, 1, 0) != epoch_permutation(1000, 0, 1));  // seed and epoch do not just add
+  // Each of the 6 orders of 3 samples about equally often over 1200 epochs (expected 200 each; a
+  // biased draw such as rng() % n with a naive swap range would skew these well past 150..250).
+  std::map<std::vector<int64_t>, int> seen;
+  for (int64_t e = 0; e < 1200; ++e) ++seen[epoch_permutation(3, 11, e)];
+  CHECK(seen.size() == 6);
+  for (const auto& [perm, count] : seen) CHECK_MESSAGE((count > 150 && count < 250), "count ", count);
+}
+
+TEST_CASE("sample order: epoch and offset of a stream position, and back") {
+  SampleOrder order{30, true, 7};
+  CHECK(order.position(0) == DataPosition{0, 0});
+  CHECK(order.position(29) == DataPosition{0, 29});
+  CHECK(order.position(84) == DataPosition{2, 24});
+  for (int64_t consumed : {0, 1, 29, 30, 84, 1000}) CHECK(order.consumed(order.position(consumed)) == consumed);
+  SampleOrder unbounded;  // the synthetic source: one endless epoch
+  CHECK(unbounded.position(123456) == DataPosition{0, 123456});
+
+  Config c = tiny_config();
+  IndexSource finite(30);
+  CHECK(make_sample_order(c, finite).shuffle);
+  CHECK(make_sample_order(c, finite).epoch_samples == 30);
+  CHECK(make_sample_order(c, finite).seed == c.train.seed);
+  c.data.shuffle = false;
+  CHECK_FALSE(make_sample_order(c, finite).shuffle);
+  REQUIRE(apply_override("data.shuffle=true", c) == "");
+  CHECK(c.data.shuffle);
+  CHECK(apply_override("data.shuffle=maybe", c).find("data.shuffle") != std::string::npos);
+}
+
+TEST_CASE("shuffled loader: every rank's slices are disjoint, cover each global batch and each epoch") {
+  // 24 samples, 3 ranks x micro-batch 4 = global batch 12: each epoch is exactly two global batches.
+  const int64_t n = 24, world = 3, micro = 4, global = world * micro, steps = 6;
+  IndexSource source(n);
+  const SampleOrder order{n, true, 42};
+  std::vector<std::vector<std::vector<int64_t>>> got(static_cast<size_t>(world));  // [rank][step] -> indices
+  for (int64_t r = 0; r < world; ++r) {
+    Loader loader(source, order, micro, world, r, 0, 2, at::kCPU);  // each rank on its own, as in a real run
+    for (int64_t k = 0; k < steps; ++k) got[size_t(r)].push_back(indices_of(loader.next()));
+  }
+  const auto stream = shuffled_stream(n, 42, steps * global / n);
+  for (int64_t k = 0; k < steps; ++k) {
+    std::vector<int64_t> batch;
+    for (int64_t r = 0; r < world; ++r) {
+      const auto& slice = got[size_t(r)][size_t(k)];
+      // rank r's slice is its block of the global batch, in the stream's order
+      CHECK(slice == std::vector<int64_t>(stream.begin() + k * global + r * micro,
+                                          stream.begin() + k * global + (r + 1) * micro));
+      batch.insert(batch.end(), slice.begin(), slice.end());
+    }
+    std::set<int64_t> distinct(batch.begin(), batch.end());
+    CHECK(distinct.size() == size_t(global));  // the slices of one global batch are disjoint
+  }
+  for (int64_t e = 0; e < steps * global / n; ++e) {  // every epoch visits every sample exactly once
+    std::vector<int64_t> epoch;
+    for (int64_t k = e * n / global; k < (e + 1) * n / global; ++k)
+      for (int64_t r = 0; r < world; ++r) epoch.insert(epoch.end(), got[size_t(r)][size_t(k)].begin(), got[size_t(r)][size_t(k)].end());
+    CHECK(epoch != iota_vector(n));  // shuffled: not consecutive frames
+    std::sort(epoch.begin(), epoch.end());
+    CHECK(epoch == iota_vector(n));
+  }
+  // Another epoch order each time.
+  CHECK(std::vector<int64_t>(stream.begin(), stream.begin() + n) != std::vector<int64_t>(stream.begin() + n, stream.begin() + 2 * n));
+}
+
+TEST_CASE("shuffled loader: batches straddle epochs without dropping samples; a restart continues exactly") {
+  // 30 samples, global batch 12: batches cross epoch boundaries mid-batch.
+  const int64_t n = 30, world = 3, micro = 4, global = world * micro;
+  IndexSource source(n);
+  const SampleOrder order{n, true, 3};
+  const auto stream = shuffled_stream(n, 3, 5);
+  for (int64_t r = 0; r < world; ++r) {
+    Loader from_start(source, order, micro, world, r, 0, 3, at::kCPU);
+    std::vector<std::vector<int64_t>> straight;
+    for (int64_t k = 0; k < 12; ++k) straight.push_back(indices_of(from_start.next()));
+    for (int64_t k = 0; k < 12; ++k)
+      CHECK(straight[size_t(k)] == std::vector<int64_t>(stream.begin() + k * global + r * micro,
+                                                        stream.begin() + k * global + (r + 1) * micro));
+    // Restarting at step 7 (stream position 84: epoch 2, offset 24) reproduces steps 7.. exactly.
+    Loader resumed(source, order, micro, world, r, 7, 1, at::kCPU);
+    for (int64_t k = 7; k < 12; ++k) CHECK(indices_of(resumed.next()) == straight[size_t(k)]);
+  }
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -682,12 +683,20 @@ ConfigResult load_config(const std::string& toml_path, const std::vector<std::st
   result.sources.push_back("defaults");
   if (!toml_path.empty()) {
     std::ifstream in(toml_path, std::ios::binary);
-    if (!in) {
-      result.errors.push_back({"file " + toml_path, "", toml_path,
-                               fmt::format("a readable TOML file ({})", std::strerror(errno))});
-    } else {
-      std::stringstream text;
+    // A directory opens like a file and then reads as nothing: without this check FP8WIRE_CONFIG=
+    // out/sweep (the folder fp8wire-bench writes, not its fp8wire-profile.toml) would silently give
+    // the defaults.
+    std::error_code is_dir_error;
+    const bool is_dir = std::filesystem::is_directory(toml_path, is_dir_error);
+    std::stringstream text;
+    if (in && !is_dir) {
+      errno = 0;
       text << in.rdbuf();
+    }
+    if (!in || is_dir || in.bad()) {
+      const char* why = is_dir ? "it is a directory" : errno ? std::strerror(errno) : "read error";
+      result.errors.push_back({"file " + toml_path, "", toml_path, fmt::format("a readable TOML file ({})", why)});
+    } else {
       apply_toml(text.str(), toml_path, result);
       result.sources.insert(result.sources.begin(), "file " + toml_path);
     }

@@ -115,14 +115,19 @@ struct CommState {
   int rank = 0;
   int device = -1;
   bool nonblocking = false;
+  bool single_process = false;  // ncclCommInitAll: every rank in this process, always pass through
   bool info_ok = false;  // nranks / rank / device known
   bool agreed = false;   // the exchange has run
   bool fp8_ok = false;  // the agreement allows FP8 on this communicator
   Fabric fabric = Fabric::net;
   cudaStream_t side = nullptr;
   cudaEvent_t fork = nullptr;
-  cudaEvent_t last = nullptr;  // end of the most recent FP8 call on the side stream
+  cudaEvent_t last = nullptr;  // end of the most recent eager FP8 call on the side stream
   bool has_last = false;
+  // The join of a captured call. Apart from `last` so that a capture neither re-records `last`
+  // inside a graph (an eager stream may not wait on that) nor makes the next eager call forget the
+  // previous eager one, whose side-stream work may still be reading the scratch.
+  cudaEvent_t capture_join = nullptr;
   std::array<cudaEvent_t, 2> ready{};
   std::array<cudaEvent_t, 2> done{};
   char* scratch = nullptr;
@@ -225,6 +230,16 @@ struct Engine::Impl {
     return raw;
   }
 
+  // Takes a communicator out of the registry; its resources are the caller's to release.
+  std::unique_ptr<CommState> detach(ncclComm_t comm) {
+    std::lock_guard lock(mutex);
+    auto it = comms.find(comm);
+    if (it == comms.end()) return nullptr;
+    std::unique_ptr<CommState> state = std::move(it->second);
+    comms.erase(it);
+    return state;
+  }
+
   // The state of a communicator already registered, else nullptr: no NCCL query, no allocation.
   const CommState* known_state(ncclComm_t comm) const {
     std::lock_guard lock(mutex);
@@ -254,7 +269,7 @@ struct Engine::Impl {
     DeviceGuard guard(s.device);
     if (s.side) cudaStreamSynchronize(s.side);
     if (s.scratch) cudaFree(s.scratch);
-    for (cudaEvent_t e : {s.fork, s.last, s.ready[0], s.ready[1], s.done[0], s.done[1]})
+    for (cudaEvent_t e : {s.fork, s.last, s.capture_join, s.ready[0], s.ready[1], s.done[0], s.done[1]})
       if (e) cudaEventDestroy(e);
     if (s.side) cudaStreamDestroy(s.side);
     std::lock_guard lock(residual_mutex);
@@ -274,7 +289,7 @@ struct Engine::Impl {
   bool allocate(CommState& s) {
     s.layout = scratch_layout(config);
     if (cudaStreamCreateWithFlags(&s.side, cudaStreamNonBlocking) != cudaSuccess) return false;
-    for (cudaEvent_t* e : {&s.fork, &s.last, &s.ready[0], &s.ready[1], &s.done[0], &s.done[1]})
+    for (cudaEvent_t* e : {&s.fork, &s.last, &s.capture_join, &s.ready[0], &s.ready[1], &s.done[0], &s.done[1]})
       if (cudaEventCreateWithFlags(e, cudaEventDisableTiming) != cudaSuccess) return false;
     void* p = nullptr;
     if (cudaMalloc(&p, s.layout.total_bytes) != cudaSuccess) {
@@ -343,6 +358,7 @@ struct Engine::Impl {
     shape.count = c.count;
     shape.nranks = s ? s->nranks : 2;
     shape.nonblocking = s ? s->nonblocking : false;
+    shape.single_process = s ? s->single_process : false;
     return shape;
   }
 
@@ -445,9 +461,10 @@ struct Engine::Impl {
     return ncclSuccess;
   }
   ncclResult_t end_pipeline(CommState& s, cudaStream_t stream, bool capturing) {
-    FP8WIRE_CUDA_CHECK(cudaEventRecord(s.last, s.side));
-    FP8WIRE_CUDA_CHECK(cudaStreamWaitEvent(stream, s.last, 0));
-    s.has_last = !capturing;
+    cudaEvent_t end = capturing ? s.capture_join : s.last;
+    FP8WIRE_CUDA_CHECK(cudaEventRecord(end, s.side));
+    FP8WIRE_CUDA_CHECK(cudaStreamWaitEvent(stream, end, 0));
+    if (!capturing) s.has_last = true;
     return ncclSuccess;
   }
   // Before the caller stream writes buffer set `set` for stage `stage`.
@@ -930,19 +947,43 @@ void Engine::comm_created(ncclComm_t comm, bool nonblocking) {
   });
 }
 
-void Engine::comm_destroyed(ncclComm_t comm) {
-  guarded("comm_destroyed", [&] {
-    std::unique_ptr<CommState> state;
-    {
-      std::lock_guard lock(impl_->mutex);
-      auto it = impl_->comms.find(comm);
-      if (it == impl_->comms.end()) return ncclSuccess;
-      state = std::move(it->second);
-      impl_->comms.erase(it);
-    }
-    impl_->release(*state);
+void Engine::comm_created_single_process(ncclComm_t comm) {
+  guarded("comm_created", [&] {
+    impl_->state_for(comm)->single_process = true;
     return ncclSuccess;
   });
+}
+
+bool Engine::comm_single_process(ncclComm_t comm) const {
+  std::lock_guard lock(impl_->mutex);
+  auto it = impl_->comms.find(comm);
+  return it != impl_->comms.end() && it->second->single_process;
+}
+
+void Engine::comm_destroyed(ncclComm_t comm) {
+  guarded("comm_destroyed", [&] {
+    std::unique_ptr<CommState> state = impl_->detach(comm);
+    if (state) impl_->release(*state);
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t Engine::comm_abort(ncclComm_t comm) {
+  // Detached first: once the real abort has freed the communicator, a new one may be created at the
+  // same address and must not find this one's state.
+  std::unique_ptr<CommState> state;
+  guarded("comm_abort", [&] {
+    state = impl_->detach(comm);
+    return ncclSuccess;
+  });
+  const ncclResult_t result = impl_->api->CommAbort ? impl_->api->CommAbort(comm) : ncclInternalError;
+  if (state) {
+    guarded("comm_abort", [&] {
+      impl_->release(*state);
+      return ncclSuccess;
+    });
+  }
+  return result;
 }
 
 ncclResult_t Engine::all_reduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op,
@@ -973,6 +1014,16 @@ ncclResult_t Engine::group_end() {
     if (!outermost || tg.npending == 0) return res;
     const ncclResult_t queued = impl_->flush_pending();
     return res != ncclSuccess ? res : queued;
+  });
+}
+
+ncclResult_t Engine::group_simulate_end(ncclSimInfo_t* sim_info) {
+  return guarded("group_simulate_end", [&] {
+    ThreadGroup& tg = thread_group();
+    // Left open, the engine's depth would stay above NCCL's: every later FP8 candidate of this
+    // thread would be queued until some later GroupEnd, which would also run the simulated calls.
+    if (tg.group.end()) tg.npending = 0;
+    return impl_->api->GroupSimulateEnd ? impl_->api->GroupSimulateEnd(sim_info) : ncclSystemError;
   });
 }
 

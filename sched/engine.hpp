@@ -34,8 +34,19 @@ class Engine {
   // Same, telling whether the communicator was created non-blocking (ncclConfig_t::blocking = 0):
   // such communicators always pass through. NCCL_COMM_BLOCKING=0 in the environment counts too.
   void comm_created(ncclComm_t comm, bool nonblocking);
-  // Before the real ncclCommDestroy/Abort: frees this communicator's scratch and state.
+  // A communicator of ncclCommInitAll: every rank is in this process and one thread drives them
+  // all, so it always passes through (plan.hpp: CallShape::single_process). All its ranks are
+  // created by the same call, so all of them decide alike.
+  void comm_created_single_process(ncclComm_t comm);
+  // Whether a registered communicator is such a one (a split or shrink of it is one too).
+  bool comm_single_process(ncclComm_t comm) const;
+  // Before the real ncclCommDestroy: frees this communicator's scratch and state.
   void comm_destroyed(ncclComm_t comm);
+  // ncclCommAbort in place of the real one: takes the communicator out of the registry, runs the
+  // real abort, and only then frees its scratch and streams. The abort is what stops a collective
+  // that will never finish (a dead peer, a hang the job's watchdog caught); freeing first would wait
+  // for that collective (stream synchronize, cudaFree) and hang the abort itself.
+  ncclResult_t comm_abort(ncclComm_t comm);
 
   // --- collectives with an FP8 path ------------------------------------------------------------
   ncclResult_t all_reduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t dtype,
@@ -49,6 +60,9 @@ class Engine {
   // --- groups: FP8 calls issued inside the application's group run at its outermost GroupEnd -----
   ncclResult_t group_start();
   ncclResult_t group_end();
+  // ncclGroupSimulateEnd closes the group like ncclGroupEnd but runs nothing: the FP8 calls queued
+  // in it are dropped, not run later (NCCL's estimate covers only the calls it saw: pass-through).
+  ncclResult_t group_simulate_end(ncclSimInfo_t* sim_info);
 
   // --- benchmark entry: the same code with the algorithm forced (Path::passthrough = plain NCCL) ---
   ncclResult_t all_reduce_forced(Path path, const void* sendbuff, void* recvbuff, size_t count,

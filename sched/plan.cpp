@@ -18,6 +18,7 @@ const char* to_string(PassReason r) {
     case PassReason::too_many_ranks: return "too_many_ranks";
     case PassReason::below_threshold: return "below_threshold";
     case PassReason::cost_model: return "cost_model";
+    case PassReason::single_process: return "single_process";
   }
   return "?";
 }
@@ -58,6 +59,7 @@ PassReason static_eligibility(const Config& config, const CallShape& call) {
   if (call.nranks <= 1) return PassReason::single_rank;
   if (call.count == 0) return PassReason::empty;
   if (call.nonblocking) return PassReason::nonblocking;
+  if (call.single_process) return PassReason::single_process;
   if (call.nranks > quant::kMaxReduceInputs) return PassReason::too_many_ranks;
   return PassReason::none;
 }

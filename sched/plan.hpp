@@ -34,6 +34,7 @@ enum class PassReason : uint8_t {
   too_many_ranks,       // more ranks than one fused reduce takes (quant::kMaxReduceInputs)
   below_threshold,      // caller buffer smaller than thresholds.<collective>.<fabric>
   cost_model,           // the calibrated cost model says plain NCCL is faster
+  single_process,       // every rank in this process (ncclCommInitAll): one thread drives them all
 };
 const char* to_string(PassReason);
 
@@ -46,6 +47,10 @@ struct CallShape {
   size_t count = 0;
   int nranks = 1;
   bool nonblocking = false;
+  // All ranks of the communicator live in this process and one thread issues their calls in one
+  // group (ncclCommInitAll). fp8wire runs one communicator's blocking agreement and FP8 stages at a
+  // time, which would wait forever on ranks that thread has not issued yet.
+  bool single_process = false;
 };
 
 // Element type of an NCCL dtype, when fp8wire has an FP8 path for it.

@@ -56,21 +56,25 @@ ncclResult_t forward(const char* name, const void* caller, Args... args) noexcep
 }
 
 // After a real init: the new communicator joins the engine's registry. `config` (may be null) is
-// the application's ncclConfig_t, read only for its blocking flag.
+// the application's ncclConfig_t, read only for its blocking flag. `parent` (split, shrink): a
+// child of an ncclCommInitAll communicator has all its ranks in this process too.
 template <auto Member, class... Args>
 ncclResult_t create(const char* name, const void* caller, ncclComm_t* out, const ncclConfig_t* config,
-                    Args... args) noexcept {
+                    ncclComm_t parent, Args... args) noexcept {
   return intercept<Member>(
       name, caller,
       [&](Runtime& rt) {
+        const bool single_process = parent && rt.engine->comm_single_process(parent);
         const ncclResult_t result = call_real<Member>(rt, name, args...);
-        if (out && (result == ncclSuccess || result == ncclInProgress)) comm_created(rt, *out, result, config);
+        if (out && (result == ncclSuccess || result == ncclInProgress))
+          comm_created(rt, *out, result, config, single_process);
         return result;
       },
       args...);
 }
 
-// Before the real destroy/abort: the engine frees the communicator's scratch and state.
+// Before the real destroy: the engine frees the communicator's scratch and state (a destroy waits
+// for the communicator's work anyway; ncclCommAbort is handled apart, below).
 template <auto Member>
 ncclResult_t destroy(const char* name, const void* caller, ncclComm_t comm) noexcept {
   return intercept<Member>(
@@ -137,6 +141,12 @@ FP8WIRE_EXPORT ncclResult_t ncclGroupEnd() {
       "ncclGroupEnd", FP8WIRE_CALLER, [](Runtime& rt) { return rt.engine->group_end(); });
 }
 
+FP8WIRE_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  return shim::intercept<&NcclApi::GroupSimulateEnd>(
+      "ncclGroupSimulateEnd", FP8WIRE_CALLER, [&](Runtime& rt) { return rt.engine->group_simulate_end(simInfo); },
+      simInfo);
+}
+
 // --- no FP8 path: straight to NCCL ----------------------------------------------------------------
 
 FP8WIRE_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
@@ -175,41 +185,43 @@ FP8WIRE_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 // --- communicator lifecycle -----------------------------------------------------------------------
 
 FP8WIRE_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
-  return shim::create<&NcclApi::CommInitRank>("ncclCommInitRank", FP8WIRE_CALLER, comm, nullptr, comm, nranks, commId, rank);
+  return shim::create<&NcclApi::CommInitRank>("ncclCommInitRank", FP8WIRE_CALLER, comm, nullptr, nullptr, comm, nranks, commId, rank);
 }
 
 FP8WIRE_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                                    ncclConfig_t* config) {
-  return shim::create<&NcclApi::CommInitRankConfig>("ncclCommInitRankConfig", FP8WIRE_CALLER, comm, config, comm, nranks,
+  return shim::create<&NcclApi::CommInitRankConfig>("ncclCommInitRankConfig", FP8WIRE_CALLER, comm, config, nullptr, comm, nranks,
                                                     commId, rank, config);
 }
 
 FP8WIRE_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
                                                      ncclUniqueId* commIds, ncclConfig_t* config) {
   return shim::create<&NcclApi::CommInitRankScalable>("ncclCommInitRankScalable", FP8WIRE_CALLER, newcomm,
-                                                      config, newcomm, nranks, myrank, nId, commIds, config);
+                                                      config, nullptr, newcomm, nranks, myrank, nId, commIds, config);
 }
 
 FP8WIRE_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                           ncclConfig_t* config) {
-  return shim::create<&NcclApi::CommSplit>("ncclCommSplit", FP8WIRE_CALLER, newcomm, config, comm, color, key, newcomm,
+  return shim::create<&NcclApi::CommSplit>("ncclCommSplit", FP8WIRE_CALLER, newcomm, config, comm, comm, color, key, newcomm,
                                            config);
 }
 
 FP8WIRE_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  return shim::create<&NcclApi::CommShrink>("ncclCommShrink", FP8WIRE_CALLER, newcomm, config, comm, excludeRanksList,
+  return shim::create<&NcclApi::CommShrink>("ncclCommShrink", FP8WIRE_CALLER, newcomm, config, comm, comm, excludeRanksList,
                                             excludeRanksCount, newcomm, config, shrinkFlags);
 }
 
-// One process, several devices: every communicator it returns joins the registry.
+// One process, several devices: every communicator it returns joins the registry, marked as driven
+// by one thread (its calls must all sit in one group; fp8wire's FP8 stages and agreement exchange
+// run one communicator at a time and would wait forever on the ranks not yet issued).
 FP8WIRE_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   return shim::intercept<&NcclApi::CommInitAll>(
       "ncclCommInitAll", FP8WIRE_CALLER,
       [&](Runtime& rt) {
         const ncclResult_t result = shim::call_real<&NcclApi::CommInitAll>(rt, "ncclCommInitAll", comms, ndev, devlist);
         if (comms && (result == ncclSuccess || result == ncclInProgress))
-          for (int i = 0; i < ndev; ++i) shim::comm_created(rt, comms[i], result, nullptr);
+          for (int i = 0; i < ndev; ++i) shim::comm_created(rt, comms[i], result, nullptr, /*single_process=*/true);
         return result;
       },
       comms, ndev, devlist);
@@ -219,6 +231,9 @@ FP8WIRE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return shim::destroy<&NcclApi::CommDestroy>("ncclCommDestroy", FP8WIRE_CALLER, comm);
 }
 
+// The real abort runs before fp8wire frees anything (Engine::comm_abort): it is what stops a
+// collective that will never finish, which freeing the scratch first would wait for.
 FP8WIRE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  return shim::destroy<&NcclApi::CommAbort>("ncclCommAbort", FP8WIRE_CALLER, comm);
+  return shim::intercept<&NcclApi::CommAbort>(
+      "ncclCommAbort", FP8WIRE_CALLER, [&](Runtime& rt) { return rt.engine->comm_abort(comm); }, comm);
 }

@@ -118,7 +118,8 @@ Runtime& runtime_slow() {
 }
 }  // namespace detail
 
-void comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const ncclConfig_t* config) {
+void comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const ncclConfig_t* config,
+                  bool single_process) {
   if (!comm) return;  // e.g. ncclCommSplit with NCCL_SPLIT_NOCOLOR
   if (init_result != ncclSuccess && init_result != ncclInProgress) return;
   const bool nonblocking = init_result == ncclInProgress || (config && config->blocking == 0);
@@ -131,6 +132,7 @@ void comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const 
   }
   try {
     rt.engine->comm_created(comm, nonblocking);
+    if (single_process) rt.engine->comm_created_single_process(comm);
   } catch (const std::exception& e) {
     FP8WIRE_ERROR("engine could not register communicator {} ({}); its calls pass through",
                   static_cast<const void*>(comm), e.what());

@@ -36,7 +36,9 @@ inline bool active() { return detail::g_active.load(std::memory_order_relaxed); 
 // non-blocking (its ncclConfig_t says blocking = 0, or its init returned ncclInProgress) is
 // registered at once and flagged; the engine passes its calls through and asks NCCL about it again
 // at its next call, once it has finished initialising.
-void comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const ncclConfig_t* config);
+// `single_process`: a communicator of ncclCommInitAll, whose ranks one thread drives (passes through).
+void comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const ncclConfig_t* config,
+                  bool single_process = false);
 void comm_destroyed(Runtime& rt, ncclComm_t comm);
 
 // Logging helpers for the exports' rare paths.

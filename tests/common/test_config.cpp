@@ -280,6 +280,20 @@ TEST_CASE("a TOML syntax error and a missing file are errors, not crashes") {
   CHECK(contains(missing.errors[0].message(), "readable TOML file"));
 }
 
+// FP8WIRE_CONFIG=out/sweep (the benchmark's output folder, not the profile in it): a directory opens
+// and reads as an empty document, which used to give the defaults with no error at all.
+TEST_CASE("a directory given as the config file is an error, not an empty configuration") {
+  char dir[] = "/tmp/fp8wire_test_config_dir_XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  const ConfigResult r = load_config(dir, {"FP8WIRE_BLOCK_SIZE=256"});
+  rmdir(dir);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].source == std::string("file ") + dir);
+  CHECK(r.errors[0].value == dir);
+  CHECK(contains(r.errors[0].message(), "readable TOML file (it is a directory)"));
+  CHECK(!r.ok());
+}
+
 TEST_CASE("parse_config_toml layers a document on a base config") {
   Config base;
   base.block_size = 64;

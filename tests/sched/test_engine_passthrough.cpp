@@ -26,6 +26,9 @@ ncclComm_t comm_of(uintptr_t v) { return reinterpret_cast<ncclComm_t>(v); }
 const ncclComm_t kFourRanks = comm_of(0x1000);
 const ncclComm_t kOneRank = comm_of(0x2000);
 const ncclComm_t kNotReady = comm_of(0x3000);
+// Set while a test wants the fake ncclCommAbort to register a new communicator at the address it
+// just freed (another thread's ncclCommInitRank reusing the memory).
+sched::Engine* g_reuse_on_abort = nullptr;
 
 NcclApi fake_api() {
   NcclApi api;
@@ -53,6 +56,15 @@ NcclApi fake_api() {
     ++g_comm_queries;
     if (c == kNotReady) return ncclInvalidArgument;  // e.g. still initialising inside a group
     *n = c == kOneRank ? 1 : 4;
+    return ncclSuccess;
+  };
+  api.GroupSimulateEnd = [](ncclSimInfo_t*) {
+    g_calls.push_back("GroupSimulateEnd");
+    return ncclSuccess;
+  };
+  api.CommAbort = [](ncclComm_t c) {
+    g_calls.push_back("CommAbort");
+    if (g_reuse_on_abort) g_reuse_on_abort->comm_created(c, /*nonblocking=*/true);
     return ncclSuccess;
   };
   api.CommUserRank = [](const ncclComm_t, int* r) {
@@ -229,4 +241,75 @@ TEST_CASE("thresholds above the call: host rules only, no registry, no CUDA, no 
   CHECK(text.str().find("WARN") == std::string::npos);
   CHECK(text.str().find("captur") == std::string::npos);
   CHECK(text.str().find("agree") == std::string::npos);
+}
+
+// ncclCommInitAll: one thread drives every rank and must issue their calls in one group. The FP8
+// path would run the agreement exchange (an all-gather plus a stream synchronize) for the first
+// communicator alone and wait forever for ranks the thread has not issued: such communicators pass
+// through, inside the application's real group, with no exchange.
+TEST_CASE("communicators of ncclCommInitAll always pass through") {
+  const NcclApi api = fake_api();
+  sched::Engine eng(Config{}, api);
+  eng.comm_created(kFourRanks);
+  eng.comm_created_single_process(kFourRanks);
+  g_calls.clear();
+  CHECK(eng.group_start() == ncclSuccess);
+  CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+  CHECK(eng.reduce_scatter(kBuf, kBuf, kBig, ncclFloat32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+  CHECK(eng.group_end() == ncclSuccess);
+  CHECK(g_calls == std::vector<std::string>{"GroupStart", "AllReduce", "ReduceScatter", "GroupEnd"});
+  CHECK(last_record().path == Path::passthrough);
+  CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclFloat32, ncclAvg, kFourRanks, nullptr) == ncclSuccess);
+  CHECK(last_record().path == Path::passthrough);
+  CHECK(eng.fabric_of(kFourRanks) == Fabric::net);  // never agreed
+}
+
+// ncclCommAbort: the real abort runs, once, with the communicator already out of the registry (its
+// scratch is freed only after the abort; that order needs an agreed communicator, i.e. a GPU, to be
+// seen). A communicator created at the same address while the abort runs keeps its own state.
+TEST_CASE("ncclCommAbort: real abort with the communicator already detached") {
+  const NcclApi api = fake_api();
+  sched::Engine eng(Config{}, api);
+  eng.comm_created(kFourRanks);  // blocking
+  g_calls.clear();
+  g_reuse_on_abort = &eng;
+  CHECK(eng.comm_abort(kFourRanks) == ncclSuccess);
+  g_reuse_on_abort = nullptr;
+  CHECK(g_calls == std::vector<std::string>{"CommAbort"});
+  // The new communicator is non-blocking: a large float sum on it passes through untouched.
+  g_calls.clear();
+  CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclFloat32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+  CHECK(g_calls == std::vector<std::string>{"AllReduce"});
+  CHECK(last_record().path == Path::passthrough);
+  // Aborting a communicator the engine never saw still reaches NCCL.
+  g_calls.clear();
+  CHECK(eng.comm_abort(kNotReady) == ncclSuccess);
+  CHECK(g_calls == std::vector<std::string>{"CommAbort"});
+}
+
+// ncclGroupSimulateEnd closes the group without running it. The FP8 candidate queued inside it must
+// be dropped (not run at some later GroupEnd), and the thread must leave the group (else every later
+// FP8 candidate would wait in the queue for a GroupEnd that may never come).
+TEST_CASE("ncclGroupSimulateEnd closes the group and runs nothing it queued") {
+  const NcclApi api = fake_api();
+  sched::Engine eng(Config{}, api);
+  eng.comm_created(kFourRanks);
+  g_calls.clear();
+  CHECK(eng.group_start() == ncclSuccess);
+  CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);  // queued
+  CHECK(eng.group_simulate_end(nullptr) == ncclSuccess);
+  CHECK(g_calls == std::vector<std::string>{"GroupStart", "GroupSimulateEnd"});
+  // A later group is a group of its own: its outermost end runs its calls and nothing simulated.
+  g_calls.clear();
+  CHECK(eng.group_start() == ncclSuccess);
+  CHECK(eng.all_reduce(kBuf, kBuf, 10, ncclInt32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+  CHECK(eng.group_end() == ncclSuccess);
+  CHECK(g_calls == std::vector<std::string>{"GroupStart", "AllReduce", "GroupEnd"});
+  // Nested: only the outermost simulated end drops the queue.
+  g_calls.clear();
+  CHECK(eng.group_start() == ncclSuccess);
+  CHECK(eng.group_start() == ncclSuccess);
+  CHECK(eng.group_simulate_end(nullptr) == ncclSuccess);
+  CHECK(eng.group_end() == ncclSuccess);
+  CHECK(g_calls == std::vector<std::string>{"GroupStart", "GroupStart", "GroupSimulateEnd", "GroupEnd"});
 }

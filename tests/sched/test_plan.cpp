@@ -41,6 +41,10 @@ TEST_CASE("eligibility: every pass-through rule") {
   CallShape nb = ar(1 << 20);
   nb.nonblocking = true;
   CHECK(static_eligibility(c, nb) == PassReason::nonblocking);
+  CallShape clique = ar(1 << 20, 4);
+  clique.single_process = true;  // ncclCommInitAll: every rank driven by one thread
+  CHECK(static_eligibility(c, clique) == PassReason::single_process);
+  CHECK(std::string(to_string(PassReason::single_process)) == "single_process");
 
   Config off;
   off.enable = false;

@@ -225,3 +225,7 @@ FAKE_EXPORT ncclResult_t ncclGroupEnd() {
   record("ncclGroupEnd()");
   return ncclSuccess;
 }
+FAKE_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t*) {
+  record("ncclGroupSimulateEnd()");
+  return ncclSuccess;
+}

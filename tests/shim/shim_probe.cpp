@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
     }
     api = api_from(shim);
   } else {
-    std::fprintf(stderr, "usage: %s --mode linked|noload|dlopen --script all|reenter|capi|bench --shim P --fake P\n",
+    std::fprintf(stderr, "usage: %s --mode linked|noload|dlopen --script all|reenter|initall|capi|bench --shim P --fake P\n",
                  argv[0]);
     return 2;
   }
@@ -120,6 +120,27 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 2; ++i)
       results.emplace_back("ncclAllReduce", api.AllReduce(probe::ptr(probe::kSend), probe::ptr(probe::kRecv), 1000,
                                                           ncclFloat32, ncclSum, comm, probe::stream()));
+  } else if (script == "initall") {
+    // One thread drives both ranks of an ncclCommInitAll clique, so their calls sit in one group;
+    // 128 MiB of bf16 each, above every default threshold.
+    ncclComm_t comms[2] = {};
+    const int devlist[2] = {0, 1};
+    results.emplace_back("ncclCommInitAll", api.CommInitAll(comms, 2, devlist));
+    results.emplace_back("ncclGroupStart", api.GroupStart());
+    for (ncclComm_t comm : comms)
+      results.emplace_back("ncclAllReduce", api.AllReduce(probe::ptr(probe::kSend), probe::ptr(probe::kRecv),
+                                                          64u << 20, ncclBfloat16, ncclSum, comm, probe::stream()));
+    results.emplace_back("ncclGroupEnd", api.GroupEnd());
+    // Their split (one thread, one group) is a single-process clique as well.
+    ncclComm_t children[2] = {};
+    results.emplace_back("ncclGroupStart", api.GroupStart());
+    for (int i = 0; i < 2; ++i) results.emplace_back("ncclCommSplit", api.CommSplit(comms[i], 0, i, &children[i], nullptr));
+    results.emplace_back("ncclGroupEnd", api.GroupEnd());
+    results.emplace_back("ncclGroupStart", api.GroupStart());
+    for (ncclComm_t comm : children)
+      results.emplace_back("ncclAllReduce", api.AllReduce(probe::ptr(probe::kSend), probe::ptr(probe::kRecv),
+                                                          64u << 20, ncclBfloat16, ncclSum, comm, probe::stream()));
+    results.emplace_back("ncclGroupEnd", api.GroupEnd());
   } else if (script == "capi") {
     auto version = reinterpret_cast<int (*)()>(dlsym(shim, "fp8wire_version"));
     auto totals = reinterpret_cast<void (*)(fp8wire_totals*)>(dlsym(shim, "fp8wire_get_totals"));

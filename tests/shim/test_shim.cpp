@@ -258,6 +258,44 @@ TEST_CASE("re-entry: NCCL calling back into an export goes straight to NCCL, log
   CHECK(count_of(r.output, "fp8wire[rank 1]") >= 1);
 }
 
+// ncclCommInitAll: every rank in this process, driven by one thread inside one group. FP8 would run
+// the agreement exchange (all-gather + stream synchronize) of the first communicator alone and wait
+// forever for the second; these communicators pass through, inside the application's own group.
+TEST_CASE("ncclCommInitAll communicators and their splits pass through inside the application's group") {
+  const Run r = probe_linked("initall", {"FP8WIRE_ENABLE=1", "FP8WIRE_LOG_LEVEL=info"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  REQUIRE(r.rcs.size() == 13);
+  for (const auto& [name, rc] : r.rcs) {
+    CAPTURE(name);
+    CHECK(rc == ncclSuccess);
+  }
+  const std::string s = fmt::format("{:#x}", probe::kSend), v = fmt::format("{:#x}", probe::kRecv);
+  const std::string st = fmt::format("{:#x}", probe::kStream);
+  std::vector<std::string> expected = {
+      fmt::format("ncclCommInitAll(ndev=2, devlist=[0,1]) -> [{},{}]", probe::comm(1), probe::comm(2)),
+      "ncclGroupStart()"};
+  auto all_reduce = [&](int c) {
+    return fmt::format("ncclAllReduce(send={}, recv={}, count={}, dtype={}, op={}, comm={}, stream={}) depth=0", s, v,
+                       64u << 20, static_cast<int>(ncclBfloat16), static_cast<int>(ncclSum), probe::comm(c), st);
+  };
+  expected.push_back(all_reduce(1));
+  expected.push_back(all_reduce(2));
+  expected.push_back("ncclGroupEnd()");
+  // The split children (3, 4) of the clique are a clique too.
+  expected.push_back("ncclGroupStart()");
+  for (int i = 0; i < 2; ++i)
+    expected.push_back(fmt::format("ncclCommSplit(comm={}, color=0, key={}, config=0x0) -> {}", probe::comm(1 + i), i,
+                                   probe::comm(3 + i)));
+  expected.push_back("ncclGroupEnd()");
+  expected.push_back("ncclGroupStart()");
+  expected.push_back(all_reduce(3));
+  expected.push_back(all_reduce(4));
+  expected.push_back("ncclGroupEnd()");
+  CHECK(r.fake_log == expected);
+  CHECK(count_of(r.output, "agreement") == 0);
+}
+
 TEST_CASE("C API: version, totals, step marks and flush are safe without a profiler") {
   for (const char* enable : {"FP8WIRE_ENABLE=0", "FP8WIRE_ENABLE=1"}) {
     CAPTURE(enable);
@@ -288,7 +326,7 @@ TEST_CASE("exported dynamic symbols: exactly the interposed NCCL functions and t
   }
   const std::set<std::string> expected = {
       "ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclBcast", "ncclReduce",
-      "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd", "ncclCommInitRank", "ncclCommInitRankConfig",
+      "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd", "ncclGroupSimulateEnd", "ncclCommInitRank", "ncclCommInitRankConfig",
       "ncclCommInitAll", "ncclCommInitRankScalable", "ncclCommSplit", "ncclCommShrink", "ncclCommFinalize",
       "ncclCommDestroy", "ncclCommAbort", "fp8wire_version", "fp8wire_step_begin", "fp8wire_step_end",
       "fp8wire_profiler_flush", "fp8wire_get_totals"};

@@ -166,21 +166,28 @@ std::string read_safetensors(const std::string& path, TensorMap& tensors, Metada
 
 namespace {
 
+// A batch of `count` samples on the host, before a source fills it: images unwritten (every source
+// writes every pixel), every camera present, no tokens, zero actions (padding to action_dim stays 0).
+Batch host_batch(const Config& cfg, int64_t count) {
+  const auto& d = cfg.data;
+  const auto& m = cfg.model;
+  Batch b;
+  b.images = at::empty({count, d.num_images, d.camera_size, d.camera_size, 3}, at::kByte);
+  b.image_mask = at::ones({count, d.num_images}, at::kBool);
+  b.tokens = at::zeros({count, d.max_token_len}, at::kLong);
+  b.token_mask = at::zeros({count, d.max_token_len}, at::kBool);
+  b.actions = at::zeros({count, m.action_horizon, m.action_dim}, at::kFloat);
+  return b;
+}
+
 class SyntheticSource : public DataSource {
  public:
   explicit SyntheticSource(const Config& c) : cfg_(c) {}
   int64_t size() const override { return kUnboundedSource; }
 
   Batch get(const std::vector<int64_t>& indices) const override {
-    const auto& d = cfg_.data;
-    const auto& m = cfg_.model;
     const int64_t count = int64_t(indices.size());
-    Batch b;
-    b.images = at::empty({count, d.num_images, d.camera_size, d.camera_size, 3}, at::kByte);
-    b.image_mask = at::ones({count, d.num_images}, at::kBool);
-    b.tokens = at::zeros({count, d.max_token_len}, at::kLong);
-    b.token_mask = at::zeros({count, d.max_token_len}, at::kBool);
-    b.actions = at::zeros({count, m.action_horizon, m.action_dim}, at::kFloat);
+    Batch b = host_batch(cfg_, count);
     for (int64_t i = 0; i < count; ++i) {
       if (indices[size_t(i)] < 0)
         throw std::out_of_range(fmt::format("synthetic source: sample index {} is negative", indices[size_t(i)]));
@@ -236,15 +243,8 @@ class ShardSource : public DataSource {
   int64_t size() const override { return total_; }
 
   Batch get(const std::vector<int64_t>& indices) const override {
-    const auto& d = cfg_.data;
-    const auto& m = cfg_.model;
     const int64_t count = int64_t(indices.size());
-    Batch b;
-    b.images = at::empty({count, d.num_images, d.camera_size, d.camera_size, 3}, at::kByte);
-    b.image_mask = at::empty({count, d.num_images}, at::kBool);
-    b.tokens = at::empty({count, d.max_token_len}, at::kLong);
-    b.token_mask = at::empty({count, d.max_token_len}, at::kBool);
-    b.actions = at::zeros({count, m.action_horizon, m.action_dim}, at::kFloat);
+    Batch b = host_batch(cfg_, count);
     for (int64_t i = 0; i < count; ++i) {
       const int64_t index = indices[size_t(i)];
       if (index < 0 || index >= total_)
@@ -266,7 +266,7 @@ class ShardSource : public DataSource {
       row("image_mask", b.image_mask[i]);
       row("tokens", b.tokens[i]);
       row("token_mask", b.token_mask[i]);
-      row("actions", b.actions[i].narrow(1, 0, d.raw_action_dim));
+      row("actions", b.actions[i].narrow(1, 0, cfg_.data.raw_action_dim));
     }
     return b;
   }

@@ -12,28 +12,13 @@
 #include <vector>
 
 #include "quant/reference.hpp"
+#include "tests/quant/sample_data.hpp"
 
 using namespace fp8wire;
 using namespace fp8wire::quant;
 
 namespace {
 
-std::vector<float> sample(const char* kind, size_t n) {
-  std::mt19937 rng(2024);
-  std::vector<float> x(n);
-  if (!std::strcmp(kind, "normal")) {
-    std::normal_distribution<float> d;
-    for (float& v : x) v = d(rng);
-  } else if (!std::strcmp(kind, "student-t(3)")) {
-    std::student_t_distribution<float> d(3);
-    for (float& v : x) v = d(rng);
-  } else {
-    std::lognormal_distribution<float> d(0, 2);
-    std::bernoulli_distribution s;
-    for (float& v : x) v = s(rng) ? d(rng) : -d(rng);
-  }
-  return x;
-}
 
 const char* scale_name(ScaleType s) { return s == ScaleType::fp32 ? "fp32" : s == ScaleType::bf16 ? "bf16" : "e8m0"; }
 
@@ -44,8 +29,10 @@ int main(int argc, char** argv) {
   const uint32_t block = argc > 2 ? uint32_t(std::strtoul(argv[2], nullptr, 10)) : 128;
   std::printf("| data | format | scale | rounding | bytes/elem | rel rms | max abs err / block amax | max rel (normal range) |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
-  for (const char* kind : {"normal", "student-t(3)", "lognormal(0,2)"}) {
-    const auto x = sample(kind, count);
+  using testdata::Distribution;
+  for (Distribution dist : {Distribution::normal, Distribution::student_t3, Distribution::signed_lognormal}) {
+    const char* kind = testdata::label(dist);
+    const auto x = testdata::sample(dist, count, 2024);
     for (Fp8Format fmt : {Fp8Format::e4m3, Fp8Format::e5m2})
       for (ScaleType st : {ScaleType::fp32, ScaleType::bf16, ScaleType::e8m0})
         for (Rounding r : {Rounding::nearest, Rounding::stochastic}) {

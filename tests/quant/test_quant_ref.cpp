@@ -10,6 +10,7 @@
 
 #include "quant/fp8_math.hpp"
 #include "quant/reference.hpp"
+#include "tests/quant/sample_data.hpp"
 
 #if __has_include(<cuda_fp8.h>)
 #include <cuda_fp8.h>   // NVIDIA's host emulation of the sm_89+ cvt instructions: a second opinion
@@ -56,23 +57,8 @@ int min_exp(Fp8Format f) { return f == Fp8Format::e4m3 ? -6 : -14; }
 const char* name(Fp8Format f) { return f == Fp8Format::e4m3 ? "e4m3" : "e5m2"; }
 const char* name(ScaleType s) { return s == ScaleType::fp32 ? "fp32" : s == ScaleType::bf16 ? "bf16" : "e8m0"; }
 
-// Student-t with 3 degrees of freedom and signed lognormal data: heavy tails, a few large values per block.
-std::vector<float> sample(const char* kind, size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<float> x(n);
-  if (!std::strcmp(kind, "normal")) {
-    std::normal_distribution<float> d;
-    for (float& v : x) v = d(rng);
-  } else if (!std::strcmp(kind, "student_t3")) {
-    std::student_t_distribution<float> d(3);
-    for (float& v : x) v = d(rng);
-  } else {
-    std::lognormal_distribution<float> d(0, 2);
-    std::bernoulli_distribution s;
-    for (float& v : x) v = s(rng) ? d(rng) : -d(rng);
-  }
-  return x;
-}
+using testdata::Distribution;
+using testdata::sample;
 
 }  // namespace
 
@@ -304,7 +290,7 @@ TEST_CASE("scale types: fp32 exact quotient, bf16 rounded, e8m0 the next power o
 
 TEST_CASE("stochastic rounding: reproducible, independent of how the buffer is cut, unbiased") {
   const WireFormat f = make_format(Fp8Format::e4m3, ScaleType::fp32, 128, Rounding::stochastic, 42);
-  const auto x = sample("normal", 4096, 3);
+  const auto x = sample(Distribution::normal, 4096, 3);
   const auto a = encode(x, f);
   CHECK(a == encode(x, f));
   WireFormat g = f;
@@ -344,11 +330,12 @@ TEST_CASE("documented error bounds hold on normal and heavy-tailed data") {
   // Per element (s = the block's decode scale, m = mantissa bits, emin = smallest normal exponent):
   //   nearest:     |x - y| <= 2^-(m+1) |x| + s 2^(emin-m-1)   (+ 2^-22 |x| for the two fp32 roundings)
   //   stochastic:  |x - y| <  2^-m |x|     + s 2^(emin-m)
-  for (const char* kind : {"normal", "student_t3", "lognormal"})
+  for (Distribution kind : {Distribution::normal, Distribution::student_t3, Distribution::signed_lognormal})
     for (Fp8Format fmt : kFormats)
       for (ScaleType st : kScales)
         for (Rounding r : {Rounding::nearest, Rounding::stochastic}) {
-          CAPTURE(kind);
+          const char* data = testdata::label(kind);
+          CAPTURE(data);
           CAPTURE(name(fmt));
           CAPTURE(name(st));
           const WireFormat f = make_format(fmt, st, 128, r, 9);
@@ -373,7 +360,7 @@ TEST_CASE("documented error bounds hold on normal and heavy-tailed data") {
 
 TEST_CASE("segmented layout: each segment is an independent chunk at its stride") {
   const WireFormat f = make_format(Fp8Format::e4m3, ScaleType::fp32, 128);
-  const auto x = sample("normal", 1000, 5);
+  const auto x = sample(Distribution::normal, 1000, 5);
   const Segmented layout{256, chunk_bytes(256, f) + 32};
   std::vector<uint8_t> wire(layout.seg_stride * 4, 0xCD);
   REQUIRE(ref::quantize(x.data(), ElemType::f32, x.size(), wire.data(), layout, f) == nullptr);
@@ -401,7 +388,7 @@ TEST_CASE("reduce: fp32 sum in input order vs fp64; requantized output equals qu
     std::vector<const void*> ptrs;
     std::vector<std::vector<float>> decoded;
     for (int j = 0; j < k; ++j) {
-      chunks.push_back(encode(sample("student_t3", n, 100 + j), f));
+      chunks.push_back(encode(sample(Distribution::student_t3, n, 100 + j), f));
       decoded.push_back(decode(chunks.back(), n, f));
     }
     for (auto& c : chunks) ptrs.push_back(c.data());
@@ -424,7 +411,7 @@ TEST_CASE("reduce: fp32 sum in input order vs fp64; requantized output equals qu
                                    ref::ReduceOutput{nullptr, ElemType::f32, wire.data()}, f) == nullptr);
     CHECK(wire == encode(out, f));
     // Mixed: a plain addend at position 3.
-    const auto plain = sample("normal", n, 9);
+    const auto plain = sample(Distribution::normal, n, 9);
     std::vector<float> mixed(n);
     REQUIRE(ref::dequantize_reduce(ptrs.data(), k, plain.data(), ElemType::f32, 3, n, 1.0f,
                                    ref::ReduceOutput{mixed.data(), ElemType::f32, nullptr}, f) == nullptr);
@@ -446,7 +433,7 @@ TEST_CASE("reduce: fp32 sum in input order vs fp64; requantized output equals qu
 
 TEST_CASE("quantize_with_residual: the residual carries what the wire lost; NaN blocks reset it") {
   const WireFormat f = make_format(Fp8Format::e4m3, ScaleType::fp32, 32);
-  auto x = sample("normal", 64, 21);
+  auto x = sample(Distribution::normal, 64, 21);
   x[40] = NAN;
   std::vector<float> residual(64, 0.001f);
   const std::vector<float> before = residual;
@@ -468,7 +455,7 @@ TEST_CASE("quantize_with_residual: the residual carries what the wire lost; NaN 
 
 TEST_CASE("caller dtypes: bf16 and f16 inputs and outputs") {
   const WireFormat f{};
-  const auto x = sample("normal", 300, 2);
+  const auto x = sample(Distribution::normal, 300, 2);
   std::vector<uint16_t> xb(300), xh(300);
   std::vector<float> xf(300), xhf(300);
   for (size_t i = 0; i < 300; ++i) {

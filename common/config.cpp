@@ -458,6 +458,14 @@ std::vector<KeySpec> build_key_table() {
     t.push_back(cost_key(f, "bus_bandwidth_gbps", &CostModel::bus_bandwidth_gbps));
     t.push_back(cost_key(f, "codec_gbps", &CostModel::codec_gbps));
     t.push_back(cost_key(f, "kernel_launch_us", &CostModel::kernel_launch_us));
+    t.push_back(cost_key(f, "allreduce_latency_us", &CostModel::allreduce_latency_us));
+    t.push_back(cost_key(f, "allgather_latency_us", &CostModel::allgather_latency_us));
+    t.push_back(cost_key(f, "reduce_scatter_latency_us", &CostModel::reduce_scatter_latency_us));
+    t.push_back(cost_key(f, "alltoall_latency_us", &CostModel::alltoall_latency_us));
+    t.push_back(cost_key(f, "allreduce_bandwidth_gbps", &CostModel::allreduce_bandwidth_gbps));
+    t.push_back(cost_key(f, "allgather_bandwidth_gbps", &CostModel::allgather_bandwidth_gbps));
+    t.push_back(cost_key(f, "reduce_scatter_bandwidth_gbps", &CostModel::reduce_scatter_bandwidth_gbps));
+    t.push_back(cost_key(f, "alltoall_bandwidth_gbps", &CostModel::alltoall_bandwidth_gbps));
     t.push_back(bool_key(fmt::format("cost_model.{}.calibrated", to_string(static_cast<Fabric>(f))),
                          [f](auto& c) -> auto& { return c.cost_model[f].calibrated; }));
   }
@@ -508,7 +516,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 496 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 688 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

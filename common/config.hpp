@@ -45,12 +45,42 @@ const char* to_string(Collective);
 
 // Alpha-beta cost model of one fabric, calibrated by fp8wire-bench (written to cost_model.<fabric>.*).
 // Times in microseconds, bandwidths in GB/s (1e9 bytes/s).
+// Fixed cost and bandwidth per kind of NCCL operation: on some fabrics they differ by far (an
+// emulated multi-host testbed: ~27 ms per all-reduce at 4 ranks, ~11 ms + a lower bandwidth per
+// all-gather). 0 = not measured: that operation costs op_latency_us / bus_bandwidth_gbps. They are
+// the figures at the world size the profile was measured with (not scaled by rank count:
+// sched/README.md "Cost model").
+enum class NcclOp : uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all };
 struct CostModel {
-  double op_latency_us = 0;     // fixed cost of one NCCL operation (all-reduce, all-gather, grouped a2a)
+  double op_latency_us = 0;     // fixed cost of one NCCL operation without its own figure below
   double bus_bandwidth_gbps = 0; // NCCL bus bandwidth on this fabric
   double codec_gbps = 0;        // quantize/dequantize throughput (bytes of caller dtype per second)
   double kernel_launch_us = 0;  // per codec kernel launch
+  double allreduce_latency_us = 0;      // one ncclAllReduce            (0: op_latency_us)
+  double allgather_latency_us = 0;      // one ncclAllGather            (0: op_latency_us)
+  double reduce_scatter_latency_us = 0; // one ncclReduceScatter        (0: op_latency_us)
+  double alltoall_latency_us = 0;       // one grouped send/recv round (0: op_latency_us)
+  // Bus bandwidth per kind of operation, GB/s (0: bus_bandwidth_gbps).
+  double allreduce_bandwidth_gbps = 0;
+  double allgather_bandwidth_gbps = 0;
+  double reduce_scatter_bandwidth_gbps = 0;
+  double alltoall_bandwidth_gbps = 0;
   bool calibrated = false;      // false: the built-in defaults below are used
+  // Fixed cost of one `op`: its own figure when measured, else op_latency_us.
+  double latency_us(NcclOp op) const {
+    const double own = op == NcclOp::all_reduce       ? allreduce_latency_us
+                       : op == NcclOp::all_gather     ? allgather_latency_us
+                       : op == NcclOp::reduce_scatter ? reduce_scatter_latency_us
+                                                      : alltoall_latency_us;
+    return own > 0 ? own : op_latency_us;
+  }
+  double bandwidth_gbps(NcclOp op) const {
+    const double own = op == NcclOp::all_reduce       ? allreduce_bandwidth_gbps
+                       : op == NcclOp::all_gather     ? allgather_bandwidth_gbps
+                       : op == NcclOp::reduce_scatter ? reduce_scatter_bandwidth_gbps
+                                                      : alltoall_bandwidth_gbps;
+    return own > 0 ? own : bus_bandwidth_gbps;
+  }
 };
 
 struct Config {
@@ -78,7 +108,8 @@ struct Config {
       {{64ull << 20, 1ull << 20, 256ull << 10}},   // reduce_scatter
       {{64ull << 20, 1ull << 20, 256ull << 10}},   // all_gather
   }};
-  // cost_model.<fabric>.{op_latency_us, bus_bandwidth_gbps, codec_gbps, kernel_launch_us}
+  // cost_model.<fabric>.{op_latency_us, bus_bandwidth_gbps, codec_gbps, kernel_launch_us,
+  //   {allreduce,allgather,reduce_scatter,alltoall}_latency_us, ..._bandwidth_gbps}
   std::array<CostModel, kFabricCount> cost_model{};
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------

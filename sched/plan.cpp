@@ -75,24 +75,61 @@ bool below_every_threshold(const Config& config, const CallShape& call) {
 
 CostModel default_cost_model(Fabric fabric) {
   // Rough figures for an H100/H200-class node; fp8wire-bench replaces them (cost_model.<fabric>.*).
+  // No per-operation latencies: on real fabrics the kinds of operation cost about the same fixed
+  // time, so every one costs op_latency_us until a profile says otherwise.
+  auto model = [](double latency_us, double bus_gbps) {
+    return CostModel{.op_latency_us = latency_us, .bus_bandwidth_gbps = bus_gbps, .codec_gbps = 1000.0,
+                     .kernel_launch_us = 4.0};
+  };
   switch (fabric) {
-    case Fabric::nvlink: return {15.0, 150.0, 1000.0, 4.0, false};
-    case Fabric::pcie: return {25.0, 12.0, 1000.0, 4.0, false};
-    case Fabric::net: return {50.0, 5.0, 1000.0, 4.0, false};
+    case Fabric::nvlink: return model(15.0, 150.0);
+    case Fabric::pcie: return model(25.0, 12.0);
+    case Fabric::net: return model(50.0, 5.0);
   }
-  return {50.0, 5.0, 1000.0, 4.0, false};
+  return model(50.0, 5.0);
 }
 
 CostModel effective_cost_model(const Config& config, Fabric fabric) {
   CostModel model = default_cost_model(fabric);
   const CostModel& given = config.cost_model[static_cast<int>(fabric)];
   // Fields given in the profile win one by one, so a partial profile still works.
-  if (given.op_latency_us > 0) model.op_latency_us = given.op_latency_us;
-  if (given.bus_bandwidth_gbps > 0) model.bus_bandwidth_gbps = given.bus_bandwidth_gbps;
-  if (given.codec_gbps > 0) model.codec_gbps = given.codec_gbps;
-  if (given.kernel_launch_us > 0) model.kernel_launch_us = given.kernel_launch_us;
+  auto take = [](double& field, double value) {
+    if (value > 0) field = value;
+  };
+  take(model.op_latency_us, given.op_latency_us);
+  take(model.bus_bandwidth_gbps, given.bus_bandwidth_gbps);
+  take(model.codec_gbps, given.codec_gbps);
+  take(model.kernel_launch_us, given.kernel_launch_us);
+  take(model.allreduce_latency_us, given.allreduce_latency_us);
+  take(model.allgather_latency_us, given.allgather_latency_us);
+  take(model.reduce_scatter_latency_us, given.reduce_scatter_latency_us);
+  take(model.alltoall_latency_us, given.alltoall_latency_us);
+  take(model.allreduce_bandwidth_gbps, given.allreduce_bandwidth_gbps);
+  take(model.allgather_bandwidth_gbps, given.allgather_bandwidth_gbps);
+  take(model.reduce_scatter_bandwidth_gbps, given.reduce_scatter_bandwidth_gbps);
+  take(model.alltoall_bandwidth_gbps, given.alltoall_bandwidth_gbps);
   model.calibrated = given.calibrated;
   return model;
+}
+
+double fixed_latency_us(const CostModel& m, Collective collective, Path path, int nranks) {
+  const double ar = m.latency_us(NcclOp::all_reduce), ag = m.latency_us(NcclOp::all_gather);
+  const double rs = m.latency_us(NcclOp::reduce_scatter), a2a = m.latency_us(NcclOp::all_to_all);
+  const bool plain = path == Path::passthrough || path == Path::fallback;
+  switch (collective) {
+    case Collective::all_reduce:
+      switch (path) {
+        case Path::passthrough:
+        case Path::fallback: return ar;
+        case Path::two_shot: return a2a + ag;                               // a2a, then all-gather
+        case Path::one_shot: return ag;                                     // all-gather of inputs
+        case Path::ring: return static_cast<double>(std::max(nranks - 1, 0)) * a2a + ag;  // hops
+      }
+      break;
+    case Collective::reduce_scatter: return plain ? rs : a2a;  // FP8: a2a + local reduce
+    case Collective::all_gather: return ag;                   // FP8: all-gather of FP8 chunks
+  }
+  return m.op_latency_us;
 }
 
 double predicted_us(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes,
@@ -103,28 +140,37 @@ double predicted_us(const CostModel& m, Collective collective, Path path, uint64
   // unknown here, so bf16 (the common gradient type) is assumed: elements = bytes / 2.
   const double elems = s / 2.0;
   const double w = elems * (1.0 + static_cast<double>(quant::scale_bytes(format.scale)) / format.block);
-  const double bw = m.bus_bandwidth_gbps * 1e3;  // bytes per microsecond
-  const double codec = m.codec_gbps * 1e3;
-  const double lat = m.op_latency_us, launch = m.kernel_launch_us;
+  const double codec = m.codec_gbps * 1e3;  // bytes per microsecond
+  const double launch = m.kernel_launch_us;
+  // One NCCL operation of kind `op` moving `bus_bytes` (busbw convention): its fixed cost plus the
+  // bytes at its bandwidth. The operations each path issues are those fixed_latency_us() counts.
+  auto op = [&m](NcclOp kind, double bus_bytes) {
+    return m.latency_us(kind) + bus_bytes / (m.bandwidth_gbps(kind) * 1e3);
+  };
+  const double part = (n - 1) / n;
+  const bool plain = path == Path::passthrough || path == Path::fallback;
   switch (collective) {
     case Collective::all_reduce:
       switch (path) {
         case Path::passthrough:
-        case Path::fallback: return lat + 2.0 * (n - 1) / n * s / bw;
-        case Path::two_shot: return 2 * lat + 2.0 * (n - 1) / n * w / bw + 3.0 * s / codec + 3 * launch;
-        case Path::one_shot: return lat + (n - 1) * w / bw + (1.0 + n) * s / codec + 2 * launch;
+        case Path::fallback: return op(NcclOp::all_reduce, 2.0 * part * s);
+        case Path::two_shot:
+          return op(NcclOp::all_to_all, part * w) + op(NcclOp::all_gather, part * w) + 3.0 * s / codec + 3 * launch;
+        case Path::one_shot: return op(NcclOp::all_gather, (n - 1) * w) + (1.0 + n) * s / codec + 2 * launch;
         case Path::ring:
-          return n * lat + 2.0 * (n - 1) / n * w / bw + (2.0 + (n - 1) / n) * s / codec + (n + 1) * launch;
+          // n-1 hops of one shard each (w/n): one a2a latency per hop, the bytes once.
+          return (n - 2) * m.latency_us(NcclOp::all_to_all) + op(NcclOp::all_to_all, part * w) +
+                 op(NcclOp::all_gather, part * w) + (2.0 + part) * s / codec + (n + 1) * launch;
       }
       break;
     case Collective::reduce_scatter:
-      if (path == Path::passthrough || path == Path::fallback) return lat + (n - 1) / n * s / bw;
-      return lat + (n - 1) / n * w / bw + 2.0 * s / codec + (n + 1) * launch;
+      if (plain) return op(NcclOp::reduce_scatter, part * s);
+      return op(NcclOp::all_to_all, part * w) + 2.0 * s / codec + (n + 1) * launch;
     case Collective::all_gather:
-      if (path == Path::passthrough || path == Path::fallback) return lat + (n - 1) / n * s / bw;
-      return lat + (n - 1) / n * w / bw + (s / n + s) / codec + 2 * launch;
+      if (plain) return op(NcclOp::all_gather, part * s);
+      return op(NcclOp::all_gather, part * w) + (s / n + s) / codec + 2 * launch;
   }
-  return lat;
+  return m.op_latency_us;
 }
 
 Plan plan_call(const Config& config, const CallShape& call, Fabric fabric) {
@@ -260,7 +306,8 @@ size_t stage_elems(const Config& config, const ScratchLayout& scratch, Collectiv
   const double caller_bytes = static_cast<double>(count) * static_cast<double>(elem_bytes) *
                               (collective == Collective::all_reduce ? 1.0 : static_cast<double>(nranks));
   const double quantize_us = caller_bytes / (std::max(model.codec_gbps, 1e-3) * 1e3);
-  const double op_us = std::max(model.op_latency_us, 1e-3) * static_cast<double>(nccl_ops_per_stage(collective, path, nranks));
+  // Fixed cost of one stage's NCCL operations (the a2a and all-gather of two-shot, ...).
+  const double op_us = std::max(fixed_latency_us(model, collective, path, nranks), 1e-3);
   auto predicted = [&](size_t k) { return static_cast<double>(k) * op_us + quantize_us / static_cast<double>(k); };
   const size_t chunk = std::max<uint64_t>(config.pipeline_chunk_bytes, 1);
   const size_t k_chunk = static_cast<size_t>((caller_bytes + static_cast<double>(chunk) - 1) / static_cast<double>(chunk));
@@ -334,6 +381,9 @@ uint64_t config_fingerprint(const Config& c) {
     for (uint64_t t : per) mix(t);
   for (const CostModel& m : c.cost_model) {
     mix(m.op_latency_us); mix(m.bus_bandwidth_gbps); mix(m.codec_gbps); mix(m.kernel_launch_us);
+    mix(m.allreduce_latency_us); mix(m.allgather_latency_us); mix(m.reduce_scatter_latency_us);
+    mix(m.alltoall_latency_us); mix(m.allreduce_bandwidth_gbps); mix(m.allgather_bandwidth_gbps);
+    mix(m.reduce_scatter_bandwidth_gbps); mix(m.alltoall_bandwidth_gbps);
     mix(m.calibrated);
   }
   mix(c.coalesce_enable); mix(c.coalesce_max_bytes); mix(c.coalesce_max_calls);

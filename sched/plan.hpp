@@ -73,6 +73,9 @@ bool below_every_threshold(const Config& config, const CallShape& call);
 // Predicted microseconds of one collective under a path (CostModel of the fabric).
 CostModel effective_cost_model(const Config& config, Fabric fabric);
 CostModel default_cost_model(Fabric fabric);
+// Sum of the fixed costs of the NCCL operations one stage of `path` issues (all-reduce; a2a +
+// all-gather; all-gather; n-1 hops + all-gather; ...), each its own latency (CostModel::latency_us).
+double fixed_latency_us(const CostModel& model, Collective collective, Path path, int nranks);
 double predicted_us(const CostModel& model, Collective collective, Path path, uint64_t caller_bytes,
                     int nranks, const quant::WireFormat& format);
 

@@ -7,10 +7,15 @@
 namespace fp8wire::bench {
 
 LinearFit fit_linear_relative(const std::vector<double>& x, const std::vector<double>& t_us) {
+  return fit_linear_relative_to(x, t_us, t_us);
+}
+
+LinearFit fit_linear_relative_to(const std::vector<double>& x, const std::vector<double>& y,
+                                 const std::vector<double>& t_us) {
   LinearFit fit;
-  const size_t n = std::min(x.size(), t_us.size());
+  const size_t n = std::min({x.size(), y.size(), t_us.size()});
   if (n < 2) return fit;
-  // Normal equations of sum w (t - a - b x)^2 with w = 1 / t^2.
+  // Normal equations of sum w (y - a - b x)^2 with w = 1 / t^2.
   double sw = 0, swx = 0, swxx = 0, swt = 0, swxt = 0;
   for (size_t i = 0; i < n; ++i) {
     if (!(t_us[i] > 0)) continue;
@@ -18,8 +23,8 @@ LinearFit fit_linear_relative(const std::vector<double>& x, const std::vector<do
     sw += w;
     swx += w * x[i];
     swxx += w * x[i] * x[i];
-    swt += w * t_us[i];
-    swxt += w * x[i] * t_us[i];
+    swt += w * y[i];
+    swxt += w * x[i] * y[i];
   }
   const double det = sw * swxx - swx * swx;
   if (!(std::fabs(det) > 0)) return fit;
@@ -40,7 +45,7 @@ LinearFit fit_linear_relative(const std::vector<double>& x, const std::vector<do
   fit.us_per_byte = b;
   for (size_t i = 0; i < n; ++i) {
     if (!(t_us[i] > 0)) continue;
-    fit.max_rel_residual = std::max(fit.max_rel_residual, std::fabs(a + b * x[i] - t_us[i]) / t_us[i]);
+    fit.max_rel_residual = std::max(fit.max_rel_residual, std::fabs(a + b * x[i] - y[i]) / t_us[i]);
   }
   return fit;
 }
@@ -65,24 +70,68 @@ double WireParams::ratio() const {
          static_cast<double>(dtype_size(dtype));
 }
 
+double Link::latency_us(NcclOp op) const {
+  const double own = op == NcclOp::all_reduce       ? allreduce_us
+                     : op == NcclOp::all_gather     ? allgather_us
+                     : op == NcclOp::reduce_scatter ? reduce_scatter_us
+                                                    : alltoall_us;
+  return own > 0 ? own : alpha_us;
+}
+
+double Link::bandwidth_gbps(NcclOp op) const {
+  const double own = op == NcclOp::all_reduce       ? allreduce_gbps
+                     : op == NcclOp::all_gather     ? allgather_gbps
+                     : op == NcclOp::reduce_scatter ? reduce_scatter_gbps
+                                                    : alltoall_gbps;
+  return own > 0 ? own : bus_gbps;
+}
+
+double OpCounts::of(NcclOp op) const {
+  return op == NcclOp::all_reduce       ? all_reduce
+         : op == NcclOp::all_gather     ? all_gather
+         : op == NcclOp::reduce_scatter ? reduce_scatter
+                                        : all_to_all;
+}
+
+double fixed_latency_us(const PathShape& shape, const Link& link) {
+  double us = 0;
+  for (NcclOp op : kNcclOps) us += shape.ops.of(op) * link.latency_us(op);
+  return us;
+}
+
 std::optional<PathShape> path_shape(Collective c, Path p, int nranks) {
   const double n = std::max(nranks, 1);
   const double part = (n - 1) / n;
+  // count of each kind, and the bus bytes (per byte of S) each kind moves.
+  auto shape = [](OpCounts ops, OpCounts bus, double codec, double launches) {
+    return PathShape{ops, bus, bus.total(), codec, launches};
+  };
+  auto ar = [](double v) { return OpCounts{v, 0, 0, 0}; };
+  auto ag = [](double v) { return OpCounts{0, v, 0, 0}; };
+  auto rs = [](double v) { return OpCounts{0, 0, v, 0}; };
+  auto a2a = [](double v) { return OpCounts{0, 0, 0, v}; };
+  auto a2a_ag = [](double a, double g) { return OpCounts{0, g, 0, a}; };
   if (p == Path::passthrough || p == Path::fallback) {
-    return PathShape{1, c == Collective::all_reduce ? 2 * part : part, 0, 0};
+    switch (c) {
+      case Collective::all_reduce: return shape(ar(1), ar(2 * part), 0, 0);
+      case Collective::reduce_scatter: return shape(rs(1), rs(part), 0, 0);
+      case Collective::all_gather: return shape(ag(1), ag(part), 0, 0);
+    }
+    return std::nullopt;
   }
+  // The operations each path issues are those sched/plan.cpp's fixed_latency_us counts.
   switch (c) {
     case Collective::all_reduce:
-      if (p == Path::two_shot) return PathShape{2, 2 * part, 3, 3};
-      if (p == Path::one_shot) return PathShape{1, n - 1, 1 + n, 2};
-      if (p == Path::ring) return PathShape{2 * (n - 1), 2 * part, 1 + 2 * part, 2 * (n - 1) + 1};
+      if (p == Path::two_shot) return shape(a2a_ag(1, 1), a2a_ag(part, part), 3, 3);
+      if (p == Path::one_shot) return shape(ag(1), ag(n - 1), 1 + n, 2);
+      if (p == Path::ring) return shape(a2a_ag(n - 1, 1), a2a_ag(part, part), 1 + 2 * part, 2 * (n - 1) + 1);
       break;
     case Collective::reduce_scatter:
-      if (p == Path::two_shot || p == Path::one_shot) return PathShape{1, part, 2, 2};
-      if (p == Path::ring) return PathShape{n - 1, part, 1 + part, n};
+      if (p == Path::two_shot || p == Path::one_shot) return shape(a2a(1), a2a(part), 2, 2);
+      if (p == Path::ring) return shape(a2a(n - 1), a2a(part), 1 + part, n);
       break;
     case Collective::all_gather:
-      if (p == Path::two_shot || p == Path::one_shot) return PathShape{1, part, 1 / n + 1, 2};
+      if (p == Path::two_shot || p == Path::one_shot) return shape(ag(1), ag(part), 1 / n + 1, 2);
       break;
   }
   return std::nullopt;
@@ -99,8 +148,13 @@ std::optional<Line> cost_line(Collective c, Path p, int nranks, const Link& link
   const auto shape = path_shape(c, p, nranks);
   if (!shape || !(link.bus_gbps > 0)) return std::nullopt;
   const bool fp8 = p != Path::passthrough && p != Path::fallback;
-  const double bytes_per_us_link = link.bus_gbps * 1e3;  // GB/s -> bytes/us
-  Line line{shape->ops * link.alpha_us, shape->bus_bytes_per_s / bytes_per_us_link};
+  Line line{fixed_latency_us(*shape, link), 0};
+  for (NcclOp op : kNcclOps)
+    if (shape->op_bus.of(op) > 0) {
+      const double bytes_per_us = link.bandwidth_gbps(op) * 1e3;  // GB/s -> bytes/us
+      if (!(bytes_per_us > 0)) return std::nullopt;
+      line.slope_us_per_byte += shape->op_bus.of(op) / bytes_per_us;
+    }
   if (fp8) {
     line.slope_us_per_byte *= wire.ratio();
     line.intercept_us += shape->launches * codec.launch_us;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include <fmt/format.h>
 
@@ -26,12 +27,73 @@ Path planner_path(Collective c, int nranks, const Link& link, const Codec& codec
              ? Path::one_shot
              : Path::two_shot;
 }
+// The link of the old model, for comparison: one latency for every operation and one bandwidth,
+// both fitted from the collective's own plain-NCCL points.
+std::optional<Link> single_latency_link(const SweepResult& s, Collective c, DType d) {
+  const LinearFit fit = fit_baseline(s, c, d);
+  if (!fit.ok) return std::nullopt;
+  return Link{fmt::format("measured:{}", fabric_name(s.machine.fabric)), fit.alpha_us, 1e-3 / fit.us_per_byte,
+              "fit of this sweep's baseline", true};
+}
+
+// Worst |predicted / measured - 1| over the sizes of (c, d) for the baseline and `path`.
+double worst_time_error(const SweepResult& s, Collective c, DType d, Path path, const Link& link,
+                        const Codec& codec) {
+  WireParams wire = s.wire;
+  wire.dtype = d;
+  double worst = 0;
+  for (const auto& p : s.points) {
+    if (p.collective != c || p.dtype != d || (p.path != path && p.path != Path::passthrough)) continue;
+    if (!p.supported || !(p.time.median > 0)) continue;
+    const double predicted = predict_us(c, p.path, s.machine.nranks, static_cast<double>(p.bytes), link, codec, wire);
+    worst = std::max(worst, std::fabs(predicted / p.time.median - 1));
+  }
+  return worst;
+}
+
+std::string crossover_error(const PredictedCrossover& p, const Crossover& measured, uint64_t smallest_measured,
+                            json& octaves_json) {
+  octaves_json = nullptr;
+  if (p.wins && measured.found) {
+    // Error in octaves (log2 of predicted / measured) is what matters for a threshold on a log grid.
+    // The grid cannot tell a crossover below its smallest size from one at it: a prediction below
+    // counts as that size ("all sizes" would otherwise read as tens of octaves off).
+    const double predicted = static_cast<double>(std::max<uint64_t>(p.bytes, smallest_measured));
+    const double octaves = std::log2(predicted / static_cast<double>(measured.bytes));
+    octaves_json = octaves;
+    return fmt::format("{:+.2f} oct", octaves);
+  }
+  return p.wins != measured.found ? "disagree" : "agree";
+}
+
+// Octaves between a predicted crossover and the measured range where it can lie: from the last
+// measured loss below the measured crossover (the sizes in between are ties, where noise cannot tell
+// the paths apart) up to the crossover. 0 inside that range. nullopt when either side has none.
+std::optional<double> octaves_outside_ties(const PredictedCrossover& p, const Crossover& measured,
+                                           const std::vector<uint64_t>& sizes, uint64_t smallest) {
+  if (!p.wins || !measured.found) return std::nullopt;
+  uint64_t lower = 0;
+  for (size_t i = 0; i < sizes.size() && i < measured.outcomes.size(); ++i)
+    if (sizes[i] < measured.bytes && measured.outcomes[i] == Outcome::loss) lower = sizes[i];
+  const double predicted = static_cast<double>(std::max<uint64_t>(p.bytes, smallest));
+  if (predicted > static_cast<double>(measured.bytes)) return std::log2(predicted / static_cast<double>(measured.bytes));
+  if (lower > 0 && predicted <= static_cast<double>(lower)) return std::log2(predicted / static_cast<double>(lower));
+  return 0.0;
+}
+
+// The planner's candidates for a collective: plain NCCL and its FP8 algorithms (ring is a comparison
+// only, DESIGN.md).
+std::vector<Path> planner_candidates(Collective c) {
+  if (c == Collective::all_reduce) return {Path::passthrough, Path::two_shot, Path::one_shot};
+  if (c == Collective::reduce_scatter) return {Path::passthrough, Path::two_shot};
+  return {Path::passthrough, Path::one_shot};
+}
 }  // namespace
 
 ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOptions& options) {
   ModelReport report;
-  report.json = {{"tool", "fp8wire-bench model"}, {"checks", json::array()}, {"predictions", json::array()},
-                 {"links", json::array()}};
+  report.json = {{"tool", "fp8wire-bench model"}, {"checks", json::array()}, {"choices", json::array()},
+                 {"predictions", json::array()}, {"links", json::array()}};
   std::string& out = report.text;
 
   // Codec: the override, else the first sweep that measured it, else the first calibration.
@@ -56,49 +118,147 @@ ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOpti
 
   // 1. Check against every measured fabric: link fitted from that sweep's baseline, crossover
   //    predicted by the model vs the crossover measured.
-  out += "\n# model check against measured fabrics (link alpha/beta fitted from each sweep's plain NCCL)\n";
-  out += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:<9} {:>12} {:>18} {:>10}\n", "fabric", "ranks", "collective",
-                     "dtype", "path", "predicted", "measured", "error");
+  out += "\n# model check against measured fabrics (link calibrated from each sweep as in its profile:\n"
+         "# generic figures from plain NCCL, a latency and bandwidth per NCCL operation)\n";
+  out += "# error: octaves from the measured crossover; ties: octaves outside the measured range where the\n"
+         "# crossover can lie (above the last loss, sizes in between are ties; 0 = inside); t.err: worst\n"
+         "# |predicted/measured - 1| over the sizes of the baseline and the path. The '1-lat' columns are the\n"
+         "# former model (one latency and bandwidth per fabric, fitted from the collective's baseline).\n";
+  out += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:<9} {:>18} | {:>10} {:>10} {:>6} {:>6} | {:>10} {:>10} {:>6} {:>6}\n",
+                     "fabric", "ranks", "collective", "dtype", "path", "measured", "predicted", "error", "ties",
+                     "t.err", "1-lat pred", "error", "ties", "t.err");
   std::vector<int> world_sizes = options.nranks;
+  std::string choices;
   for (const auto& s : sweeps) {
     if (std::find(world_sizes.begin(), world_sizes.end(), s.machine.nranks) == world_sizes.end())
       world_sizes.push_back(s.machine.nranks);
     const auto crossovers = analyze_crossovers(s, options.crossover);
+    // The link the sweep's profile gets (the planner's model), with the report's codec.
+    const Calibration cal = calibrate(s);
+    if (!cal.model.calibrated) continue;
+    const Link& link = cal.link;
     for (const auto& x : crossovers) {
       if (x.candidate == "best") continue;
       const auto path = parse_path(x.candidate);
-      const LinearFit fit = fit_baseline(s, x.collective, x.dtype);
-      if (!path || !fit.ok) continue;
-      Link link{fmt::format("measured:{}", fabric_name(s.machine.fabric)), fit.alpha_us, 1e-3 / fit.us_per_byte,
-                "fit of this sweep's baseline", true};
+      const auto single = single_latency_link(s, x.collective, x.dtype);
+      if (!path || !single) continue;
       WireParams wire = s.wire;
       wire.dtype = x.dtype;
       const PredictedCrossover p = predict_crossover(x.collective, *path, s.machine.nranks, link, codec, wire);
+      const PredictedCrossover p1 = predict_crossover(x.collective, *path, s.machine.nranks, *single, codec, wire);
       std::string measured = x.crossover.found ? format_bytes(x.crossover.bytes) : "never";
       if (x.crossover.found && x.crossover.at_smallest) measured = "<=" + measured;
-      std::string error = "-";
-      json err_json = nullptr;
-      if (p.wins && x.crossover.found) {
-        // Error in octaves (log2 of predicted / measured) is what matters for a threshold on a log grid.
-        const double predicted = std::max<double>(p.bytes, 1);
-        const double octaves = std::log2(predicted / static_cast<double>(x.crossover.bytes));
-        error = fmt::format("{:+.2f} oct", octaves);
-        err_json = octaves;
-      } else if (p.wins != x.crossover.found) {
-        error = "disagree";
-      } else {
-        error = "agree";
+      // The sizes of the measured curve (both paths measured), as analyze_crossovers builds it.
+      std::vector<uint64_t> sizes;
+      for (const auto& pt : s.points) {
+        if (pt.collective != x.collective || pt.dtype != x.dtype || pt.path != *path || !pt.supported ||
+            !(pt.time.median > 0))
+          continue;
+        for (const auto& b : s.points)
+          if (b.collective == x.collective && b.dtype == x.dtype && b.path == Path::passthrough &&
+              b.bytes == pt.bytes && b.supported && b.time.median > 0) {
+            sizes.push_back(pt.bytes);
+            break;
+          }
       }
-      out += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:<9} {:>12} {:>18} {:>10}\n", fabric_name(s.machine.fabric),
-                         s.machine.nranks, collective_name(x.collective), to_string(x.dtype), x.candidate,
-                         predicted_cell(p), measured, error);
+      std::sort(sizes.begin(), sizes.end());
+      const uint64_t smallest = sizes.empty() ? 1 : sizes.front();
+      const auto ties = octaves_outside_ties(p, x.crossover, sizes, smallest);
+      const auto ties1 = octaves_outside_ties(p1, x.crossover, sizes, smallest);
+      auto ties_cell = [](const std::optional<double>& o) { return o ? fmt::format("{:+.2f}", *o) : std::string("-"); };
+      json err_json, err1_json;
+      const std::string error = crossover_error(p, x.crossover, smallest, err_json);
+      const std::string error1 = crossover_error(p1, x.crossover, smallest, err1_json);
+      const double terr = worst_time_error(s, x.collective, x.dtype, *path, link, codec);
+      const double terr1 = worst_time_error(s, x.collective, x.dtype, *path, *single, codec);
+      out += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:<9} {:>18} | {:>10} {:>10} {:>6} {:>5.0f}% | {:>10} {:>10} {:>6} {:>5.0f}%\n",
+                         fabric_name(s.machine.fabric), s.machine.nranks, collective_name(x.collective),
+                         to_string(x.dtype), x.candidate, measured, predicted_cell(p), error, ties_cell(ties),
+                         100 * terr, predicted_cell(p1), error1, ties_cell(ties1), 100 * terr1);
       report.json["checks"].push_back({{"fabric", fabric_name(s.machine.fabric)}, {"nranks", s.machine.nranks},
                                        {"collective", collective_name(x.collective)}, {"dtype", to_string(x.dtype)},
                                        {"path", x.candidate}, {"predicted_wins", p.wins}, {"predicted_bytes", p.bytes},
                                        {"measured_found", x.crossover.found}, {"measured_bytes", x.crossover.bytes},
-                                       {"error_octaves", err_json}, {"link_alpha_us", link.alpha_us},
-                                       {"link_bus_gbps", link.bus_gbps}});
+                                       {"error_octaves", err_json}, {"worst_time_error", terr},
+                                       {"octaves_outside_ties", ties ? json(*ties) : json(nullptr)},
+                                       {"single_latency", {{"predicted_wins", p1.wins}, {"predicted_bytes", p1.bytes},
+                                                           {"error_octaves", err1_json}, {"worst_time_error", terr1},
+                                                           {"octaves_outside_ties", ties1 ? json(*ties1) : json(nullptr)}}},
+                                       {"link_alpha_us", link.alpha_us}, {"link_bus_gbps", link.bus_gbps},
+                                       {"allreduce_latency_us", link.latency_us(NcclOp::all_reduce)},
+                                       {"allgather_latency_us", link.latency_us(NcclOp::all_gather)},
+                                       {"reduce_scatter_latency_us", link.latency_us(NcclOp::reduce_scatter)},
+                                       {"alltoall_latency_us", link.latency_us(NcclOp::all_to_all)},
+                                       {"allreduce_bandwidth_gbps", link.bandwidth_gbps(NcclOp::all_reduce)},
+                                       {"allgather_bandwidth_gbps", link.bandwidth_gbps(NcclOp::all_gather)},
+                                       {"reduce_scatter_bandwidth_gbps", link.bandwidth_gbps(NcclOp::reduce_scatter)},
+                                       {"alltoall_bandwidth_gbps", link.bandwidth_gbps(NcclOp::all_to_all)}});
     }
+    // The path the model picks at each measured size (the planner's choice with no threshold), and
+    // what it costs against the fastest path measured there.
+    for (const auto& [c, d] : [&] {
+           std::vector<std::pair<Collective, DType>> pairs;
+           for (const auto& x : crossovers)
+             if (std::find(pairs.begin(), pairs.end(), std::make_pair(x.collective, x.dtype)) == pairs.end())
+               pairs.emplace_back(x.collective, x.dtype);
+           return pairs;
+         }()) {
+      const auto single = single_latency_link(s, c, d);
+      WireParams wire = s.wire;
+      wire.dtype = d;
+      std::vector<uint64_t> sizes;
+      for (const auto& p : s.points)
+        if (p.collective == c && p.dtype == d && std::find(sizes.begin(), sizes.end(), p.bytes) == sizes.end())
+          sizes.push_back(p.bytes);
+      std::sort(sizes.begin(), sizes.end());
+      for (uint64_t bytes : sizes) {
+        const SweepPoint* best = nullptr;
+        std::vector<const SweepPoint*> measured;
+        for (Path path : planner_candidates(c))
+          for (const auto& p : s.points)
+            if (p.collective == c && p.dtype == d && p.path == path && p.bytes == bytes && p.supported &&
+                p.time.median > 0) {
+              measured.push_back(&p);
+              if (!best || p.time.median < best->time.median) best = &p;
+            }
+        if (!best) continue;
+        auto pick = [&](const Link& l) {
+          const SweepPoint* chosen = nullptr;
+          double chosen_us = 0;
+          for (const SweepPoint* p : measured) {
+            const double us = predict_us(c, p->path, s.machine.nranks, static_cast<double>(bytes), l, codec, wire);
+            if (!chosen || us < chosen_us) {
+              chosen = p;
+              chosen_us = us;
+            }
+          }
+          return chosen;
+        };
+        const SweepPoint* per_op = pick(link);
+        const SweepPoint* one = single ? pick(*single) : nullptr;
+        auto cell = [&](const SweepPoint* p) {
+          return p ? fmt::format("{:<11} {:>5.2f}x", path_name(p->path), p->time.median / best->time.median)
+                   : std::string("-");
+        };
+        choices += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:>10} {:<11} | {:<18} | {:<18}\n",
+                               fabric_name(s.machine.fabric), s.machine.nranks, collective_name(c), to_string(d),
+                               format_bytes(bytes), path_name(best->path), cell(per_op), cell(one));
+        report.json["choices"].push_back(
+            {{"fabric", fabric_name(s.machine.fabric)}, {"nranks", s.machine.nranks},
+             {"collective", collective_name(c)}, {"dtype", to_string(d)}, {"bytes", bytes},
+             {"measured_best", path_name(best->path)},
+             {"chosen", per_op ? path_name(per_op->path) : ""},
+             {"chosen_vs_best", per_op ? per_op->time.median / best->time.median : 0.0},
+             {"single_latency_chosen", one ? path_name(one->path) : ""},
+             {"single_latency_vs_best", one ? one->time.median / best->time.median : 0.0}});
+      }
+    }
+  }
+  if (!choices.empty()) {
+    out += "\n# model's choice at each measured size (no threshold), measured time relative to the fastest\n";
+    out += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:>10} {:<11} | {:<18} | {:<18}\n", "fabric", "ranks",
+                       "collective", "dtype", "size", "fastest", "per-op model", "one latency");
+    out += choices;
   }
   if (report.json["checks"].empty()) out += "  (no measured crossover to check: give sweep JSONs with baseline and FP8 points)\n";
 

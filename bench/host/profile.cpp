@@ -1,5 +1,7 @@
 #include "bench/host/profile.hpp"
 
+#include <utility>
+
 #include <fmt/format.h>
 
 namespace fp8wire::bench {
@@ -70,10 +72,20 @@ std::string render_profile_toml(const std::vector<FabricProfile>& fabrics) {
         "op_latency_us = {:.3f}\n"
         "bus_bandwidth_gbps = {:.3f}\n"
         "codec_gbps = {:.3f}\n"
-        "kernel_launch_us = {:.3f}\n"
-        "calibrated = {}\n",
-        fabric_name(f->fabric), m.op_latency_us, m.bus_bandwidth_gbps, m.codec_gbps, m.kernel_launch_us,
-        m.calibrated ? "true" : "false");
+        "kernel_launch_us = {:.3f}\n",
+        fabric_name(f->fabric), m.op_latency_us, m.bus_bandwidth_gbps, m.codec_gbps, m.kernel_launch_us);
+    // Per-operation figures only where the sweep measured them (0 = the generic figure anyway).
+    const std::pair<const char*, double> per_op[] = {{"allreduce_latency_us", m.allreduce_latency_us},
+                                                     {"allgather_latency_us", m.allgather_latency_us},
+                                                     {"reduce_scatter_latency_us", m.reduce_scatter_latency_us},
+                                                     {"alltoall_latency_us", m.alltoall_latency_us},
+                                                     {"allreduce_bandwidth_gbps", m.allreduce_bandwidth_gbps},
+                                                     {"allgather_bandwidth_gbps", m.allgather_bandwidth_gbps},
+                                                     {"reduce_scatter_bandwidth_gbps", m.reduce_scatter_bandwidth_gbps},
+                                                     {"alltoall_bandwidth_gbps", m.alltoall_bandwidth_gbps}};
+    for (const auto& [key, us] : per_op)
+      if (us > 0) out += fmt::format("{} = {:.3f}\n", key, us);
+    out += fmt::format("calibrated = {}\n", m.calibrated ? "true" : "false");
   }
   return out;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -109,6 +110,114 @@ LinearFit fit_baseline(const SweepResult& result, Collective c, std::optional<DT
   return fit_linear_relative(x, t);
 }
 
+namespace {
+double& latency_field(Link& link, NcclOp op) {
+  switch (op) {
+    case NcclOp::all_reduce: return link.allreduce_us;
+    case NcclOp::all_gather: return link.allgather_us;
+    case NcclOp::reduce_scatter: return link.reduce_scatter_us;
+    case NcclOp::all_to_all: break;
+  }
+  return link.alltoall_us;
+}
+double& bandwidth_field(Link& link, NcclOp op) {
+  switch (op) {
+    case NcclOp::all_reduce: return link.allreduce_gbps;
+    case NcclOp::all_gather: return link.allgather_gbps;
+    case NcclOp::reduce_scatter: return link.reduce_scatter_gbps;
+    case NcclOp::all_to_all: break;
+  }
+  return link.alltoall_gbps;
+}
+const char* op_name(NcclOp op) {
+  switch (op) {
+    case NcclOp::all_reduce: return "all_reduce";
+    case NcclOp::all_gather: return "all_gather";
+    case NcclOp::reduce_scatter: return "reduce_scatter";
+    case NcclOp::all_to_all: break;
+  }
+  return "all_to_all";
+}
+
+// Latency and bandwidth of operation `op` from every usable point of path (c, path): what the
+// calibrated link already explains (the path's other operations, codec, launches) is taken out and
+// the rest fitted as alpha + op bus bytes / B, relative to the measured time. Returns false when the
+// sweep has no such points.
+bool fit_operation(const SweepResult& result, Calibration& cal, Collective c, Path path, NcclOp op,
+                   const char* source, std::vector<std::string>& basis) {
+  const auto shape = path_shape(c, path, result.machine.nranks);
+  if (!shape || !(shape->ops.of(op) > 0)) return false;
+  // The path with `op` free: no fixed cost, no time per byte (the smallest positive latency, since 0
+  // would mean "use alpha_us").
+  Link without = cal.link;
+  latency_field(without, op) = std::numeric_limits<double>::min();
+  bandwidth_field(without, op) = std::numeric_limits<double>::max();
+  const bool fp8 = path != Path::passthrough && path != Path::fallback;
+  std::vector<double> x, y, t;
+  for (const auto& p : result.points) {
+    if (p.collective != c || p.path != path || !usable(p)) continue;
+    WireParams wire = result.wire;
+    wire.dtype = p.dtype;
+    const double s = static_cast<double>(p.bytes);
+    const double known = predict_us(c, path, result.machine.nranks, s, without, cal.codec, wire);
+    if (std::isnan(known)) return false;
+    x.push_back(shape->op_bus.of(op) * s * (fp8 ? wire.ratio() : 1.0));
+    y.push_back(p.time.median - known);
+    t.push_back(p.time.median);
+  }
+  if (x.empty()) return false;
+  // Latency counts once per operation of the path (ring's n-1 hops share the a2a figure).
+  const double count = shape->ops.of(op);
+  const LinearFit fit = fit_linear_relative_to(x, y, t);
+  double& latency = latency_field(cal.link, op);
+  double& bandwidth = bandwidth_field(cal.link, op);
+  double alpha = fit.alpha_us;
+  if (fit.ok && fit.us_per_byte > 0) {
+    bandwidth = 1e-3 / fit.us_per_byte;
+  } else {
+    // One size, or a time that does not grow with the bytes: the latency alone, the bytes at the
+    // link's generic bandwidth (the same relative weights).
+    bandwidth = 0;
+    double sw = 0, swr = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double w = 1.0 / (t[i] * t[i]);
+      sw += w;
+      swr += w * (y[i] - x[i] / (cal.link.bus_gbps * 1e3));
+    }
+    alpha = swr / sw;
+  }
+  // A derived latency that comes out <= 0 (the other terms already explain the whole time) is kept
+  // at 1 us: 0 would mean "not measured" and fall back to op_latency_us.
+  latency = std::max(alpha / count, 1.0);
+  basis.push_back(bandwidth > 0 ? fmt::format("{} {:.0f} us + {:.3g} GB/s ({})", op_name(op), latency, bandwidth, source)
+                                : fmt::format("{} {:.0f} us ({})", op_name(op), latency, source));
+  return true;
+}
+}  // namespace
+
+void fit_operation_latencies(const SweepResult& result, Calibration& cal) {
+  std::vector<std::string> basis;
+  auto fit = [&](Collective c, Path path, NcclOp op, const char* source) {
+    return fit_operation(result, cal, c, path, op, source, basis);
+  };
+  // Plain NCCL: each collective's own baseline.
+  fit(Collective::all_reduce, Path::passthrough, NcclOp::all_reduce, "plain all_reduce");
+  fit(Collective::reduce_scatter, Path::passthrough, NcclOp::reduce_scatter, "plain reduce_scatter");
+  // All-gather: plain, else one-shot all-reduce (one all-gather of the quantized inputs plus codec
+  // kernels), else FP8 all-gather.
+  fit(Collective::all_gather, Path::passthrough, NcclOp::all_gather, "plain all_gather") ||
+      fit(Collective::all_reduce, Path::one_shot, NcclOp::all_gather, "FP8 one_shot all_reduce") ||
+      fit(Collective::all_gather, Path::one_shot, NcclOp::all_gather, "FP8 all_gather");
+  // Grouped send/recv: FP8 reduce-scatter is exactly one; two-shot all-reduce is one plus an
+  // all-gather (whose figures are known by now, or the generic ones).
+  fit(Collective::reduce_scatter, Path::two_shot, NcclOp::all_to_all, "FP8 reduce_scatter") ||
+      fit(Collective::all_reduce, Path::two_shot, NcclOp::all_to_all, "FP8 two_shot all_reduce minus its all_gather");
+  if (basis.empty()) return;
+  std::string joined;
+  for (const auto& b : basis) joined += (joined.empty() ? "" : ", ") + b;
+  cal.link.basis += fmt::format("; per operation on {} ranks: {}", result.machine.nranks, joined);
+}
+
 Calibration calibrate(const SweepResult& result) {
   Calibration cal;
   cal.link.name = fmt::format("measured:{}", fabric_name(result.machine.fabric));
@@ -164,10 +273,20 @@ Calibration calibrate(const SweepResult& result) {
   }
   if (!(cal.codec.launch_us > 0)) cal.codec.launch_us = 4.0;
 
+  if (fitted) fit_operation_latencies(result, cal);
+
   cal.model.op_latency_us = cal.link.alpha_us;
   cal.model.bus_bandwidth_gbps = cal.link.bus_gbps;
   cal.model.codec_gbps = cal.codec.gbps;
   cal.model.kernel_launch_us = cal.codec.launch_us;
+  cal.model.allreduce_latency_us = cal.link.allreduce_us;
+  cal.model.allgather_latency_us = cal.link.allgather_us;
+  cal.model.reduce_scatter_latency_us = cal.link.reduce_scatter_us;
+  cal.model.alltoall_latency_us = cal.link.alltoall_us;
+  cal.model.allreduce_bandwidth_gbps = cal.link.allreduce_gbps;
+  cal.model.allgather_bandwidth_gbps = cal.link.allgather_gbps;
+  cal.model.reduce_scatter_bandwidth_gbps = cal.link.reduce_scatter_gbps;
+  cal.model.alltoall_bandwidth_gbps = cal.link.alltoall_gbps;
   cal.model.calibrated = fitted.has_value();
   return cal;
 }
@@ -224,6 +343,14 @@ json to_json(const SweepResult& r, const std::vector<CrossoverReport>& crossover
   j["cost_model"] = {{"fabric", fabric_name(m.fabric)}, {"op_latency_us", cal.model.op_latency_us},
                      {"bus_bandwidth_gbps", cal.model.bus_bandwidth_gbps},
                      {"codec_gbps", cal.model.codec_gbps}, {"kernel_launch_us", cal.model.kernel_launch_us},
+                     {"allreduce_latency_us", cal.model.allreduce_latency_us},
+                     {"allgather_latency_us", cal.model.allgather_latency_us},
+                     {"reduce_scatter_latency_us", cal.model.reduce_scatter_latency_us},
+                     {"alltoall_latency_us", cal.model.alltoall_latency_us},
+                     {"allreduce_bandwidth_gbps", cal.model.allreduce_bandwidth_gbps},
+                     {"allgather_bandwidth_gbps", cal.model.allgather_bandwidth_gbps},
+                     {"reduce_scatter_bandwidth_gbps", cal.model.reduce_scatter_bandwidth_gbps},
+                     {"alltoall_bandwidth_gbps", cal.model.alltoall_bandwidth_gbps},
                      {"calibrated", cal.model.calibrated}, {"link_basis", cal.link.basis},
                      {"codec_basis", cal.codec.basis}, {"notes", cal.notes}};
   return j;

@@ -80,7 +80,7 @@ std::vector<CrossoverReport> analyze_crossovers(const SweepResult& result, const
 LinearFit fit_baseline(const SweepResult& result, Collective c, std::optional<DType> dtype = std::nullopt);
 
 // Cost model for the profile: op_latency_us and bus bandwidth fitted from the all-reduce baseline (or
-// the first collective measured), codec from the measured kernels or, failing that, from the slope of
+// the first collective measured), per-operation latencies (fit_operation_latencies), codec from the measured kernels or, failing that, from the slope of
 // the two_shot fit once the wire term is taken out. basis explains each number.
 struct Calibration {
   CostModel model;
@@ -89,6 +89,17 @@ struct Calibration {
   std::vector<std::string> notes;
 };
 Calibration calibrate(const SweepResult& result);
+// The per-operation latency and bus bandwidth of cal.link (all-reduce, all-gather, reduce-scatter,
+// grouped send/recv), each a relative-error line fit of the points that use it once the rest of their
+// path (codec, launches, the path's other operations) is taken out with `cal`'s figures (so it runs
+// after the generic link and the codec are fitted):
+//   all_reduce     plain all-reduce
+//   reduce_scatter plain reduce-scatter
+//   all_gather     plain all-gather, else FP8 one-shot all-reduce (one all-gather), else FP8 all-gather
+//   all_to_all     FP8 reduce-scatter (one a2a), else FP8 two-shot all-reduce minus its all-gather
+// Operations the sweep did not exercise stay 0 (= the generic figures). calibrate() calls it and
+// copies them into cal.model.
+void fit_operation_latencies(const SweepResult& result, Calibration& cal);
 
 nlohmann::json to_json(const SweepResult& result, const std::vector<CrossoverReport>& crossovers,
                        const Calibration& calibration);

@@ -13,7 +13,8 @@ TEST_CASE("profile round trip through parse_config_toml") {
   pcie.source = "synthetic";
   pcie.thresholds[0] = ThresholdEntry{767u * 1024u, "bf16: 1.10x"};
   pcie.thresholds[2] = ThresholdEntry{kNeverThreshold, "never"};
-  pcie.cost_model = CostModel{27.5, 21.25, 1500.0, 3.5, true};
+  pcie.cost_model = CostModel{.op_latency_us = 27.5, .bus_bandwidth_gbps = 21.25, .codec_gbps = 1500.0,
+                               .kernel_launch_us = 3.5, .calibrated = true};
   FabricProfile net;
   net.fabric = Fabric::net;
   net.thresholds[0] = ThresholdEntry{4u << 20, ""};

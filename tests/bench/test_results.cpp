@@ -102,6 +102,42 @@ TEST_CASE("calibration recovers the baseline's alpha and bus bandwidth") {
   CHECK(cal.model.kernel_launch_us == doctest::Approx(3.0));
 }
 
+TEST_CASE("calibration fits each NCCL operation's latency and bandwidth from the points that use it") {
+  const Calibration cal = calibrate(synthetic_sweep());
+  const CostModel& m = cal.model;
+  const double r = 132.0 / 256.0;  // wire bytes per bf16 byte
+  // Plain all-reduce and reduce-scatter (2 ranks: bus bytes S and S/2).
+  CHECK(m.allreduce_latency_us == doctest::Approx(30.0).epsilon(1e-6));
+  CHECK(m.allreduce_bandwidth_gbps == doctest::Approx(10.0).epsilon(1e-6));
+  CHECK(m.reduce_scatter_latency_us == doctest::Approx(20.0).epsilon(1e-6));
+  CHECK(m.reduce_scatter_bandwidth_gbps == doctest::Approx(10.0).epsilon(1e-6));
+  // All-gather from one-shot (50 us + 0.8 S / 10 GB/s): minus 2 launches (6 us) and 3 S through the
+  // codec, the rest over (n-1) r S bus bytes.
+  CHECK(m.allgather_latency_us == doctest::Approx(44.0).epsilon(1e-6));
+  CHECK(m.allgather_bandwidth_gbps == doctest::Approx(1e-3 / ((0.8 / 10e3 - 3 / 1.2e6) / r)).epsilon(1e-6));
+  // Grouped send/recv from FP8 reduce-scatter (40 us + 1.2 S / 20 GB/s): minus 2 launches and 2 S
+  // through the codec, the rest over r S / 2 bus bytes.
+  CHECK(m.alltoall_latency_us == doctest::Approx(34.0).epsilon(1e-6));
+  CHECK(m.alltoall_bandwidth_gbps == doctest::Approx(1e-3 / ((1.2 / 20e3 - 2 / 1.2e6) / (0.5 * r))).epsilon(1e-6));
+  // Each fitted path is reproduced exactly by the model with these figures.
+  WireParams wire{DType::bf16, 128, 4};
+  const double S = 64.0 * (1 << 20);
+  CHECK(predict_us(Collective::all_reduce, Path::one_shot, 2, S, cal.link, cal.codec, wire) ==
+        doctest::Approx(50 + 0.8 * S / 10e3));
+  CHECK(predict_us(Collective::reduce_scatter, Path::two_shot, 2, S, cal.link, cal.codec, wire) ==
+        doctest::Approx(40 + 1.2 * S / 20e3));
+}
+
+TEST_CASE("relative fit of a part of a measured time") {
+  // y = 5 + 2x is the part of t = y + 100 the model does not know; weights follow t.
+  const std::vector<double> x = {1, 10, 100}, y = {7, 25, 205}, t = {107, 125, 305};
+  const LinearFit f = fit_linear_relative_to(x, y, t);
+  CHECK(f.ok);
+  CHECK(f.alpha_us == doctest::Approx(5.0));
+  CHECK(f.us_per_byte == doctest::Approx(2.0));
+  CHECK(f.max_rel_residual == doctest::Approx(0.0).epsilon(1e-9));
+}
+
 TEST_CASE("profile: measured threshold, never for a loser, cost model block") {
   const SweepResult r = synthetic_sweep();
   const auto reports = analyze_crossovers(r, {});

@@ -180,6 +180,8 @@ TEST_CASE("a bad environment value names the variable, key, value and what was e
       {"FP8WIRE_PIPELINE_CHUNK_BYTES=-5", "pipeline.chunk_bytes", "-5", "a size"},
       {"FP8WIRE_COST_MODEL_NET_CODEC_GBPS=-2", "cost_model.net.codec_gbps", "-2", ">= 0"},
       {"FP8WIRE_COST_MODEL_NET_OP_LATENCY_US=inf", "cost_model.net.op_latency_us", "inf", "finite"},
+      {"FP8WIRE_COST_MODEL_NET_ALLGATHER_LATENCY_US=-1", "cost_model.net.allgather_latency_us", "-1", ">= 0"},
+      {"FP8WIRE_COST_MODEL_PCIE_ALLTOALL_BANDWIDTH_GBPS=fast", "cost_model.pcie.alltoall_bandwidth_gbps", "fast", "finite"},
       {"FP8WIRE_LOG_LEVEL=verbose", "log.level", "verbose", "\"debug\""},
       {"FP8WIRE_PROFILER_TOP=0", "profiler.top", "0", "[1, 100000]"},
       {"FP8WIRE_PROFILER_STEP_RANGES=step,,x", "profiler.step_ranges", "step,,x", "non-empty"},
@@ -318,7 +320,11 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.algorithm = Algorithm::ring;
   c.fabric_override = Fabric::net;
   c.thresholds[2][1] = 767 * 1024 + 3;
-  c.cost_model[1] = {12.5, 21.75, 400, 3.25, true};
+  c.cost_model[1] = {.op_latency_us = 12.5, .bus_bandwidth_gbps = 21.75, .codec_gbps = 400, .kernel_launch_us = 3.25,
+                     .allreduce_latency_us = 27059.25, .allgather_latency_us = 11069.5,
+                     .reduce_scatter_latency_us = 3774.125, .alltoall_latency_us = 7158.0625,
+                     .allreduce_bandwidth_gbps = 1.25, .allgather_bandwidth_gbps = 0.875,
+                     .reduce_scatter_bandwidth_gbps = 3.625, .alltoall_bandwidth_gbps = 0.9375, .calibrated = true};
   c.coalesce_enable = false;
   c.coalesce_max_bytes = 3ull << 30;
   c.coalesce_max_calls = 7;
@@ -359,6 +365,14 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.cost_model[1].bus_bandwidth_gbps == c.cost_model[1].bus_bandwidth_gbps);
   CHECK(p.cost_model[1].codec_gbps == c.cost_model[1].codec_gbps);
   CHECK(p.cost_model[1].kernel_launch_us == c.cost_model[1].kernel_launch_us);
+  CHECK(p.cost_model[1].allreduce_latency_us == c.cost_model[1].allreduce_latency_us);
+  CHECK(p.cost_model[1].allgather_latency_us == c.cost_model[1].allgather_latency_us);
+  CHECK(p.cost_model[1].reduce_scatter_latency_us == c.cost_model[1].reduce_scatter_latency_us);
+  CHECK(p.cost_model[1].alltoall_latency_us == c.cost_model[1].alltoall_latency_us);
+  CHECK(p.cost_model[1].allreduce_bandwidth_gbps == c.cost_model[1].allreduce_bandwidth_gbps);
+  CHECK(p.cost_model[1].allgather_bandwidth_gbps == c.cost_model[1].allgather_bandwidth_gbps);
+  CHECK(p.cost_model[1].reduce_scatter_bandwidth_gbps == c.cost_model[1].reduce_scatter_bandwidth_gbps);
+  CHECK(p.cost_model[1].alltoall_bandwidth_gbps == c.cost_model[1].alltoall_bandwidth_gbps);
   CHECK(p.cost_model[1].calibrated);
   CHECK_FALSE(p.cost_model[0].calibrated);
   CHECK(p.coalesce_enable == c.coalesce_enable);

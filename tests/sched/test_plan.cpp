@@ -114,7 +114,7 @@ TEST_CASE("cost model: one-shot vs two-shot vs pass-through") {
   }
   SUBCASE("only a calibrated model may prefer pass-through") {
     // Tiny latency, huge bandwidth, slow codec: FP8 never pays off.
-    CostModel slow_codec{1.0, 1000.0, 1.0, 5.0, false};
+    CostModel slow_codec{.op_latency_us = 1.0, .bus_bandwidth_gbps = 1000.0, .codec_gbps = 1.0, .kernel_launch_us = 5.0};
     c.cost_model[static_cast<int>(Fabric::nvlink)] = slow_codec;
     CHECK(plan_call(c, ar(MiB, 4), Fabric::nvlink).path != Path::passthrough);
     c.cost_model[static_cast<int>(Fabric::nvlink)].calibrated = true;
@@ -137,9 +137,52 @@ TEST_CASE("cost model: one-shot vs two-shot vs pass-through") {
   }
   SUBCASE("partial profile: given fields win one by one") {
     c.cost_model[static_cast<int>(Fabric::pcie)].op_latency_us = 4500;
+    c.cost_model[static_cast<int>(Fabric::pcie)].allgather_latency_us = 900;
     const CostModel m = effective_cost_model(c, Fabric::pcie);
     CHECK(m.op_latency_us == 4500);
     CHECK(m.bus_bandwidth_gbps == default_cost_model(Fabric::pcie).bus_bandwidth_gbps);
+    // Per-operation figures: their own where given, else the generic ones.
+    CHECK(m.latency_us(NcclOp::all_gather) == 900);
+    CHECK(m.latency_us(NcclOp::all_reduce) == 4500);
+    CHECK(m.latency_us(NcclOp::all_to_all) == 4500);
+    CHECK(m.bandwidth_gbps(NcclOp::all_gather) == m.bus_bandwidth_gbps);
+  }
+  SUBCASE("each path costs the latencies of the operations it issues") {
+    CostModel m = default_cost_model(Fabric::net);
+    // Without per-operation figures the model is the former one: two-shot pays two operations.
+    CHECK(predicted_us(m, Collective::all_reduce, Path::two_shot, 0, 4, fmt) ==
+          doctest::Approx(2 * m.op_latency_us + 3 * m.kernel_launch_us));
+    m.allreduce_latency_us = 27000;  // the emulated 4-rank testbed: all-reduce >> all-gather
+    m.allgather_latency_us = 11000;
+    m.alltoall_latency_us = 7000;
+    m.reduce_scatter_latency_us = 3000;
+    CHECK(fixed_latency_us(m, Collective::all_reduce, Path::passthrough, 4) == 27000);
+    CHECK(fixed_latency_us(m, Collective::all_reduce, Path::one_shot, 4) == 11000);
+    CHECK(fixed_latency_us(m, Collective::all_reduce, Path::two_shot, 4) == 18000);
+    CHECK(fixed_latency_us(m, Collective::all_reduce, Path::ring, 4) == 3 * 7000 + 11000);
+    CHECK(fixed_latency_us(m, Collective::reduce_scatter, Path::passthrough, 4) == 3000);
+    CHECK(fixed_latency_us(m, Collective::reduce_scatter, Path::two_shot, 4) == 7000);
+    CHECK(fixed_latency_us(m, Collective::all_gather, Path::one_shot, 4) == 11000);
+    CHECK(predicted_us(m, Collective::all_reduce, Path::one_shot, 0, 4, fmt) ==
+          doctest::Approx(11000 + 2 * m.kernel_launch_us));
+    // A slower all-gather bandwidth slows one-shot (all bytes through the all-gather) and leaves
+    // plain all-reduce alone.
+    const double one = predicted_us(m, Collective::all_reduce, Path::one_shot, 64 * MiB, 4, fmt);
+    const double plain = predicted_us(m, Collective::all_reduce, Path::passthrough, 64 * MiB, 4, fmt);
+    m.allgather_bandwidth_gbps = m.bus_bandwidth_gbps / 2;
+    CHECK(predicted_us(m, Collective::all_reduce, Path::one_shot, 64 * MiB, 4, fmt) > one);
+    CHECK(predicted_us(m, Collective::all_reduce, Path::passthrough, 64 * MiB, 4, fmt) == plain);
+    // A calibrated profile with these figures: one-shot at 4 MiB (one cheap all-gather beats the
+    // all-reduce), where a single latency chose two-shot.
+    Config t = c;
+    t.thresholds[0].fill(0);
+    t.cost_model[static_cast<int>(Fabric::net)] = {.op_latency_us = 14000, .bus_bandwidth_gbps = 1.16,
+                                                    .codec_gbps = 2100, .kernel_launch_us = 5,
+                                                    .allreduce_latency_us = 14000, .allgather_latency_us = 11000,
+                                                    .alltoall_latency_us = 7200, .allgather_bandwidth_gbps = 0.87,
+                                                    .alltoall_bandwidth_gbps = 0.93, .calibrated = true};
+    CHECK(plan_call(t, ar(2 * MiB, 4), Fabric::net).path == Path::one_shot);    // 4 MiB of bf16
+    CHECK(plan_call(t, ar(32 * MiB, 4), Fabric::net).path == Path::two_shot);   // 64 MiB
   }
 }
 
@@ -248,10 +291,12 @@ TEST_CASE("pipelining: stages fit the scratch, as few as the fabric's latency ma
   }
   SUBCASE("a calibrated high-latency fabric never pipelines beyond the scratch minimum") {
     Config slow = c;
-    slow.cost_model[static_cast<int>(Fabric::net)] = {4500.0, 3.0, 2000.0, 5.0, true};
+    slow.cost_model[static_cast<int>(Fabric::net)] = {
+        .op_latency_us = 4500.0, .bus_bandwidth_gbps = 3.0, .codec_gbps = 2000.0, .kernel_launch_us = 5.0, .calibrated = true};
     CHECK(stage_elems(slow, s, AR, Path::two_shot, 16 * MiB, 2, 2, f, Fabric::net) == 16 * MiB);
     Config fast = c;  // cheap operations, slow codec: pipelining pays, down to pipeline.chunk_bytes
-    fast.cost_model[static_cast<int>(Fabric::nvlink)] = {1.0, 300.0, 50.0, 2.0, true};
+    fast.cost_model[static_cast<int>(Fabric::nvlink)] = {
+        .op_latency_us = 1.0, .bus_bandwidth_gbps = 300.0, .codec_gbps = 50.0, .kernel_launch_us = 2.0, .calibrated = true};
     const size_t st = stage_elems(fast, s, AR, Path::two_shot, 16 * MiB, 2, 2, f, Fabric::nvlink);
     CHECK(stage_count(16 * MiB, st) == 1);  // 32 MiB of caller bytes: one 32 MiB chunk already
     fast.pipeline_chunk_bytes = 4 * MiB;

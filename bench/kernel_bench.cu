@@ -70,10 +70,9 @@ struct Row {
   double us = 0, bytes = 0, gbps = 0, pct_copy = 0;
 };
 
-// Median over `repeats` timed calls of launch(iteration) after `warmup` untimed ones.
-template <class Launch>
-double median_us(Launch&& launch, int warmup, int repeats, cudaStream_t s) {
-  for (int i = 0; i < warmup; ++i) launch(i);
+// Median milliseconds of `repeats` runs of timed(i), each between two events on stream s.
+template <class Timed>
+double median_event_ms(Timed&& timed, int repeats, cudaStream_t s) {
   std::vector<cudaEvent_t> start(repeats), stop(repeats);
   for (int i = 0; i < repeats; ++i) {
     KB_CUDA(cudaEventCreate(&start[i]));
@@ -81,7 +80,7 @@ double median_us(Launch&& launch, int warmup, int repeats, cudaStream_t s) {
   }
   for (int i = 0; i < repeats; ++i) {
     KB_CUDA(cudaEventRecord(start[i], s));
-    launch(warmup + i);
+    timed(i);
     KB_CUDA(cudaEventRecord(stop[i], s));
   }
   KB_CUDA(cudaStreamSynchronize(s));
@@ -92,7 +91,14 @@ double median_us(Launch&& launch, int warmup, int repeats, cudaStream_t s) {
     cudaEventDestroy(stop[i]);
   }
   std::sort(ms.begin(), ms.end());
-  return 1000.0 * ms[repeats / 2];
+  return ms[repeats / 2];
+}
+
+// Median over `repeats` timed calls of launch(iteration) after `warmup` untimed ones.
+template <class Launch>
+double median_us(Launch&& launch, int warmup, int repeats, cudaStream_t s) {
+  for (int i = 0; i < warmup; ++i) launch(i);
+  return 1000.0 * median_event_ms([&](int i) { launch(warmup + i); }, repeats, s);
 }
 
 // Per-kernel time with the launch gaps amortised: `launches` calls captured into one CUDA graph, the
@@ -108,27 +114,10 @@ double graph_per_launch_us(Launch&& launch, int launches, int repeats, cudaStrea
   KB_CUDA(cudaStreamEndCapture(s, &graph));
   KB_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   KB_CUDA(cudaGraphLaunch(exec, s));
-  std::vector<cudaEvent_t> start(repeats), stop(repeats);
-  for (int i = 0; i < repeats; ++i) {
-    KB_CUDA(cudaEventCreate(&start[i]));
-    KB_CUDA(cudaEventCreate(&stop[i]));
-  }
-  for (int i = 0; i < repeats; ++i) {
-    KB_CUDA(cudaEventRecord(start[i], s));
-    KB_CUDA(cudaGraphLaunch(exec, s));
-    KB_CUDA(cudaEventRecord(stop[i], s));
-  }
-  KB_CUDA(cudaStreamSynchronize(s));
-  std::vector<float> ms(repeats);
-  for (int i = 0; i < repeats; ++i) {
-    KB_CUDA(cudaEventElapsedTime(&ms[i], start[i], stop[i]));
-    cudaEventDestroy(start[i]);
-    cudaEventDestroy(stop[i]);
-  }
+  const double ms = median_event_ms([&](int) { KB_CUDA(cudaGraphLaunch(exec, s)); }, repeats, s);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  std::sort(ms.begin(), ms.end());
-  return 1000.0 * ms[repeats / 2] / launches;
+  return 1000.0 * ms / launches;
 }
 
 // Sizes up to this also get the graph-amortised rows.

@@ -25,6 +25,7 @@ struct KernelBenchOptions {
   quant::WireFormat format{};                 // e4m3, fp32 scales, block 128, nearest
   // Which kernels: any of "quantize", "dequantize", "reduce", "reduce_requant", "naive"; empty = all.
   std::vector<std::string> kernels;
+  uint32_t work_per_cta = 0;                 // quant::LaunchOptions::work_per_cta (0 = launcher's choice)
   std::string json_path;                      // write the results as JSON when non-empty
   bool print_table = true;
 };

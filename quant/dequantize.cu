@@ -143,12 +143,13 @@ cudaError_t launch_dequantize_kernel(const DequantizeParams& p, ElemType out_typ
     constexpr uint32_t kUnits = kDequantElemsPerThread / kDequantUnitElems<T>;
     const size_t wave = size_t(sms > 0 ? sms : 132) * size_t(per_sm);
     DequantizeParams q = p;
-    q.units = kUnits;
+    const bool forced = p.units == 1 || p.units == 2 || p.units == 4;
+    q.units = forced && p.units <= kUnits ? p.units : kUnits;
     auto tiles_for = [&](uint32_t units) {
       const size_t tile = size_t(kThreads) * units * kDequantUnitElems<T>;
       return (p.count + tile - 1) / tile;
     };
-    while (q.units > 1 && tiles_for(q.units) < 2 * wave) q.units /= 2;
+    while (!forced && q.units > 1 && tiles_for(q.units) < 2 * wave) q.units /= 2;
     const size_t tiles = tiles_for(q.units);
     const size_t cap = 64 * wave;
     const unsigned grid = unsigned(tiles < cap ? (tiles ? tiles : 1) : cap);

@@ -42,7 +42,7 @@ struct DequantizeParams {
   ScaleType scale;
   void* out;
   uint32_t out_align;     // largest of 16, 8, 4, 2 dividing the out address (>= the element size)
-  uint32_t units;         // 16-byte output units per thread per tile (set by the raw launcher)
+  uint32_t units;         // 16-byte output units per thread per tile: 0 = the raw launcher chooses
 };
 
 enum class OutKind : int { f32 = 0, f16 = 1, bf16 = 2, wire = 3 };

@@ -2,6 +2,7 @@
 // path resolution, grid sizing, then one raw launch (kernel_params.hpp). Nothing here allocates or
 // synchronises; device attributes are read once per device and cached, so the launchers are safe to
 // call while a stream is captured into a CUDA graph.
+#include <algorithm>
 #include <array>
 #include <atomic>
 
@@ -91,8 +92,12 @@ cudaError_t resolve_native(const char* launcher, ConvertPath path, bool* native)
 
 // Enough CTAs to fill the device a few times over (the kernels loop over tiles), never more than
 // there are tiles.
-unsigned grid_for(size_t count) {
+unsigned grid_for(size_t count, uint32_t work_per_cta) {
   const size_t tiles = (count + kTileElems - 1) / kTileElems;
+  if (work_per_cta > 0) {
+    const size_t g = (tiles + work_per_cta - 1) / work_per_cta;
+    return unsigned(std::min<size_t>(g ? g : 1, 0x7FFFFFFF));
+  }
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) device = 0;
   int sms = cached_attribute(g_sm_count, device, cudaDevAttrMultiProcessorCount, cudaDevAttrMultiProcessorCount, false);
@@ -130,7 +135,7 @@ cudaError_t quantize_impl(const char* name, const void* in, ElemType in_type, si
   p.stochastic = wf.rounding == Rounding::stochastic;
   p.seed = wf.seed;
   p.sr_offset = opt.sr_offset;
-  return launch_quantize_kernel(p, in_type, wf.fp8, native, grid_for(count), stream);
+  return launch_quantize_kernel(p, in_type, wf.fp8, native, grid_for(count, opt.work_per_cta), stream);
 }
 
 OutKind out_kind(const ReduceOutput& out) {
@@ -190,7 +195,7 @@ cudaError_t reduce_impl(const char* name, const void* const* inputs, int k, cons
     p.plain_position = plain_position;
     p.plain_aligned = is_aligned16(plain);
   }
-  return launch_reduce_kernel(p, out_kind(out), wf.fp8, native, false, grid_for(count), stream);
+  return launch_reduce_kernel(p, out_kind(out), wf.fp8, native, false, grid_for(count, opt.work_per_cta), stream);
 }
 
 }  // namespace
@@ -226,7 +231,7 @@ cudaError_t dequantize(const void* wire, Segmented layout, size_t count, void* o
   bool native = false;
   FP8WIRE_CUDA_RETURN(resolve_native(kName, opt.path, &native));
   const DequantizeParams p{static_cast<const uint8_t*>(wire), count, layout.seg_elems, layout.seg_stride,
-                           ilog2(fmt.block), fmt.scale, out, address_alignment(out), 0};
+                           ilog2(fmt.block), fmt.scale, out, address_alignment(out), opt.work_per_cta};
   return launch_dequantize_kernel(p, out_type, fmt.fp8, native, sm_count(), stream);
 }
 
@@ -259,7 +264,7 @@ cudaError_t dequantize_then_reduce_naive(const void* const* inputs, int k, size_
                                    ElemType::f32, fmt, stream, opt))
       return e;
   p.f32_in = scratch_f32;
-  return launch_reduce_kernel(p, out_kind(out), fmt.fp8, native, true, grid_for(count), stream);
+  return launch_reduce_kernel(p, out_kind(out), fmt.fp8, native, true, grid_for(count, opt.work_per_cta), stream);
 }
 
 }  // namespace fp8wire::quant

@@ -27,6 +27,10 @@ struct LaunchOptions {
   // Stochastic rounding: element i of this call uses random bits hash(seed, sr_offset + i), so the
   // result does not depend on how a buffer is cut into calls or chunks.
   uint64_t sr_offset = 0;
+  // Work given to one CTA, for tuning and the kernel benchmark (0 = the launcher's choice, which is what
+  // every production caller uses). quantize and the reduce: tiles of 4096 elements a CTA loops over
+  // (1 = one CTA per tile); dequantize: 16-byte output units per thread per tile (1, 2 or 4).
+  uint32_t work_per_cta = 0;
 };
 
 // in[0..count) (caller dtype) -> segmented wire buffer.

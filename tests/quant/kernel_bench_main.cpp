@@ -26,6 +26,8 @@ int main(int argc, char** argv) {
   app.add_option("--block", block, "block size")->capture_default_str();
   app.add_option("--kernels", o.kernels, "subset of quantize,dequantize,reduce,reduce_requant,naive")->delimiter(',');
   app.add_option("--json", o.json_path, "write results as JSON");
+  app.add_option("--work-per-cta", o.work_per_cta, "tuning: tiles per CTA (quantize, reduce) or units per thread (dequantize: 1, 2, 4); 0 = launcher's choice")
+      ->check(CLI::Range(0u, 1u << 20))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   if (!sizes.empty()) {

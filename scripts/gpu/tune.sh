@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Tuning experiments (notes and outcomes in docs/TUNING.md):
+#   kernels     quantize / dequantize at 64 and 256 MiB with the work per CTA forced to each value
+#               (0 = the launcher's choice), each run with its own copy ceiling;
+#   transports  fp8wire-transport-probe on the emulated testbed: all-gather vs grouped send/recv vs
+#               both in one group, at 2 and 4 ranks (TUNE_PROBE_ENV adds one more 4-rank run with
+#               that NCCL environment, e.g. "NCCL_P2P_NET_CHUNKSIZE=524288").
+# TUNE_PARTS selects (default: "kernels transports").
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+OUT="${OUT:-out/tune}"; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+parts="${TUNE_PARTS:-kernels transports}"
+kb=build/tests/quant/fp8wire-kernel-bench
+probe=build/bench/fp8wire-transport-probe
+if [[ " $parts " == *" kernels "* ]]; then
+  for w in ${TUNE_WORK:-0 1 2 4}; do
+    timeout 60 "$kb" --sizes 64MiB,256MiB --kernels quantize,dequantize --repeats 30 --work-per-cta "$w" \
+      > "$OUT/kernels_work$w.log" 2>&1
+    echo "==== kernels, work per CTA $w (rc=$?)"
+    grep -E "^(copy|quantize|dequantize) .*(native|-) " "$OUT/kernels_work$w.log" | grep -v graph
+  done
+fi
+if [[ " $parts " == *" transports "* ]]; then
+  probe_run() {  # label ranks sizes [env...]
+    local label=$1 ranks=$2 sizes=$3; shift 3
+    env "$@" timeout 150 "$probe" --emulate-ranks "$ranks" --sizes $sizes --fractions 0.5 0.6 0.7 \
+      > "$OUT/probe_$label.log" 2>&1
+    echo "==== transports $label: $ranks ranks $* (rc=$?)"
+    grep -vE "^\s*$" "$OUT/probe_$label.log" | grep -v "^NCCL" | tail -n 40
+  }
+  probe_run r2 2 "64MiB 256MiB"
+  probe_run r4 4 "4MiB 64MiB"
+  [[ -n "${TUNE_PROBE_ENV:-}" ]] && probe_run r4_env 4 "4MiB 64MiB" $TUNE_PROBE_ENV
+fi

@@ -42,6 +42,7 @@ struct SweepArgs {
   std::string collectives = "all", dtypes = "bf16", paths = "passthrough,two_shot,one_shot,ring";
   std::string min = "4KiB", max = "1GiB";
   std::string out_dir = ".", json, profile;
+  std::string gather_transport = "auto";
   bool no_check = false;
 };
 
@@ -86,6 +87,10 @@ std::string parse_sweep(const SweepArgs& a, fb::SweepOptions& o) {
     return fmt::format("--emulate-ranks {}: expected 2..64 (0 = one rank per GPU)", o.emulate_ranks);
   if (o.fabric != "auto" && o.fabric != "both" && !fb::parse_fabric(o.fabric))
     return fmt::format("--fabric '{}': expected auto, nvlink, pcie, net or both", o.fabric);
+  const auto gather = fb::parse_gather_transport(a.gather_transport);
+  if (!gather) return fmt::format("--gather-transport '{}': expected auto, allgather or sendrecv", a.gather_transport);
+  // auto leaves the loaded configuration alone (FP8WIRE_GATHER_TRANSPORT, or the planner's choice).
+  o.gather_transport = *gather == fp8wire::GatherTransport::automatic ? std::nullopt : std::optional(*gather);
   if (!(o.timeout_s >= 0)) return fmt::format("--timeout {}: expected seconds >= 0", o.timeout_s);
   if (!(o.bootstrap_timeout_s > 0)) return fmt::format("--bootstrap-timeout {}: expected seconds > 0", o.bootstrap_timeout_s);
   o.check = !a.no_check;
@@ -293,6 +298,10 @@ int main(int argc, char** argv) {
   s->add_option("--emulate-ranks", sweep.emulate_ranks, "N ranks on one GPU (NCCL_HOSTID per rank, sockets); 0 = one rank per GPU")->capture_default_str();
   s->add_option("--fabric", sweep.fabric, "auto | nvlink | pcie (NCCL_P2P_DISABLE=1) | net | both (auto, then pcie)")
       ->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  s->add_option("--gather-transport", sa.gather_transport,
+                "FP8 gather step: auto (configuration as loaded: FP8WIRE_GATHER_TRANSPORT, else the planner's "
+                "choice) | allgather (ncclAllGather) | sendrecv (grouped ncclSend/ncclRecv)")
+      ->capture_default_str();
   s->add_option("--timeout", sweep.timeout_s, "seconds before a hung launch is killed (0 = none)")->capture_default_str();
   s->add_option("--bootstrap-timeout", sweep.bootstrap_timeout_s, "seconds a rank waits for rank 0's NCCL id")->capture_default_str();
   s->add_option("--out", sa.out_dir, "folder for the default JSON and profile")->capture_default_str();

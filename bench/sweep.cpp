@@ -73,6 +73,7 @@ struct RankReport {
   uint64_t wire_bytes;     // per application call, from Accounting
   uint64_t recorded_calls; // calls Accounting saw during the timed region
   uint64_t fallback_calls; // of those, calls an FP8 request ran as plain NCCL (fallback)
+  uint64_t gather_calls[3];// of those, by the transport of their gather step (index = GatherTransport)
   int32_t checked;
 };
 
@@ -172,6 +173,7 @@ struct Worker {
       mine.recorded_calls = calls;
       const int fb = static_cast<int>(Path::fallback);
       mine.fallback_calls = after.calls[fb] - before.calls[fb];
+      for (int g = 0; g < 3; ++g) mine.gather_calls[g] = after.gather_calls[g] - before.gather_calls[g];
       // Per application call: sched may record a pipelined call as several records.
       mine.wire_bytes = wire / static_cast<uint64_t>(opt.repeats * opt.iters);
 
@@ -244,6 +246,23 @@ struct Worker {
       const double per_byte = shape ? shape->bus_bytes_per_s * (path == Path::passthrough ? 1.0 : wire.ratio()) : 0;
       point.wire_bytes = static_cast<uint64_t>(per_byte * static_cast<double>(bytes));
       point.wire_source = "nominal";
+    }
+    if (has_gather_step(c, path)) {
+      // Summed over ranks, so a rank that gathered differently from the others shows as mixed.
+      uint64_t by_allgather = 0, by_sendrecv = 0;
+      for (const auto& r : all) {
+        by_allgather += r.gather_calls[static_cast<int>(GatherTransport::allgather)];
+        by_sendrecv += r.gather_calls[static_cast<int>(GatherTransport::sendrecv)];
+      }
+      if (by_allgather > 0 && by_sendrecv > 0)
+        point.gather_transport = "mixed";
+      else if (by_sendrecv > 0)
+        point.gather_transport = "sendrecv";
+      else if (by_allgather > 0)
+        point.gather_transport = "allgather";
+      else if (opt.gather_transport)
+        // Nothing recorded (an engine without accounting; wire_source says "nominal"): what was asked.
+        point.gather_transport = gather_transport_name(*opt.gather_transport);
     }
     if (opt.check && all[0].checked) {
       CheckSpec spec;
@@ -370,6 +389,8 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   }
   w.config = cfg.config;
   if (forced_fabric) w.config.fabric_override = forced_fabric;
+  // Every rank gets the same argv, so the configurations (and their fingerprints) still agree.
+  if (opt.gather_transport) w.config.gather_transport = *opt.gather_transport;
   // The benchmark forces each path explicitly; per-collective switches meant for jobs (FP8
   // all-gather is off by default, being lossy on weights) must not turn a forced path into a fallback.
   w.config.enable = true;
@@ -439,6 +460,8 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     result.wire.scale_bytes = w.quant_scale_bytes();
     result.fp8_format = w.config.format == Fp8Format::e4m3 ? "e4m3" : "e5m2";
     result.codec = measured_codec;
+    result.gather_transport_requested = opt.gather_transport ? gather_transport_name(*opt.gather_transport) : "auto";
+    result.gather_transport_config = gather_transport_name(w.config.gather_transport);
   }
 
   // The plan: every (collective, dtype) with its own size series (sizes split evenly into ranks).

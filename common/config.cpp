@@ -75,6 +75,14 @@ const char* to_string(Algorithm v) {
   }
   return "?";
 }
+const char* to_string(GatherTransport v) {
+  switch (v) {
+    case GatherTransport::automatic: return "auto";
+    case GatherTransport::allgather: return "allgather";
+    case GatherTransport::sendrecv: return "sendrecv";
+  }
+  return "?";
+}
 const char* to_string(Fabric v) {
   switch (v) {
     case Fabric::nvlink: return "nvlink";
@@ -441,6 +449,10 @@ std::vector<KeySpec> build_key_table() {
                                      {"two_shot", Algorithm::two_shot},
                                      {"one_shot", Algorithm::one_shot},
                                      {"ring", Algorithm::ring}}));
+  t.push_back(choice_key<GatherTransport>("gather_transport", [](auto& c) -> auto& { return c.gather_transport; },
+                                          {{"auto", GatherTransport::automatic},
+                                           {"allgather", GatherTransport::allgather},
+                                           {"sendrecv", GatherTransport::sendrecv}}));
   t.push_back(choice_key<std::optional<Fabric>>(
       "fabric", [](auto& c) -> auto& { return c.fabric_override; },
       {{"auto", std::nullopt}, {"nvlink", Fabric::nvlink}, {"pcie", Fabric::pcie}, {"net", Fabric::net}}));

@@ -28,6 +28,11 @@ enum class Rounding : uint8_t { nearest, stochastic };
 enum class ConvertPath : uint8_t { automatic, native, software };
 // FP8 all-reduce algorithm. automatic: the planner's cost model chooses.
 enum class Algorithm : uint8_t { automatic, two_shot, one_shot, ring };
+// How an FP8 path moves the quantized slots every rank needs from every other (one-shot's exchange,
+// the gather step of two-shot / ring, the FP8 all-gather): ncclAllGather, or grouped ncclSend/ncclRecv
+// of the slot to every peer (one step deep, and NCCL's point-to-point channels). automatic: the
+// planner's cost model chooses (all_gather vs all_to_all figures; all-gather on a tie).
+enum class GatherTransport : uint8_t { automatic, allgather, sendrecv };
 // Fabric class of a communicator, decided once per communicator (sched/fabric.hpp).
 enum class Fabric : uint8_t { nvlink = 0, pcie = 1, net = 2 };
 inline constexpr int kFabricCount = 3;
@@ -40,6 +45,7 @@ const char* to_string(ScaleType);
 const char* to_string(Rounding);
 const char* to_string(ConvertPath);
 const char* to_string(Algorithm);
+const char* to_string(GatherTransport);  // "auto" | "allgather" | "sendrecv"
 const char* to_string(Fabric);
 const char* to_string(Collective);
 
@@ -100,6 +106,7 @@ struct Config {
   // --- planning -------------------------------------------------------------------------------
   Algorithm algorithm = Algorithm::automatic;  // algorithm  "auto" | "two_shot" | "one_shot" | "ring"
   std::optional<Fabric> fabric_override;       // fabric     "auto" | "nvlink" | "pcie" | "net"
+  GatherTransport gather_transport = GatherTransport::automatic;  // gather_transport "auto" | "allgather" | "sendrecv"
   // Smallest caller buffer (bytes) at which a collective goes FP8, per collective and fabric.
   // thresholds.<all_reduce|reduce_scatter|all_gather>.<nvlink|pcie|net>
   std::array<std::array<uint64_t, kFabricCount>, kCollectiveCount> thresholds = {{

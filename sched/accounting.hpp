@@ -60,6 +60,9 @@ struct CallRecord {
   uint64_t app_bytes = 0;      // bytes of the caller's buffer (count * dtype size; per rank)
   uint64_t wire_bytes = 0;     // bytes this rank sent on the wire for this call
   uint32_t coalesced_calls = 1;// >1 when several grouped calls were packed into this one
+  // FP8 paths with a gather step: how the quantized slots were gathered (allgather or sendrecv);
+  // automatic for pass-through, fallback and the FP8 reduce-scatter.
+  GatherTransport gather = GatherTransport::automatic;
   uint64_t issue_ns = 0;       // host CLOCK_MONOTONIC when the application issued the call
 };
 
@@ -76,6 +79,7 @@ struct AccountingTotals {
   uint64_t calls[5] = {};       // by Path
   uint64_t app_bytes[5] = {};
   uint64_t wire_bytes[5] = {};
+  uint64_t gather_calls[3] = {};  // FP8 calls by CallRecord::gather (index = GatherTransport; [0] unused)
   uint64_t dropped_records = 0;
 };
 

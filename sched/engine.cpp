@@ -491,10 +491,34 @@ struct Engine::Impl {
     }                                                                                         \
   } while (0)
 
+  // The gather step of an FP8 path: rank r's slot (base + r * slot_bytes) to every rank's slot r,
+  // by ncclAllGather or by grouped send/recv to every peer (GatherTransport; same layout, same bytes).
+  ncclResult_t gather_slots(CommState& s, GatherTransport gather, char* base, size_t slot_bytes) {
+    if (gather != GatherTransport::sendrecv) {
+      FP8WIRE_NCCL_CHECK(api->AllGather(base + s.rank * slot_bytes, base, slot_bytes, ncclUint8, s.comm, s.side));
+      return ncclSuccess;
+    }
+    FP8WIRE_NCCL_CHECK(api->GroupStart());
+    ncclResult_t res = ncclSuccess;
+    auto ok = [](ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; };
+    for (int j = 0; j < s.nranks && ok(res); ++j) {
+      if (j == s.rank) continue;
+      res = api->Send(base + s.rank * slot_bytes, slot_bytes, ncclUint8, j, s.comm, s.side);
+      if (ok(res)) res = api->Recv(base + j * slot_bytes, slot_bytes, ncclUint8, j, s.comm, s.side);
+    }
+    const ncclResult_t end = api->GroupEnd();   // always closed, so a failed call leaves no open group
+    if (!ok(res)) {
+      FP8WIRE_ERROR("NCCL error {} in the send/recv gather of {} B slots", static_cast<int>(res), slot_bytes);
+      return res;
+    }
+    FP8WIRE_NCCL_CHECK(end);
+    return ncclSuccess;
+  }
+
   // All-reduce of `count` elements from `in` to `out` (may alias). Returns ncclInvalidUsage (with no
   // side effect) when the scratch cannot hold even one stage: the caller falls back.
-  ncclResult_t all_reduce_fp8(CommState& s, Path path, const void* in, void* out, size_t count,
-                              ncclDataType_t dtype, ncclRedOp_t op, cudaStream_t stream,
+  ncclResult_t all_reduce_fp8(CommState& s, Path path, GatherTransport gather, const void* in, void* out,
+                              size_t count, ncclDataType_t dtype, ncclRedOp_t op, cudaStream_t stream,
                               float* residual, bool capturing, uint64_t* wire) {
     quant::ElemType type;
     elem_type_of(dtype, &type);
@@ -529,7 +553,7 @@ struct Engine::Impl {
                                          stream, opt));
         }
         if (auto res = hand_over(s, stream, i); res != ncclSuccess) return res;
-        FP8WIRE_NCCL_CHECK(api->AllGather(gathered + r * cb, gathered, cb, ncclUint8, s.comm, s.side));
+        if (auto res = gather_slots(s, gather, gathered, cb); res != ncclSuccess) return res;
         std::array<const void*, quant::kMaxReduceInputs> inputs;
         for (int j = 0; j < n; ++j) inputs[j] = gathered + j * cb;
         quant::ReduceOutput o;
@@ -613,7 +637,7 @@ struct Engine::Impl {
                                                         s.side, ro));
           }
         }
-        FP8WIRE_NCCL_CHECK(api->AllGather(gathered + r * stride, gathered, stride, ncclUint8, s.comm, s.side));
+        if (auto res = gather_slots(s, gather, gathered, stride); res != ncclSuccess) return res;
         *wire += stride * static_cast<uint64_t>(n - 1);
         // Every rank, the owner included, decodes the same gathered bytes: identical results.
         FP8WIRE_QUANT(quant::dequantize(gathered, l.segmented(), len, dst + off * es, type, format, s.side, opt));
@@ -673,7 +697,7 @@ struct Engine::Impl {
     return end_pipeline(s, stream, capturing);
   }
 
-  ncclResult_t all_gather_fp8(CommState& s, const void* in, void* out, size_t sendcount,
+  ncclResult_t all_gather_fp8(CommState& s, GatherTransport gather, const void* in, void* out, size_t sendcount,
                               ncclDataType_t dtype, cudaStream_t stream, bool capturing, uint64_t* wire) {
     quant::ElemType type;
     elem_type_of(dtype, &type);
@@ -697,7 +721,7 @@ struct Engine::Impl {
       FP8WIRE_QUANT(quant::quantize(src + off * es, type, len, gathered + r * cb,
                                    quant::Segmented::single(len, format), format, stream, opt));
       if (auto res = hand_over(s, stream, i); res != ncclSuccess) return res;
-      FP8WIRE_NCCL_CHECK(api->AllGather(gathered + r * cb, gathered, cb, ncclUint8, s.comm, s.side));
+      if (auto res = gather_slots(s, gather, gathered, cb); res != ncclSuccess) return res;
       *wire += cb * static_cast<uint64_t>(n - 1);
       if (stages == 1 && len % format.block == 0) {
         // Whole slots, block aligned: the gathered buffer is one segmented buffer.
@@ -728,6 +752,14 @@ struct Engine::Impl {
       for (size_t i = 0; i < batch; ++i) rec.count += items[i].call.count;
       rec.app_bytes = rec.count * es;
     }
+    // The gather transport of this call (of the whole batch when coalesced): from the config and the
+    // call's shape only, like the path, so every rank picks the same.
+    CallShape shape = shape_of(c, &s);
+    shape.count = rec.count;
+    const GatherTransport gather = has_gather_step(c.collective, path)
+        ? gather_transport_for(config, c.collective, path, threshold_bytes(shape), s.nranks, s.fabric)
+        : GatherTransport::automatic;
+    rec.gather = gather;
     const CallHooks* hooks = call_hooks();
     if (hooks && hooks->begin) hooks->begin(rec);
     NvtxRange range(path == Path::one_shot ? "fp8wire one_shot" : path == Path::ring ? "fp8wire ring" : "fp8wire two_shot");
@@ -749,7 +781,7 @@ struct Engine::Impl {
         off += bytes;
       }
       if (res == ncclSuccess)
-        res = all_reduce_fp8(s, path, staging, staging, rec.count, c.dtype, c.op, c.stream, nullptr, capturing, &wire);
+        res = all_reduce_fp8(s, path, gather, staging, staging, rec.count, c.dtype, c.op, c.stream, nullptr, capturing, &wire);
       off = 0;
       for (size_t i = 0; i < batch && res == ncclSuccess; ++i) {
         const size_t bytes = items[i].call.count * es;
@@ -764,14 +796,14 @@ struct Engine::Impl {
     } else {
       switch (c.collective) {
         case Collective::all_reduce:
-          res = all_reduce_fp8(s, path, c.send, c.recv, c.count, c.dtype, c.op, c.stream,
+          res = all_reduce_fp8(s, path, gather, c.send, c.recv, c.count, c.dtype, c.op, c.stream,
                                path == Path::ring ? nullptr : residual_for(s, c, capturing), capturing, &wire);
           break;
         case Collective::reduce_scatter:
           res = reduce_scatter_fp8(s, c.send, c.recv, c.count, c.dtype, c.op, c.stream, capturing, &wire);
           break;
         case Collective::all_gather:
-          res = all_gather_fp8(s, c.send, c.recv, c.count, c.dtype, c.stream, capturing, &wire);
+          res = all_gather_fp8(s, gather, c.send, c.recv, c.count, c.dtype, c.stream, capturing, &wire);
           break;
       }
     }
@@ -781,6 +813,7 @@ struct Engine::Impl {
       FP8WIRE_WARN_ONCE("scratch.max_bytes too small for one pipeline stage of a {} on {} ranks; passing through",
                         to_string(c.collective), s.nranks);
       rec.path = Path::fallback;
+      rec.gather = GatherTransport::automatic;
       if (batch > 1) {
         res = ncclSuccess;
         for (size_t i = 0; i < batch && res == ncclSuccess; ++i) res = issue_plain(items[i].call);
@@ -794,8 +827,10 @@ struct Engine::Impl {
     const uint32_t choice = 1u << (static_cast<int>(c.collective) * 8 + static_cast<int>(rec.path));
     if (!(s.logged_choices & choice)) {
       s.logged_choices |= choice;
-      FP8WIRE_INFO("comm {} ({} ranks, fabric {}): first {} on path {} ({} B of caller data, {} calls)", s.id,
-                   s.nranks, to_string(s.fabric), to_string(c.collective), to_string(rec.path), rec.app_bytes,
+      FP8WIRE_INFO("comm {} ({} ranks, fabric {}): first {} on path {}{}{} ({} B of caller data, {} calls)", s.id,
+                   s.nranks, to_string(s.fabric), to_string(c.collective), to_string(rec.path),
+                   rec.gather == GatherTransport::automatic ? "" : ", gather by ",
+                   rec.gather == GatherTransport::automatic ? "" : to_string(rec.gather), rec.app_bytes,
                    rec.coalesced_calls);
     }
     FP8WIRE_DEBUG("seq {} {} {} x{} {} comm {} -> {} ({} calls), wire {} B", seq, to_string(c.collective),

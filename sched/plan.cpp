@@ -112,8 +112,30 @@ CostModel effective_cost_model(const Config& config, Fabric fabric) {
   return model;
 }
 
-double fixed_latency_us(const CostModel& m, Collective collective, Path path, int nranks) {
-  const double ar = m.latency_us(NcclOp::all_reduce), ag = m.latency_us(NcclOp::all_gather);
+namespace {
+NcclOp gather_op(GatherTransport gather) {
+  return gather == GatherTransport::sendrecv ? NcclOp::all_to_all : NcclOp::all_gather;
+}
+}  // namespace
+
+bool has_gather_step(Collective collective, Path path) {
+  if (path == Path::passthrough || path == Path::fallback) return false;
+  return collective != Collective::reduce_scatter;
+}
+
+GatherTransport gather_transport_for(const Config& config, Collective collective, Path path,
+                                     uint64_t caller_bytes, int nranks, Fabric fabric) {
+  if (!has_gather_step(collective, path)) return GatherTransport::allgather;
+  if (config.gather_transport != GatherTransport::automatic) return config.gather_transport;
+  const CostModel model = effective_cost_model(config, fabric);
+  const quant::WireFormat format = quant::WireFormat::from(config);
+  const double ag = predicted_us(model, collective, path, caller_bytes, nranks, format, GatherTransport::allgather);
+  const double sr = predicted_us(model, collective, path, caller_bytes, nranks, format, GatherTransport::sendrecv);
+  return sr < ag ? GatherTransport::sendrecv : GatherTransport::allgather;
+}
+
+double fixed_latency_us(const CostModel& m, Collective collective, Path path, int nranks, GatherTransport gather) {
+  const double ar = m.latency_us(NcclOp::all_reduce), ag = m.latency_us(gather_op(gather));
   const double rs = m.latency_us(NcclOp::reduce_scatter), a2a = m.latency_us(NcclOp::all_to_all);
   const bool plain = path == Path::passthrough || path == Path::fallback;
   switch (collective) {
@@ -133,7 +155,8 @@ double fixed_latency_us(const CostModel& m, Collective collective, Path path, in
 }
 
 double predicted_us(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes,
-                    int nranks, const quant::WireFormat& format) {
+                    int nranks, const quant::WireFormat& format, GatherTransport gather) {
+  const NcclOp g = gather_op(gather);  // the gather step's operation
   const double n = nranks;
   const double s = static_cast<double>(caller_bytes);
   // Wire bytes of the same data: one byte per element plus one scale per block. The element size is
@@ -155,12 +178,12 @@ double predicted_us(const CostModel& m, Collective collective, Path path, uint64
         case Path::passthrough:
         case Path::fallback: return op(NcclOp::all_reduce, 2.0 * part * s);
         case Path::two_shot:
-          return op(NcclOp::all_to_all, part * w) + op(NcclOp::all_gather, part * w) + 3.0 * s / codec + 3 * launch;
-        case Path::one_shot: return op(NcclOp::all_gather, (n - 1) * w) + (1.0 + n) * s / codec + 2 * launch;
+          return op(NcclOp::all_to_all, part * w) + op(g, part * w) + 3.0 * s / codec + 3 * launch;
+        case Path::one_shot: return op(g, (n - 1) * w) + (1.0 + n) * s / codec + 2 * launch;
         case Path::ring:
           // n-1 hops of one shard each (w/n): one a2a latency per hop, the bytes once.
           return (n - 2) * m.latency_us(NcclOp::all_to_all) + op(NcclOp::all_to_all, part * w) +
-                 op(NcclOp::all_gather, part * w) + (2.0 + part) * s / codec + (n + 1) * launch;
+                 op(g, part * w) + (2.0 + part) * s / codec + (n + 1) * launch;
       }
       break;
     case Collective::reduce_scatter:
@@ -168,7 +191,7 @@ double predicted_us(const CostModel& m, Collective collective, Path path, uint64
       return op(NcclOp::all_to_all, part * w) + 2.0 * s / codec + (n + 1) * launch;
     case Collective::all_gather:
       if (plain) return op(NcclOp::all_gather, part * s);
-      return op(NcclOp::all_gather, part * w) + (s / n + s) / codec + 2 * launch;
+      return op(g, part * w) + (s / n + s) / codec + 2 * launch;
   }
   return m.op_latency_us;
 }
@@ -191,21 +214,25 @@ Plan plan_call(const Config& config, const CallShape& call, Fabric fabric) {
       case Algorithm::one_shot: fp8 = Path::one_shot; break;
       case Algorithm::ring: fp8 = Path::ring; break;
       case Algorithm::automatic: {
-        const double one = predicted_us(model, call.collective, Path::one_shot, bytes, call.nranks, format);
-        const double two = predicted_us(model, call.collective, Path::two_shot, bytes, call.nranks, format);
-        fp8 = one <= two ? Path::one_shot : Path::two_shot;
+        // Each path with its own best gather transport.
+        auto cost = [&](Path p) {
+          const GatherTransport g = gather_transport_for(config, call.collective, p, bytes, call.nranks, fabric);
+          return predicted_us(model, call.collective, p, bytes, call.nranks, format, g);
+        };
+        fp8 = cost(Path::one_shot) <= cost(Path::two_shot) ? Path::one_shot : Path::two_shot;
         break;
       }
     }
   }
+  const GatherTransport gather = gather_transport_for(config, call.collective, fp8, bytes, call.nranks, fabric);
   // Only a calibrated model may overrule the threshold: the built-in figures are too rough to
   // second-guess a threshold the user chose.
   if (model.calibrated && config.algorithm == Algorithm::automatic) {
     const double plain = predicted_us(model, call.collective, Path::passthrough, bytes, call.nranks, format);
-    const double best = predicted_us(model, call.collective, fp8, bytes, call.nranks, format);
+    const double best = predicted_us(model, call.collective, fp8, bytes, call.nranks, format, gather);
     if (plain < best) return {Path::passthrough, PassReason::cost_model};
   }
-  return {fp8, PassReason::none};
+  return {fp8, PassReason::none, gather};
 }
 
 // --- shards ---------------------------------------------------------------------------------------
@@ -307,7 +334,9 @@ size_t stage_elems(const Config& config, const ScratchLayout& scratch, Collectiv
                               (collective == Collective::all_reduce ? 1.0 : static_cast<double>(nranks));
   const double quantize_us = caller_bytes / (std::max(model.codec_gbps, 1e-3) * 1e3);
   // Fixed cost of one stage's NCCL operations (the a2a and all-gather of two-shot, ...).
-  const double op_us = std::max(fixed_latency_us(model, collective, path, nranks), 1e-3);
+  const GatherTransport gather = gather_transport_for(config, collective, path, static_cast<uint64_t>(caller_bytes),
+                                                     nranks, fabric);
+  const double op_us = std::max(fixed_latency_us(model, collective, path, nranks, gather), 1e-3);
   auto predicted = [&](size_t k) { return static_cast<double>(k) * op_us + quantize_us / static_cast<double>(k); };
   const size_t chunk = std::max<uint64_t>(config.pipeline_chunk_bytes, 1);
   const size_t k_chunk = static_cast<size_t>((caller_bytes + static_cast<double>(chunk) - 1) / static_cast<double>(chunk));

@@ -75,13 +75,27 @@ CostModel effective_cost_model(const Config& config, Fabric fabric);
 CostModel default_cost_model(Fabric fabric);
 // Sum of the fixed costs of the NCCL operations one stage of `path` issues (all-reduce; a2a +
 // all-gather; all-gather; n-1 hops + all-gather; ...), each its own latency (CostModel::latency_us).
-double fixed_latency_us(const CostModel& model, Collective collective, Path path, int nranks);
+// `gather`: how the path's gather step moves the quantized slots (GatherTransport); with sendrecv
+// that step is costed as an all_to_all operation (same bus bytes), else as an all_gather.
+double fixed_latency_us(const CostModel& model, Collective collective, Path path, int nranks,
+                        GatherTransport gather = GatherTransport::allgather);
 double predicted_us(const CostModel& model, Collective collective, Path path, uint64_t caller_bytes,
-                    int nranks, const quant::WireFormat& format);
+                    int nranks, const quant::WireFormat& format,
+                    GatherTransport gather = GatherTransport::allgather);
+
+// Whether a path has a gather step (every FP8 all-reduce path and the FP8 all-gather; the FP8
+// reduce-scatter ends with its local reduce).
+bool has_gather_step(Collective collective, Path path);
+// The transport of that step for one call: Config::gather_transport when set, else the cheaper of
+// the two by the cost model of `fabric` (all-gather on a tie, which the built-in figures always are).
+// A function of the config and the call's shape only, so every rank picks the same.
+GatherTransport gather_transport_for(const Config& config, Collective collective, Path path,
+                                     uint64_t caller_bytes, int nranks, Fabric fabric);
 
 struct Plan {
   Path path = Path::passthrough;
   PassReason reason = PassReason::none;
+  GatherTransport gather = GatherTransport::allgather;  // FP8 paths with a gather step
 };
 // Full plan of one call on a communicator of a known fabric. Above the threshold the algorithm is
 // Config::algorithm, or, when automatic, the cheapest of one-shot and two-shot by the cost model; a

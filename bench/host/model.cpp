@@ -99,11 +99,21 @@ double fixed_latency_us(const PathShape& shape, const Link& link) {
   return us;
 }
 
-std::optional<PathShape> path_shape(Collective c, Path p, int nranks) {
+std::optional<PathShape> path_shape(Collective c, Path p, int nranks, GatherTransport gather) {
+  const bool sendrecv_gather = has_gather_step(c, p) && gather == GatherTransport::sendrecv;
+  if (has_gather_step(c, p) && gather == GatherTransport::automatic) return std::nullopt;
   const double n = std::max(nranks, 1);
   const double part = (n - 1) / n;
   // count of each kind, and the bus bytes (per byte of S) each kind moves.
-  auto shape = [](OpCounts ops, OpCounts bus, double codec, double launches) {
+  auto shape = [sendrecv_gather](OpCounts ops, OpCounts bus, double codec, double launches) {
+    // Each gather-step path issues exactly one all-gather, its gather step: over send/recv it is one
+    // more a2a with the same bus bytes.
+    if (sendrecv_gather) {
+      ops.all_to_all += ops.all_gather;
+      ops.all_gather = 0;
+      bus.all_to_all += bus.all_gather;
+      bus.all_gather = 0;
+    }
     return PathShape{ops, bus, bus.total(), codec, launches};
   };
   auto ar = [](double v) { return OpCounts{v, 0, 0, 0}; };
@@ -144,8 +154,8 @@ struct Line {
   double slope_us_per_byte;
 };
 std::optional<Line> cost_line(Collective c, Path p, int nranks, const Link& link, const Codec& codec,
-                              const WireParams& wire) {
-  const auto shape = path_shape(c, p, nranks);
+                              const WireParams& wire, GatherTransport gather) {
+  const auto shape = path_shape(c, p, nranks, gather);
   if (!shape || !(link.bus_gbps > 0)) return std::nullopt;
   const bool fp8 = p != Path::passthrough && p != Path::fallback;
   Line line{fixed_latency_us(*shape, link), 0};
@@ -165,17 +175,17 @@ std::optional<Line> cost_line(Collective c, Path p, int nranks, const Link& link
 }  // namespace
 
 double predict_us(Collective c, Path p, int nranks, double bytes, const Link& link, const Codec& codec,
-                  const WireParams& wire) {
-  const auto line = cost_line(c, p, nranks, link, codec, wire);
+                  const WireParams& wire, GatherTransport gather) {
+  const auto line = cost_line(c, p, nranks, link, codec, wire, gather);
   if (!line) return std::numeric_limits<double>::quiet_NaN();
   return line->intercept_us + line->slope_us_per_byte * bytes;
 }
 
 PredictedCrossover predict_crossover(Collective c, Path p, int nranks, const Link& link,
-                                     const Codec& codec, const WireParams& wire) {
+                                     const Codec& codec, const WireParams& wire, GatherTransport gather) {
   PredictedCrossover out;
-  const auto base = cost_line(c, Path::passthrough, nranks, link, codec, wire);
-  const auto fp8 = cost_line(c, p, nranks, link, codec, wire);
+  const auto base = cost_line(c, Path::passthrough, nranks, link, codec, wire, GatherTransport::allgather);
+  const auto fp8 = cost_line(c, p, nranks, link, codec, wire, gather);
   if (!base || !fp8) return out;
   if (fp8->slope_us_per_byte > 0)
     out.asymptotic_speedup = base->slope_us_per_byte / fp8->slope_us_per_byte;

@@ -17,6 +17,10 @@
 //   all_gather         : 1 op (all-gather), bus (n-1)/n S r, codec quantize S/n + dequantize S, 2 launches
 // (reduce_scatter and all_gather have one FP8 algorithm each; sched/ runs it as two_shot and
 // one_shot respectively, and both names map to it here.)
+// Gather transport (config.hpp gather_transport): the gather step of a path (one-shot's all-gather
+// of the quantized inputs, two-shot's and ring's final all-gather, the FP8 all-gather) is an
+// all-gather by default; with sendrecv it is grouped ncclSend/ncclRecv of the slot to every peer,
+// the same bus bytes costed as one more a2a operation and one all-gather fewer.
 #pragma once
 
 #include <cstdint>
@@ -88,15 +92,19 @@ struct PathShape {
   double codec_bytes_per_s = 0;// caller bytes through codec kernels per byte of S
   double launches = 0;
 };
-// Shape of the baseline (Path::passthrough) or an FP8 path; returns nullopt for a path the
-// collective does not have (ring for all_gather).
-std::optional<PathShape> path_shape(Collective c, Path p, int nranks);
+// Shape of the baseline (Path::passthrough) or an FP8 path whose gather step (has_gather_step)
+// goes over `gather`. Returns nullopt for a path the collective does not have (ring for all_gather),
+// and for GatherTransport::automatic on a path with a gather step: that is the planner's choice per
+// call, not one shape.
+std::optional<PathShape> path_shape(Collective c, Path p, int nranks,
+                                    GatherTransport gather = GatherTransport::allgather);
 
 // Sum of the fixed latencies of the path's NCCL operations on `link`.
 double fixed_latency_us(const PathShape& shape, const Link& link);
 
+// NaN where path_shape has no shape.
 double predict_us(Collective c, Path p, int nranks, double bytes, const Link& link, const Codec& codec,
-                  const WireParams& wire);
+                  const WireParams& wire, GatherTransport gather = GatherTransport::allgather);
 
 struct PredictedCrossover {
   bool wins = false;         // false: the FP8 path never wins (its per-byte cost is not lower)
@@ -105,6 +113,7 @@ struct PredictedCrossover {
 };
 // Both costs are linear in S, so the crossover is where the lines cross (closed form).
 PredictedCrossover predict_crossover(Collective c, Path p, int nranks, const Link& link,
-                                     const Codec& codec, const WireParams& wire);
+                                     const Codec& codec, const WireParams& wire,
+                                     GatherTransport gather = GatherTransport::allgather);
 
 }  // namespace fp8wire::bench

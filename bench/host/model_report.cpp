@@ -44,8 +44,10 @@ double worst_time_error(const SweepResult& s, Collective c, DType d, Path path, 
   double worst = 0;
   for (const auto& p : s.points) {
     if (p.collective != c || p.dtype != d || (p.path != path && p.path != Path::passthrough)) continue;
-    if (!p.supported || !(p.time.median > 0)) continue;
-    const double predicted = predict_us(c, p.path, s.machine.nranks, static_cast<double>(p.bytes), link, codec, wire);
+    const auto gather = modeled_transport(p);
+    if (!p.supported || !(p.time.median > 0) || !gather) continue;
+    const double predicted =
+        predict_us(c, p.path, s.machine.nranks, static_cast<double>(p.bytes), link, codec, wire, *gather);
     worst = std::max(worst, std::fabs(predicted / p.time.median - 1));
   }
   return worst;
@@ -79,6 +81,17 @@ std::optional<double> octaves_outside_ties(const PredictedCrossover& p, const Cr
   if (predicted > static_cast<double>(measured.bytes)) return std::log2(predicted / static_cast<double>(measured.bytes));
   if (lower > 0 && predicted <= static_cast<double>(lower)) return std::log2(predicted / static_cast<double>(lower));
   return 0.0;
+}
+
+// The gather transport a measured path's crossover is predicted with: the one its points ran with,
+// the largest size's where they differ (the crossover lies among the large sizes).
+GatherTransport crossover_transport(const SweepResult& s, Collective c, DType d, Path path) {
+  const SweepPoint* largest = nullptr;
+  for (const auto& p : s.points)
+    if (p.collective == c && p.dtype == d && p.path == path && p.supported && modeled_transport(p) &&
+        (!largest || p.bytes > largest->bytes))
+      largest = &p;
+  return largest ? *modeled_transport(*largest) : GatherTransport::allgather;
 }
 
 // The planner's candidates for a collective: plain NCCL and its FP8 algorithms (ring is a comparison
@@ -124,7 +137,7 @@ ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOpti
          "# crossover can lie (above the last loss, sizes in between are ties; 0 = inside); t.err: worst\n"
          "# |predicted/measured - 1| over the sizes of the baseline and the path. The '1-lat' columns are the\n"
          "# former model (one latency and bandwidth per fabric, fitted from the collective's baseline).\n";
-  out += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:<9} {:>18} | {:>10} {:>10} {:>6} {:>6} | {:>10} {:>10} {:>6} {:>6}\n",
+  out += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:<11} {:>18} | {:>10} {:>10} {:>6} {:>6} | {:>10} {:>10} {:>6} {:>6}\n",
                      "fabric", "ranks", "collective", "dtype", "path", "measured", "predicted", "error", "ties",
                      "t.err", "1-lat pred", "error", "ties", "t.err");
   std::vector<int> world_sizes = options.nranks;
@@ -144,8 +157,9 @@ ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOpti
       if (!path || !single) continue;
       WireParams wire = s.wire;
       wire.dtype = x.dtype;
-      const PredictedCrossover p = predict_crossover(x.collective, *path, s.machine.nranks, link, codec, wire);
-      const PredictedCrossover p1 = predict_crossover(x.collective, *path, s.machine.nranks, *single, codec, wire);
+      const GatherTransport gather = crossover_transport(s, x.collective, x.dtype, *path);
+      const PredictedCrossover p = predict_crossover(x.collective, *path, s.machine.nranks, link, codec, wire, gather);
+      const PredictedCrossover p1 = predict_crossover(x.collective, *path, s.machine.nranks, *single, codec, wire, gather);
       std::string measured = x.crossover.found ? format_bytes(x.crossover.bytes) : "never";
       if (x.crossover.found && x.crossover.at_smallest) measured = "<=" + measured;
       // The sizes of the measured curve (both paths measured), as analyze_crossovers builds it.
@@ -171,13 +185,16 @@ ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOpti
       const std::string error1 = crossover_error(p1, x.crossover, smallest, err1_json);
       const double terr = worst_time_error(s, x.collective, x.dtype, *path, link, codec);
       const double terr1 = worst_time_error(s, x.collective, x.dtype, *path, *single, codec);
-      out += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:<9} {:>18} | {:>10} {:>10} {:>6} {:>5.0f}% | {:>10} {:>10} {:>6} {:>5.0f}%\n",
+      const bool sendrecv = gather == GatherTransport::sendrecv && has_gather_step(x.collective, *path);
+      out += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:<11} {:>18} | {:>10} {:>10} {:>6} {:>5.0f}% | {:>10} {:>10} {:>6} {:>5.0f}%\n",
                          fabric_name(s.machine.fabric), s.machine.nranks, collective_name(x.collective),
-                         to_string(x.dtype), x.candidate, measured, predicted_cell(p), error, ties_cell(ties),
+                         to_string(x.dtype), x.candidate + (sendrecv ? "/sr" : ""), measured, predicted_cell(p), error, ties_cell(ties),
                          100 * terr, predicted_cell(p1), error1, ties_cell(ties1), 100 * terr1);
       report.json["checks"].push_back({{"fabric", fabric_name(s.machine.fabric)}, {"nranks", s.machine.nranks},
                                        {"collective", collective_name(x.collective)}, {"dtype", to_string(x.dtype)},
-                                       {"path", x.candidate}, {"predicted_wins", p.wins}, {"predicted_bytes", p.bytes},
+                                       {"path", x.candidate},
+                                       {"gather_transport", has_gather_step(x.collective, *path) ? gather_transport_name(gather) : ""},
+                                       {"predicted_wins", p.wins}, {"predicted_bytes", p.bytes},
                                        {"measured_found", x.crossover.found}, {"measured_bytes", x.crossover.bytes},
                                        {"error_octaves", err_json}, {"worst_time_error", terr},
                                        {"octaves_outside_ties", ties ? json(*ties) : json(nullptr)},
@@ -226,7 +243,9 @@ ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOpti
           const SweepPoint* chosen = nullptr;
           double chosen_us = 0;
           for (const SweepPoint* p : measured) {
-            const double us = predict_us(c, p->path, s.machine.nranks, static_cast<double>(bytes), l, codec, wire);
+            const auto gather = modeled_transport(*p);
+            if (!gather) continue;
+            const double us = predict_us(c, p->path, s.machine.nranks, static_cast<double>(bytes), l, codec, wire, *gather);
             if (!chosen || us < chosen_us) {
               chosen = p;
               chosen_us = us;
@@ -237,12 +256,12 @@ ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOpti
         const SweepPoint* per_op = pick(link);
         const SweepPoint* one = single ? pick(*single) : nullptr;
         auto cell = [&](const SweepPoint* p) {
-          return p ? fmt::format("{:<11} {:>5.2f}x", path_name(p->path), p->time.median / best->time.median)
+          return p ? fmt::format("{:<12} {:>5.2f}x", path_label(*p), p->time.median / best->time.median)
                    : std::string("-");
         };
-        choices += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:>10} {:<11} | {:<18} | {:<18}\n",
+        choices += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:>10} {:<12} | {:<19} | {:<19}\n",
                                fabric_name(s.machine.fabric), s.machine.nranks, collective_name(c), to_string(d),
-                               format_bytes(bytes), path_name(best->path), cell(per_op), cell(one));
+                               format_bytes(bytes), path_label(*best), cell(per_op), cell(one));
         report.json["choices"].push_back(
             {{"fabric", fabric_name(s.machine.fabric)}, {"nranks", s.machine.nranks},
              {"collective", collective_name(c)}, {"dtype", to_string(d)}, {"bytes", bytes},
@@ -256,7 +275,7 @@ ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOpti
   }
   if (!choices.empty()) {
     out += "\n# model's choice at each measured size (no threshold), measured time relative to the fastest\n";
-    out += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:>10} {:<11} | {:<18} | {:<18}\n", "fabric", "ranks",
+    out += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:>10} {:<12} | {:<19} | {:<19}\n", "fabric", "ranks",
                        "collective", "dtype", "size", "fastest", "per-op model", "one latency");
     out += choices;
   }

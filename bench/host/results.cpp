@@ -62,6 +62,18 @@ const SweepPoint* candidate_point(const SweepResult& r, Collective c, DType d, c
 
 }  // namespace
 
+std::optional<GatherTransport> modeled_transport(const SweepPoint& p) {
+  if (p.gather_transport == "mixed") return std::nullopt;
+  return p.gather_transport == "sendrecv" ? GatherTransport::sendrecv : GatherTransport::allgather;
+}
+
+std::string path_label(const SweepPoint& p) {
+  std::string label = path_name(p.path);
+  if (p.gather_transport == "sendrecv") label += "/sr";
+  if (p.gather_transport == "mixed") label += "/mix";
+  return label;
+}
+
 void compute_speedups(SweepResult& result) {
   std::map<Key, double> base;
   for (const auto& p : result.points)
@@ -139,35 +151,39 @@ const char* op_name(NcclOp op) {
   return "all_to_all";
 }
 
-// Latency and bandwidth of operation `op` from every usable point of path (c, path): what the
-// calibrated link already explains (the path's other operations, codec, launches) is taken out and
-// the rest fitted as alpha + op bus bytes / B, relative to the measured time. Returns false when the
-// sweep has no such points.
+// Latency and bandwidth of operation `op` from every usable point of path (c, path) that issues it
+// with the gather transport the point ran with: what the calibrated link already explains (the
+// path's other operations, codec, launches) is taken out and the rest fitted as count * alpha + op
+// bus bytes / B, relative to the measured time. Returns false when the sweep has no such points.
 bool fit_operation(const SweepResult& result, Calibration& cal, Collective c, Path path, NcclOp op,
                    const char* source, std::vector<std::string>& basis) {
-  const auto shape = path_shape(c, path, result.machine.nranks);
-  if (!shape || !(shape->ops.of(op) > 0)) return false;
   // The path with `op` free: no fixed cost, no time per byte (the smallest positive latency, since 0
   // would mean "use alpha_us").
   Link without = cal.link;
   latency_field(without, op) = std::numeric_limits<double>::min();
   bandwidth_field(without, op) = std::numeric_limits<double>::max();
   const bool fp8 = path != Path::passthrough && path != Path::fallback;
+  // Per point, divided by the number of `op` operations it issues (ring's n-1 hops share the a2a
+  // figure; over send/recv two-shot issues two a2a), so points of either transport fit one latency
+  // per operation; t is divided alike, which keeps each point's weight relative to its own time.
   std::vector<double> x, y, t;
   for (const auto& p : result.points) {
     if (p.collective != c || p.path != path || !usable(p)) continue;
+    const auto gather = modeled_transport(p);
+    if (!gather) continue;
+    const auto shape = path_shape(c, path, result.machine.nranks, *gather);
+    if (!shape || !(shape->ops.of(op) > 0)) continue;
+    const double count = shape->ops.of(op);
     WireParams wire = result.wire;
     wire.dtype = p.dtype;
     const double s = static_cast<double>(p.bytes);
-    const double known = predict_us(c, path, result.machine.nranks, s, without, cal.codec, wire);
+    const double known = predict_us(c, path, result.machine.nranks, s, without, cal.codec, wire, *gather);
     if (std::isnan(known)) return false;
-    x.push_back(shape->op_bus.of(op) * s * (fp8 ? wire.ratio() : 1.0));
-    y.push_back(p.time.median - known);
-    t.push_back(p.time.median);
+    x.push_back(shape->op_bus.of(op) * s * (fp8 ? wire.ratio() : 1.0) / count);
+    y.push_back((p.time.median - known) / count);
+    t.push_back(p.time.median / count);
   }
   if (x.empty()) return false;
-  // Latency counts once per operation of the path (ring's n-1 hops share the a2a figure).
-  const double count = shape->ops.of(op);
   const LinearFit fit = fit_linear_relative_to(x, y, t);
   double& latency = latency_field(cal.link, op);
   double& bandwidth = bandwidth_field(cal.link, op);
@@ -188,7 +204,7 @@ bool fit_operation(const SweepResult& result, Calibration& cal, Collective c, Pa
   }
   // A derived latency that comes out <= 0 (the other terms already explain the whole time) is kept
   // at 1 us: 0 would mean "not measured" and fall back to op_latency_us.
-  latency = std::max(alpha / count, 1.0);
+  latency = std::max(alpha, 1.0);
   basis.push_back(bandwidth > 0 ? fmt::format("{} {:.0f} us + {:.3g} GB/s ({})", op_name(op), latency, bandwidth, source)
                                 : fmt::format("{} {:.0f} us ({})", op_name(op), latency, source));
   return true;
@@ -203,15 +219,21 @@ void fit_operation_latencies(const SweepResult& result, Calibration& cal) {
   // Plain NCCL: each collective's own baseline.
   fit(Collective::all_reduce, Path::passthrough, NcclOp::all_reduce, "plain all_reduce");
   fit(Collective::reduce_scatter, Path::passthrough, NcclOp::reduce_scatter, "plain reduce_scatter");
+  // The FP8 points count towards the operation their gather step really was (fit_operation skips
+  // the points that do not issue `op`): all-gather from those that ran it over all-gather, a2a from
+  // those that ran it over send/recv.
   // All-gather: plain, else one-shot all-reduce (one all-gather of the quantized inputs plus codec
   // kernels), else FP8 all-gather.
   fit(Collective::all_gather, Path::passthrough, NcclOp::all_gather, "plain all_gather") ||
       fit(Collective::all_reduce, Path::one_shot, NcclOp::all_gather, "FP8 one_shot all_reduce") ||
       fit(Collective::all_gather, Path::one_shot, NcclOp::all_gather, "FP8 all_gather");
-  // Grouped send/recv: FP8 reduce-scatter is exactly one; two-shot all-reduce is one plus an
-  // all-gather (whose figures are known by now, or the generic ones).
+  // Grouped send/recv: FP8 reduce-scatter is exactly one, and so is one-shot all-reduce over
+  // send/recv; two-shot all-reduce is one plus its gather step (an all-gather, whose figures are
+  // known by now or the generic ones; over send/recv a second a2a); last FP8 all-gather over send/recv.
   fit(Collective::reduce_scatter, Path::two_shot, NcclOp::all_to_all, "FP8 reduce_scatter") ||
-      fit(Collective::all_reduce, Path::two_shot, NcclOp::all_to_all, "FP8 two_shot all_reduce minus its all_gather");
+      fit(Collective::all_reduce, Path::one_shot, NcclOp::all_to_all, "FP8 one_shot all_reduce over send/recv") ||
+      fit(Collective::all_reduce, Path::two_shot, NcclOp::all_to_all, "FP8 two_shot all_reduce minus its gather step") ||
+      fit(Collective::all_gather, Path::one_shot, NcclOp::all_to_all, "FP8 all_gather over send/recv");
   if (basis.empty()) return;
   std::string joined;
   for (const auto& b : basis) joined += (joined.empty() ? "" : ", ") + b;
@@ -323,6 +345,7 @@ json to_json(const SweepResult& r, const std::vector<CrossoverReport>& crossover
   j["options"] = r.options;
   j["wire"] = {{"format", r.fp8_format}, {"block", r.wire.block}, {"scale_bytes", r.wire.scale_bytes}};
   j["codec"] = {{"gbps", r.codec.gbps}, {"launch_us", r.codec.launch_us}, {"basis", r.codec.basis}};
+  j["gather_transport"] = {{"requested", r.gather_transport_requested}, {"config", r.gather_transport_config}};
   json points = json::array();
   for (const auto& p : r.points) {
     json c = {{"ran", p.check.ran}, {"pass", p.check.pass}, {"max_err_ratio", p.check.max_err_ratio},
@@ -334,7 +357,8 @@ json to_json(const SweepResult& r, const std::vector<CrossoverReport>& crossover
                       {"supported", p.supported}, {"error", p.error}, {"times_us", p.times_us},
                       {"time_us", summary_json(p.time)}, {"algbw_gbps", p.algbw_gbps},
                       {"busbw_gbps", p.busbw_gbps}, {"wire_bytes", p.wire_bytes},
-                      {"wire_source", p.wire_source}, {"speedup", p.speedup}, {"check", c}});
+                      {"wire_source", p.wire_source}, {"gather_transport", p.gather_transport},
+                      {"speedup", p.speedup}, {"check", c}});
   }
   j["points"] = points;
   json xs = json::array();
@@ -388,6 +412,17 @@ std::optional<SweepResult> sweep_from_json(const json& j, std::string& error) {
       r.codec.launch_us = j["codec"].value("launch_us", 0.0);
       r.codec.basis = j["codec"].value("basis", "");
     }
+    if (j.contains("gather_transport")) {
+      const auto& g = j["gather_transport"];
+      r.gather_transport_requested = g.value("requested", "");
+      r.gather_transport_config = g.value("config", "");
+      for (const auto& [field, value] : {std::pair{"requested", &r.gather_transport_requested},
+                                         std::pair{"config", &r.gather_transport_config}})
+        if (!value->empty() && !parse_gather_transport(*value)) {
+          error = fmt::format("gather_transport.{} '{}': expected auto, allgather or sendrecv", field, *value);
+          return std::nullopt;
+        }
+    }
     size_t index = 0;
     for (const auto& pj : j.at("points")) {
       SweepPoint p;
@@ -414,6 +449,14 @@ std::optional<SweepResult> sweep_from_json(const json& j, std::string& error) {
       p.busbw_gbps = pj.value("busbw_gbps", 0.0);
       p.wire_bytes = pj.value("wire_bytes", uint64_t{0});
       p.wire_source = pj.value("wire_source", "");
+      // Sweeps from before the transport was selectable always gathered with ncclAllGather.
+      p.gather_transport = pj.value("gather_transport", has_gather_step(p.collective, p.path) ? "allgather" : "");
+      if (p.gather_transport != "" && p.gather_transport != "allgather" && p.gather_transport != "sendrecv" &&
+          p.gather_transport != "mixed") {
+        error = fmt::format("points[{}].gather_transport '{}': expected allgather, sendrecv, mixed or \"\"", index,
+                            p.gather_transport);
+        return std::nullopt;
+      }
       if (pj.contains("check")) {
         const auto& cj = pj["check"];
         p.check.ran = cj.value("ran", false);
@@ -443,18 +486,19 @@ std::string render_table(const SweepResult& r, Collective c, DType d) {
       "# {} {}  ranks {}{}  fabric {}  fp8 {} block {}\n", collective_name(c), to_string(d),
       r.machine.nranks, r.machine.emulated ? " (emulated, 1 GPU)" : "", fabric_name(r.machine.fabric),
       r.fp8_format, r.wire.block);
-  out += fmt::format("# {:>10} {:>12} {:>11} {:>10} {:>7} {:>8} {:>8} {:>11} {:>7} {:>10}  {}\n", "size",
+  // Path column: the path, "/sr" when its gather step went over send/recv ("/mix": both).
+  out += fmt::format("# {:>10} {:>12} {:>12} {:>10} {:>7} {:>8} {:>8} {:>11} {:>7} {:>10}  {}\n", "size",
                      "count", "path", "time(us)", "+-%", "algbw", "busbw", "wire(B)", "speedup",
                      "maxerr", "check");
-  out += fmt::format("# {:>10} {:>12} {:>11} {:>10} {:>7} {:>8} {:>8} {:>11} {:>7} {:>10}\n", "", "", "",
+  out += fmt::format("# {:>10} {:>12} {:>12} {:>10} {:>7} {:>8} {:>8} {:>11} {:>7} {:>10}\n", "", "", "",
                      "median", "", "GB/s", "GB/s", "per rank", "", "");
   for (uint64_t bytes : sizes_of(r, c, d)) {
     for (Path path : {Path::passthrough, Path::two_shot, Path::one_shot, Path::ring}) {
       const SweepPoint* p = find_point(r, c, d, path, bytes);
       if (!p) continue;
       if (!p->supported) {
-        out += fmt::format("  {:>10} {:>12} {:>11}   unsupported: {}\n", format_bytes(bytes), p->count,
-                           path_name(path), p->error);
+        out += fmt::format("  {:>10} {:>12} {:>12}   unsupported: {}\n", format_bytes(bytes), p->count,
+                           path_label(*p), p->error);
         continue;
       }
       std::string check = "-";
@@ -462,8 +506,8 @@ std::string render_table(const SweepResult& r, Collective c, DType d) {
         check = p->check.pass ? "PASS" : "FAIL";
         if (p->check.bitwise_required) check += p->check.bitwise_identical ? " same" : " DIFF";
       }
-      out += fmt::format("  {:>10} {:>12} {:>11} {:>10.1f} {:>7.1f} {:>8.2f} {:>8.2f} {:>11} {:>7} {:>10.2e}  {}\n",
-                         format_bytes(bytes), p->count, path_name(path), p->time.median,
+      out += fmt::format("  {:>10} {:>12} {:>12} {:>10.1f} {:>7.1f} {:>8.2f} {:>8.2f} {:>11} {:>7} {:>10.2e}  {}\n",
+                         format_bytes(bytes), p->count, path_label(*p), p->time.median,
                          100 * p->time.rel_spread(), p->algbw_gbps, p->busbw_gbps, p->wire_bytes,
                          p->speedup > 0 ? fmt::format("{:.2f}x", p->speedup) : std::string("-"),
                          p->check.max_err_ratio, check);
@@ -522,7 +566,7 @@ std::vector<std::string> failed_checks(const SweepResult& r) {
   for (const auto& p : r.points) {
     if (!p.check.ran || (p.check.pass && (!p.check.bitwise_required || p.check.bitwise_identical))) continue;
     out.push_back(fmt::format("{} {} {} {}: max_err_ratio {:.3g} (bound {:.3g}), {} beyond bound, {} non-finite{}",
-                              collective_name(p.collective), to_string(p.dtype), path_name(p.path),
+                              collective_name(p.collective), to_string(p.dtype), path_label(p),
                               format_bytes(p.bytes), p.check.max_err_ratio, p.check.bound, p.check.mismatches,
                               p.check.nonfinite,
                               p.check.bitwise_required && !p.check.bitwise_identical ? ", ranks differ bitwise" : ""));

@@ -41,6 +41,10 @@ struct SweepPoint {
   double algbw_gbps = 0, busbw_gbps = 0;
   uint64_t wire_bytes = 0;       // bytes one rank sent per call
   std::string wire_source;       // "accounting" (recorded by sched/) or "nominal" (computed)
+  // How the gather step moved the slots during the timed calls (sched/'s accounting): "allgather",
+  // "sendrecv", "mixed" (both, e.g. the planner chose per call) or "" (plain NCCL, FP8
+  // reduce-scatter: no gather step). Files written before it was recorded read as "allgather".
+  std::string gather_transport;
   double speedup = 0;            // passthrough median / this median at the same size (0 = n/a)
   CheckResult check;
 };
@@ -61,8 +65,20 @@ struct SweepResult {
   WireParams wire;                // format of the FP8 paths (dtype field unused here)
   std::string fp8_format = "e4m3";
   Codec codec;                    // measured codec throughput on this GPU (gbps 0 = not measured)
+  // Gather transport of the FP8 paths: `requested` is --gather-transport ("auto" = the configuration
+  // as loaded), `config` the value the ranks ran with ("auto": the planner chose per call; each point
+  // records what was used). Empty in files written before the option existed.
+  std::string gather_transport_requested, gather_transport_config;
   std::vector<SweepPoint> points;
 };
+
+// The transport the model costs a point's gather step with: sendrecv for "sendrecv", allgather
+// otherwise (paths without a gather step have no use for it); nullopt for "mixed", which no one shape
+// describes.
+std::optional<GatherTransport> modeled_transport(const SweepPoint& p);
+// The point's path as tables show it: the path name, with "/sr" when its gather step went over
+// send/recv and "/mix" when mixed.
+std::string path_label(const SweepPoint& p);
 
 // Fills speedup from the passthrough point of the same (collective, dtype, size).
 void compute_speedups(SweepResult& result);
@@ -92,11 +108,16 @@ Calibration calibrate(const SweepResult& result);
 // The per-operation latency and bus bandwidth of cal.link (all-reduce, all-gather, reduce-scatter,
 // grouped send/recv), each a relative-error line fit of the points that use it once the rest of their
 // path (codec, launches, the path's other operations) is taken out with `cal`'s figures (so it runs
-// after the generic link and the codec are fitted):
+// after the generic link and the codec are fitted). Each point is costed with the gather transport
+// it ran with (modeled_transport; "mixed" points are left out), so it feeds the operation its gather
+// step really was:
 //   all_reduce     plain all-reduce
 //   reduce_scatter plain reduce-scatter
-//   all_gather     plain all-gather, else FP8 one-shot all-reduce (one all-gather), else FP8 all-gather
-//   all_to_all     FP8 reduce-scatter (one a2a), else FP8 two-shot all-reduce minus its all-gather
+//   all_gather     plain all-gather, else FP8 one-shot all-reduce over all-gather (one all-gather),
+//                  else FP8 all-gather over all-gather
+//   all_to_all     FP8 reduce-scatter (one a2a), else FP8 one-shot all-reduce over send/recv (one
+//                  a2a), else FP8 two-shot all-reduce minus its gather step (an all-gather; over
+//                  send/recv a second a2a), else FP8 all-gather over send/recv
 // Operations the sweep did not exercise stay 0 (= the generic figures). calibrate() calls it and
 // copies them into cal.model.
 void fit_operation_latencies(const SweepResult& result, Calibration& cal);

@@ -165,6 +165,28 @@ std::optional<Path> parse_path(std::string_view text) {
   return std::nullopt;
 }
 
+const char* gather_transport_name(GatherTransport t) {
+  switch (t) {
+    case GatherTransport::automatic: return "auto";
+    case GatherTransport::allgather: return "allgather";
+    case GatherTransport::sendrecv: return "sendrecv";
+  }
+  return "?";
+}
+
+std::optional<GatherTransport> parse_gather_transport(std::string_view text) {
+  const std::string s = lower(text);
+  if (s == "auto") return GatherTransport::automatic;
+  if (s == "allgather") return GatherTransport::allgather;
+  if (s == "sendrecv") return GatherTransport::sendrecv;
+  return std::nullopt;
+}
+
+bool has_gather_step(Collective c, Path p) {
+  if (p == Path::passthrough || p == Path::fallback) return false;
+  return c != Collective::reduce_scatter;
+}
+
 std::vector<Path> paths_for(Collective c, const std::vector<Path>& requested) {
   std::vector<Path> out = {Path::passthrough};
   bool any_fp8 = false;

@@ -53,6 +53,16 @@ const char* collective_name(Collective c);
 const char* fabric_name(Fabric f);
 const char* path_name(Path p);
 std::optional<Path> parse_path(std::string_view);  // "passthrough"/"nccl", "two_shot", "one_shot", "ring"
+// Names of config.hpp's gather_transport values ("auto", "allgather", "sendrecv"), spelled here
+// because the host library links nothing from common/.
+const char* gather_transport_name(GatherTransport t);
+std::optional<GatherTransport> parse_gather_transport(std::string_view);
+
+// True for the FP8 paths that have a gather step (each rank's quantized slot to every other rank),
+// the step whose transport gather_transport chooses: every FP8 all-reduce (one-shot's exchange,
+// two-shot's and ring's final all-gather) and the FP8 all-gather. FP8 reduce-scatter and plain NCCL
+// have none.
+bool has_gather_step(Collective c, Path p);
 
 // The FP8 paths worth timing for a collective, given the requested ones (in the requested order):
 // all-reduce has three algorithms; reduce-scatter has one (sched/ runs it as two_shot) and

@@ -7,22 +7,28 @@
 #             because NCCL_ALGO=Tree alone breaks all-gather), 4..256 MiB
 #   ar4       4 ranks, 4..256 MiB
 #   rsag2     reduce-scatter and all-gather, 2 ranks, 64 KiB..64 MiB (crossovers)
+#   ar4_sr    ar4 with the FP8 gather step over grouped send/recv (--gather-transport sendrecv)
+#   ar2_sr    2 ranks, 4..256 MiB, the same paths, gather step over send/recv
 # JSON, profiles, plots and tables under $OUT.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT="${OUT:-out/perf}"; mkdir -p "$OUT"
 BIN=build/bench/fp8wire-bench
-only="${PERF_SWEEPS:-ar2 ar4 ar2_tree rsag2}"   # which sweeps to run
-sweep() {  # sweep <label> <ranks> <min> <max> <collectives> <paths> [env...]
+only="${PERF_SWEEPS:-ar2 ar4 ar2_tree rsag2 ar4_sr ar2_sr}"   # which sweeps to run
+sweep() {  # sweep <label> <ranks> <min> <max> <collectives> <paths> [VAR=value...] [-- sweep args...]
   local label="$1" ranks="$2" min="$3" max="$4" coll="$5" paths="$6"; shift 6
   [[ " $only " == *" $label "* ]] || return 0
+  local envs=() args=()
+  while (( $# )) && [[ "$1" != "--" ]]; do envs+=("$1"); shift; done
+  (( $# )) && { shift; args=("$@"); }
+  set -- "${envs[@]}"
   mkdir -p "$OUT/$label"
   local s=$(date +%s)
   env "$@" timeout -k 5 "${PERF_SWEEP_LIMIT:-100}" "$BIN" sweep --emulate-ranks "$ranks" --collectives "$coll" \
     --dtypes bf16 --paths "$paths" --min "$min" --max "$max" --step 4 --warmup 2 --repeats 5 --buffers 2 \
-    --timeout "$(( ${PERF_SWEEP_LIMIT:-100} - 5 ))" --out "$OUT/$label" > "$OUT/$label.log" 2> "$OUT/$label.err"
+    --timeout "$(( ${PERF_SWEEP_LIMIT:-100} - 5 ))" --out "$OUT/$label" "${args[@]}" > "$OUT/$label.log" 2> "$OUT/$label.err"
   local rc=$?
-  echo "==== $label: $ranks ranks, $coll, $min..$max $* rc=$rc ($(( $(date +%s) - s )) s)"
+  echo "==== $label: $ranks ranks, $coll, $min..$max $* ${args[*]} rc=$rc ($(( $(date +%s) - s )) s)"
   (( rc == 0 )) || tail -n 5 "$OUT/$label.err"
   grep -vE '^\s*$' "$OUT/$label.log" | tail -n 24
   python3 scripts/plot_sweep.py "$OUT/$label/fp8wire-sweep.json" -o "$OUT/$label.png" >/dev/null 2>&1 || true
@@ -31,6 +37,8 @@ sweep ar2 2 64KiB 256MiB all_reduce passthrough,two_shot,one_shot,ring
 sweep ar4 4 4MiB 256MiB all_reduce passthrough,two_shot,one_shot
 sweep ar2_tree 2 4MiB 256MiB all_reduce passthrough,two_shot,one_shot NCCL_ALGO=allreduce:tree
 sweep rsag2 2 64KiB 64MiB reduce_scatter,all_gather passthrough,two_shot,one_shot
+sweep ar4_sr 4 4MiB 256MiB all_reduce passthrough,two_shot,one_shot -- --gather-transport sendrecv
+sweep ar2_sr 2 4MiB 256MiB all_reduce passthrough,two_shot,one_shot -- --gather-transport sendrecv
 jsons=$(ls "$OUT"/*/fp8wire-sweep.json 2>/dev/null)
 if [[ -n "$jsons" ]]; then
   "$BIN" model $jsons > "$OUT/model.log" 2>&1

@@ -94,3 +94,81 @@ TEST_CASE("assumed links are labelled and plausible") {
     CHECK_FALSE(l.basis.empty());
   }
 }
+
+TEST_CASE("sendrecv gather transport: the gather step moves from all_gather to all_to_all, same bus bytes") {
+  const int n = 4;
+  const double part = 3.0 / 4.0;
+  struct Case {
+    Collective c;
+    Path p;
+    double gather_bus;  // bus bytes per byte of S of the gather step
+  };
+  const Case gathered[] = {{Collective::all_reduce, Path::two_shot, part},
+                           {Collective::all_reduce, Path::one_shot, n - 1.0},
+                           {Collective::all_reduce, Path::ring, part},
+                           {Collective::all_gather, Path::one_shot, part}};
+  for (const auto& k : gathered) {
+    CAPTURE(path_name(k.p));
+    CAPTURE(collective_name(k.c));
+    const auto ag = path_shape(k.c, k.p, n);
+    const auto sr = path_shape(k.c, k.p, n, GatherTransport::sendrecv);
+    REQUIRE((ag && sr));
+    CHECK(ag->ops.all_gather == 1);
+    CHECK(sr->ops.all_gather == 0);
+    CHECK(sr->ops.all_to_all == ag->ops.all_to_all + 1);
+    CHECK(sr->op_bus.all_gather == 0);
+    CHECK(ag->op_bus.all_gather == doctest::Approx(k.gather_bus));
+    CHECK(sr->op_bus.all_to_all == doctest::Approx(ag->op_bus.all_to_all + k.gather_bus));
+    CHECK(sr->bus_bytes_per_s == doctest::Approx(ag->bus_bytes_per_s));
+    CHECK(sr->codec_bytes_per_s == ag->codec_bytes_per_s);
+    CHECK(sr->launches == ag->launches);
+    // automatic is the planner's choice per call, not a shape.
+    CHECK_FALSE(path_shape(k.c, k.p, n, GatherTransport::automatic));
+  }
+  // No gather step: plain NCCL and the FP8 reduce-scatter are the same under any transport.
+  for (const auto& [c, p] : {std::pair{Collective::reduce_scatter, Path::two_shot},
+                             std::pair{Collective::all_reduce, Path::passthrough},
+                             std::pair{Collective::all_gather, Path::passthrough}})
+    for (GatherTransport g : {GatherTransport::automatic, GatherTransport::sendrecv}) {
+      const auto base = path_shape(c, p, n);
+      const auto other = path_shape(c, p, n, g);
+      REQUIRE((base && other));
+      for (NcclOp op : kNcclOps) {
+        CHECK(other->ops.of(op) == base->ops.of(op));
+        CHECK(other->op_bus.of(op) == base->op_bus.of(op));
+      }
+    }
+}
+
+TEST_CASE("sendrecv gather transport: predicted times use the all_to_all figures for the gather step") {
+  Link link{"test", 10.0, 100.0, "", false};
+  link.allgather_us = 1000;   // 1 ms per all-gather at 10 GB/s
+  link.allgather_gbps = 10;
+  link.alltoall_us = 400;     // 0.4 ms per grouped send/recv at 50 GB/s
+  link.alltoall_gbps = 50;
+  link.allreduce_gbps = 1;    // plain all-reduce slow enough for FP8 to win
+  const Codec codec{1000.0, 2.0, ""};
+  const WireParams wire{DType::bf16, 128, 4};
+  const double r = wire.ratio(), S = 1e8;
+  // one_shot, 4 ranks: (n-1) S r bus bytes, codec (1+n) S, 2 launches.
+  const double codec_us = 5 * S / 1e6 + 4;
+  CHECK(predict_us(Collective::all_reduce, Path::one_shot, 4, S, link, codec, wire) ==
+        doctest::Approx(1000 + 3 * S * r / 1e4 + codec_us));
+  CHECK(predict_us(Collective::all_reduce, Path::one_shot, 4, S, link, codec, wire, GatherTransport::sendrecv) ==
+        doctest::Approx(400 + 3 * S * r / 5e4 + codec_us));
+  // two_shot: the a2a was already there; the gather step becomes a second one.
+  const double two_codec_us = 3 * S / 1e6 + 6;
+  CHECK(predict_us(Collective::all_reduce, Path::two_shot, 4, S, link, codec, wire) ==
+        doctest::Approx(400 + 1000 + 0.75 * S * r / 5e4 + 0.75 * S * r / 1e4 + two_codec_us));
+  CHECK(predict_us(Collective::all_reduce, Path::two_shot, 4, S, link, codec, wire, GatherTransport::sendrecv) ==
+        doctest::Approx(2 * 400 + 1.5 * S * r / 5e4 + two_codec_us));
+  // Reduce-scatter has no gather step: unchanged.
+  CHECK(predict_us(Collective::reduce_scatter, Path::two_shot, 4, S, link, codec, wire, GatherTransport::sendrecv) ==
+        doctest::Approx(predict_us(Collective::reduce_scatter, Path::two_shot, 4, S, link, codec, wire)));
+  CHECK(std::isnan(predict_us(Collective::all_gather, Path::one_shot, 4, S, link, codec, wire, GatherTransport::automatic)));
+  // The faster send/recv figures move the crossover down.
+  const auto ag = predict_crossover(Collective::all_reduce, Path::one_shot, 4, link, codec, wire);
+  const auto sr = predict_crossover(Collective::all_reduce, Path::one_shot, 4, link, codec, wire, GatherTransport::sendrecv);
+  REQUIRE((ag.wins && sr.wins));
+  CHECK(sr.bytes < ag.bytes);
+}

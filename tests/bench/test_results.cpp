@@ -189,3 +189,106 @@ TEST_CASE("model report: checked against the measured fabric, predictions labell
   // Every prediction for 2 and 8 ranks of every assumed link and collective.
   CHECK(rep.json["predictions"].size() == assumed_links().size() * 2 * 3);
 }
+
+namespace {
+// The synthetic sweep's all-reduce points alone, its FP8 ones run with the gather step over
+// send/recv (as `sweep --gather-transport sendrecv` records them).
+SweepResult sendrecv_allreduce_sweep(bool two_shot_too) {
+  SweepResult r = synthetic_sweep();
+  std::erase_if(r.points, [](const SweepPoint& p) { return p.collective != Collective::all_reduce; });
+  for (auto& p : r.points) {
+    if (p.path == Path::one_shot || (two_shot_too && p.path == Path::two_shot)) p.gather_transport = "sendrecv";
+    else if (p.path == Path::two_shot) p.gather_transport = "allgather";
+  }
+  r.gather_transport_requested = "sendrecv";
+  r.gather_transport_config = "sendrecv";
+  return r;
+}
+}  // namespace
+
+TEST_CASE("JSON round trip keeps each point's gather transport; older files read as all-gather") {
+  const SweepResult r = sendrecv_allreduce_sweep(true);
+  const nlohmann::json j = to_json(r, analyze_crossovers(r, {}), calibrate(r));
+  CHECK(j["gather_transport"]["requested"] == "sendrecv");
+  std::string error;
+  const auto back = sweep_from_json(j, error);
+  REQUIRE_MESSAGE(back, error);
+  CHECK(back->gather_transport_requested == "sendrecv");
+  CHECK(back->gather_transport_config == "sendrecv");
+  REQUIRE(back->points.size() == r.points.size());
+  for (size_t i = 0; i < r.points.size(); ++i) {
+    CAPTURE(i);
+    CHECK(back->points[i].gather_transport == r.points[i].gather_transport);
+  }
+
+  // A file written before the transport was recorded: FP8 paths with a gather step used ncclAllGather.
+  nlohmann::json old = to_json(synthetic_sweep(), {}, calibrate(synthetic_sweep()));
+  old.erase("gather_transport");
+  for (auto& p : old["points"]) p.erase("gather_transport");
+  const auto read = sweep_from_json(old, error);
+  REQUIRE_MESSAGE(read, error);
+  CHECK(read->gather_transport_requested.empty());
+  for (const auto& p : read->points) {
+    CAPTURE(path_name(p.path));
+    const bool gathers = p.collective != Collective::reduce_scatter && p.path != Path::passthrough;
+    CHECK(p.gather_transport == (gathers ? "allgather" : ""));
+  }
+
+  nlohmann::json bad = j;
+  bad["points"][1]["gather_transport"] = "carrier-pigeon";
+  CHECK_FALSE(sweep_from_json(bad, error));
+  CHECK(error.find("points[1].gather_transport 'carrier-pigeon'") != std::string::npos);
+  bad = j;
+  bad["gather_transport"]["requested"] = "nvls";
+  CHECK_FALSE(sweep_from_json(bad, error));
+  CHECK(error.find("gather_transport.requested 'nvls'") != std::string::npos);
+}
+
+TEST_CASE("tables label the FP8 paths whose gather step went over send/recv") {
+  SweepResult r = sendrecv_allreduce_sweep(false);
+  r.points[2].gather_transport = "mixed";
+  const std::string table = render_table(r, Collective::all_reduce, DType::bf16);
+  CHECK(table.find("one_shot/sr") != std::string::npos);
+  CHECK(table.find("one_shot/mix") != std::string::npos);
+  CHECK(table.find("two_shot/") == std::string::npos);      // all-gather: no suffix
+  CHECK(table.find("passthrough/") == std::string::npos);
+}
+
+TEST_CASE("calibration: one-shot points over send/recv calibrate all_to_all and leave all_gather alone") {
+  const Calibration cal = calibrate(sendrecv_allreduce_sweep(false));
+  const CostModel& m = cal.model;
+  const double r = 132.0 / 256.0;
+  // The same one-shot points as the all-gather fit above (50 us + 0.8 S / 10 GB/s, minus 2 launches
+  // and 3 S through the codec, the rest over (n-1) r S bus bytes), now feeding the a2a figures.
+  CHECK(m.alltoall_latency_us == doctest::Approx(44.0).epsilon(1e-6));
+  CHECK(m.alltoall_bandwidth_gbps == doctest::Approx(1e-3 / ((0.8 / 10e3 - 3 / 1.2e6) / r)).epsilon(1e-6));
+  CHECK(m.allgather_latency_us == 0);
+  CHECK(m.allgather_bandwidth_gbps == 0);
+  WireParams wire{DType::bf16, 128, 4};
+  const double S = 64.0 * (1 << 20);
+  CHECK(predict_us(Collective::all_reduce, Path::one_shot, 2, S, cal.link, cal.codec, wire, GatherTransport::sendrecv) ==
+        doctest::Approx(50 + 0.8 * S / 10e3));
+  CHECK(cal.link.basis.find("all_to_all 44 us") != std::string::npos);
+  CHECK(cal.link.basis.find("one_shot all_reduce over send/recv") != std::string::npos);
+}
+
+TEST_CASE("calibration: two-shot over send/recv is two a2a, none of them an all-gather") {
+  SweepResult s = sendrecv_allreduce_sweep(true);
+  std::erase_if(s.points, [](const SweepPoint& p) { return p.path == Path::one_shot; });
+  const Calibration cal = calibrate(s);
+  const CostModel& m = cal.model;
+  const double r = 132.0 / 256.0;
+  // 70 us + 0.5 S / 10 GB/s: minus 3 launches (9 us) and 3 S through the codec, two a2a of r S / 2
+  // bus bytes each (2 ranks).
+  CHECK(m.alltoall_latency_us == doctest::Approx((70.0 - 9.0) / 2).epsilon(1e-6));
+  CHECK(m.alltoall_bandwidth_gbps == doctest::Approx(1e-3 / ((0.5 / 10e3 - 3 / 1.2e6) / r)).epsilon(1e-6));
+  CHECK(m.allgather_latency_us == 0);
+  WireParams wire{DType::bf16, 128, 4};
+  const double S = 64.0 * (1 << 20);
+  CHECK(predict_us(Collective::all_reduce, Path::two_shot, 2, S, cal.link, cal.codec, wire, GatherTransport::sendrecv) ==
+        doctest::Approx(70 + 0.5 * S / 10e3));
+  // Mixed points fit nothing: no single shape describes them.
+  for (auto& p : s.points)
+    if (p.path == Path::two_shot) p.gather_transport = "mixed";
+  CHECK(calibrate(s).model.alltoall_latency_us == 0);
+}

@@ -318,6 +318,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.seed = UINT64_MAX;  // beyond TOML's signed integers: must still round-trip
   c.convert_path = ConvertPath::native;
   c.algorithm = Algorithm::ring;
+  c.gather_transport = GatherTransport::sendrecv;
   c.fabric_override = Fabric::net;
   c.thresholds[2][1] = 767 * 1024 + 3;
   c.cost_model[1] = {.op_latency_us = 12.5, .bus_bandwidth_gbps = 21.75, .codec_gbps = 400, .kernel_launch_us = 3.25,
@@ -359,6 +360,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.seed == c.seed);
   CHECK(p.convert_path == c.convert_path);
   CHECK(p.algorithm == c.algorithm);
+  CHECK(p.gather_transport == c.gather_transport);
   CHECK(p.fabric_override == c.fabric_override);
   CHECK(p.thresholds == c.thresholds);
   CHECK(p.cost_model[1].op_latency_us == c.cost_model[1].op_latency_us);

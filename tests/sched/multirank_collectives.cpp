@@ -115,10 +115,15 @@ struct Rank {
   NcclApi api;
   FILE* out = nullptr;
   bool big = false;
+  std::string tag;   // prefix of every case name ("sr/" for the send/recv gather pass)
 };
 
+// The gather transport test_config() gives engines: the whole matrix runs once with the
+// all-gather and once with the send/recv gather (Config::gather_transport).
+GatherTransport g_gather = GatherTransport::allgather;
+
 void report(Rank& R, const std::string& name, bool ok, double ratio, uint64_t hash, bool identical_required) {
-  fprintf(R.out, "%s %s %.4f %016llx %d\n", name.c_str(), ok ? "PASS" : "FAIL", ratio,
+  fprintf(R.out, "%s%s %s %.4f %016llx %d\n", R.tag.c_str(), name.c_str(), ok ? "PASS" : "FAIL", ratio,
           static_cast<unsigned long long>(hash), identical_required ? 1 : 0);
   fflush(R.out);
 }
@@ -207,6 +212,7 @@ Config test_config() {
   Config c;
   for (auto& per : c.thresholds) per = {0, 0, 0};
   c.collective_enable.fill(true);
+  c.gather_transport = g_gather;
   return c;
 }
 
@@ -631,6 +637,22 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
     run_error_feedback_case(R, R.api);
     run_big_cases(R, eng);
     fprintf(R.out, "fabric %s\n", to_string(eng.fabric_of(R.comm)));
+    CHECK_CUDA(cudaStreamSynchronize(R.stream));
+    eng.comm_destroyed(R.comm);
+  }
+  {
+    // The same FP8 paths with their gather step done by grouped send/recv (no pass-through or
+    // reduce-scatter cases: those have no gather step).
+    g_gather = GatherTransport::sendrecv;
+    R.tag = "sr/";
+    sched::Engine eng(test_config(), R.api);
+    eng.comm_created(R.comm);
+    run_all_reduce_cases(R, eng);
+    run_all_gather_cases(R, eng);
+    run_group_case(R, eng);
+    run_pipeline_case(R, eng, R.api);
+    run_graph_case(R, eng);
+    run_big_cases(R, eng);
     CHECK_CUDA(cudaStreamSynchronize(R.stream));
     eng.comm_destroyed(R.comm);
   }

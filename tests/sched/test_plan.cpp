@@ -147,6 +147,52 @@ TEST_CASE("cost model: one-shot vs two-shot vs pass-through") {
     CHECK(m.latency_us(NcclOp::all_to_all) == 4500);
     CHECK(m.bandwidth_gbps(NcclOp::all_gather) == m.bus_bandwidth_gbps);
   }
+  SUBCASE("gather transport: send/recv costs the gather step as an all_to_all") {
+    CostModel m = default_cost_model(Fabric::net);
+    m.allgather_latency_us = 11000;
+    m.alltoall_latency_us = 7000;
+    const auto sr = GatherTransport::sendrecv;
+    CHECK(fixed_latency_us(m, Collective::all_reduce, Path::one_shot, 4, sr) == 7000);
+    CHECK(fixed_latency_us(m, Collective::all_reduce, Path::two_shot, 4, sr) == 14000);
+    CHECK(fixed_latency_us(m, Collective::all_reduce, Path::ring, 4, sr) == 4 * 7000);
+    CHECK(fixed_latency_us(m, Collective::all_gather, Path::one_shot, 4, sr) == 7000);
+    CHECK(fixed_latency_us(m, Collective::reduce_scatter, Path::two_shot, 4, sr) == 7000);
+    CHECK(fixed_latency_us(m, Collective::all_reduce, Path::passthrough, 4, sr) == m.op_latency_us);
+    // Same bytes: with equal figures the two transports predict the same time.
+    CostModel flat = default_cost_model(Fabric::net);
+    CHECK(predicted_us(flat, Collective::all_reduce, Path::one_shot, 64 * MiB, 4, fmt, sr) ==
+          doctest::Approx(predicted_us(flat, Collective::all_reduce, Path::one_shot, 64 * MiB, 4, fmt)));
+    CHECK_FALSE(has_gather_step(Collective::reduce_scatter, Path::two_shot));
+    CHECK_FALSE(has_gather_step(Collective::all_reduce, Path::passthrough));
+    CHECK(has_gather_step(Collective::all_reduce, Path::ring));
+    CHECK(has_gather_step(Collective::all_gather, Path::one_shot));
+
+    Config t = c;
+    t.thresholds[0].fill(0);
+    // The built-in figures tie: the all-gather.
+    CHECK(plan_call(t, ar(2 * MiB, 4), Fabric::net).gather == GatherTransport::allgather);
+    // Forced by the config, for paths with a gather step only.
+    t.gather_transport = sr;
+    CHECK(plan_call(t, ar(2 * MiB, 4), Fabric::net).gather == sr);
+    CHECK(gather_transport_for(t, Collective::reduce_scatter, Path::two_shot, 64 * MiB, 4, Fabric::net) ==
+          GatherTransport::allgather);
+    // Calibrated on the emulated 4-rank testbed (send/recv exchange 9.1 ms vs all-gather 14.5 ms for
+    // 2.1 MiB per rank): automatic picks send/recv, and one-shot stays the choice at 4 MiB.
+    t.gather_transport = GatherTransport::automatic;
+    t.cost_model[static_cast<int>(Fabric::net)] = {.op_latency_us = 14000, .bus_bandwidth_gbps = 1.16,
+                                                    .codec_gbps = 2100, .kernel_launch_us = 5,
+                                                    .allreduce_latency_us = 14000, .allgather_latency_us = 11000,
+                                                    .alltoall_latency_us = 4000, .allgather_bandwidth_gbps = 0.87,
+                                                    .alltoall_bandwidth_gbps = 1.5, .calibrated = true};
+    const Plan p = plan_call(t, ar(2 * MiB, 4), Fabric::net);
+    CHECK(p.path == Path::one_shot);
+    CHECK(p.gather == sr);
+    CHECK(gather_transport_for(t, Collective::all_reduce, Path::two_shot, 64 * MiB, 4, Fabric::net) == sr);
+    // And an all-gather that is the cheaper operation keeps the all-gather.
+    t.cost_model[static_cast<int>(Fabric::net)].alltoall_latency_us = 20000;
+    t.cost_model[static_cast<int>(Fabric::net)].alltoall_bandwidth_gbps = 0.5;
+    CHECK(plan_call(t, ar(2 * MiB, 4), Fabric::net).gather == GatherTransport::allgather);
+  }
   SUBCASE("each path costs the latencies of the operations it issues") {
     CostModel m = default_cost_model(Fabric::net);
     // Without per-operation figures the model is the former one: two-shot pays two operations.

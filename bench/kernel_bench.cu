@@ -191,7 +191,7 @@ class Bench {
       DeviceMem in(size * sets), wire(cb * sets), out(size * sets);
       for (int s = 0; s < sets; ++s) fill(in.at(size * s), o_.dtype, count, 17 + s, stream_);
       for (ConvertPath path : paths) {
-        const quant::LaunchOptions lo{path, 0, o_.work_per_cta};
+        const quant::LaunchOptions lo{path, 0, o_.work_per_cta, o_.kernel_variant};
         if (wants("quantize")) {
           const double us = median_us([&](int i) {
             KB_CUDA(quant::quantize(in.at(size * (i % sets)), o_.dtype, count, wire.at(cb * (i % sets)), single, f, stream_, lo));
@@ -240,7 +240,7 @@ class Bench {
       const size_t out_stride = std::max(size, cb);
       double fused_native_us = 0;
       for (ConvertPath path : paths) {
-        const quant::LaunchOptions lo{path, 0, o_.work_per_cta};
+        const quant::LaunchOptions lo{path, 0, o_.work_per_cta, o_.kernel_variant};
         if (wants("reduce")) {
           const double us = median_us([&](int i) {
             const auto in = inputs(i % sets);
@@ -263,7 +263,7 @@ class Bench {
       }
       if (wants("naive")) {
         DeviceMem scratch(size_t(k) * count * 4);
-        const quant::LaunchOptions lo{paths.front(), 0, o_.work_per_cta};
+        const quant::LaunchOptions lo{paths.front(), 0, o_.work_per_cta, o_.kernel_variant};
         const double us = median_us([&](int i) {
           const auto in = inputs(i % sets);
           KB_CUDA(quant::dequantize_then_reduce_naive(in.data(), k, count, 1.0f, static_cast<float*>(scratch.p),
@@ -318,13 +318,15 @@ class Bench {
     return nullptr;
   }
 
-  static std::string fmt_work(uint32_t w) { return ", work per CTA " + std::to_string(w) + " (tuning)"; }
+  static std::string fmt_work(uint32_t w, uint32_t v) {
+    return ", work per CTA " + std::to_string(w) + ", kernel variant " + std::to_string(v) + " (tuning)";
+  }
 
   void report() {
     const auto& f = o_.format;
     std::printf("\n## fp8wire codec kernels: %s, dtype %s, %s/%s scales/block %u, k=%d, median of %d%s\n", prop_.name,
                 quant::to_string(o_.dtype), to_string(f.fp8), to_string(f.scale), f.block, o_.k, o_.repeats,
-                o_.work_per_cta ? fmt_work(o_.work_per_cta).c_str() : "");
+                (o_.work_per_cta || o_.kernel_variant) ? fmt_work(o_.work_per_cta, o_.kernel_variant).c_str() : "");
     std::printf("%-36s %-9s %9s %11s %9s %10s\n", "kernel", "path", "size", "time_us", "GB/s", "% of copy");
     for (const Row& r : rows_)
       std::printf("%-36s %-9s %9s %11.2f %9.1f %9.1f%%\n", r.kernel.c_str(), r.path.c_str(), size_text(r.size).c_str(), r.us,

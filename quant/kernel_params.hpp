@@ -31,6 +31,7 @@ struct QuantizeParams {
   bool stochastic;
   uint64_t seed;
   uint64_t sr_offset;
+  uint32_t variant;       // LaunchOptions::kernel_variant
 };
 
 struct DequantizeParams {

@@ -135,6 +135,7 @@ cudaError_t quantize_impl(const char* name, const void* in, ElemType in_type, si
   p.stochastic = wf.rounding == Rounding::stochastic;
   p.seed = wf.seed;
   p.sr_offset = opt.sr_offset;
+  p.variant = opt.kernel_variant;
   return launch_quantize_kernel(p, in_type, wf.fp8, native, grid_for(count, opt.work_per_cta), stream);
 }
 

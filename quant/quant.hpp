@@ -31,6 +31,9 @@ struct LaunchOptions {
   // every production caller uses). quantize and the reduce: tiles of 4096 elements a CTA loops over
   // (1 = one CTA per tile); dequantize: 16-byte output units per thread per tile (1, 2 or 4).
   uint32_t work_per_cta = 0;
+  // Tuning only (the kernel benchmark compares kernel versions in one run): 0 = the production
+  // kernels; 1 = quantize without software pipelining (the previous kernel).
+  uint32_t kernel_variant = 0;
 };
 
 // in[0..count) (caller dtype) -> segmented wire buffer.

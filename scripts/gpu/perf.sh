@@ -39,6 +39,12 @@ sweep ar2_tree 2 4MiB 256MiB all_reduce passthrough,two_shot,one_shot NCCL_ALGO=
 sweep rsag2 2 64KiB 64MiB reduce_scatter,all_gather passthrough,two_shot,one_shot
 sweep ar4_sr 4 4MiB 256MiB all_reduce passthrough,two_shot,one_shot -- --gather-transport sendrecv
 sweep ar2_sr 2 4MiB 256MiB all_reduce passthrough,two_shot,one_shot -- --gather-transport sendrecv
+# Experiments (only when named in PERF_SWEEPS): the ring path at 4 ranks, and NCCL's point-to-point
+# chunk at 512 KiB (an NCCL setting of the job; the all-reduce baseline does not use it) per transport.
+sweep ar4_ring 4 64MiB 256MiB all_reduce passthrough,ring
+sweep ar4_sr_chunk 4 64MiB 256MiB all_reduce passthrough,two_shot NCCL_P2P_NET_CHUNKSIZE=524288 -- --gather-transport sendrecv
+sweep ar4_ag_chunk 4 64MiB 256MiB all_reduce passthrough,two_shot NCCL_P2P_NET_CHUNKSIZE=524288 -- --gather-transport allgather
+sweep ar2_chunk 2 64MiB 256MiB all_reduce passthrough,two_shot,one_shot NCCL_P2P_NET_CHUNKSIZE=524288 -- --gather-transport sendrecv
 jsons=$(ls "$OUT"/*/fp8wire-sweep.json 2>/dev/null)
 if [[ -n "$jsons" ]]; then
   "$BIN" model $jsons > "$OUT/model.log" 2>&1

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tuning experiments (notes and outcomes in docs/TUNING.md):
-#   kernels     quantize / dequantize at 64 and 256 MiB with the work per CTA forced to each value
-#               (0 = the launcher's choice), each run with its own copy ceiling;
+#   kernels     quantize / dequantize at 64 and 256 MiB with the work per CTA and kernel variant
+#               forced (TUNE_KERNEL_RUNS="work:variant ..."; 0:0 = production), each run with its own
+#               copy ceiling;
 #   transports  fp8wire-transport-probe on the emulated testbed: all-gather vs grouped send/recv vs
 #               both in one group, at 2 and 4 ranks (TUNE_PROBE_ENV adds one more 4-rank run with
 #               that NCCL environment, e.g. "NCCL_P2P_NET_CHUNKSIZE=524288").
@@ -14,11 +15,13 @@ parts="${TUNE_PARTS:-kernels transports}"
 kb=build/tests/quant/fp8wire-kernel-bench
 probe=build/bench/fp8wire-transport-probe
 if [[ " $parts " == *" kernels "* ]]; then
-  for w in ${TUNE_WORK:-0 1 2 4}; do
+  # TUNE_KERNEL_RUNS: "work:variant" pairs, each one run with its own copy ceiling.
+  for wv in ${TUNE_KERNEL_RUNS:-0:0 1:0 2:0 4:0}; do
+    w=${wv%%:*}; v=${wv##*:}
     timeout 60 "$kb" --sizes 64MiB,256MiB --kernels quantize,dequantize --repeats 30 --work-per-cta "$w" \
-      > "$OUT/kernels_work$w.log" 2>&1
-    echo "==== kernels, work per CTA $w (rc=$?)"
-    grep -E "^(copy|quantize|dequantize) .*(native|-) " "$OUT/kernels_work$w.log" | grep -v graph
+      --kernel-variant "$v" > "$OUT/kernels_w${w}_v$v.log" 2>&1
+    echo "==== kernels, work per CTA $w, variant $v (rc=$?)"
+    grep -E "^(copy|quantize|dequantize) .*(native|software|-) " "$OUT/kernels_w${w}_v$v.log" | grep -v graph
   done
 fi
 if [[ " $parts " == *" transports "* ]]; then

@@ -74,10 +74,10 @@ inline constexpr int kDequantUnitElems = int(16 / sizeof(typename Storage<T>::ty
 // At most 32 elements per thread per tile whatever the output type.
 inline constexpr int kDequantElemsPerThread = 32;
 
-template <ElemType T, Fp8Format F, bool kNative, int kElemsPerThread>
+template <ElemType T, Fp8Format F, bool kNative>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(const __grid_constant__ DequantizeParams p) {
   constexpr int V = kDequantUnitElems<T>;
-  constexpr int kUnits = kElemsPerThread / V;
+  constexpr int kUnits = kDequantElemsPerThread / V;
   const WireTarget t{const_cast<uint8_t*>(p.wire), p.count, p.seg_elems, p.seg_stride, p.block_shift, p.scale};
   const int units = int(p.units);   // <= kUnits; fewer for small counts so that the grid fills the GPU
   const size_t tile_elems = size_t(kThreads) * size_t(units) * V;
@@ -122,46 +122,38 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const __grid_const
   }
 }
 
-template <ElemType T, Fp8Format F, bool kNative, int kElemsPerThread>
-void launch_dequantize_instance(const DequantizeParams& p, int sms, cudaStream_t stream) {
-  // Resident CTAs per SM of this instance, read once (not a stream operation: capture-safe).
-  static const int per_sm = [] {
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, dequantize_kernel<T, F, kNative, kElemsPerThread>, kThreads, 0) != cudaSuccess) {
-      (void)cudaGetLastError();
-      b = 0;
-    }
-    return b > 0 ? b : 2048 / kThreads;
-  }();
-  // Full tiles (all units in flight) for large counts; for a count that would give fewer than two
-  // waves of CTAs, fewer units per thread and more CTAs (a small dequantize is latency-bound: spread
-  // it over every SM). One CTA per tile: the hardware hands tiles to SMs as CTAs retire, which
-  // balances the end of the kernel better than a persistent grid whose CTAs own a fixed share (with
-  // ~5 tiles per CTA at 64 MiB, one extra tile is a 20 % tail). The grid-stride loop only matters
-  // beyond 64 waves.
-  constexpr uint32_t kUnits = kElemsPerThread / kDequantUnitElems<T>;
-  const size_t wave = size_t(sms > 0 ? sms : 132) * size_t(per_sm);
-  DequantizeParams q = p;
-  const bool forced = p.units == 1 || p.units == 2 || p.units == 4 || p.units == 8;
-  q.units = forced && p.units <= kUnits ? p.units : kUnits;
-  auto tiles_for = [&](uint32_t units) {
-    const size_t tile = size_t(kThreads) * units * kDequantUnitElems<T>;
-    return (p.count + tile - 1) / tile;
-  };
-  while (!forced && q.units > 1 && tiles_for(q.units) < 2 * wave) q.units /= 2;
-  const size_t tiles = tiles_for(q.units);
-  const size_t cap = 64 * wave;
-  const unsigned grid = unsigned(tiles < cap ? (tiles ? tiles : 1) : cap);
-  dequantize_kernel<T, F, kNative, kElemsPerThread><<<grid, kThreads, 0, stream>>>(q);
-}
-
 cudaError_t launch_dequantize_kernel(const DequantizeParams& p, ElemType out_type, Fp8Format fp8, bool native,
                                      int sms, cudaStream_t stream) {
-  // Tuning: a forced 8 units per thread selects the instance with twice the elements per thread.
-  const bool wide = p.units == 8;
   FP8WIRE_DISPATCH_ELEM(out_type, T, FP8WIRE_DISPATCH_FP8(fp8, F, FP8WIRE_DISPATCH_BOOL(native, kNative, {
-    if (wide) launch_dequantize_instance<T, F, kNative, 2 * kDequantElemsPerThread>(p, sms, stream);
-    else launch_dequantize_instance<T, F, kNative, kDequantElemsPerThread>(p, sms, stream);
+    // Resident CTAs per SM of this instance, read once (not a stream operation: capture-safe).
+    static const int per_sm = [] {
+      int b = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, dequantize_kernel<T, F, kNative>, kThreads, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        b = 0;
+      }
+      return b > 0 ? b : 2048 / kThreads;
+    }();
+    // Full tiles (all units in flight) for large counts; for a count that would give fewer than two
+    // waves of CTAs, fewer units per thread and more CTAs (a small dequantize is latency-bound: spread
+    // it over every SM). One CTA per tile: the hardware hands tiles to SMs as CTAs retire, which
+    // balances the end of the kernel better than a persistent grid whose CTAs own a fixed share (with
+    // ~5 tiles per CTA at 64 MiB, one extra tile is a 20 % tail). The grid-stride loop only matters
+    // beyond 64 waves.
+    constexpr uint32_t kUnits = kDequantElemsPerThread / kDequantUnitElems<T>;
+    const size_t wave = size_t(sms > 0 ? sms : 132) * size_t(per_sm);
+    DequantizeParams q = p;
+    const bool forced = p.units == 1 || p.units == 2 || p.units == 4;
+    q.units = forced && p.units <= kUnits ? p.units : kUnits;
+    auto tiles_for = [&](uint32_t units) {
+      const size_t tile = size_t(kThreads) * units * kDequantUnitElems<T>;
+      return (p.count + tile - 1) / tile;
+    };
+    while (!forced && q.units > 1 && tiles_for(q.units) < 2 * wave) q.units /= 2;
+    const size_t tiles = tiles_for(q.units);
+    const size_t cap = 64 * wave;
+    const unsigned grid = unsigned(tiles < cap ? (tiles ? tiles : 1) : cap);
+    dequantize_kernel<T, F, kNative><<<grid, kThreads, 0, stream>>>(q);
   })));
   return cudaGetLastError();
 }

@@ -39,7 +39,7 @@ __device__ __forceinline__ typename Storage<T>::type from_f32(float v) {
 
 // Loads elements [e, e + n) of `base` as fp32 into x[0..n), zeros after; one or more 16-byte loads
 // when the group is full and the buffer 16-byte aligned.
-template <ElemType T>
+template <ElemType T, bool kStreaming = true>
 __device__ __forceinline__ void load16(const void* base, size_t e, int n, bool aligned, float (&x)[kVec]) {
   using S = typename Storage<T>::type;
   const S* p = static_cast<const S*>(base) + e;
@@ -47,7 +47,8 @@ __device__ __forceinline__ void load16(const void* base, size_t e, int n, bool a
     constexpr int kWords = kVec * sizeof(S) / 16;
     union { uint4 v[kWords]; S s[kVec]; } u;
 #pragma unroll
-    for (int w = 0; w < kWords; ++w) u.v[w] = __ldcs(reinterpret_cast<const uint4*>(p) + w);
+    for (int w = 0; w < kWords; ++w)
+      u.v[w] = kStreaming ? __ldcs(reinterpret_cast<const uint4*>(p) + w) : __ldg(reinterpret_cast<const uint4*>(p) + w);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) x[i] = to_f32<T>(u.s[i]);
   } else {
@@ -55,27 +56,6 @@ __device__ __forceinline__ void load16(const void* base, size_t e, int n, bool a
     for (int i = 0; i < kVec; ++i) x[i] = i < n ? to_f32<T>(p[i]) : 0.0f;
   }
 }
-
-// The 16-byte words of one thread's 16 elements, loaded ahead of use (software pipelining: the next
-// tile's loads are in flight while this tile is reduced, encoded and stored).
-template <ElemType T>
-struct Raw16 {
-  using S = typename Storage<T>::type;
-  static constexpr int kWords = kVec * sizeof(S) / 16;
-  uint4 v[kWords];
-  __device__ __forceinline__ void load(const void* base, size_t e) {
-    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const S*>(base) + e);
-#pragma unroll
-    for (int w = 0; w < kWords; ++w) v[w] = __ldcs(p + w);
-  }
-  __device__ __forceinline__ void to_f32(float (&x)[kVec]) const {
-    union { uint4 v[kWords]; S s[kVec]; } u;
-#pragma unroll
-    for (int w = 0; w < kWords; ++w) u.v[w] = v[w];
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) x[i] = detail::to_f32<T>(u.s[i]);
-  }
-};
 
 template <ElemType T>
 __device__ __forceinline__ void store16(void* base, size_t e, int n, bool aligned, const float (&y)[kVec]) {

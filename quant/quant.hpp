@@ -32,7 +32,7 @@ struct LaunchOptions {
   // (1 = one CTA per tile); dequantize: 16-byte output units per thread per tile (1, 2 or 4).
   uint32_t work_per_cta = 0;
   // Tuning only (the kernel benchmark compares kernel versions in one run): 0 = the production
-  // kernels; 1 = quantize without software pipelining (the previous kernel).
+  // kernels; 1 = quantize with plain (cached) loads instead of streaming ones.
   uint32_t kernel_variant = 0;
 };
 

@@ -4,7 +4,7 @@
 
 namespace fp8wire::quant::detail {
 
-template <ElemType T, Fp8Format F, bool kNative, bool kResidual>
+template <ElemType T, Fp8Format F, bool kNative, bool kResidual, bool kStreaming = true>
 __global__ void __launch_bounds__(kThreads, kResidual ? 4 : 6) quantize_kernel(const __grid_constant__ QuantizeParams p) {
   __shared__ uint32_t smem[kThreads / 32];
   const size_t count = p.target.count;
@@ -13,7 +13,7 @@ __global__ void __launch_bounds__(kThreads, kResidual ? 4 : 6) quantize_kernel(c
     const size_t e = tile * kTileElems + size_t(threadIdx.x) * kVec;
     const int n = e < count ? int(count - e < size_t(kVec) ? count - e : kVec) : 0;
     float x[kVec];
-    load16<T>(p.in, e, n, p.in_aligned, x);
+    load16<T, kStreaming>(p.in, e, n, p.in_aligned, x);
     if constexpr (kResidual) {
       float r[kVec];
       load16<ElemType::f32>(p.residual, e, n, true, r);
@@ -34,49 +34,12 @@ __global__ void __launch_bounds__(kThreads, kResidual ? 4 : 6) quantize_kernel(c
   }
 }
 
-// The plain quantize (no residual), software-pipelined: each thread's loads for its next tile are
-// issued before the current tile is reduced, encoded and stored, so a CTA keeps two tiles of input in
-// flight. Same arithmetic as quantize_kernel (bit-identical output); fewer CTAs per SM (more
-// registers) but more bytes in flight per SM, which is what a streaming kernel needs.
-template <ElemType T, Fp8Format F, bool kNative>
-__global__ void __launch_bounds__(kThreads, 4) quantize_pipelined_kernel(const __grid_constant__ QuantizeParams p) {
-  __shared__ uint32_t smem[kThreads / 32];
-  const size_t count = p.target.count;
-  const size_t tiles = (count + kTileElems - 1) / kTileElems;
-  // Whole groups of an aligned input take the prefetched path; a short last group (or an unaligned
-  // input) is loaded when processed, element by element.
-  auto full = [&](size_t e) { return p.in_aligned && e + kVec <= count; };
-  size_t tile = blockIdx.x;
-  Raw16<T> next;
-  if (tile < tiles && full(tile * kTileElems + size_t(threadIdx.x) * kVec))
-    next.load(p.in, tile * kTileElems + size_t(threadIdx.x) * kVec);
-  for (; tile < tiles; tile += gridDim.x) {
-    const size_t e = tile * kTileElems + size_t(threadIdx.x) * kVec;
-    const int n = e < count ? int(count - e < size_t(kVec) ? count - e : kVec) : 0;
-    float x[kVec];
-    if (full(e)) {
-      const Raw16<T> cur = next;
-      const size_t after = tile + gridDim.x;
-      const size_t e_after = after * kTileElems + size_t(threadIdx.x) * kVec;
-      if (after < tiles && full(e_after)) next.load(p.in, e_after);
-      cur.to_f32(x);
-    } else {
-      load16<T>(p.in, e, n, false, x);
-      const size_t after = tile + gridDim.x;
-      const size_t e_after = after * kTileElems + size_t(threadIdx.x) * kVec;
-      if (after < tiles && full(e_after)) next.load(p.in, e_after);
-    }
-    uint4 q;
-    quantize_group<F, kNative>(x, n, e, p.target, p.stochastic, p.seed, p.sr_offset + e, smem, &q);
-  }
-}
-
 cudaError_t launch_quantize_kernel(const QuantizeParams& p, ElemType in_type, Fp8Format fp8, bool native,
                                    unsigned grid, cudaStream_t stream) {
   FP8WIRE_DISPATCH_ELEM(in_type, T, FP8WIRE_DISPATCH_FP8(fp8, F, FP8WIRE_DISPATCH_BOOL(native, kNative, {
     if (p.residual) quantize_kernel<T, F, kNative, true><<<grid, kThreads, 0, stream>>>(p);
-    else if (p.variant == 1) quantize_kernel<T, F, kNative, false><<<grid, kThreads, 0, stream>>>(p);
-    else quantize_pipelined_kernel<T, F, kNative><<<grid, kThreads, 0, stream>>>(p);
+    else if (p.variant == 1) quantize_kernel<T, F, kNative, false, false><<<grid, kThreads, 0, stream>>>(p);
+    else quantize_kernel<T, F, kNative, false><<<grid, kThreads, 0, stream>>>(p);
   })));
   return cudaGetLastError();
 }

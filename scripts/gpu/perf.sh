@@ -45,6 +45,9 @@ sweep ar4_ring 4 64MiB 256MiB all_reduce passthrough,ring
 sweep ar4_sr_chunk 4 64MiB 256MiB all_reduce passthrough,two_shot NCCL_P2P_NET_CHUNKSIZE=524288 -- --gather-transport sendrecv
 sweep ar4_ag_chunk 4 64MiB 256MiB all_reduce passthrough,two_shot NCCL_P2P_NET_CHUNKSIZE=524288 -- --gather-transport allgather
 sweep ar2_chunk 2 64MiB 256MiB all_reduce passthrough,two_shot,one_shot NCCL_P2P_NET_CHUNKSIZE=524288 -- --gather-transport sendrecv
+sweep ar2_chunk_small 2 1MiB 64MiB all_reduce passthrough,one_shot,two_shot NCCL_P2P_NET_CHUNKSIZE=524288 -- --gather-transport sendrecv
+sweep ar2_chunk_ag 2 1MiB 64MiB all_reduce passthrough,one_shot NCCL_P2P_NET_CHUNKSIZE=524288 -- --gather-transport allgather
+sweep ar4_chunk_small 4 4MiB 16MiB all_reduce passthrough,one_shot,two_shot NCCL_P2P_NET_CHUNKSIZE=524288 -- --gather-transport sendrecv
 jsons=$(ls "$OUT"/*/fp8wire-sweep.json 2>/dev/null)
 if [[ -n "$jsons" ]]; then
   "$BIN" model $jsons > "$OUT/model.log" 2>&1

@@ -32,7 +32,8 @@ struct LaunchOptions {
   // (1 = one CTA per tile); dequantize: 16-byte output units per thread per tile (1, 2 or 4).
   uint32_t work_per_cta = 0;
   // Tuning only (the kernel benchmark compares kernel versions in one run): 0 = the production
-  // kernels; 1 = quantize with plain (cached) loads instead of streaming ones.
+  // kernels; 1 = quantize with plain (cached) loads instead of streaming ones; 2 = quantize at 8
+  // resident CTAs per SM (32 registers) instead of 6.
   uint32_t kernel_variant = 0;
 };
 

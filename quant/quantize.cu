@@ -4,8 +4,9 @@
 
 namespace fp8wire::quant::detail {
 
-template <ElemType T, Fp8Format F, bool kNative, bool kResidual, bool kStreaming = true>
-__global__ void __launch_bounds__(kThreads, kResidual ? 4 : 6) quantize_kernel(const __grid_constant__ QuantizeParams p) {
+template <ElemType T, Fp8Format F, bool kNative, bool kResidual, bool kStreaming = true,
+          int kMinBlocks = kResidual ? 4 : 6>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(const __grid_constant__ QuantizeParams p) {
   __shared__ uint32_t smem[kThreads / 32];
   const size_t count = p.target.count;
   const size_t tiles = (count + kTileElems - 1) / kTileElems;
@@ -39,6 +40,7 @@ cudaError_t launch_quantize_kernel(const QuantizeParams& p, ElemType in_type, Fp
   FP8WIRE_DISPATCH_ELEM(in_type, T, FP8WIRE_DISPATCH_FP8(fp8, F, FP8WIRE_DISPATCH_BOOL(native, kNative, {
     if (p.residual) quantize_kernel<T, F, kNative, true><<<grid, kThreads, 0, stream>>>(p);
     else if (p.variant == 1) quantize_kernel<T, F, kNative, false, false><<<grid, kThreads, 0, stream>>>(p);
+    else if (p.variant == 2) quantize_kernel<T, F, kNative, false, true, 8><<<grid, kThreads, 0, stream>>>(p);
     else quantize_kernel<T, F, kNative, false><<<grid, kThreads, 0, stream>>>(p);
   })));
   return cudaGetLastError();

@@ -49,6 +49,24 @@ __global__ void fp8wire_bench_fill(void* out, int type, size_t count, uint64_t s
   }
 }
 
+// The codec's traffic with no codec in it, for a ceiling of that read/write mix on this GPU next to
+// the copy's: shrink = every 32 input bytes become 16 output bytes (quantize's 2-byte elements in,
+// 1 byte out; 256-thread CTAs, a grid-stride loop as the quantize launcher sizes it); expand = every
+// 16 input bytes become 32 output bytes (dequantize's direction).
+__global__ void fp8wire_bench_pattern(const uint4* in, uint4* out, size_t units, bool shrink) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < units; i += stride) {
+    if (shrink) {
+      const uint4 a = __ldcs(in + 2 * i), b = __ldcs(in + 2 * i + 1);
+      out[i] = make_uint4(a.x ^ b.x, a.y ^ b.y, a.z ^ b.z, a.w ^ b.w);
+    } else {
+      const uint4 a = __ldcs(in + i);
+      out[2 * i] = a;
+      out[2 * i + 1] = make_uint4(a.w, a.z, a.y, a.x);
+    }
+  }
+}
+
 void fill(void* out, ElemType t, size_t count, uint64_t seed, cudaStream_t stream) {
   const int type = t == ElemType::f32 ? 0 : t == ElemType::f16 ? 1 : 2;
   fp8wire_bench_fill<<<1024, 256, 0, stream>>>(out, type, count, seed);
@@ -220,6 +238,27 @@ class Bench {
         }
       }
       if (size == o_.sizes.front()) check_quantize_against_reference(in.p, wire.p, count);
+      // The same traffic without the codec: `size` bytes in, size / 2 out (and the reverse).
+      if (o_.dtype == ElemType::bf16 && size % 32 == 0) {
+        int sms = 0, dev = 0;
+        KB_CUDA(cudaGetDevice(&dev));
+        KB_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        const size_t units = size / 32;   // 16-byte units of the half-size side
+        const unsigned grid = unsigned(std::min<size_t>((units + 255) / 256, size_t(sms) * 32));
+        const double bytes = 1.5 * double(size);
+        const double shrink_us = median_us([&](int i) {
+          fp8wire_bench_pattern<<<grid, 256, 0, stream_>>>(reinterpret_cast<const uint4*>(in.at(size * (i % sets))),
+                                                           reinterpret_cast<uint4*>(wire.at(cb * (i % sets))), units, true);
+          KB_CUDA(cudaGetLastError());
+        }, o_.warmup, o_.repeats, stream_);
+        add("traffic only: 2 B in, 1 B out", "-", size, shrink_us, bytes, copy_gbps);
+        const double expand_us = median_us([&](int i) {
+          fp8wire_bench_pattern<<<grid, 256, 0, stream_>>>(reinterpret_cast<const uint4*>(wire.at(cb * (i % sets))),
+                                                           reinterpret_cast<uint4*>(out.at(size * (i % sets))), units, false);
+          KB_CUDA(cudaGetLastError());
+        }, o_.warmup, o_.repeats, stream_);
+        add("traffic only: 1 B in, 2 B out", "-", size, expand_us, bytes, copy_gbps);
+      }
     }
 
     if (wants("reduce") || wants("reduce_requant") || wants("naive")) {

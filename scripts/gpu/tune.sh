@@ -21,7 +21,7 @@ if [[ " $parts " == *" kernels "* ]]; then
     timeout 60 "$kb" --sizes 64MiB,256MiB --kernels quantize,dequantize --repeats 30 --work-per-cta "$w" \
       --kernel-variant "$v" > "$OUT/kernels_w${w}_v$v.log" 2>&1
     echo "==== kernels, work per CTA $w, variant $v (rc=$?)"
-    grep -E "^(copy|quantize|dequantize) .*(native|software|-) " "$OUT/kernels_w${w}_v$v.log" | grep -v graph
+    grep -E "^(copy|quantize|dequantize|traffic) .*(native|software|-) " "$OUT/kernels_w${w}_v$v.log" | grep -v graph
   done
 fi
 if [[ " $parts " == *" transports "* ]]; then

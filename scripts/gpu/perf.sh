@@ -48,6 +48,9 @@ sweep ar2_chunk 2 64MiB 256MiB all_reduce passthrough,two_shot,one_shot NCCL_P2P
 sweep ar2_chunk_small 2 1MiB 64MiB all_reduce passthrough,one_shot,two_shot NCCL_P2P_NET_CHUNKSIZE=524288 -- --gather-transport sendrecv
 sweep ar2_chunk_ag 2 1MiB 64MiB all_reduce passthrough,one_shot NCCL_P2P_NET_CHUNKSIZE=524288 -- --gather-transport allgather
 sweep ar4_chunk_small 4 4MiB 16MiB all_reduce passthrough,one_shot,two_shot NCCL_P2P_NET_CHUNKSIZE=524288 -- --gather-transport sendrecv
+# Both gather transports in one sweep (the calibrated profile then prices both, and the planner picks).
+sweep ar4_both 4 4MiB 256MiB all_reduce passthrough,two_shot,one_shot -- --gather-transport both
+sweep ar2_both_chunk 2 1MiB 256MiB all_reduce passthrough,two_shot,one_shot NCCL_P2P_NET_CHUNKSIZE=524288 -- --gather-transport both
 jsons=$(ls "$OUT"/*/fp8wire-sweep.json 2>/dev/null)
 if [[ -n "$jsons" ]]; then
   "$BIN" model $jsons > "$OUT/model.log" 2>&1

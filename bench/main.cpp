@@ -87,10 +87,11 @@ std::string parse_sweep(const SweepArgs& a, fb::SweepOptions& o) {
     return fmt::format("--emulate-ranks {}: expected 2..64 (0 = one rank per GPU)", o.emulate_ranks);
   if (o.fabric != "auto" && o.fabric != "both" && !fb::parse_fabric(o.fabric))
     return fmt::format("--fabric '{}': expected auto, nvlink, pcie, net or both", o.fabric);
-  const auto gather = fb::parse_gather_transport(a.gather_transport);
-  if (!gather) return fmt::format("--gather-transport '{}': expected auto, allgather or sendrecv", a.gather_transport);
   // auto leaves the loaded configuration alone (FP8WIRE_GATHER_TRANSPORT, or the planner's choice).
-  o.gather_transport = *gather == fp8wire::GatherTransport::automatic ? std::nullopt : std::optional(*gather);
+  const auto gather = fb::parse_gather_transport_option(a.gather_transport);
+  if (!gather)
+    return fmt::format("--gather-transport '{}': expected auto, allgather, sendrecv or both", a.gather_transport);
+  o.gather_transports = *gather;
   if (!(o.timeout_s >= 0)) return fmt::format("--timeout {}: expected seconds >= 0", o.timeout_s);
   if (!(o.bootstrap_timeout_s > 0)) return fmt::format("--bootstrap-timeout {}: expected seconds > 0", o.bootstrap_timeout_s);
   o.check = !a.no_check;
@@ -300,7 +301,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   s->add_option("--gather-transport", sa.gather_transport,
                 "FP8 gather step: auto (configuration as loaded: FP8WIRE_GATHER_TRANSPORT, else the planner's "
-                "choice) | allgather (ncclAllGather) | sendrecv (grouped ncclSend/ncclRecv)")
+                "choice) | allgather (ncclAllGather) | sendrecv (grouped ncclSend/ncclRecv) | both (every path "
+                "with a gather step timed with each)")
       ->capture_default_str();
   s->add_option("--timeout", sweep.timeout_s, "seconds before a hung launch is killed (0 = none)")->capture_default_str();
   s->add_option("--bootstrap-timeout", sweep.bootstrap_timeout_s, "seconds a rank waits for rank 0's NCCL id")->capture_default_str();

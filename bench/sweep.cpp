@@ -102,19 +102,27 @@ struct Worker {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   NcclApi api;
-  std::unique_ptr<sched::Engine> engine;
-  Config config;
+  // One engine per gather transport timed, all on the one communicator, each with its own
+  // configuration, scratch and agreement: with --gather-transport both, every path with a gather
+  // step is timed on each in turn; paths without one run on the first alone.
+  struct Variant {
+    std::optional<GatherTransport> transport;  // nullopt: gather_transport as loaded ("auto")
+    std::unique_ptr<sched::Engine> engine;
+  };
+  std::vector<Variant> variants;
+  Config config;  // as loaded, with the benchmark's overrides (the variants' differ in gather_transport)
   void* report_send = nullptr;   // device: one RankReport
   void* report_recv = nullptr;   // device: world_size RankReports
   std::vector<cudaEvent_t> start_events, stop_events;
   bool progress_tty = false;
 
-  ncclResult_t issue(Collective c, Path path, const void* send, void* recv, uint64_t count, DType d) {
+  ncclResult_t issue(sched::Engine& engine, Collective c, Path path, const void* send, void* recv, uint64_t count,
+                     DType d) {
     const ncclDataType_t t = nccl_type(d);
     switch (c) {
-      case Collective::all_reduce: return engine->all_reduce_forced(path, send, recv, count, t, ncclSum, comm, stream);
-      case Collective::reduce_scatter: return engine->reduce_scatter_forced(path, send, recv, count, t, ncclSum, comm, stream);
-      case Collective::all_gather: return engine->all_gather_forced(path, send, recv, count, t, comm, stream);
+      case Collective::all_reduce: return engine.all_reduce_forced(path, send, recv, count, t, ncclSum, comm, stream);
+      case Collective::reduce_scatter: return engine.reduce_scatter_forced(path, send, recv, count, t, ncclSum, comm, stream);
+      case Collective::all_gather: return engine.all_gather_forced(path, send, recv, count, t, comm, stream);
     }
     return ncclInvalidArgument;
   }
@@ -129,8 +137,9 @@ struct Worker {
     return 0;
   }
 
-  // Times one (collective, dtype, size, path); fills `point` on rank 0.
-  int run_point(Collective c, DType d, uint64_t bytes, Path path, const Buffers& buf, SweepPoint& point) {
+  // Times one (collective, dtype, size, path) on one variant's engine; fills `point` on rank 0.
+  int run_point(Collective c, DType d, uint64_t bytes, Path path, const Variant& variant, const Buffers& buf,
+                SweepPoint& point) {
     const CallCounts counts = call_counts(c, bytes, d, env.world_size);
     const size_t elem = dtype_size(d);
     const int nbuf = static_cast<int>(buf.send.size());
@@ -144,7 +153,8 @@ struct Worker {
     int op = 0;
     auto next = [&](void) -> ncclResult_t {
       const int b = op++ % nbuf;
-      return issue(c, path, buf.send[static_cast<size_t>(b)], buf.recv[static_cast<size_t>(b)], counts.count_arg, d);
+      return issue(*variant.engine, c, path, buf.send[static_cast<size_t>(b)], buf.recv[static_cast<size_t>(b)],
+                   counts.count_arg, d);
     };
     ncclResult_t status = ncclSuccess;
     for (int w = 0; w < opt.warmup && status == ncclSuccess; ++w) status = next();
@@ -260,9 +270,9 @@ struct Worker {
         point.gather_transport = "sendrecv";
       else if (by_allgather > 0)
         point.gather_transport = "allgather";
-      else if (opt.gather_transport)
+      else if (variant.transport)
         // Nothing recorded (an engine without accounting; wire_source says "nominal"): what was asked.
-        point.gather_transport = gather_transport_name(*opt.gather_transport);
+        point.gather_transport = gather_transport_name(*variant.transport);
     }
     if (opt.check && all[0].checked) {
       CheckSpec spec;
@@ -390,7 +400,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   w.config = cfg.config;
   if (forced_fabric) w.config.fabric_override = forced_fabric;
   // Every rank gets the same argv, so the configurations (and their fingerprints) still agree.
-  if (opt.gather_transport) w.config.gather_transport = *opt.gather_transport;
+  if (opt.gather_transports.size() == 1) w.config.gather_transport = opt.gather_transports.front();
   // The benchmark forces each path explicitly; per-collective switches meant for jobs (FP8
   // all-gather is off by default, being lossy on weights) must not turn a forced path into a fallback.
   w.config.enable = true;
@@ -412,13 +422,21 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   }
   BENCH_NCCL(ncclCommInitRank(&w.comm, env.world_size, id, env.rank));
   w.api = nccl_api_from_linked();
-  w.engine = std::make_unique<sched::Engine>(w.config, w.api);
-  w.engine->comm_created(w.comm);
+  std::vector<std::optional<GatherTransport>> transports(opt.gather_transports.begin(), opt.gather_transports.end());
+  if (transports.empty()) transports.push_back(std::nullopt);
+  for (const auto& t : transports) {
+    Config c = w.config;
+    if (t) c.gather_transport = *t;
+    w.variants.push_back({t, std::make_unique<sched::Engine>(c, w.api)});
+    w.variants.back().engine->comm_created(w.comm);
+  }
   struct CommGuard {
     Worker& w;
     ~CommGuard() {
-      if (w.engine) w.engine->comm_destroyed(w.comm);
-      w.engine.reset();
+      for (auto& v : w.variants) {
+        if (v.engine) v.engine->comm_destroyed(w.comm);
+        v.engine.reset();
+      }
       ncclCommDestroy(w.comm);
       cudaFree(w.report_send);
       cudaFree(w.report_recv);
@@ -452,7 +470,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     ncclGetVersion(&m.nccl_version);
     m.nranks = env.world_size;
     m.emulated = opt.emulate_ranks > 0;
-    m.fabric = forced_fabric ? *forced_fabric : w.engine->fabric_of(w.comm);
+    m.fabric = forced_fabric ? *forced_fabric : w.variants.front().engine->fabric_of(w.comm);
     m.p2p_disabled = p2p_disabled;
     m.created_utc = utc_now();
     result.options = opt.as_json;
@@ -460,8 +478,9 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     result.wire.scale_bytes = w.quant_scale_bytes();
     result.fp8_format = w.config.format == Fp8Format::e4m3 ? "e4m3" : "e5m2";
     result.codec = measured_codec;
-    result.gather_transport_requested = opt.gather_transport ? gather_transport_name(*opt.gather_transport) : "auto";
-    result.gather_transport_config = gather_transport_name(w.config.gather_transport);
+    result.gather_transport_requested = gather_transport_option_name(opt.gather_transports);
+    // "both": the ranks ran with allgather and with sendrecv (one engine each).
+    result.gather_transport_config = w.variants.size() > 1 ? "both" : gather_transport_name(w.config.gather_transport);
   }
 
   // The plan: every (collective, dtype) with its own size series (sizes split evenly into ranks).
@@ -472,12 +491,16 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     std::vector<Path> paths;
   };
   std::vector<Job> jobs;
+  // The variants a path is timed on: every one when it has a gather step, else the first.
+  auto variants_of = [&w](Collective c, Path path) {
+    return has_gather_step(c, path) ? w.variants.size() : size_t{1};
+  };
   size_t total_points = 0;
   for (Collective c : opt.collectives)
     for (DType d : opt.dtypes) {
       Job job{c, d, size_series(opt.min_bytes, opt.max_bytes, opt.step, static_cast<uint64_t>(env.world_size) * dtype_size(d)),
               paths_for(c, opt.paths)};
-      total_points += job.sizes.size() * job.paths.size();
+      for (Path path : job.paths) total_points += job.sizes.size() * variants_of(c, path);
       jobs.push_back(std::move(job));
     }
   size_t done = 0;
@@ -507,13 +530,19 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
       }
       // Pageable cudaMemcpy may return before its DMA lands; the collectives run on another stream.
       BENCH_CUDA(cudaDeviceSynchronize());
-      for (Path path : job.paths) {
-        w.progress(fmt::format("{} {} {} {}", collective_name(job.c), to_string(job.d), format_bytes(bytes), path_name(path)),
-                 ++done, total_points);
-        SweepPoint point;
-        if (int rc = w.run_point(job.c, job.d, bytes, path, buf, point)) return rc;
-        if (env.rank == 0) result.points.push_back(std::move(point));
-      }
+      for (Path path : job.paths)
+        for (size_t v = 0; v < variants_of(job.c, path); ++v) {
+          const Worker::Variant& variant = w.variants[v];
+          const std::string over = w.variants.size() > 1 && has_gather_step(job.c, path) && variant.transport
+                                       ? fmt::format(" over {}", gather_transport_name(*variant.transport))
+                                       : "";
+          w.progress(fmt::format("{} {} {} {}{}", collective_name(job.c), to_string(job.d), format_bytes(bytes),
+                                 path_name(path), over),
+                     ++done, total_points);
+          SweepPoint point;
+          if (int rc = w.run_point(job.c, job.d, bytes, path, variant, buf, point)) return rc;
+          if (env.rank == 0) result.points.push_back(std::move(point));
+        }
     }
   }
   if (env.rank != 0) return 0;

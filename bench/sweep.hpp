@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,9 +31,10 @@ struct SweepOptions {
   int emulate_ranks = 0;   // 0: one rank per visible GPU
   std::string fabric = "auto";  // auto | nvlink | pcie | net (a "both" run launches one round each)
   // --gather-transport: how the FP8 paths' gather step moves the slots (Config::gather_transport).
-  // nullopt ("auto"): the configuration as loaded, i.e. FP8WIRE_GATHER_TRANSPORT or the planner's
-  // choice per call. Each point records the transport its calls used.
-  std::optional<GatherTransport> gather_transport;
+  // Empty ("auto"): the configuration as loaded, i.e. FP8WIRE_GATHER_TRANSPORT or the planner's
+  // choice per call. One entry: that transport. Two ("both": allgather, sendrecv): every path with a
+  // gather step is timed once with each. Each point records the transport its calls used.
+  std::vector<GatherTransport> gather_transports;
   double timeout_s = 1800;          // whole launch (launcher kills every rank past it)
   double bootstrap_timeout_s = 120; // a rank waiting for rank 0's NCCL id gives up after this
   bool check = true;

@@ -61,21 +61,28 @@ def main():
             m = run["machine"]
             label_fabric = f"{m['fabric']}{' (emulated)' if m.get('emulated') else ''}"
             ls = FABRIC_LINES[fi % len(FABRIC_LINES)]
-            for path, (color, marker) in STYLES.items():
+            # One curve per path and gather transport (a "both" sweep has two per FP8 path); the
+            # send/recv curve is dotted. Old JSONs have no transport field: all-gather.
+            curves = [(path, t) for path in STYLES for t in ("", "allgather", "sendrecv", "mixed")]
+            for path, transport in curves:
+                color, marker = STYLES[path]
                 pts = sorted((p for p in run["points"] if p["collective"] == coll and p["dtype"] == dtype
-                              and p["path"] == path and p.get("supported", True) and p["time_us"]["n"] > 0),
+                              and p["path"] == path and p.get("gather_transport", "") == transport
+                              and p.get("supported", True) and p["time_us"]["n"] > 0),
                              key=lambda p: p["bytes"])
                 if not pts:
                     continue
+                suffix = {"sendrecv": "/sr", "mixed": "/mix"}.get(transport, "")
+                curve_ls = ":" if transport == "sendrecv" else ls
                 x = [p["bytes"] for p in pts]
                 med = [p["time_us"]["median"] for p in pts]
                 lo = [p["time_us"]["median"] - p["time_us"]["p25"] for p in pts]
                 hi = [p["time_us"]["p75"] - p["time_us"]["median"] for p in pts]
-                name = "NCCL" if path == "passthrough" else f"fp8wire {path}"
-                ax.errorbar(x, med, yerr=[lo, hi], color=color, marker=marker, ls=ls, ms=4, capsize=2,
+                name = "NCCL" if path == "passthrough" else f"fp8wire {path}{suffix}"
+                ax.errorbar(x, med, yerr=[lo, hi], color=color, marker=marker, ls=curve_ls, ms=4, capsize=2,
                             label=f"{name} [{label_fabric}]")
                 if path != "passthrough":
-                    sx.plot(x, [p["speedup"] for p in pts], color=color, marker=marker, ls=ls, ms=4)
+                    sx.plot(x, [p["speedup"] for p in pts], color=color, marker=marker, ls=curve_ls, ms=4)
             for x in run.get("crossovers", []):
                 if x["collective"] == coll and x["dtype"] == dtype and x["candidate"] == "best" and x["found"]:
                     for a in (ax, sx):

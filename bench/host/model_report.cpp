@@ -36,14 +36,16 @@ std::optional<Link> single_latency_link(const SweepResult& s, Collective c, DTyp
               "fit of this sweep's baseline", true};
 }
 
-// Worst |predicted / measured - 1| over the sizes of (c, d) for the baseline and `path`.
-double worst_time_error(const SweepResult& s, Collective c, DType d, Path path, const Link& link,
-                        const Codec& codec) {
+// Worst |predicted / measured - 1| over the sizes of (c, d) for the baseline and one curve (`path`
+// with the gather transport its points ran with, SweepPoint::gather_transport).
+double worst_time_error(const SweepResult& s, Collective c, DType d, Path path, const std::string& transport,
+                        const Link& link, const Codec& codec) {
   WireParams wire = s.wire;
   wire.dtype = d;
   double worst = 0;
   for (const auto& p : s.points) {
-    if (p.collective != c || p.dtype != d || (p.path != path && p.path != Path::passthrough)) continue;
+    if (p.collective != c || p.dtype != d) continue;
+    if (p.path != Path::passthrough && (p.path != path || p.gather_transport != transport)) continue;
     const auto gather = modeled_transport(p);
     if (!p.supported || !(p.time.median > 0) || !gather) continue;
     const double predicted =
@@ -83,15 +85,10 @@ std::optional<double> octaves_outside_ties(const PredictedCrossover& p, const Cr
   return 0.0;
 }
 
-// The gather transport a measured path's crossover is predicted with: the one its points ran with,
-// the largest size's where they differ (the crossover lies among the large sizes).
-GatherTransport crossover_transport(const SweepResult& s, Collective c, DType d, Path path) {
-  const SweepPoint* largest = nullptr;
-  for (const auto& p : s.points)
-    if (p.collective == c && p.dtype == d && p.path == path && p.supported && modeled_transport(p) &&
-        (!largest || p.bytes > largest->bytes))
-      largest = &p;
-  return largest ? *modeled_transport(*largest) : GatherTransport::allgather;
+// The gather transport a measured curve's crossover is predicted with: the one its points ran with
+// (a curve of "mixed" points, which no one shape describes, as all-gather).
+GatherTransport crossover_transport(const CrossoverReport& x) {
+  return x.gather_transport == "sendrecv" ? GatherTransport::sendrecv : GatherTransport::allgather;
 }
 
 // The planner's candidates for a collective: plain NCCL and its FP8 algorithms (ring is a comparison
@@ -151,13 +148,12 @@ ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOpti
     if (!cal.model.calibrated) continue;
     const Link& link = cal.link;
     for (const auto& x : crossovers) {
-      if (x.candidate == "best") continue;
-      const auto path = parse_path(x.candidate);
+      const auto path = x.path;  // nullopt: "best"
       const auto single = single_latency_link(s, x.collective, x.dtype);
       if (!path || !single) continue;
       WireParams wire = s.wire;
       wire.dtype = x.dtype;
-      const GatherTransport gather = crossover_transport(s, x.collective, x.dtype, *path);
+      const GatherTransport gather = crossover_transport(x);
       const PredictedCrossover p = predict_crossover(x.collective, *path, s.machine.nranks, link, codec, wire, gather);
       const PredictedCrossover p1 = predict_crossover(x.collective, *path, s.machine.nranks, *single, codec, wire, gather);
       std::string measured = x.crossover.found ? format_bytes(x.crossover.bytes) : "never";
@@ -165,8 +161,8 @@ ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOpti
       // The sizes of the measured curve (both paths measured), as analyze_crossovers builds it.
       std::vector<uint64_t> sizes;
       for (const auto& pt : s.points) {
-        if (pt.collective != x.collective || pt.dtype != x.dtype || pt.path != *path || !pt.supported ||
-            !(pt.time.median > 0))
+        if (pt.collective != x.collective || pt.dtype != x.dtype || pt.path != *path ||
+            pt.gather_transport != x.gather_transport || !pt.supported || !(pt.time.median > 0))
           continue;
         for (const auto& b : s.points)
           if (b.collective == x.collective && b.dtype == x.dtype && b.path == Path::passthrough &&
@@ -183,17 +179,15 @@ ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOpti
       json err_json, err1_json;
       const std::string error = crossover_error(p, x.crossover, smallest, err_json);
       const std::string error1 = crossover_error(p1, x.crossover, smallest, err1_json);
-      const double terr = worst_time_error(s, x.collective, x.dtype, *path, link, codec);
-      const double terr1 = worst_time_error(s, x.collective, x.dtype, *path, *single, codec);
-      const bool sendrecv = gather == GatherTransport::sendrecv && has_gather_step(x.collective, *path);
+      const double terr = worst_time_error(s, x.collective, x.dtype, *path, x.gather_transport, link, codec);
+      const double terr1 = worst_time_error(s, x.collective, x.dtype, *path, x.gather_transport, *single, codec);
       out += fmt::format("  {:<8} {:>5} {:<15} {:<5} {:<11} {:>18} | {:>10} {:>10} {:>6} {:>5.0f}% | {:>10} {:>10} {:>6} {:>5.0f}%\n",
                          fabric_name(s.machine.fabric), s.machine.nranks, collective_name(x.collective),
-                         to_string(x.dtype), x.candidate + (sendrecv ? "/sr" : ""), measured, predicted_cell(p), error, ties_cell(ties),
+                         to_string(x.dtype), x.candidate, measured, predicted_cell(p), error, ties_cell(ties),
                          100 * terr, predicted_cell(p1), error1, ties_cell(ties1), 100 * terr1);
       report.json["checks"].push_back({{"fabric", fabric_name(s.machine.fabric)}, {"nranks", s.machine.nranks},
                                        {"collective", collective_name(x.collective)}, {"dtype", to_string(x.dtype)},
-                                       {"path", x.candidate},
-                                       {"gather_transport", has_gather_step(x.collective, *path) ? gather_transport_name(gather) : ""},
+                                       {"path", path_name(*path)}, {"gather_transport", x.gather_transport},
                                        {"predicted_wins", p.wins}, {"predicted_bytes", p.bytes},
                                        {"measured_found", x.crossover.found}, {"measured_bytes", x.crossover.bytes},
                                        {"error_octaves", err_json}, {"worst_time_error", terr},
@@ -265,10 +259,10 @@ ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOpti
         report.json["choices"].push_back(
             {{"fabric", fabric_name(s.machine.fabric)}, {"nranks", s.machine.nranks},
              {"collective", collective_name(c)}, {"dtype", to_string(d)}, {"bytes", bytes},
-             {"measured_best", path_name(best->path)},
-             {"chosen", per_op ? path_name(per_op->path) : ""},
+             {"measured_best", path_label(*best)},
+             {"chosen", per_op ? path_label(*per_op) : ""},
              {"chosen_vs_best", per_op ? per_op->time.median / best->time.median : 0.0},
-             {"single_latency_chosen", one ? path_name(one->path) : ""},
+             {"single_latency_chosen", one ? path_label(*one) : ""},
              {"single_latency_vs_best", one ? one->time.median / best->time.median : 0.0}});
       }
     }

@@ -36,6 +36,17 @@ FabricProfile profile_from_sweep(const SweepResult& result, const std::vector<Cr
     profile.thresholds[static_cast<size_t>(c)] = entry;
   }
   if (calibration.model.calibrated) profile.cost_model = calibration.model;
+  // One transport measured for every FP8 gather step: the profile pins it (a cost model fitted from
+  // one transport prices the other only through other paths' operations).
+  std::string seen;
+  bool single = true;
+  for (const auto& p : result.points) {
+    if (!has_gather_step(p.collective, p.path) || !p.supported) continue;
+    if (p.gather_transport != "allgather" && p.gather_transport != "sendrecv") single = false;
+    else if (seen.empty()) seen = p.gather_transport;
+    else if (seen != p.gather_transport) single = false;
+  }
+  if (single) profile.gather_transport = seen;
   return profile;
 }
 
@@ -51,6 +62,18 @@ std::string render_profile_toml(const std::vector<FabricProfile>& fabrics) {
       "# crossover. 9223372036854775807 = FP8 never paid in the measured range.\n";
   for (const auto* f : by_fabric)
     if (f) out += fmt::format("# {}: {}\n", fabric_name(f->fabric), f->source);
+  // Top-level key, so before the first table.
+  std::string transport;
+  bool agree = true, any = false;
+  for (const auto* f : by_fabric) {
+    if (!f) continue;
+    if (!any) transport = f->gather_transport;
+    else if (transport != f->gather_transport) agree = false;
+    any = true;
+  }
+  if (any && agree && !transport.empty())
+    out += fmt::format("\n# The sweep measured FP8 paths with this gather transport only.\ngather_transport = \"{}\"\n",
+                       transport);
 
   for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather}) {
     bool header = false;

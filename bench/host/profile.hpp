@@ -25,6 +25,9 @@ struct FabricProfile {
   Fabric fabric = Fabric::net;
   std::array<std::optional<ThresholdEntry>, kCollectiveCount> thresholds;
   std::optional<CostModel> cost_model;
+  // The gather transport every FP8 point of the sweep used ("allgather" or "sendrecv"); empty when
+  // the sweep measured both (or none): then the shim's automatic choice prices both from cost_model.
+  std::string gather_transport;
   std::string source;   // "measured on <host>, 2 ranks, ..." for the header comment
 };
 
@@ -34,6 +37,8 @@ FabricProfile profile_from_sweep(const SweepResult& result, const std::vector<Cr
                                  const Calibration& calibration);
 
 // Renders several fabrics into one document. Fabrics appearing twice: the later entry wins.
+// `gather_transport` is one key for all fabrics: written when every fabric of the document measured
+// the same single transport, so the shim keeps to what was measured.
 std::string render_profile_toml(const std::vector<FabricProfile>& fabrics);
 
 }  // namespace fp8wire::bench

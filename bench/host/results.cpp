@@ -21,11 +21,24 @@ Key key_of(const SweepPoint& p) {
 }
 bool usable(const SweepPoint& p) { return p.supported && p.time.n > 0 && p.time.median > 0; }
 
-const SweepPoint* find_point(const SweepResult& r, Collective c, DType d, Path path, uint64_t bytes) {
+// The point of one curve at one size: a path and the gather transport its points ran with
+// (SweepPoint::gather_transport; "" for the paths without a gather step).
+const SweepPoint* find_point(const SweepResult& r, Collective c, DType d, Path path, const std::string& transport,
+                             uint64_t bytes) {
   for (const auto& p : r.points)
-    if (p.collective == c && p.dtype == d && p.path == path && p.bytes == bytes) return &p;
+    if (p.collective == c && p.dtype == d && p.path == path && p.gather_transport == transport && p.bytes == bytes)
+      return &p;
   return nullptr;
 }
+// Plain NCCL is timed once per size, whatever the gather transports.
+const SweepPoint* find_baseline(const SweepResult& r, Collective c, DType d, uint64_t bytes) {
+  for (const auto& p : r.points)
+    if (p.collective == c && p.dtype == d && p.path == Path::passthrough && p.bytes == bytes) return &p;
+  return nullptr;
+}
+
+// SweepPoint::gather_transport values in the order tables list a path's curves.
+constexpr const char* kTransportOrder[] = {"", "allgather", "sendrecv", "mixed"};
 
 std::vector<std::pair<Collective, DType>> measured_pairs(const SweepResult& r) {
   std::vector<std::pair<Collective, DType>> out;
@@ -43,20 +56,21 @@ std::vector<uint64_t> sizes_of(const SweepResult& r, Collective c, DType d) {
   return {s.begin(), s.end()};
 }
 
-// The candidate curve for one size: one path, or the faster of the planner's FP8 choices.
-const SweepPoint* candidate_point(const SweepResult& r, Collective c, DType d, const std::string& cand,
-                                  uint64_t bytes) {
-  if (cand != "best") {
-    const auto path = parse_path(cand);
-    const SweepPoint* p = path ? find_point(r, c, d, *path, bytes) : nullptr;
+// The candidate curve for one size: one curve (path and transport), or "best" (path nullopt): the
+// fastest of the planner's FP8 choices over every gather transport measured.
+const SweepPoint* candidate_point(const SweepResult& r, Collective c, DType d, std::optional<Path> path,
+                                  const std::string& transport, uint64_t bytes) {
+  if (path) {
+    const SweepPoint* p = find_point(r, c, d, *path, transport, bytes);
     return p && usable(*p) ? p : nullptr;
   }
-  // Ring is a comparison only (DESIGN.md): the planner chooses between two_shot and one_shot.
+  // Ring is a comparison only (DESIGN.md): the planner chooses between two_shot and one_shot, each
+  // over either gather transport.
   const SweepPoint* best = nullptr;
-  for (Path path : {Path::two_shot, Path::one_shot}) {
-    const SweepPoint* p = find_point(r, c, d, path, bytes);
-    if (p && usable(*p) && (!best || p->time.median < best->time.median)) best = p;
-  }
+  for (const auto& p : r.points)
+    if (p.collective == c && p.dtype == d && p.bytes == bytes && (p.path == Path::two_shot || p.path == Path::one_shot) &&
+        usable(p) && (!best || p.time.median < best->time.median))
+      best = &p;
   return best;
 }
 
@@ -87,25 +101,33 @@ void compute_speedups(SweepResult& result) {
 std::vector<CrossoverReport> analyze_crossovers(const SweepResult& result, const CrossoverOptions& options) {
   std::vector<CrossoverReport> out;
   for (const auto& [c, d] : measured_pairs(result)) {
-    std::vector<std::string> candidates;
-    for (Path path : {Path::two_shot, Path::one_shot, Path::ring}) {
-      bool any = false;
-      for (const auto& p : result.points) any |= (p.collective == c && p.dtype == d && p.path == path && usable(p));
-      if (any) candidates.push_back(path_name(path));
-    }
+    // Every curve measured: a path with each gather transport its points ran with, then "best".
+    struct Candidate {
+      std::string name;
+      std::optional<Path> path;
+      std::string transport;
+    };
+    std::vector<Candidate> candidates;
+    for (Path path : {Path::two_shot, Path::one_shot, Path::ring})
+      for (const char* transport : kTransportOrder)
+        for (const auto& p : result.points)
+          if (p.collective == c && p.dtype == d && p.path == path && p.gather_transport == transport && usable(p)) {
+            candidates.push_back({path_label(p), path, transport});
+            break;
+          }
     if (candidates.empty()) continue;
-    candidates.push_back("best");
+    candidates.push_back({"best", std::nullopt, ""});
     for (const auto& cand : candidates) {
       std::vector<CurvePoint> curve;
       for (uint64_t bytes : sizes_of(result, c, d)) {
-        const SweepPoint* base = find_point(result, c, d, Path::passthrough, bytes);
-        const SweepPoint* fp8 = candidate_point(result, c, d, cand, bytes);
+        const SweepPoint* base = find_baseline(result, c, d, bytes);
+        const SweepPoint* fp8 = candidate_point(result, c, d, cand.path, cand.transport, bytes);
         if (!base || !usable(*base) || !fp8) continue;
         curve.push_back({bytes, base->time.median, base->time.rel_noise(), fp8->time.median,
                          fp8->time.rel_noise()});
       }
       if (curve.empty()) continue;
-      out.push_back({c, d, cand, find_crossover(curve, options)});
+      out.push_back({c, d, cand.name, find_crossover(curve, options), cand.path, cand.transport});
     }
   }
   return out;
@@ -418,8 +440,8 @@ std::optional<SweepResult> sweep_from_json(const json& j, std::string& error) {
       r.gather_transport_config = g.value("config", "");
       for (const auto& [field, value] : {std::pair{"requested", &r.gather_transport_requested},
                                          std::pair{"config", &r.gather_transport_config}})
-        if (!value->empty() && !parse_gather_transport(*value)) {
-          error = fmt::format("gather_transport.{} '{}': expected auto, allgather or sendrecv", field, *value);
+        if (!value->empty() && !parse_gather_transport_option(*value)) {
+          error = fmt::format("gather_transport.{} '{}': expected auto, allgather, sendrecv or both", field, *value);
           return std::nullopt;
         }
     }
@@ -493,9 +515,12 @@ std::string render_table(const SweepResult& r, Collective c, DType d) {
   out += fmt::format("# {:>10} {:>12} {:>12} {:>10} {:>7} {:>8} {:>8} {:>11} {:>7} {:>10}\n", "", "", "",
                      "median", "", "GB/s", "GB/s", "per rank", "", "");
   for (uint64_t bytes : sizes_of(r, c, d)) {
-    for (Path path : {Path::passthrough, Path::two_shot, Path::one_shot, Path::ring}) {
-      const SweepPoint* p = find_point(r, c, d, path, bytes);
-      if (!p) continue;
+    // A path measured over both gather transports has a row for each.
+    std::vector<const SweepPoint*> rows;
+    for (Path path : {Path::passthrough, Path::two_shot, Path::one_shot, Path::ring})
+      for (const char* transport : kTransportOrder)
+        if (const SweepPoint* p = find_point(r, c, d, path, transport, bytes)) rows.push_back(p);
+    for (const SweepPoint* p : rows) {
       if (!p->supported) {
         out += fmt::format("  {:>10} {:>12} {:>12}   unsupported: {}\n", format_bytes(bytes), p->count,
                            path_label(*p), p->error);
@@ -535,7 +560,7 @@ std::string render_crossovers(const SweepResult& r, const std::vector<CrossoverR
 
 std::string render_fabric_comparison(const std::vector<SweepResult>& results, const CrossoverOptions& options) {
   std::string out = "# crossover by fabric (measured)\n";
-  out += fmt::format("  {:<15} {:<5} {:<10}", "collective", "dtype", "candidate");
+  out += fmt::format("  {:<15} {:<5} {:<12}", "collective", "dtype", "candidate");
   std::vector<std::vector<CrossoverReport>> all;
   for (const auto& r : results) {
     out += fmt::format(" {:<34}", fmt::format("{} ({} ranks)", fabric_name(r.machine.fabric), r.machine.nranks));
@@ -549,7 +574,7 @@ std::string render_fabric_comparison(const std::vector<SweepResult>& results, co
       if (std::find(rows.begin(), rows.end(), row) == rows.end()) rows.push_back(row);
     }
   for (const auto& [c, d, cand] : rows) {
-    out += fmt::format("  {:<15} {:<5} {:<10}", collective_name(c), to_string(d), cand);
+    out += fmt::format("  {:<15} {:<5} {:<12}", collective_name(c), to_string(d), cand);
     for (const auto& reports : all) {
       std::string cell = "not measured";
       for (const auto& x : reports)

@@ -66,8 +66,9 @@ struct SweepResult {
   std::string fp8_format = "e4m3";
   Codec codec;                    // measured codec throughput on this GPU (gbps 0 = not measured)
   // Gather transport of the FP8 paths: `requested` is --gather-transport ("auto" = the configuration
-  // as loaded), `config` the value the ranks ran with ("auto": the planner chose per call; each point
-  // records what was used). Empty in files written before the option existed.
+  // as loaded, "both" = each path with a gather step timed over allgather and over sendrecv), `config`
+  // the value the ranks ran with ("auto": the planner chose per call; "both": one engine per
+  // transport; each point records what was used). Empty in files written before the option existed.
   std::string gather_transport_requested, gather_transport_config;
   std::vector<SweepPoint> points;
 };
@@ -77,7 +78,8 @@ struct SweepResult {
 // describes.
 std::optional<GatherTransport> modeled_transport(const SweepPoint& p);
 // The point's path as tables show it: the path name, with "/sr" when its gather step went over
-// send/recv and "/mix" when mixed.
+// send/recv and "/mix" when mixed. A path measured over two transports (`sweep --gather-transport
+// both`) is two curves, told apart by this label ("one_shot" and "one_shot/sr").
 std::string path_label(const SweepPoint& p);
 
 // Fills speedup from the passthrough point of the same (collective, dtype, size).
@@ -86,10 +88,15 @@ void compute_speedups(SweepResult& result);
 struct CrossoverReport {
   Collective collective;
   DType dtype;
-  std::string candidate;  // a path name, or "best" = per size the faster of two_shot and one_shot
+  // A measured curve, named by path_label ("two_shot", "one_shot/sr"), or "best" = per size the
+  // fastest point of two_shot and one_shot over every gather transport measured.
+  std::string candidate;
   Crossover crossover;
+  std::optional<Path> path;      // the curve's path; nullopt for "best"
+  std::string gather_transport;  // the curve's SweepPoint::gather_transport; "" for "best"
 };
-// One report per (collective, dtype, FP8 path measured) plus "best" per (collective, dtype).
+// One report per (collective, dtype, FP8 curve measured: path and gather transport) plus "best" per
+// (collective, dtype).
 std::vector<CrossoverReport> analyze_crossovers(const SweepResult& result, const CrossoverOptions& options);
 
 // Alpha/beta of the baseline of one collective (x = bus bytes), from the sweep's passthrough points.

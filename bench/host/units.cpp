@@ -182,6 +182,20 @@ std::optional<GatherTransport> parse_gather_transport(std::string_view text) {
   return std::nullopt;
 }
 
+std::optional<std::vector<GatherTransport>> parse_gather_transport_option(std::string_view text) {
+  if (lower(text) == "both") return std::vector{GatherTransport::allgather, GatherTransport::sendrecv};
+  const auto one = parse_gather_transport(text);
+  if (!one) return std::nullopt;
+  if (*one == GatherTransport::automatic) return std::vector<GatherTransport>{};
+  return std::vector{*one};
+}
+
+std::string gather_transport_option_name(const std::vector<GatherTransport>& transports) {
+  if (transports.empty()) return "auto";
+  if (transports.size() == 1) return gather_transport_name(transports.front());
+  return "both";
+}
+
 bool has_gather_step(Collective c, Path p) {
   if (p == Path::passthrough || p == Path::fallback) return false;
   return c != Collective::reduce_scatter;

@@ -57,6 +57,12 @@ std::optional<Path> parse_path(std::string_view);  // "passthrough"/"nccl", "two
 // because the host library links nothing from common/.
 const char* gather_transport_name(GatherTransport t);
 std::optional<GatherTransport> parse_gather_transport(std::string_view);
+// `sweep --gather-transport`: the transports every path with a gather step is timed with. "auto":
+// none forced (empty: the configuration as loaded); "allgather" or "sendrecv": that one; "both":
+// allgather, then sendrecv (each such path timed twice per size). nullopt for anything else.
+std::optional<std::vector<GatherTransport>> parse_gather_transport_option(std::string_view);
+// The option's value for such a list: "auto", "allgather", "sendrecv" or "both".
+std::string gather_transport_option_name(const std::vector<GatherTransport>& transports);
 
 // True for the FP8 paths that have a gather step (each rank's quantized slot to every other rank),
 // the step whose transport gather_transport chooses: every FP8 all-reduce (one-shot's exchange,

@@ -4,9 +4,17 @@
 // (pass-through included). That testbed is where one latency per fabric failed: an all-reduce costs a
 // fixed ~27 ms at 4 ranks but an all-gather ~11 ms, so the former model chose pass-through (1.51x
 // slower) at 4 MiB where one-shot wins.
+//
+// The planner's choice is a path and, for the FP8 paths with a gather step, a gather transport
+// (Plan::gather). A sweep recorded with `--gather-transport both` measured both, so the chosen pair
+// is judged against the fastest point of any path and transport; a sweep of one transport can only
+// judge the path, with the planner held to the transport the sweep ran.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include <fmt/format.h>
@@ -20,8 +28,10 @@ using namespace fp8wire;
 using namespace fp8wire::bench;
 
 namespace {
+std::string data_path(const std::string& name) { return std::string(BENCH_TEST_DATA_DIR) + "/" + name; }
+
 SweepResult load_sweep(const std::string& name) {
-  const std::string path = std::string(BENCH_TEST_DATA_DIR) + "/" + name;
+  const std::string path = data_path(name);
   std::ifstream in(path);
   REQUIRE_MESSAGE(in.good(), "cannot open " << path);
   std::string error;
@@ -30,8 +40,20 @@ SweepResult load_sweep(const std::string& name) {
   return *sweep;
 }
 
+// The gather transports the sweep's FP8 points with a gather step ran with, as recorded
+// (SweepPoint::gather_transport: "allgather", "sendrecv", "mixed"; files from before the option
+// read as "allgather").
+std::set<std::string> measured_transports(const SweepResult& s) {
+  std::set<std::string> out;
+  for (const auto& p : s.points)
+    if (has_gather_step(p.collective, p.path) && p.supported) out.insert(p.gather_transport);
+  return out;
+}
+
 // The sweep's profile exactly as `fp8wire-bench sweep --profile` writes it, loaded by the shim's
-// configuration parser.
+// configuration parser. A sweep of one gather transport measured the shim configured with it
+// (`--gather-transport` sets gather_transport for the run), so the planner gets it too: the
+// measurements can judge no other. A sweep of both leaves the choice to the planner ("auto").
 Config profile_config(const SweepResult& sweep) {
   const auto reports = analyze_crossovers(sweep, CrossoverOptions{});
   const std::string toml = render_profile_toml({profile_from_sweep(sweep, reports, calibrate(sweep))});
@@ -41,13 +63,18 @@ Config profile_config(const SweepResult& sweep) {
   Config config = loaded.config;
   // The sweep ran FP8 on every collective it measured (all_gather is off by default).
   config.collective_enable.fill(true);
+  if (const auto transports = measured_transports(sweep); transports.size() == 1)
+    if (const auto only = parse_gather_transport(*transports.begin())) config.gather_transport = *only;
   return config;
 }
 
-const SweepPoint* find(const SweepResult& s, Collective c, Path p, uint64_t bytes) {
+// A measured point of (c, p) at `bytes`: over `transport` when given (SweepPoint::gather_transport),
+// else any.
+const SweepPoint* find(const SweepResult& s, Collective c, Path p, uint64_t bytes,
+                       const std::string* transport = nullptr) {
   for (const auto& pt : s.points)
     if (pt.collective == c && pt.dtype == DType::bf16 && pt.path == p && pt.bytes == bytes && pt.supported &&
-        pt.time.median > 0)
+        pt.time.median > 0 && (!transport || pt.gather_transport == *transport))
       return &pt;
   return nullptr;
 }
@@ -58,7 +85,9 @@ struct Verdict {
   double worst_ratio = 1.0;    // chosen / fastest, worst over the points
 };
 
-// Every measured size of collective c: the planner's choice against the fastest measured candidate.
+// Every measured size of collective c: the planner's choice against the fastest measured candidate
+// (every path the planner chooses from, over every gather transport measured). The choice is the
+// (path, transport) pair when the sweep measured both transports, else the path.
 // Tolerance: 5 %, or the measured noise of either point when larger (Summary::rel_noise).
 Verdict check_choices(const SweepResult& s, const Config& config, Collective c, const char* label) {
   Verdict v;
@@ -67,12 +96,15 @@ Verdict check_choices(const SweepResult& s, const Config& config, Collective c, 
     if (pt.collective == c && std::find(sizes.begin(), sizes.end(), pt.bytes) == sizes.end()) sizes.push_back(pt.bytes);
   std::sort(sizes.begin(), sizes.end());
   const int n = s.machine.nranks;
+  const auto transports = measured_transports(s);
+  const bool both = transports.count("allgather") && transports.count("sendrecv");
   for (uint64_t bytes : sizes) {
     const SweepPoint* best = nullptr;
-    for (Path p : {Path::passthrough, Path::two_shot, Path::one_shot}) {
-      const SweepPoint* pt = find(s, c, p, bytes);
-      if (pt && (!best || pt->time.median < best->time.median)) best = pt;
-    }
+    for (const auto& pt : s.points)
+      if (pt.collective == c && pt.dtype == DType::bf16 && pt.bytes == bytes && pt.supported && pt.time.median > 0 &&
+          (pt.path == Path::passthrough || pt.path == Path::two_shot || pt.path == Path::one_shot) &&
+          (!best || pt.time.median < best->time.median))
+        best = &pt;
     REQUIRE(best != nullptr);
     sched::CallShape call;
     call.collective = c;
@@ -82,14 +114,17 @@ Verdict check_choices(const SweepResult& s, const Config& config, Collective c, 
     // bytes is the full buffer (nccl-tests size); count is what the application passes.
     call.count = c == Collective::all_reduce ? bytes / 2 : bytes / 2 / static_cast<uint64_t>(n);
     const sched::Plan plan = sched::plan_call(config, call, Fabric::net);
-    const SweepPoint* chosen = find(s, c, plan.path, bytes);
-    REQUIRE_MESSAGE(chosen != nullptr, "planner chose an unmeasured path " << std::string(path_name(plan.path)));
+    const bool gathers = has_gather_step(c, plan.path);
+    const std::string transport = gather_transport_name(plan.gather);
+    const SweepPoint* chosen = find(s, c, plan.path, bytes, both && gathers ? &transport : nullptr);
+    REQUIRE_MESSAGE(chosen != nullptr, "planner chose an unmeasured path " << std::string(path_name(plan.path))
+                                                                          << (gathers ? " over " + transport : ""));
     const double ratio = chosen->time.median / best->time.median;
     const double tolerance = std::max({0.05, chosen->time.rel_noise(), best->time.rel_noise()});
     const bool ok = ratio <= 1.0 + tolerance;
     MESSAGE(fmt::format("{} {} ranks {} {}: chose {} ({}) {:.2f}x of fastest {} (tolerance {:.0f} %){}", label, n,
-                        collective_name(c), format_bytes(bytes), path_name(plan.path), sched::to_string(plan.reason),
-                        ratio, path_name(best->path), 100 * tolerance, ok ? "" : "  <-- OFF"));
+                        collective_name(c), format_bytes(bytes), path_label(*chosen), sched::to_string(plan.reason),
+                        ratio, path_label(*best), 100 * tolerance, ok ? "" : "  <-- OFF"));
     ++v.points;
     v.off += ok ? 0 : 1;
     v.worst_ratio = std::max(v.worst_ratio, ratio);
@@ -134,13 +169,20 @@ TEST_CASE("calibrated planner picks within noise of the fastest measured path at
   struct Case {
     const char* file;
     Collective collective;
+    bool recorded;  // false: a sweep still to be recorded; skipped until the file is in data/
   };
-  const Case cases[] = {{"allreduce_4ranks.json", Collective::all_reduce},
-                        {"allreduce_2ranks.json", Collective::all_reduce},
-                        {"rs_ag_2ranks.json", Collective::reduce_scatter},
-                        {"rs_ag_2ranks.json", Collective::all_gather}};
+  const Case cases[] = {{"allreduce_4ranks.json", Collective::all_reduce, true},
+                        {"allreduce_2ranks.json", Collective::all_reduce, true},
+                        {"rs_ag_2ranks.json", Collective::reduce_scatter, true},
+                        {"rs_ag_2ranks.json", Collective::all_gather, true},
+                        // `sweep --gather-transport both`, 4 ranks (scripts/gpu/perf.sh ar4_both).
+                        {"allreduce_4ranks_both.json", Collective::all_reduce, false}};
   for (const auto& k : cases) {
     CAPTURE(k.file);
+    if (!k.recorded && !std::filesystem::exists(data_path(k.file))) {
+      MESSAGE("skipped: " << data_path(k.file) << " not recorded yet");
+      continue;
+    }
     const SweepResult s = load_sweep(k.file);
     // The profile as written: measured thresholds plus the per-operation cost model.
     const Verdict profile = check_choices(s, profile_config(s), k.collective, "profile");
@@ -200,4 +242,102 @@ TEST_CASE("uncalibrated defaults keep their decisions where the measurements pro
     call.count = bytes / 2;
     CHECK(sched::plan_call(defaults, call, Fabric::net).path == Path::one_shot);
   }
+}
+
+namespace {
+// A 4-rank all-reduce sweep recorded with `--gather-transport both` on a made-up fabric whose times
+// are exactly the per-operation model of `truth`: grouped send/recv has a quarter of an all-gather's
+// fixed cost (2 vs 8 ms) but under half its bandwidth (1.5 vs 4 GB/s), so a gather step over
+// send/recv wins small and loses large: one-shot's at 9.3 MB of caller data ((n-1) r S = 14.4 MB
+// on the wire), two-shot's at 37 MB.
+Link both_truth() {
+  Link l{"truth", 20000, 2, "made up", true};
+  l.allreduce_us = 20000;
+  l.allreduce_gbps = 2;
+  l.allgather_us = 8000;
+  l.allgather_gbps = 4;
+  l.alltoall_us = 2000;
+  l.alltoall_gbps = 1.5;
+  return l;
+}
+SweepResult both_transports_sweep() {
+  SweepResult r;
+  r.machine.hostname = "synthetic";
+  r.machine.nranks = 4;
+  r.machine.fabric = Fabric::net;
+  r.machine.emulated = true;
+  r.codec = {1000.0, 5.0, "made up"};
+  r.gather_transport_requested = r.gather_transport_config = "both";
+  const Link truth = both_truth();
+  const WireParams wire{DType::bf16, 128, 4};
+  for (uint64_t bytes = 256ull << 10; bytes <= (1ull << 30); bytes *= 4) {
+    auto add = [&](Path path, GatherTransport gather) {
+      SweepPoint p;
+      p.collective = Collective::all_reduce;
+      p.path = path;
+      p.bytes = bytes;
+      p.count = bytes / 2;
+      if (has_gather_step(p.collective, path)) p.gather_transport = gather_transport_name(gather);
+      const double us = predict_us(p.collective, path, 4, static_cast<double>(bytes), truth, r.codec, wire, gather);
+      p.times_us = {us, us * 1.01, us * 0.99, us};
+      p.time = summarize(p.times_us);
+      r.points.push_back(p);
+    };
+    add(Path::passthrough, GatherTransport::allgather);
+    for (Path path : {Path::two_shot, Path::one_shot})
+      for (GatherTransport g : {GatherTransport::allgather, GatherTransport::sendrecv}) add(path, g);
+  }
+  compute_speedups(r);
+  return r;
+}
+}  // namespace
+
+TEST_CASE("both gather transports: calibration lets the planner pick send/recv small and all-gather large") {
+  // A linear cost per operation expresses this crossover: the two transports' lines cross when one has
+  // the lower fixed cost and the other the higher bandwidth.
+  const SweepResult s = both_transports_sweep();
+  const CostModel m = calibrate(s).model;
+  const Link truth = both_truth();
+  CHECK(m.allgather_latency_us == doctest::Approx(truth.allgather_us).epsilon(1e-6));
+  CHECK(m.allgather_bandwidth_gbps == doctest::Approx(truth.allgather_gbps).epsilon(1e-6));
+  CHECK(m.alltoall_latency_us == doctest::Approx(truth.alltoall_us).epsilon(1e-6));
+  CHECK(m.alltoall_bandwidth_gbps == doctest::Approx(truth.alltoall_gbps).epsilon(1e-6));
+
+  const Config profile = profile_config(s);
+  CHECK(profile.gather_transport == GatherTransport::automatic);  // both measured: the planner chooses
+  for (const Config& config : {profile, without_thresholds(profile)}) {
+    // The fastest measured (path, transport) at every size, to rounding: one_shot/sr up to 1 MiB,
+    // two_shot/sr at 4 and 16 MiB, two_shot over all-gather from 64 MiB.
+    const Verdict v = check_choices(s, config, Collective::all_reduce, "both transports");
+    CHECK(v.points == 7);
+    CHECK(v.off == 0);
+    CHECK(v.worst_ratio == doctest::Approx(1.0).epsilon(1e-9));
+    sched::CallShape call;
+    call.dtype = ncclBfloat16;
+    call.nranks = 4;
+    auto plan = [&](uint64_t bytes) {
+      call.count = bytes / 2;
+      return sched::plan_call(config, call, Fabric::net);
+    };
+    CHECK(plan(1ull << 20).path == Path::one_shot);
+    CHECK(plan(1ull << 20).gather == GatherTransport::sendrecv);
+    CHECK(plan(16ull << 20).path == Path::two_shot);
+    CHECK(plan(16ull << 20).gather == GatherTransport::sendrecv);
+    CHECK(plan(1ull << 30).path == Path::two_shot);
+    CHECK(plan(1ull << 30).gather == GatherTransport::allgather);
+    // Each path's own crossover: one-shot's gather step switches between 4 and 16 MiB, two-shot's
+    // between 16 and 64 MiB.
+    using sched::gather_transport_for;
+    for (uint64_t mib : {1, 4}) CHECK(gather_transport_for(config, Collective::all_reduce, Path::one_shot, mib << 20, 4, Fabric::net) == GatherTransport::sendrecv);
+    for (uint64_t mib : {16, 64}) CHECK(gather_transport_for(config, Collective::all_reduce, Path::one_shot, mib << 20, 4, Fabric::net) == GatherTransport::allgather);
+    for (uint64_t mib : {4, 16}) CHECK(gather_transport_for(config, Collective::all_reduce, Path::two_shot, mib << 20, 4, Fabric::net) == GatherTransport::sendrecv);
+    for (uint64_t mib : {64, 1024}) CHECK(gather_transport_for(config, Collective::all_reduce, Path::two_shot, mib << 20, 4, Fabric::net) == GatherTransport::allgather);
+  }
+
+  // The same sweep with the send/recv points alone: one transport, which the planner is held to.
+  SweepResult sr = s;
+  std::erase_if(sr.points, [](const SweepPoint& p) { return p.gather_transport == "allgather"; });
+  const Config sr_only = profile_config(sr);
+  CHECK(sr_only.gather_transport == GatherTransport::sendrecv);
+  CHECK(check_choices(sr, sr_only, Collective::all_reduce, "send/recv only").off == 0);
 }

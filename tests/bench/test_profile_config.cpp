@@ -41,3 +41,44 @@ TEST_CASE("profile round trip through parse_config_toml") {
   CHECK(m.kernel_launch_us == doctest::Approx(3.5));
   CHECK_FALSE(c.cost_model[static_cast<int>(Fabric::net)].calibrated);
 }
+
+TEST_CASE("profile pins the gather transport its sweep measured, and only that") {
+  auto sweep_with = [](std::vector<std::string> transports) {
+    SweepResult r;
+    r.machine.nranks = 4;
+    r.machine.fabric = Fabric::net;
+    uint64_t bytes = 1 << 20;
+    for (const auto& t : transports) {
+      SweepPoint plain;
+      plain.path = Path::passthrough;
+      plain.bytes = bytes;
+      r.points.push_back(plain);
+      SweepPoint fp8;
+      fp8.path = Path::one_shot;
+      fp8.bytes = bytes;
+      fp8.gather_transport = t;
+      r.points.push_back(fp8);
+      bytes *= 4;
+    }
+    return profile_from_sweep(r, {}, Calibration{});
+  };
+  auto loaded = [](const FabricProfile& p) {
+    const ConfigResult r = parse_config_toml(render_profile_toml({p}), "profile.toml");
+    for (const auto& e : r.errors) MESSAGE(e.message());
+    REQUIRE(r.ok());
+    return r.config.gather_transport;
+  };
+  CHECK(sweep_with({"sendrecv", "sendrecv"}).gather_transport == "sendrecv");
+  CHECK(loaded(sweep_with({"sendrecv", "sendrecv"})) == GatherTransport::sendrecv);
+  CHECK(loaded(sweep_with({"allgather"})) == GatherTransport::allgather);
+  // Both measured (a --gather-transport both sweep), or a rank disagreeing: the automatic choice.
+  CHECK(sweep_with({"allgather", "sendrecv"}).gather_transport.empty());
+  CHECK(loaded(sweep_with({"allgather", "sendrecv"})) == GatherTransport::automatic);
+  CHECK(loaded(sweep_with({"mixed"})) == GatherTransport::automatic);
+  // Fabrics of one document that disagree: the key (one for all fabrics) is left out.
+  FabricProfile a = sweep_with({"sendrecv"}), b = sweep_with({"allgather"});
+  b.fabric = Fabric::pcie;
+  const ConfigResult r = parse_config_toml(render_profile_toml({a, b}), "profile.toml");
+  REQUIRE(r.ok());
+  CHECK(r.config.gather_transport == GatherTransport::automatic);
+}

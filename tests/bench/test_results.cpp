@@ -292,3 +292,139 @@ TEST_CASE("calibration: two-shot over send/recv is two a2a, none of them an all-
     if (p.path == Path::two_shot) p.gather_transport = "mixed";
   CHECK(calibrate(s).model.alltoall_latency_us == 0);
 }
+
+namespace {
+// `sweep --gather-transport both` on the synthetic all-reduce: each FP8 path timed over all-gather
+// (the synthetic times) and over send/recv: one_shot/sr 20 us + S / 10 GB/s (a lower fixed cost
+// than plain NCCL at the same slope: faster at small sizes, a tie at large ones), two_shot/sr 60 us +
+// 0.6 S / 10 GB/s.
+SweepResult both_transports_sweep() {
+  SweepResult r = synthetic_sweep();
+  std::erase_if(r.points, [](const SweepPoint& p) { return p.collective != Collective::all_reduce; });
+  std::vector<SweepPoint> points;
+  for (SweepPoint p : r.points) {
+    if (p.path == Path::passthrough) {
+      points.push_back(p);
+      continue;
+    }
+    p.gather_transport = "allgather";
+    points.push_back(p);
+    const double b = static_cast<double>(p.bytes);
+    const double us = p.path == Path::one_shot ? 20 + b / 10e3 : p.path == Path::two_shot ? 60 + 0.6 * b / 10e3 : 0;
+    if (us == 0) continue;
+    p.gather_transport = "sendrecv";
+    p.times_us = {us, us * 1.01, us * 0.99, us};
+    p.time = summarize(p.times_us);
+    points.push_back(p);
+  }
+  r.points = std::move(points);
+  r.gather_transport_requested = "both";
+  r.gather_transport_config = "both";
+  compute_speedups(r);
+  return r;
+}
+const CrossoverReport* report_of(const std::vector<CrossoverReport>& reports, const std::string& candidate) {
+  for (const auto& x : reports)
+    if (x.collective == Collective::all_reduce && x.candidate == candidate) return &x;
+  return nullptr;
+}
+}  // namespace
+
+TEST_CASE("both gather transports: separate curves, speedups against the one baseline, best over all") {
+  const SweepResult r = both_transports_sweep();
+  for (const auto& p : r.points) {
+    CAPTURE(path_label(p));
+    const double base = 30 + static_cast<double>(p.bytes) / 10e3;
+    CHECK(p.speedup == doctest::Approx(base / p.time.median));
+  }
+  const auto reports = analyze_crossovers(r, {});
+  std::vector<std::string> names;
+  for (const auto& x : reports) names.push_back(x.candidate);
+  CHECK(names == std::vector<std::string>{"two_shot", "two_shot/sr", "one_shot", "one_shot/sr", "best"});
+  const CrossoverReport* one = report_of(reports, "one_shot");
+  const CrossoverReport* one_sr = report_of(reports, "one_shot/sr");
+  const CrossoverReport* best = report_of(reports, "best");
+  REQUIRE((one && one_sr && best));
+  CHECK(one->path == Path::one_shot);
+  CHECK(one->gather_transport == "allgather");
+  CHECK(one_sr->path == Path::one_shot);
+  CHECK(one_sr->gather_transport == "sendrecv");
+  CHECK_FALSE(best->path);
+  // The all-gather one-shot alone crosses at 4 MiB (1 MiB ties); over send/recv it wins from the
+  // smallest size (30.4 vs 20.4 us at 4 KiB).
+  CHECK(one->crossover.bytes == (4u << 20));
+  CHECK(one_sr->crossover.at_smallest);
+  // best: per size the fastest of all four curves, so it takes one_shot/sr at 4 KiB (the all-gather
+  // sweep's best crossed at 1 MiB) and two-shot at the top.
+  CHECK(best->crossover.found);
+  CHECK(best->crossover.at_smallest);
+  CHECK(best->crossover.bytes == 4096);
+  CHECK(best->crossover.speedup == doctest::Approx(30.4096 / 20.4096));
+  for (Outcome o : best->crossover.outcomes) CHECK(o == Outcome::win);
+
+  // One row per curve in the table; the crossovers list both.
+  const std::string table = render_table(r, Collective::all_reduce, DType::bf16);
+  size_t rows_4k = 0;
+  for (size_t at = table.find("\n       4 KiB"); at != std::string::npos; at = table.find("\n       4 KiB", at + 1)) ++rows_4k;
+  CHECK(rows_4k == 5);  // passthrough, two_shot, two_shot/sr, one_shot, one_shot/sr
+  CHECK(table.find("two_shot/sr") != std::string::npos);
+  CHECK(render_crossovers(r, reports).find("one_shot/sr") != std::string::npos);
+}
+
+TEST_CASE("both gather transports: JSON says both; calibration fits all_gather and all_to_all") {
+  const SweepResult r = both_transports_sweep();
+  const Calibration cal = calibrate(r);
+  const nlohmann::json j = to_json(r, analyze_crossovers(r, {}), cal);
+  CHECK(j["gather_transport"]["requested"] == "both");
+  CHECK(j["gather_transport"]["config"] == "both");
+  std::string error;
+  const auto back = sweep_from_json(j, error);
+  REQUIRE_MESSAGE(back, error);
+  CHECK(back->gather_transport_requested == "both");
+  REQUIRE(back->points.size() == r.points.size());
+  for (size_t i = 0; i < r.points.size(); ++i) CHECK(back->points[i].gather_transport == r.points[i].gather_transport);
+
+  // all_gather from the one-shot points over all-gather (as in the all-gather sweep above), all_to_all
+  // from those over send/recv: 20 us + S / 10 GB/s minus 2 launches (6 us) and 3 S through the codec,
+  // the rest over (n-1) r S bus bytes.
+  const CostModel& m = cal.model;
+  const double ratio = 132.0 / 256.0;
+  CHECK(m.allgather_latency_us == doctest::Approx(44.0).epsilon(1e-6));
+  CHECK(m.allgather_bandwidth_gbps == doctest::Approx(1e-3 / ((0.8 / 10e3 - 3 / 1.2e6) / ratio)).epsilon(1e-6));
+  CHECK(m.alltoall_latency_us == doctest::Approx(14.0).epsilon(1e-6));
+  CHECK(m.alltoall_bandwidth_gbps == doctest::Approx(1e-3 / ((1.0 / 10e3 - 3 / 1.2e6) / ratio)).epsilon(1e-6));
+  const WireParams wire{DType::bf16, 128, 4};
+  const double S = 64.0 * (1 << 20);
+  CHECK(predict_us(Collective::all_reduce, Path::one_shot, 2, S, cal.link, cal.codec, wire) ==
+        doctest::Approx(50 + 0.8 * S / 10e3));
+  CHECK(predict_us(Collective::all_reduce, Path::one_shot, 2, S, cal.link, cal.codec, wire, GatherTransport::sendrecv) ==
+        doctest::Approx(20 + S / 10e3));
+
+  // The profile: the threshold from "best" (FP8 from the smallest size), both operations' figures.
+  const FabricProfile profile = profile_from_sweep(r, analyze_crossovers(r, {}), cal);
+  REQUIRE(profile.thresholds[0]);
+  CHECK(profile.thresholds[0]->bytes == 4096);
+  const std::string toml = render_profile_toml({profile});
+  CHECK(toml.find("allgather_latency_us = 44.000") != std::string::npos);
+  CHECK(toml.find("alltoall_latency_us = 14.000") != std::string::npos);
+}
+
+TEST_CASE("both gather transports: the model report checks each curve with its own transport") {
+  ModelOptions options;
+  options.nranks = {8};
+  const ModelReport rep = model_report({both_transports_sweep()}, options);
+  int one_shot_checks = 0;
+  for (const auto& c : rep.json["checks"]) {
+    if (c["path"] != "one_shot") continue;
+    ++one_shot_checks;
+    CHECK((c["gather_transport"] == "allgather" || c["gather_transport"] == "sendrecv"));
+    // Each curve is reproduced by the figures fitted from it.
+    CHECK(c["worst_time_error"].get<double>() < 1e-6);
+  }
+  CHECK(one_shot_checks == 2);
+  CHECK(rep.text.find("one_shot/sr") != std::string::npos);
+  bool small_best_sr = false;
+  for (const auto& c : rep.json["choices"])
+    if (c["bytes"] == 4096) small_best_sr = c["measured_best"] == "one_shot/sr" && c["chosen"] == "one_shot/sr";
+  CHECK(small_best_sr);
+}

@@ -111,3 +111,15 @@ TEST_CASE("paths per collective: all-reduce keeps every request; RS and AG have 
   CHECK(paths_for(Collective::all_gather, {Path::ring}) == std::vector<Path>{Path::passthrough, Path::one_shot});
   CHECK(paths_for(Collective::all_gather, {Path::passthrough}) == std::vector<Path>{Path::passthrough});
 }
+
+TEST_CASE("--gather-transport: auto forces nothing, one transport, or both in turn") {
+  using G = GatherTransport;
+  CHECK(parse_gather_transport_option("auto") == std::vector<G>{});
+  CHECK(parse_gather_transport_option("allgather") == std::vector<G>{G::allgather});
+  CHECK(parse_gather_transport_option("sendrecv") == std::vector<G>{G::sendrecv});
+  CHECK(parse_gather_transport_option("Both") == std::vector<G>{G::allgather, G::sendrecv});
+  CHECK_FALSE(parse_gather_transport_option("nvls"));
+  CHECK_FALSE(parse_gather_transport_option(""));
+  for (const char* name : {"auto", "allgather", "sendrecv", "both"})
+    CHECK(gather_transport_option_name(*parse_gather_transport_option(name)) == name);
+}

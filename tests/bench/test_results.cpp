@@ -269,7 +269,7 @@ TEST_CASE("calibration: one-shot points over send/recv calibrate all_to_all and 
   CHECK(predict_us(Collective::all_reduce, Path::one_shot, 2, S, cal.link, cal.codec, wire, GatherTransport::sendrecv) ==
         doctest::Approx(50 + 0.8 * S / 10e3));
   CHECK(cal.link.basis.find("all_to_all 44 us") != std::string::npos);
-  CHECK(cal.link.basis.find("one_shot all_reduce over send/recv") != std::string::npos);
+  CHECK(cal.link.basis.find("all_reduce over send/recv") != std::string::npos);
 }
 
 TEST_CASE("calibration: two-shot over send/recv is two a2a, none of them an all-gather") {
@@ -310,7 +310,19 @@ SweepResult both_transports_sweep() {
     p.gather_transport = "allgather";
     points.push_back(p);
     const double b = static_cast<double>(p.bytes);
-    const double us = p.path == Path::one_shot ? 20 + b / 10e3 : p.path == Path::two_shot ? 60 + 0.6 * b / 10e3 : 0;
+    // Over send/recv both paths issue only a2a: one-shot 20 us + S / 10 GB/s fixes the a2a figures
+    // (calibration test below), and two-shot is what the model says with those same figures, so one
+    // pooled fit explains both curves exactly.
+    Link a2a;
+    a2a.alpha_us = 30;
+    a2a.bus_gbps = 10;
+    a2a.alltoall_us = 14;
+    a2a.alltoall_gbps = 1e-3 / ((1.0 / 10e3 - 3 / 1.2e6) / (132.0 / 256.0));
+    const double us = p.path == Path::one_shot ? 20 + b / 10e3
+                      : p.path == Path::two_shot
+                          ? predict_us(Collective::all_reduce, Path::two_shot, r.machine.nranks, b, a2a, r.codec,
+                                       WireParams{DType::bf16, 128, 4}, GatherTransport::sendrecv)
+                          : 0;
     if (us == 0) continue;
     p.gather_transport = "sendrecv";
     p.times_us = {us, us * 1.01, us * 0.99, us};
@@ -385,8 +397,9 @@ TEST_CASE("both gather transports: JSON says both; calibration fits all_gather a
   for (size_t i = 0; i < r.points.size(); ++i) CHECK(back->points[i].gather_transport == r.points[i].gather_transport);
 
   // all_gather from the one-shot points over all-gather (as in the all-gather sweep above), all_to_all
-  // from those over send/recv: 20 us + S / 10 GB/s minus 2 launches (6 us) and 3 S through the codec,
-  // the rest over (n-1) r S bus bytes.
+  // from those over send/recv, one-shot and two-shot pooled: 20 us + S / 10 GB/s minus 2 launches
+  // (6 us) and 3 S through the codec, the rest over (n-1) r S bus bytes (two-shot's curve was made
+  // from the same figures, so the pooled fit recovers them exactly).
   const CostModel& m = cal.model;
   const double ratio = 132.0 / 256.0;
   CHECK(m.allgather_latency_us == doctest::Approx(44.0).epsilon(1e-6));

@@ -9,7 +9,8 @@
 #   4. prints each run's exposure report, the side-by-side comparison (step ms, exposed
 #      communication ms, bytes on the wire) and the loss parity of the two runs.
 # Environment: RANKS (default: GPUs, or 2 on one GPU), STEPS (30), CONFIG, MAIN_OUT (out/main-job),
-#   TRAIN_SET (extra --set overrides, space separated), SKIP_BUILD=1.
+#   TRAIN_SET (extra --set overrides, space separated), SKIP_BUILD=1. On one GPU, NCCL_P2P_NET_CHUNKSIZE
+#   (default there 524288) and FP8WIRE_GATHER_TRANSPORT (default there sendrecv) as measured best.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

@@ -25,8 +25,8 @@ struct KernelBenchOptions {
   quant::WireFormat format{};                 // e4m3, fp32 scales, block 128, nearest
   // Which kernels: any of "quantize", "dequantize", "reduce", "reduce_requant", "naive"; empty = all.
   std::vector<std::string> kernels;
-  uint32_t work_per_cta = 0;
-  uint32_t kernel_variant = 0;               // quant::LaunchOptions::kernel_variant (0 = production)                 // quant::LaunchOptions::work_per_cta (0 = launcher's choice)
+  uint32_t work_per_cta = 0;                 // quant::LaunchOptions::work_per_cta (0 = launcher's choice)
+  uint32_t kernel_variant = 0;               // quant::LaunchOptions::kernel_variant (0 = production)
   std::string json_path;                      // write the results as JSON when non-empty
   bool print_table = true;
 };

@@ -491,6 +491,27 @@ struct Engine::Impl {
     }                                                                                         \
   } while (0)
 
+  static bool nccl_ok(ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; }
+
+  // Issues `sends_and_recvs(call)` between GroupStart and GroupEnd, where call(result) records the
+  // first failure. The group is always closed: a failed Send/Recv must not leave the application's
+  // thread inside an open NCCL group (its later calls would be swallowed into it).
+  template <class Body>
+  ncclResult_t in_group(const char* what, Body&& sends_and_recvs) {
+    FP8WIRE_NCCL_CHECK(api->GroupStart());
+    ncclResult_t res = ncclSuccess;
+    sends_and_recvs([&res](ncclResult_t r) {
+      if (nccl_ok(res) && !nccl_ok(r)) res = r;
+    });
+    const ncclResult_t end = api->GroupEnd();
+    if (!nccl_ok(res)) {
+      FP8WIRE_ERROR("NCCL error {} in the send/recv group of the {}", static_cast<int>(res), what);
+      return res;
+    }
+    FP8WIRE_NCCL_CHECK(end);
+    return ncclSuccess;
+  }
+
   // The gather step of an FP8 path: rank r's slot (base + r * slot_bytes) to every rank's slot r,
   // by ncclAllGather or by grouped send/recv to every peer (GatherTransport; same layout, same bytes).
   ncclResult_t gather_slots(CommState& s, GatherTransport gather, char* base, size_t slot_bytes) {
@@ -498,21 +519,13 @@ struct Engine::Impl {
       FP8WIRE_NCCL_CHECK(api->AllGather(base + s.rank * slot_bytes, base, slot_bytes, ncclUint8, s.comm, s.side));
       return ncclSuccess;
     }
-    FP8WIRE_NCCL_CHECK(api->GroupStart());
-    ncclResult_t res = ncclSuccess;
-    auto ok = [](ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; };
-    for (int j = 0; j < s.nranks && ok(res); ++j) {
-      if (j == s.rank) continue;
-      res = api->Send(base + s.rank * slot_bytes, slot_bytes, ncclUint8, j, s.comm, s.side);
-      if (ok(res)) res = api->Recv(base + j * slot_bytes, slot_bytes, ncclUint8, j, s.comm, s.side);
-    }
-    const ncclResult_t end = api->GroupEnd();   // always closed, so a failed call leaves no open group
-    if (!ok(res)) {
-      FP8WIRE_ERROR("NCCL error {} in the send/recv gather of {} B slots", static_cast<int>(res), slot_bytes);
-      return res;
-    }
-    FP8WIRE_NCCL_CHECK(end);
-    return ncclSuccess;
+    return in_group("send/recv gather", [&](auto call) {
+      for (int j = 0; j < s.nranks; ++j) {
+        if (j == s.rank) continue;
+        call(api->Send(base + s.rank * slot_bytes, slot_bytes, ncclUint8, j, s.comm, s.side));
+        call(api->Recv(base + j * slot_bytes, slot_bytes, ncclUint8, j, s.comm, s.side));
+      }
+    });
   }
 
   // All-reduce of `count` elements from `in` to `out` (may alias). Returns ncclInvalidUsage (with no
@@ -593,17 +606,17 @@ struct Engine::Impl {
         }
         if (auto res = hand_over(s, stream, i); res != ncclSuccess) return res;
         if (path == Path::two_shot) {
-          FP8WIRE_NCCL_CHECK(api->GroupStart());
-          for (int j = 0; j < n; ++j) {
-            if (j == r) continue;
-            if (l.length(j)) {
-              FP8WIRE_NCCL_CHECK(api->Send(sent + j * stride, l.bytes(j, format), ncclUint8, j, s.comm, s.side));
-              *wire += l.bytes(j, format);
+          const ncclResult_t sent_res = in_group("two-shot all-to-all", [&](auto call) {
+            for (int j = 0; j < n; ++j) {
+              if (j == r) continue;
+              if (l.length(j)) {
+                call(api->Send(sent + j * stride, l.bytes(j, format), ncclUint8, j, s.comm, s.side));
+                *wire += l.bytes(j, format);
+              }
+              if (l.length(r)) call(api->Recv(received + j * stride, l.bytes(r, format), ncclUint8, j, s.comm, s.side));
             }
-            if (l.length(r))
-              FP8WIRE_NCCL_CHECK(api->Recv(received + j * stride, l.bytes(r, format), ncclUint8, j, s.comm, s.side));
-          }
-          FP8WIRE_NCCL_CHECK(api->GroupEnd());
+          });
+          if (sent_res != ncclSuccess) return sent_res;
           if (l.length(r)) {
             std::array<const void*, quant::kMaxReduceInputs> inputs;
             for (int j = 0; j < n; ++j) inputs[j] = (j == r ? sent : received) + j * stride;
@@ -617,14 +630,14 @@ struct Engine::Impl {
           for (int step = 0; step + 1 < n; ++step) {
             const int c_send = ((r - step - 1) % n + n) % n;
             const int c_recv = ((r - step - 2) % n + n) % n;
-            FP8WIRE_NCCL_CHECK(api->GroupStart());
-            if (l.length(c_send)) {
-              FP8WIRE_NCCL_CHECK(api->Send(sent, l.bytes(c_send, format), ncclUint8, (r + 1) % n, s.comm, s.side));
-              *wire += l.bytes(c_send, format);
-            }
-            if (l.length(c_recv))
-              FP8WIRE_NCCL_CHECK(api->Recv(received, l.bytes(c_recv, format), ncclUint8, (r - 1 + n) % n, s.comm, s.side));
-            FP8WIRE_NCCL_CHECK(api->GroupEnd());
+            const ncclResult_t hop = in_group("ring hop", [&](auto call) {
+              if (l.length(c_send)) {
+                call(api->Send(sent, l.bytes(c_send, format), ncclUint8, (r + 1) % n, s.comm, s.side));
+                *wire += l.bytes(c_send, format);
+              }
+              if (l.length(c_recv)) call(api->Recv(received, l.bytes(c_recv, format), ncclUint8, (r - 1 + n) % n, s.comm, s.side));
+            });
+            if (hop != ncclSuccess) return hop;
             if (!l.length(c_recv)) continue;
             const bool last = step + 2 == n;
             const void* acc = received;
@@ -676,13 +689,14 @@ struct Engine::Impl {
                                      quant::Segmented::single(len, format), format, stream, opt));
       }
       if (auto res = hand_over(s, stream, i); res != ncclSuccess) return res;
-      FP8WIRE_NCCL_CHECK(api->GroupStart());
-      for (int j = 0; j < n; ++j) {
-        if (j == r) continue;
-        FP8WIRE_NCCL_CHECK(api->Send(sent + j * cb, cb, ncclUint8, j, s.comm, s.side));
-        FP8WIRE_NCCL_CHECK(api->Recv(received + j * cb, cb, ncclUint8, j, s.comm, s.side));
-      }
-      FP8WIRE_NCCL_CHECK(api->GroupEnd());
+      const ncclResult_t exchanged = in_group("reduce-scatter all-to-all", [&](auto call) {
+        for (int j = 0; j < n; ++j) {
+          if (j == r) continue;
+          call(api->Send(sent + j * cb, cb, ncclUint8, j, s.comm, s.side));
+          call(api->Recv(received + j * cb, cb, ncclUint8, j, s.comm, s.side));
+        }
+      });
+      if (exchanged != ncclSuccess) return exchanged;
       *wire += cb * static_cast<uint64_t>(n - 1);
       std::array<const void*, quant::kMaxReduceInputs> inputs;
       for (int j = 0; j < n; ++j) inputs[j] = (j == r ? sent : received) + j * cb;

@@ -404,6 +404,7 @@ uint64_t config_fingerprint(const Config& c) {
   for (bool b : c.collective_enable) mix(b);
   mix(c.format); mix(c.block_size); mix(c.scale_type); mix(c.rounding); mix(c.seed);
   mix(c.algorithm);
+  mix(c.gather_transport);   // ranks gathering by different NCCL calls would hang
   mix(c.fabric_override.has_value());
   if (c.fabric_override) mix(*c.fabric_override);
   for (const auto& per : c.thresholds)

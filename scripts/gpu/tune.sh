@@ -34,5 +34,5 @@ if [[ " $parts " == *" transports "* ]]; then
   }
   probe_run r2 2 "64MiB 256MiB"
   probe_run r4 4 "4MiB 64MiB"
-  [[ -n "${TUNE_PROBE_ENV:-}" ]] && probe_run r4_env 4 "4MiB 64MiB" $TUNE_PROBE_ENV
+  if [[ -n "${TUNE_PROBE_ENV:-}" ]]; then probe_run r4_env 4 "4MiB 64MiB" $TUNE_PROBE_ENV; fi
 fi

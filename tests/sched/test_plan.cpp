@@ -490,6 +490,10 @@ TEST_CASE("fabric agreement: identical facts give identical decisions") {
     Config e5 = c;
     e5.format = Fp8Format::e5m2;
     CHECK(config_fingerprint(e5) != fp);
+    // One rank gathering by send/recv while its peers all-gather would hang: ruled out at agreement.
+    Config sr = c;
+    sr.gather_transport = GatherTransport::sendrecv;
+    CHECK(config_fingerprint(sr) != fp);
   }
 }
 

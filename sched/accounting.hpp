@@ -33,6 +33,15 @@ inline const char* to_string(Path p) {
   return "unknown";
 }
 
+// Whether an FP8 path ends by gathering every rank's quantized slot (one-shot's exchange, two-shot's
+// and ring's final all-gather, the FP8 all-gather), the step Config::gather_transport chooses the
+// NCCL calls of. The FP8 reduce-scatter ends with its local reduce; plain NCCL has none. Inline here,
+// beside Path, so the planner and the benchmark's host code share one definition.
+inline bool has_gather_step(Collective collective, Path path) {
+  if (path == Path::passthrough || path == Path::fallback) return false;
+  return collective != Collective::reduce_scatter;
+}
+
 enum class CallKind : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, send, recv };
 inline const char* to_string(CallKind k) {
   switch (k) {

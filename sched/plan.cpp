@@ -118,11 +118,6 @@ NcclOp gather_op(GatherTransport gather) {
 }
 }  // namespace
 
-bool has_gather_step(Collective collective, Path path) {
-  if (path == Path::passthrough || path == Path::fallback) return false;
-  return collective != Collective::reduce_scatter;
-}
-
 GatherTransport gather_transport_for(const Config& config, Collective collective, Path path,
                                      uint64_t caller_bytes, int nranks, Fabric fabric) {
   if (!has_gather_step(collective, path)) return GatherTransport::allgather;

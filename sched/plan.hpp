@@ -83,9 +83,6 @@ double predicted_us(const CostModel& model, Collective collective, Path path, ui
                     int nranks, const quant::WireFormat& format,
                     GatherTransport gather = GatherTransport::allgather);
 
-// Whether a path has a gather step (every FP8 all-reduce path and the FP8 all-gather; the FP8
-// reduce-scatter ends with its local reduce).
-bool has_gather_step(Collective collective, Path path);
 // The transport of that step for one call: Config::gather_transport when set, else the cheaper of
 // the two by the cost model of `fabric` (all-gather on a tie, which the built-in figures always are).
 // A function of the config and the call's shape only, so every rank picks the same.

@@ -196,11 +196,6 @@ std::string gather_transport_option_name(const std::vector<GatherTransport>& tra
   return "both";
 }
 
-bool has_gather_step(Collective c, Path p) {
-  if (p == Path::passthrough || p == Path::fallback) return false;
-  return c != Collective::reduce_scatter;
-}
-
 std::vector<Path> paths_for(Collective c, const std::vector<Path>& requested) {
   std::vector<Path> out = {Path::passthrough};
   bool any_fp8 = false;

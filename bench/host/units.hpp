@@ -64,11 +64,7 @@ std::optional<std::vector<GatherTransport>> parse_gather_transport_option(std::s
 // The option's value for such a list: "auto", "allgather", "sendrecv" or "both".
 std::string gather_transport_option_name(const std::vector<GatherTransport>& transports);
 
-// True for the FP8 paths that have a gather step (each rank's quantized slot to every other rank),
-// the step whose transport gather_transport chooses: every FP8 all-reduce (one-shot's exchange,
-// two-shot's and ring's final all-gather) and the FP8 all-gather. FP8 reduce-scatter and plain NCCL
-// have none.
-bool has_gather_step(Collective c, Path p);
+// has_gather_step(collective, path): sched/accounting.hpp, shared with the planner.
 
 // The FP8 paths worth timing for a collective, given the requested ones (in the requested order):
 // all-reduce has three algorithms; reduce-scatter has one (sched/ runs it as two_shot) and

@@ -8,6 +8,11 @@
 
 #include "common/log.hpp"
 
+namespace fp8wire {
+// An NCCL call that did not fail: ncclInProgress (non-blocking communicators) is not a failure.
+inline bool nccl_ok(ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; }
+}  // namespace fp8wire
+
 // Evaluates a CUDA runtime call; on failure logs it and returns ncclUnhandledCudaError.
 #define FP8WIRE_CUDA_CHECK(call)                                                          \
   do {                                                                                    \
@@ -31,7 +36,7 @@
 #define FP8WIRE_NCCL_CHECK(call)                                                          \
   do {                                                                                    \
     ncclResult_t fp8wire_res_ = (call);                                                   \
-    if (__builtin_expect(fp8wire_res_ != ncclSuccess && fp8wire_res_ != ncclInProgress, 0)) { \
+    if (__builtin_expect(!::fp8wire::nccl_ok(fp8wire_res_), 0)) {                         \
       FP8WIRE_ERROR("NCCL error {} in {}", static_cast<int>(fp8wire_res_), #call);        \
       return fp8wire_res_;                                                                \
     }                                                                                     \

@@ -491,8 +491,6 @@ struct Engine::Impl {
     }                                                                                         \
   } while (0)
 
-  static bool nccl_ok(ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; }
-
   // Issues `sends_and_recvs(call)` between GroupStart and GroupEnd, where call(result) records the
   // first failure. The group is always closed: a failed Send/Recv must not leave the application's
   // thread inside an open NCCL group (its later calls would be swallowed into it).

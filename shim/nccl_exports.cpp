@@ -9,6 +9,7 @@
 
 #include <exception>
 
+#include "common/status.hpp"
 #include "shim/reentry_guard.hpp"
 #include "shim/runtime.hpp"
 
@@ -66,7 +67,7 @@ ncclResult_t create(const char* name, const void* caller, ncclComm_t* out, const
       [&](Runtime& rt) {
         const bool single_process = parent && rt.engine->comm_single_process(parent);
         const ncclResult_t result = call_real<Member>(rt, name, args...);
-        if (out && (result == ncclSuccess || result == ncclInProgress))
+        if (out && nccl_ok(result))
           comm_created(rt, *out, result, config, single_process);
         return result;
       },
@@ -220,7 +221,7 @@ FP8WIRE_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const i
       "ncclCommInitAll", FP8WIRE_CALLER,
       [&](Runtime& rt) {
         const ncclResult_t result = shim::call_real<&NcclApi::CommInitAll>(rt, "ncclCommInitAll", comms, ndev, devlist);
-        if (comms && (result == ncclSuccess || result == ncclInProgress))
+        if (comms && fp8wire::nccl_ok(result))
           for (int i = 0; i < ndev; ++i) shim::comm_created(rt, comms[i], result, nullptr, /*single_process=*/true);
         return result;
       },

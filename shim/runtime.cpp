@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/log.hpp"
+#include "common/status.hpp"
 #include "sched/accounting.hpp"
 
 namespace fp8wire::shim {
@@ -121,7 +122,7 @@ Runtime& runtime_slow() {
 void comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const ncclConfig_t* config,
                   bool single_process) {
   if (!comm) return;  // e.g. ncclCommSplit with NCCL_SPLIT_NOCOLOR
-  if (init_result != ncclSuccess && init_result != ncclInProgress) return;
+  if (!nccl_ok(init_result)) return;
   const bool nonblocking = init_result == ncclInProgress || (config && config->blocking == 0);
   // The log shows the rank of the first communicator that can tell it (a non-blocking one may not
   // know yet).

@@ -23,18 +23,55 @@ struct Storage { using type = uint16_t; };
 template <>
 struct Storage<ElemType::f32> { using type = float; };
 
+// The conversion instructions of sm_80+ give the reference's results bit for bit (fp16 -> fp32 is
+// exact; fp32 -> bf16/fp16 rounds to nearest even, overflows to Inf and turns NaN into 0x7FFF, which is
+// math::kCanonicalNan16), at one instruction per value or pair instead of a dozen integer operations.
 template <ElemType T>
 __device__ __forceinline__ float to_f32(typename Storage<T>::type v) {
   if constexpr (T == ElemType::f32) return v;
   else if constexpr (T == ElemType::bf16) return math::bf16_to_f32(v);
-  else return math::f16_to_f32(v);
+  else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
+    return f;
+#else
+    return math::f16_to_f32(v);
+#endif
+  }
 }
 
 template <ElemType T>
 __device__ __forceinline__ typename Storage<T>::type from_f32(float v) {
   if constexpr (T == ElemType::f32) return math::bits_f32(math::is_nan_bits(math::f32_bits(v)) ? math::kCanonicalNanF32 : math::f32_bits(v));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  else if constexpr (T == ElemType::bf16) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return r;
+  } else {
+    unsigned short r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return r;
+  }
+#else
   else if constexpr (T == ElemType::bf16) return math::f32_to_bf16(v);
   else return math::f32_to_f16(v);
+#endif
+}
+
+// Two fp32 values -> one word of two 16-bit elements (lo in the low half), as from_f32 each.
+template <ElemType T>
+__device__ __forceinline__ uint32_t pack2_from_f32(float lo, float hi) {
+  static_assert(T != ElemType::f32, "pairs of 16-bit elements only");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  if constexpr (T == ElemType::bf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return uint32_t(from_f32<T>(lo)) | (uint32_t(from_f32<T>(hi)) << 16);
+#endif
 }
 
 // Loads elements [e, e + n) of `base` as fp32 into x[0..n), zeros after; one or more 16-byte loads
@@ -63,9 +100,14 @@ __device__ __forceinline__ void store16(void* base, size_t e, int n, bool aligne
   S* p = static_cast<S*>(base) + e;
   if (n == kVec && aligned) {
     constexpr int kWords = kVec * sizeof(S) / 16;
-    union { uint4 v[kWords]; S s[kVec]; } u;
+    union { uint4 v[kWords]; uint32_t w[kWords * 4]; S s[kVec]; } u;
+    if constexpr (sizeof(S) == 2) {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) u.s[i] = from_f32<T>(y[i]);
+      for (int i = 0; i < kVec; i += 2) u.w[i / 2] = pack2_from_f32<T>(y[i], y[i + 1]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) u.s[i] = from_f32<T>(y[i]);
+    }
 #pragma unroll
     for (int w = 0; w < kWords; ++w) reinterpret_cast<uint4*>(p)[w] = u.v[w];
   } else {
@@ -184,8 +226,10 @@ __device__ __forceinline__ uint32_t abs_max_bits(const float (&x)[kVec]) {
 // Max over the `lanes` consecutive threads of one FP8 block. Every thread of the CTA must call it
 // (shuffles use the full mask; groups larger than a warp meet in shared memory).
 __device__ __forceinline__ uint32_t group_max(uint32_t v, int lanes, uint32_t* smem) {
-  const int width = lanes < 32 ? lanes : 32;
-  for (int o = width / 2; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  // Unrolled (lanes is uniform): a max is exact, so the order of the butterfly does not matter.
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1)
+    if (o < lanes) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
   if (lanes <= 32) return v;
   const int warp = threadIdx.x >> 5;
   __syncthreads();   // the previous tile's readers are done with smem

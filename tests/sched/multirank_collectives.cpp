@@ -16,7 +16,9 @@
 // the output dtype's rounding (2^-8 relative for bf16, 2^-11 fp16, 2^-24 fp32) of the result.
 // The test reports err / bound and fails above 1.
 //
-// Usage: multirank_collectives [--ranks 2,3,4] [--big] [--timeout S]
+// Usage: multirank_collectives [--ranks 2,3,4] [--big] [--timeout S] [--per-gpu]
+//   --per-gpu: rank r runs on GPU r % (visible GPUs) with no NCCL_HOSTID, so NCCL joins real GPUs by
+//   its own transports (NVLink/P2P, or host memory under NCCL_P2P_DISABLE=1) instead of sockets.
 //   --big: the big all-reduce case moves 256 MiB (64 Mi fp32) instead of 64 MiB, at the first world
 //   size listed only (it is the slowest case; one world size shows the pipeline at full size).
 // Exit 77 with "SKIPPED: no CUDA device" where no GPU is visible.
@@ -610,17 +612,24 @@ void run_error_feedback_case(Rank& R, const NcclApi& api) {
   cudaFree(out);
 }
 
-int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_path, bool big) {
-  char host[64];
-  snprintf(host, sizeof(host), "emulated-host-%d", rank);
-  setenv("NCCL_HOSTID", host, 1);  // before the communicator exists
+int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_path, bool big, bool per_gpu) {
+  int device = 0;
+  if (per_gpu) {
+    int devices = 1;
+    CHECK_CUDA(cudaGetDeviceCount(&devices));
+    device = rank % devices;
+  } else {
+    char host[64];
+    snprintf(host, sizeof(host), "emulated-host-%d", rank);
+    setenv("NCCL_HOSTID", host, 1);  // before the communicator exists
+  }
   Rank R;
   R.rank = rank;
   R.n = n;
   R.big = big;
   R.out = fopen(out_path.c_str(), "w");
   if (!R.out) return 5;
-  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaSetDevice(device));
   CHECK_CUDA(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
   CHECK_NCCL(ncclCommInitRank(&R.comm, n, id, rank));
   R.api = nccl_api_from_linked();
@@ -673,6 +682,7 @@ struct CaseResult {
 int main(int argc, char** argv) {
   std::vector<int> worlds = {2, 3, 4};
   bool big = false;
+  bool per_gpu = false;
   int timeout_s = 240;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -683,10 +693,12 @@ int main(int argc, char** argv) {
       while (std::getline(ss, item, ',')) worlds.push_back(std::atoi(item.c_str()));
     } else if (a == "--big") {
       big = true;
+    } else if (a == "--per-gpu") {
+      per_gpu = true;
     } else if (a == "--timeout" && i + 1 < argc) {
       timeout_s = std::atoi(argv[++i]);
     } else {
-      fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S\n", a.c_str());
+      fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu\n", a.c_str());
       return 2;
     }
   }
@@ -724,7 +736,7 @@ int main(int argc, char** argv) {
       const pid_t pid = fork();
       if (pid == 0) {
         alarm(static_cast<unsigned>(timeout_s));  // a hang kills the rank, not the CI job
-        _exit(rank_main(r, n, id, files.back(), big && n == worlds.front()));
+        _exit(rank_main(r, n, id, files.back(), big && n == worlds.front(), per_gpu));
       }
       pids.push_back(pid);
     }

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Issue 4/5 measurements on a machine with 2+ GPUs, one rank per GPU (run from the repo root, build in
+# build/). Every sweep point is checked for correctness by fp8wire-bench; the sweep tables, JSON,
+# profiles and plots land under $OUT.
+#   correct   tests/sched/multirank_collectives --per-gpu: the whole FP8 matrix with each gather
+#             transport across real GPUs, NCCL's own transport (NVLink), then host memory
+#             (NCCL_P2P_DISABLE=1)
+#   fabrics   fp8wire-bench sweep --fabric both: NVLink as detected, then pcie mode (NCCL_P2P_DISABLE=1,
+#             traffic through host memory) for baseline and fp8wire alike; all-reduce, reduce-scatter,
+#             all-gather, 16 KiB..1 GiB, both gather transports, crossovers side by side, merged profile
+#   sockets   the socket path (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1), all-reduce 1..256 MiB
+#   model     fp8wire-bench model against every fabric measured
+# MULTI_PARTS selects (default "correct fabrics sockets model"); MULTI_RANKS = GPUs used (default: all).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+OUT="${OUT:-out/multigpu}"; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+parts="${MULTI_PARTS:-correct fabrics sockets model}"
+BIN=build/bench/fp8wire-bench
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+ranks="${MULTI_RANKS:-$gpus}"
+if (( gpus < 2 )); then echo "SKIPPED: $gpus GPU(s) visible; this needs 2+"; exit 0; fi
+export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $(( ranks - 1 )))}"
+echo "== $gpus GPUs, using $ranks: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
+nvidia-smi topo -m 2>/dev/null | head -n $(( ranks + 2 ))
+status=0
+
+has() { [[ " $parts " == *" $1 "* ]]; }
+
+if has correct; then
+  for fab in nvlink pcie; do
+    envs=(); [[ $fab == pcie ]] && envs=(NCCL_P2P_DISABLE=1)
+    s=$(date +%s)
+    env "${envs[@]}" timeout -k 5 "${MULTI_CORRECT_LIMIT:-150}" build/tests/sched/multirank_collectives \
+      --per-gpu --ranks "$ranks" --big --timeout "$(( ${MULTI_CORRECT_LIMIT:-150} - 10 ))" > "$OUT/correct_$fab.log" 2>&1
+    rc=$?; (( rc == 0 )) || status=1
+    echo "==== correctness, $ranks GPUs, $fab ${envs[*]}: rc=$rc ($(( $(date +%s) - s )) s)"
+    grep -E "^FAIL" "$OUT/correct_$fab.log" | head -10
+    grep -E "^(PASS|FAIL) multirank world|fabric" "$OUT/correct_$fab.log" | tail -n 3
+  done
+fi
+
+sweep() {  # sweep <label> <collectives> <min> <max> [VAR=value...] -- [sweep args...]
+  local label="$1" coll="$2" min="$3" max="$4"; shift 4
+  local envs=() args=()
+  while (( $# )) && [[ "$1" != "--" ]]; do envs+=("$1"); shift; done
+  (( $# )) && { shift; args=("$@"); }
+  mkdir -p "$OUT/$label"
+  local s=$(date +%s)
+  env "${envs[@]}" timeout -k 5 "${MULTI_SWEEP_LIMIT:-200}" "$BIN" sweep --collectives "$coll" --dtypes bf16 \
+    --paths passthrough,two_shot,one_shot --min "$min" --max "$max" --warmup 5 --repeats 15 --buffers 2 \
+    --gather-transport both --timeout "$(( ${MULTI_SWEEP_LIMIT:-200} - 5 ))" --out "$OUT/$label" "${args[@]}" \
+    > "$OUT/$label.log" 2> "$OUT/$label.err"
+  local rc=$?; (( rc == 0 )) || status=1
+  echo "==== $label: $coll $min..$max ${envs[*]} ${args[*]} rc=$rc ($(( $(date +%s) - s )) s)"
+  (( rc == 0 )) || tail -n 5 "$OUT/$label.err"
+  grep -vE '^\s*$' "$OUT/$label.log" | tail -n "${MULTI_TAIL:-60}"
+  for j in "$OUT/$label"/fp8wire-sweep*.json; do
+    [[ -f "$j" ]] && python3 scripts/plot_sweep.py "$j" -o "${j%.json}.png" >/dev/null 2>&1
+  done
+}
+
+has fabrics && sweep fabrics all 16KiB 1GiB -- --fabric both
+has sockets && sweep sockets all_reduce 1MiB 256MiB NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 -- --fabric net
+
+if has model; then
+  jsons=$(ls "$OUT"/*/fp8wire-sweep*.json 2>/dev/null)
+  if [[ -n "$jsons" ]]; then
+    "$BIN" model $jsons > "$OUT/model.log" 2>&1
+    echo "==== model rc=$?"; tail -n 40 "$OUT/model.log"
+  fi
+fi
+exit $status

@@ -6,8 +6,11 @@
 #             transport across real GPUs, NCCL's own transport (NVLink), then host memory
 #             (NCCL_P2P_DISABLE=1)
 #   fabrics   fp8wire-bench sweep --fabric both: NVLink as detected, then pcie mode (NCCL_P2P_DISABLE=1,
-#             traffic through host memory) for baseline and fp8wire alike; all-reduce, reduce-scatter,
-#             all-gather, 16 KiB..1 GiB, both gather transports, crossovers side by side, merged profile
+#             traffic through host memory) for baseline and fp8wire alike, both gather transports,
+#             crossovers side by side, merged profile: all-reduce 64 KiB..256 MiB (x4 steps), then
+#             reduce-scatter and all-gather 64 KiB..16 MiB (x2 steps, where their crossovers lie).
+#             (A 16 KiB..1 GiB x2 sweep of all three did not finish in 325 s: the host-side check of
+#             each point >= 512 MiB takes seconds.)
 #   sockets   the socket path (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1), all-reduce 1..256 MiB
 #   model     fp8wire-bench model against every fabric measured
 # MULTI_PARTS selects (default "correct fabrics sockets model"); MULTI_RANKS = GPUs used (default: all).
@@ -50,17 +53,18 @@ sweep() {  # sweep <label> <collectives> <min> <max> [VAR=value...] -- [sweep ar
   env "${envs[@]}" timeout -k 5 "${MULTI_SWEEP_LIMIT:-200}" "$BIN" sweep --collectives "$coll" --dtypes bf16 \
     --paths passthrough,two_shot,one_shot --min "$min" --max "$max" --warmup 5 --repeats 15 --buffers 2 \
     --gather-transport both --timeout "$(( ${MULTI_SWEEP_LIMIT:-200} - 5 ))" --out "$OUT/$label" "${args[@]}" \
-    > "$OUT/$label.log" 2> "$OUT/$label.err"
+    > "$OUT/$label.log" 2> "$OUT/$label.err.log"
   local rc=$?; (( rc == 0 )) || status=1
   echo "==== $label: $coll $min..$max ${envs[*]} ${args[*]} rc=$rc ($(( $(date +%s) - s )) s)"
-  (( rc == 0 )) || tail -n 5 "$OUT/$label.err"
+  (( rc == 0 )) || tail -n 5 "$OUT/$label.err.log"
   grep -vE '^\s*$' "$OUT/$label.log" | tail -n "${MULTI_TAIL:-60}"
   for j in "$OUT/$label"/fp8wire-sweep*.json; do
     [[ -f "$j" ]] && python3 scripts/plot_sweep.py "$j" -o "${j%.json}.png" >/dev/null 2>&1
   done
 }
 
-has fabrics && sweep fabrics all 16KiB 1GiB -- --fabric both
+has fabrics && sweep fabrics_ar all_reduce 64KiB 256MiB -- --fabric both --step 4
+has fabrics && sweep fabrics_rsag reduce_scatter,all_gather 64KiB 16MiB -- --fabric both --step 2
 has sockets && sweep sockets all_reduce 1MiB 256MiB NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 -- --fabric net
 
 if has model; then

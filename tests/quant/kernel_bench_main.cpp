@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   app.add_option("--work-per-cta", o.work_per_cta, "tuning: tiles per CTA (quantize, reduce) or units per thread (dequantize: 1, 2, 4); 0 = launcher's choice")
       ->check(CLI::Range(0u, 1u << 20))->capture_default_str();
   app.add_option("--kernel-variant", o.kernel_variant, "tuning: 1 = quantize with plain loads, 2 = quantize at 8 CTAs/SM, 3 = quantize without its full-tile fast path; 0 = production")
-      ->check(CLI::Range(0u, 2u))->capture_default_str();
+      ->check(CLI::Range(0u, 3u))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   if (!sizes.empty()) {

@@ -470,6 +470,8 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     ncclGetVersion(&m.nccl_version);
     m.nranks = env.world_size;
     m.emulated = opt.emulate_ranks > 0;
+    // Provisional: the engine knows the detected fabric only after its first FP8 call (the ranks
+    // exchange facts then); set again after the sweep.
     m.fabric = forced_fabric ? *forced_fabric : w.variants.front().engine->fabric_of(w.comm);
     m.p2p_disabled = p2p_disabled;
     m.created_utc = utc_now();
@@ -547,6 +549,9 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   }
   if (env.rank != 0) return 0;
   if (w.progress_tty) std::fprintf(stderr, "\n");
+  // The fabric the engine detected (NVLink between the GPUs, pcie, net), now that FP8 calls have run;
+  // a sweep of pass-through alone never asks, and keeps the provisional label (use --fabric then).
+  if (!forced_fabric) result.machine.fabric = w.variants.front().engine->fabric_of(w.comm);
 
   compute_speedups(result);
   const auto crossovers = analyze_crossovers(result, opt.crossover);

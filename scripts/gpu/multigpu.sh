@@ -13,7 +13,8 @@
 #             each point >= 512 MiB takes seconds.)
 #   sockets   the socket path (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1), all-reduce 1..256 MiB
 #   model     fp8wire-bench model against every fabric measured
-# MULTI_PARTS selects (default "correct fabrics sockets model"); MULTI_RANKS = GPUs used (default: all).
+# MULTI_PARTS selects (default "correct fabrics sockets model"); MULTI_RANKS = GPUs used (default: all);
+# MULTI_FABRIC = the fabrics sweeps' --fabric (default both).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT="${OUT:-out/multigpu}"; mkdir -p "$OUT"
@@ -63,8 +64,8 @@ sweep() {  # sweep <label> <collectives> <min> <max> [VAR=value...] -- [sweep ar
   done
 }
 
-has fabrics && sweep fabrics_ar all_reduce 64KiB 256MiB -- --fabric both --step 4
-has fabrics && sweep fabrics_rsag reduce_scatter,all_gather 64KiB 16MiB -- --fabric both --step 2
+has fabrics && sweep fabrics_ar all_reduce 64KiB 256MiB -- --fabric "${MULTI_FABRIC:-both}" --step 4
+has fabrics && sweep fabrics_rsag reduce_scatter,all_gather 64KiB 16MiB -- --fabric "${MULTI_FABRIC:-both}" --step 2
 has sockets && sweep sockets all_reduce 1MiB 256MiB NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 -- --fabric net
 
 if has model; then

@@ -109,11 +109,15 @@ struct Config {
   GatherTransport gather_transport = GatherTransport::automatic;  // gather_transport "auto" | "allgather" | "sendrecv"
   // Smallest caller buffer (bytes) at which a collective goes FP8, per collective and fabric.
   // thresholds.<all_reduce|reduce_scatter|all_gather>.<nvlink|pcie|net>
+  // From the 2x H200 sweeps (docs/PERF.md, "2x H200"): over NVLink FP8 was 0.91-1.05x from 4 to
+  // 256 MiB, so NVLink stays on pass-through below 256 MiB unless a measured profile says otherwise;
+  // in pcie mode the all-reduce paid from 256 KiB (1 MiB kept as margin), reduce-scatter and the
+  // all-gather over its default transport from ~1.1-2 MiB.
   std::array<std::array<uint64_t, kFabricCount>, kCollectiveCount> thresholds = {{
       // nvlink            pcie              net
-      {{64ull << 20, 1ull << 20, 256ull << 10}},   // all_reduce
-      {{64ull << 20, 1ull << 20, 256ull << 10}},   // reduce_scatter
-      {{64ull << 20, 1ull << 20, 256ull << 10}},   // all_gather
+      {{256ull << 20, 1ull << 20, 256ull << 10}},   // all_reduce
+      {{256ull << 20, 2ull << 20, 256ull << 10}},   // reduce_scatter
+      {{256ull << 20, 2ull << 20, 256ull << 10}},   // all_gather
   }};
   // cost_model.<fabric>.{op_latency_us, bus_bandwidth_gbps, codec_gbps, kernel_launch_us,
   //   {allreduce,allgather,reduce_scatter,alltoall}_latency_us, ..._bandwidth_gbps}

@@ -115,7 +115,7 @@ step_ranges = ["train_step"]
   CHECK_FALSE(r.config.enable);                       // env beats default
   CHECK(r.config.thresholds[0][1] == 767u * 1024);    // size string in a file
   CHECK(r.config.thresholds[0][2] == 4096u);          // plain integer in a file
-  CHECK(r.config.thresholds[0][0] == 64ull << 20);    // untouched default
+  CHECK(r.config.thresholds[0][0] == 256ull << 20);   // untouched default
   CHECK(r.config.profiler_step_ranges == std::vector<std::string>{"train_step"});
   REQUIRE(r.sources.size() == 3);
   CHECK(r.sources[0] == "env FP8WIRE_ENABLE, FP8WIRE_BLOCK_SIZE");

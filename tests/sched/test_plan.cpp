@@ -63,7 +63,7 @@ TEST_CASE("eligibility: every pass-through rule") {
 }
 
 TEST_CASE("thresholds per collective and fabric") {
-  Config c;  // defaults: nvlink 64 MiB, pcie 1 MiB, net 256 KiB
+  Config c;  // defaults (all-reduce): nvlink 256 MiB, pcie 1 MiB, net 256 KiB
   const CallShape half_mib = ar(256 * 1024);  // 512 KiB of bf16
   CHECK(plan_call(c, half_mib, Fabric::net).path != Path::passthrough);
   CHECK(plan_call(c, half_mib, Fabric::pcie).reason == PassReason::below_threshold);
@@ -550,6 +550,7 @@ TEST_CASE("below every threshold: no agreement needed") {
   CHECK(below_every_threshold(c, ar(100 * 1024)));        // 200 KiB of bf16
   CHECK_FALSE(below_every_threshold(c, ar(128 * 1024)));  // 256 KiB: net would take it
   c.fabric_override = Fabric::nvlink;
-  CHECK(below_every_threshold(c, ar(128 * 1024)));        // only nvlink's 64 MiB counts
-  CHECK_FALSE(below_every_threshold(c, ar(32 * MiB)));
+  CHECK(below_every_threshold(c, ar(128 * 1024)));        // only nvlink's 256 MiB counts
+  CHECK(below_every_threshold(c, ar(32 * MiB)));          // 64 MiB of bf16
+  CHECK_FALSE(below_every_threshold(c, ar(128 * MiB)));   // 256 MiB
 }

@@ -196,6 +196,10 @@ class Bench {
   void run_size(size_t size) {
     const size_t esize = quant::elem_size(o_.dtype);
     const size_t count = size / esize;
+    if (count == 0) {
+      std::fprintf(stderr, "fp8wire kernel bench: size %zu B holds no %s element; skipped\n", size, quant::to_string(o_.dtype));
+      return;
+    }
     const auto& f = o_.format;
     const size_t cb = quant::align_up(quant::chunk_bytes(count, f), 256);
     const quant::Segmented single = quant::Segmented::single(count, f);

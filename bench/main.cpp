@@ -188,6 +188,17 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
       }
     }
     jsons.push_back(json);
+    // "both" is NVLink vs host memory. Where the GPUs are not joined by NVLink the detected fabric
+    // already is pcie (or net), and a P2P-disabled round would measure it again under the same label.
+    if (fabrics.size() > 1 && fabric == "auto") {
+      std::string error;
+      const auto first = read_sweep(json, error);
+      if (first && first->machine.fabric != fp8wire::Fabric::nvlink) {
+        std::fprintf(stderr, "fp8wire-bench sweep: --fabric both: the detected fabric is %s, not nvlink; the pcie round "
+                             "would measure it again, skipped\n", fb::fabric_name(first->machine.fabric));
+        break;
+      }
+    }
   }
   if (fabrics.size() > 1) {
     std::vector<fb::SweepResult> results;

@@ -22,10 +22,14 @@ OUT="${OUT:-out/multigpu}"; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 parts="${MULTI_PARTS:-correct fabrics sockets model}"
 BIN=build/bench/fp8wire-bench
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+# Visible GPUs: CUDA_VISIBLE_DEVICES when set, else all; the first MULTI_RANKS of them are used.
+if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then visible="$CUDA_VISIBLE_DEVICES"
+else visible=$(nvidia-smi -L 2>/dev/null | awk '/^GPU/{printf "%s%d", n++ ? "," : "", n - 1}'); fi
+gpus=$(awk -F, '{print NF}' <<< "$visible")
 ranks="${MULTI_RANKS:-$gpus}"
-if (( gpus < 2 )); then echo "SKIPPED: $gpus GPU(s) visible; this needs 2+"; exit 0; fi
-export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $(( ranks - 1 )))}"
+if (( gpus < 2 )); then echo "SKIPPED: ${gpus:-0} GPU(s) visible; this needs 2+"; exit 0; fi
+if (( ranks < 2 || ranks > gpus )); then echo "MULTI_RANKS=$ranks: expected 2..$gpus (visible: $visible)"; exit 2; fi
+export CUDA_VISIBLE_DEVICES=$(cut -d, -f1-"$ranks" <<< "$visible")
 echo "== $gpus GPUs, using $ranks: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
 nvidia-smi topo -m 2>/dev/null | head -n $(( ranks + 2 ))
 status=0
@@ -36,10 +40,10 @@ if has correct; then
   for fab in nvlink pcie; do
     envs=(); [[ $fab == pcie ]] && envs=(NCCL_P2P_DISABLE=1)
     s=$(date +%s)
-    env "${envs[@]}" timeout -k 5 "${MULTI_CORRECT_LIMIT:-150}" build/tests/sched/multirank_collectives \
+    env ${envs[@]+"${envs[@]}"} timeout -k 5 "${MULTI_CORRECT_LIMIT:-150}" build/tests/sched/multirank_collectives \
       --per-gpu --ranks "$ranks" --big --timeout "$(( ${MULTI_CORRECT_LIMIT:-150} - 10 ))" > "$OUT/correct_$fab.log" 2>&1
     rc=$?; (( rc == 0 )) || status=1
-    echo "==== correctness, $ranks GPUs, $fab ${envs[*]}: rc=$rc ($(( $(date +%s) - s )) s)"
+    echo "==== correctness, $ranks GPUs, $fab ${envs[*]-}: rc=$rc ($(( $(date +%s) - s )) s)"
     grep -E "^FAIL" "$OUT/correct_$fab.log" | head -10
     grep -E "^(PASS|FAIL) multirank world|fabric" "$OUT/correct_$fab.log" | tail -n 3
   done
@@ -52,12 +56,15 @@ sweep() {  # sweep <label> <collectives> <min> <max> [VAR=value...] -- [sweep ar
   (( $# )) && { shift; args=("$@"); }
   mkdir -p "$OUT/$label"
   local s=$(date +%s)
-  env "${envs[@]}" timeout -k 5 "${MULTI_SWEEP_LIMIT:-200}" "$BIN" sweep --collectives "$coll" --dtypes bf16 \
+  # --timeout bounds each round of ranks; --fabric both runs two rounds under the one outer limit.
+  local limit="${MULTI_SWEEP_LIMIT:-200}" rounds=1
+  [[ " ${args[*]-} " == *" both "* ]] && rounds=2
+  env ${envs[@]+"${envs[@]}"} timeout -k 5 "$limit" "$BIN" sweep --collectives "$coll" --dtypes bf16 \
     --paths passthrough,two_shot,one_shot --min "$min" --max "$max" --warmup 5 --repeats 15 --buffers 2 \
-    --gather-transport both --timeout "$(( ${MULTI_SWEEP_LIMIT:-200} - 5 ))" --out "$OUT/$label" "${args[@]}" \
+    --gather-transport both --timeout "$(( (limit - 5) / rounds ))" --out "$OUT/$label" ${args[@]+"${args[@]}"} \
     > "$OUT/$label.log" 2> "$OUT/$label.err.log"
   local rc=$?; (( rc == 0 )) || status=1
-  echo "==== $label: $coll $min..$max ${envs[*]} ${args[*]} rc=$rc ($(( $(date +%s) - s )) s)"
+  echo "==== $label: $coll $min..$max ${envs[*]-} ${args[*]-} rc=$rc ($(( $(date +%s) - s )) s)"
   (( rc == 0 )) || tail -n 5 "$OUT/$label.err.log"
   grep -vE '^\s*$' "$OUT/$label.log" | tail -n "${MULTI_TAIL:-60}"
   for j in "$OUT/$label"/fp8wire-sweep*.json; do

@@ -710,16 +710,26 @@ int main(int argc, char** argv) {
   }
   // The parent must not initialise CUDA before fork() (children could not use it), so a child
   // probes for a device. ncclGetUniqueId needs no GPU: its bootstrap root runs in the parent.
+  // It exits with the number of visible devices (capped; 0 = none or an error).
   const pid_t probe = fork();
   if (probe == 0) {
     int devices = 0;
-    _exit(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0 ? 0 : 1);
+    _exit(cudaGetDeviceCount(&devices) == cudaSuccess ? std::min(devices, 200) : 0);
   }
   int probe_status = 0;
   waitpid(probe, &probe_status, 0);
-  if (!WIFEXITED(probe_status) || WEXITSTATUS(probe_status) != 0) {
+  const int devices = WIFEXITED(probe_status) ? WEXITSTATUS(probe_status) : 0;
+  if (devices == 0) {
     printf("SKIPPED: no CUDA device\n");
     return 77;
+  }
+  if (per_gpu) {
+    // NCCL rejects two ranks of one host on one GPU ("Duplicate GPU"): one rank per GPU only.
+    for (int n : worlds)
+      if (n > devices) {
+        fprintf(stderr, "--per-gpu: world size %d needs %d GPUs, %d visible; use --ranks 2..%d\n", n, n, devices, devices);
+        return 2;
+      }
   }
   int failures = 0;
   std::vector<std::string> summary;

@@ -12,7 +12,7 @@
 #             (A 16 KiB..1 GiB x2 sweep of all three did not finish in 325 s: the host-side check of
 #             each point >= 512 MiB takes seconds.)
 #   sockets   the socket path (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1), all-reduce 16..256 MiB
-#   fine      pcie mode, reduce-scatter and all-gather 384 KiB..1.5 MiB in x1.25 steps (not by default)
+#   fine      pcie mode, reduce-scatter and all-gather 192 KiB..1.5 MiB in x1.25 steps (not by default)
 #   model     fp8wire-bench model against every fabric measured
 # MULTI_PARTS selects (default "correct fabrics sockets model"); MULTI_RANKS = GPUs used (default: all);
 # MULTI_FABRIC = the fabrics sweeps' --fabric (default both).
@@ -77,7 +77,7 @@ has fabrics && sweep fabrics_rsag reduce_scatter,all_gather 64KiB 16MiB -- --fab
 has sockets && sweep sockets all_reduce 16MiB 256MiB NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 -- --fabric net
 # The pcie-mode crossovers of reduce-scatter and all-gather between the x2 steps (published all-gather
 # figure to beat: 767 KiB).
-has fine && sweep fine_pcie reduce_scatter,all_gather 384KiB 1536KiB -- --fabric pcie --step 1.25
+has fine && sweep fine_pcie reduce_scatter,all_gather 192KiB 1536KiB -- --fabric pcie --step 1.25
 
 if has model; then
   jsons=$(ls "$OUT"/*/fp8wire-sweep*.json 2>/dev/null)

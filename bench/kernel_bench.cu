@@ -352,34 +352,29 @@ class Bench {
         if (fused_native_us > 0) {
           fused_vs_naive_.push_back({size, us / fused_native_us});
           fused_vs_pairwise_.push_back({size, pus / fused_native_us});
-          {
-            pairwise(0, out.at(out_stride));
-            const auto in = inputs(0);
-            KB_CUDA(quant::dequantize_reduce(in.data(), k, count, 1.0f, quant::ReduceOutput{out.at(0), o_.dtype, nullptr}, f, stream_, lo));
-            KB_CUDA(cudaStreamSynchronize(stream_));
-            std::vector<uint8_t> a(size), b(size);
-            KB_CUDA(cudaMemcpy(a.data(), out.at(0), size, cudaMemcpyDeviceToHost));
-            KB_CUDA(cudaMemcpy(b.data(), out.at(out_stride), size, cudaMemcpyDeviceToHost));
-            const bool same = a == b;
-            std::printf("%s: fused reduce == pairwise naive baseline, bit for bit (%s)\n", same ? "PASS" : "FAIL",
-                        size_text(size).c_str());
-            failed_ |= !same;
-          }
-          // Correctness on every run: the fused and the naive result are the same bytes.
+          // Correctness on every run: the fused result and both naive ones are the same bytes.
           const auto in = inputs(0);
           KB_CUDA(quant::dequantize_reduce(in.data(), k, count, 1.0f, quant::ReduceOutput{out.at(0), o_.dtype, nullptr}, f, stream_, lo));
           KB_CUDA(quant::dequantize_then_reduce_naive(in.data(), k, count, 1.0f, static_cast<float*>(scratch.p),
                                                       quant::ReduceOutput{out.at(out_stride), o_.dtype, nullptr}, f, stream_, lo));
-          KB_CUDA(cudaStreamSynchronize(stream_));
-          std::vector<uint8_t> a(size), b(size);
-          KB_CUDA(cudaMemcpy(a.data(), out.at(0), size, cudaMemcpyDeviceToHost));
-          KB_CUDA(cudaMemcpy(b.data(), out.at(out_stride), size, cudaMemcpyDeviceToHost));
-          const bool same = a == b;
-          std::printf("%s: fused reduce == naive baseline, bit for bit (%s)\n", same ? "PASS" : "FAIL", size_text(size).c_str());
-          failed_ |= !same;
+          expect_same_bytes(out.at(0), out.at(out_stride), size, "fused reduce == naive baseline");
+          pairwise(0, out.at(out_stride));
+          expect_same_bytes(out.at(0), out.at(out_stride), size, "fused reduce == pairwise naive baseline");
         }
       }
     }
+  }
+
+  // Two device buffers of `size` bytes compared after the stream drains; a PASS/FAIL line, and a
+  // FAIL fails the run.
+  void expect_same_bytes(const void* d_a, const void* d_b, size_t size, const char* what) {
+    KB_CUDA(cudaStreamSynchronize(stream_));
+    std::vector<uint8_t> a(size), b(size);
+    KB_CUDA(cudaMemcpy(a.data(), d_a, size, cudaMemcpyDeviceToHost));
+    KB_CUDA(cudaMemcpy(b.data(), d_b, size, cudaMemcpyDeviceToHost));
+    const bool same = a == b;
+    std::printf("%s: %s, bit for bit (%s)\n", same ? "PASS" : "FAIL", what, size_text(size).c_str());
+    failed_ |= !same;
   }
 
   void check_quantize_against_reference(const void* d_in, const void* d_wire, size_t count) {

@@ -18,18 +18,8 @@
 #include <string_view>
 
 #include <fmt/format.h>
-// toml++ is used header-only so libfp8wire.so carries no libtomlplusplus.so dependency. Debian's
-// package config adds -DTOML_HEADER_ONLY=0 -DTOML_SHARED_LIB=1 after our own definition, so the
-// choice is made here, where it cannot be overridden. Debian 3.3 ships toml++/toml.h; the upstream
-// single header (carried to other machines) is toml++/toml.hpp.
-#undef TOML_HEADER_ONLY
-#define TOML_HEADER_ONLY 1
-#undef TOML_SHARED_LIB
-#if __has_include(<toml++/toml.hpp>)
-#include <toml++/toml.hpp>
-#else
-#include <toml++/toml.h>
-#endif
+
+#include "common/toml.hpp"
 
 extern char** environ;
 

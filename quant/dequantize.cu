@@ -44,13 +44,7 @@ __device__ __forceinline__ void store_unit(void* base, size_t e, int n, uint32_t
     uint32_t w[4];
     S s[V];
   } u;
-  if constexpr (sizeof(S) == 2) {
-#pragma unroll
-    for (int i = 0; i < V; i += 2) u.w[i / 2] = pack2_from_f32<T>(y[i], y[i + 1]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) u.s[i] = from_f32<T>(y[i]);
-  }
+  pack_words<T, V>(y, u.w);
   if (n == V) {
     if (align >= 16) {
       *reinterpret_cast<uint4*>(p) = u.v;

@@ -74,6 +74,19 @@ __device__ __forceinline__ uint32_t pack2_from_f32(float lo, float hi) {
 #endif
 }
 
+// y[0..N) in T's storage as N * sizeof(element) / 4 little-endian words: 16-bit types converted a pair
+// per instruction, fp32 as is (NaN canonical). What store16 and dequantize's store_unit write.
+template <ElemType T, int N>
+__device__ __forceinline__ void pack_words(const float (&y)[N], uint32_t* w) {
+  if constexpr (T == ElemType::f32) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = math::f32_bits(from_f32<T>(y[i]));
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; i += 2) w[i / 2] = pack2_from_f32<T>(y[i], y[i + 1]);
+  }
+}
+
 // Loads elements [e, e + n) of `base` as fp32 into x[0..n), zeros after; one or more 16-byte loads
 // when the group is full and the buffer 16-byte aligned.
 template <ElemType T, bool kStreaming = true>
@@ -100,14 +113,8 @@ __device__ __forceinline__ void store16(void* base, size_t e, int n, bool aligne
   S* p = static_cast<S*>(base) + e;
   if (n == kVec && aligned) {
     constexpr int kWords = kVec * sizeof(S) / 16;
-    union { uint4 v[kWords]; uint32_t w[kWords * 4]; S s[kVec]; } u;
-    if constexpr (sizeof(S) == 2) {
-#pragma unroll
-      for (int i = 0; i < kVec; i += 2) u.w[i / 2] = pack2_from_f32<T>(y[i], y[i + 1]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) u.s[i] = from_f32<T>(y[i]);
-    }
+    union { uint4 v[kWords]; uint32_t w[kWords * 4]; } u;
+    pack_words<T, kVec>(y, u.w);
 #pragma unroll
     for (int w = 0; w < kWords; ++w) reinterpret_cast<uint4*>(p)[w] = u.v[w];
   } else {
@@ -242,8 +249,37 @@ __device__ __forceinline__ uint32_t group_max(uint32_t v, int lanes, uint32_t* s
   return m;
 }
 
-// Where a segmented buffer keeps element e: its payload bytes, the scale of its block, and whether
-// that block is its chunk's last (whose thread also zeroes the scale padding).
+// The chunk (segment) of a wire buffer that holds element e < count: its index, first element and
+// element count (segment_elems), from one division, 32-bit when the values allow; single-chunk
+// layouts skip the division.
+struct ChunkOf {
+  size_t seg;
+  size_t start;
+  size_t n;
+};
+
+__device__ __forceinline__ ChunkOf chunk_of(const WireTarget& t, size_t e) {
+  size_t seg = 0;
+  if (t.seg_elems < t.count)
+    seg = ((e | t.seg_elems) >> 32) == 0 ? size_t(uint32_t(e) / uint32_t(t.seg_elems)) : e / t.seg_elems;
+  return {seg, seg * t.seg_elems, segment_elems(t.count, Segmented{t.seg_elems, t.seg_stride}, seg)};
+}
+
+// That chunk's bytes: its first payload byte, its scales, and its last block (whose thread also
+// zeroes the scale padding).
+struct ChunkView {
+  uint8_t* payload;
+  uint8_t* scales;
+  size_t last_block;
+};
+
+__device__ __forceinline__ ChunkView chunk_view(const WireTarget& t, const ChunkOf& c) {
+  uint8_t* chunk = t.wire + c.seg * t.seg_stride;
+  return {chunk, chunk + payload_bytes(c.n), ((c.n + (size_t(1) << t.block_shift) - 1) >> t.block_shift) - 1};
+}
+
+// Where a segmented buffer keeps element e < count: its payload bytes, the scale of its block, and
+// whether that block is its chunk's last (whose thread also zeroes the scale padding).
 struct WireSlot {
   uint8_t* payload;       // 16 bytes for this thread's group
   uint8_t* scale;         // this block's scale
@@ -252,22 +288,15 @@ struct WireSlot {
 };
 
 __device__ __forceinline__ WireSlot wire_slot(const WireTarget& t, size_t e) {
-  // Single-chunk layouts skip the division; segmented ones use 32-bit division when they can.
-  size_t seg = 0;
-  if (t.seg_elems < t.count)
-    seg = ((e | t.seg_elems) >> 32) == 0 ? size_t(uint32_t(e) / uint32_t(t.seg_elems)) : e / t.seg_elems;
-  const size_t local = e - seg * t.seg_elems;
-  const size_t remaining = t.count - seg * t.seg_elems;
-  const size_t n = remaining < t.seg_elems ? remaining : t.seg_elems;
-  uint8_t* chunk = t.wire + seg * t.seg_stride;
+  const ChunkOf c = chunk_of(t, e);
+  const ChunkView v = chunk_view(t, c);
+  const size_t local = e - c.start;
   const size_t ssize = scale_bytes(t.scale);
   const size_t block = local >> t.block_shift;
-  const size_t nblocks = (n + (size_t(1) << t.block_shift) - 1) >> t.block_shift;
-  uint8_t* scales = chunk + payload_bytes(n);
-  WireSlot s{chunk + local, scales + block * ssize, nullptr, nullptr};
-  if (block + 1 == nblocks) {
-    s.scale_pad = scales + nblocks * ssize;
-    s.scale_pad_end = scales + align_up(nblocks * ssize, kWireAlign);
+  WireSlot s{v.payload + local, v.scales + block * ssize, nullptr, nullptr};
+  if (block == v.last_block) {
+    s.scale_pad = v.scales + (block + 1) * ssize;
+    s.scale_pad_end = v.scales + align_up((block + 1) * ssize, kWireAlign);
   }
   return s;
 }

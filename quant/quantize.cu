@@ -36,12 +36,6 @@ __device__ __forceinline__ uint32_t load_full_group(const void* base, size_t e, 
 // instructions per 16 elements; this path is about 150). The scale type is a template argument (the
 // caller switches on it once per tile, a uniform branch) so that make_scale and the scale store carry
 // no run-time branches on it.
-struct ChunkView {
-  uint8_t* payload;     // the chunk's first payload byte
-  uint8_t* scales;      // its scales
-  size_t last_block;    // its last block, whose thread also zeroes the scale padding
-};
-
 template <ElemType T, Fp8Format F, bool kNative, bool kStreaming, ScaleType S>
 __device__ __forceinline__ void quantize_full_group(const QuantizeParams& p, size_t e, size_t local, int lanes,
                                                     const ChunkView& c, uint32_t* smem) {
@@ -71,26 +65,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(const __
   // Uniform over the grid: may tiles take the fast path at all.
   const bool fast = !kResidual && p.in_aligned && !p.stochastic && p.variant != 3;
   const WireTarget& t = p.target;
-  const bool segmented = t.seg_elems < count;
   const int lanes = (1 << t.block_shift) / kVec;
   for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const size_t t0 = tile * kTileElems;
     if (fast && t0 + kTileElems <= count) {   // uniform over the CTA
-      // The tile's chunk: one division per tile, 32-bit when it can be.
-      size_t seg = 0;
-      if (segmented) seg = ((t0 | t.seg_elems) >> 32) == 0 ? size_t(uint32_t(t0) / uint32_t(t.seg_elems)) : t0 / t.seg_elems;
-      const size_t seg_start = seg * t.seg_elems;
-      const size_t seg_n = count - seg_start < t.seg_elems ? count - seg_start : t.seg_elems;
-      if (t0 + kTileElems <= seg_start + seg_n) {
+      const ChunkOf chunk = chunk_of(t, t0);   // one division per tile
+      if (t0 + kTileElems <= chunk.start + chunk.n) {
         const size_t e = t0 + size_t(threadIdx.x) * kVec;
-        uint8_t* const chunk = t.wire + seg * t.seg_stride;
-        const ChunkView c{chunk, chunk + payload_bytes(seg_n), ((seg_n + (size_t(1) << t.block_shift) - 1) >> t.block_shift) - 1};
+        const ChunkView c = chunk_view(t, chunk);
         if (t.scale == ScaleType::fp32)
-          quantize_full_group<T, F, kNative, kStreaming, ScaleType::fp32>(p, e, e - seg_start, lanes, c, smem);
+          quantize_full_group<T, F, kNative, kStreaming, ScaleType::fp32>(p, e, e - chunk.start, lanes, c, smem);
         else if (t.scale == ScaleType::bf16)
-          quantize_full_group<T, F, kNative, kStreaming, ScaleType::bf16>(p, e, e - seg_start, lanes, c, smem);
+          quantize_full_group<T, F, kNative, kStreaming, ScaleType::bf16>(p, e, e - chunk.start, lanes, c, smem);
         else
-          quantize_full_group<T, F, kNative, kStreaming, ScaleType::e8m0>(p, e, e - seg_start, lanes, c, smem);
+          quantize_full_group<T, F, kNative, kStreaming, ScaleType::e8m0>(p, e, e - chunk.start, lanes, c, smem);
         continue;
       }
     }

@@ -6,16 +6,8 @@
 #include <variant>
 
 #include <fmt/format.h>
-// Header-only toml++ (Debian's package config asks for its shared library; the trainer must not
-// need it on the GPU machine). Debian ships toml++/toml.h, upstream's single header is toml.hpp.
-#undef TOML_HEADER_ONLY
-#define TOML_HEADER_ONLY 1
-#undef TOML_SHARED_LIB
-#if __has_include(<toml++/toml.hpp>)
-#include <toml++/toml.hpp>
-#else
-#include <toml++/toml.h>
-#endif
+
+#include "common/toml.hpp"
 
 namespace fp8wire::trainer {
 namespace {

@@ -1,11 +1,15 @@
 #include "tests/sched/sim_job.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "quant/reference.hpp"
+#include "sched/nccl_types.hpp"
 #include "sched/stages.hpp"
 
 namespace fp8wire::simtest {
@@ -207,6 +211,178 @@ Config sim_config(size_t scratch) {
   for (auto& per : c.thresholds) per = {0, 0, 0};
   c.log_level = "warn";
   return c;
+}
+
+}  // namespace fp8wire::simtest
+
+namespace fp8wire::simtest {
+
+namespace {
+
+ncclResult_t issue(sched::Engine& eng, const Spec& s, bool forced, const void* in, void* out, ncclComm_t comm,
+                   cudaStream_t stream) {
+  const ncclDataType_t t = nccl_dtype(s.dtype);
+  const auto op = static_cast<ncclRedOp_t>(static_cast<int>(s.op));
+  switch (s.collective) {
+    case Collective::all_reduce:
+      return forced ? eng.all_reduce_forced(s.path, in, out, s.count, t, op, comm, stream)
+                    : eng.all_reduce(in, out, s.count, t, op, comm, stream);
+    case Collective::reduce_scatter:
+      return forced ? eng.reduce_scatter_forced(s.path, in, out, s.count, t, op, comm, stream)
+                    : eng.reduce_scatter(in, out, s.count, t, op, comm, stream);
+    case Collective::all_gather:
+      return forced ? eng.all_gather_forced(s.path, in, out, s.count, t, comm, stream)
+                    : eng.all_gather(in, out, s.count, t, comm, stream);
+  }
+  return ncclInvalidArgument;
+}
+
+SiteCounts counts(const sim::World& w, int rank) {
+  SiteCounts c{};
+  for (int i = 0; i < sim::kSiteCount; ++i) c[static_cast<size_t>(i)] = w.calls_at(rank, static_cast<sim::Site>(i));
+  return c;
+}
+
+}  // namespace
+
+Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) {
+  sim::Options machine = cfg.machine;
+  machine.nranks = static_cast<int>(inputs.size());
+  sim::World world(machine);
+  world.set_fault(cfg.fault);
+  const Platform& p = world.platform();
+  const std::vector<ncclComm_t> comms = world.create_comm();
+  const int n = machine.nranks;
+  const int calls = std::max(cfg.group, 1);
+  Outcome o;
+  o.first.resize(static_cast<size_t>(n));
+  o.second.resize(static_cast<size_t>(n));
+  o.after_setup.resize(static_cast<size_t>(n));
+  o.after_calls.resize(static_cast<size_t>(n));
+  std::atomic<bool> aborted{false};
+  auto watchdog = [&](ncclComm_t c) {
+    if (!aborted.exchange(true)) world.abort_comm(c);
+  };
+  world.run_ranks([&](int r) {
+    const size_t es = dtype_size(spec.dtype);
+    const size_t in_call = in_elems(spec, n) * es, out_call = out_elems(spec, n) * es;
+    const size_t in_bytes = in_call * static_cast<size_t>(calls), out_bytes = out_call * static_cast<size_t>(calls);
+    ncclComm_t comm = comms[static_cast<size_t>(r)];
+    {
+      sched::Engine eng(cfg.config, p);
+      eng.comm_created(comm);
+      cudaStream_t stream = nullptr;
+      p.cuda.StreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      void *in = nullptr, *out1 = nullptr, *out2 = nullptr;
+      p.cuda.Malloc(&in, in_bytes);
+      p.cuda.Malloc(&out1, out_bytes);
+      p.cuda.Malloc(&out2, out_bytes);
+      std::memcpy(in, inputs[static_cast<size_t>(r)].data(), in_bytes);
+      o.after_setup[static_cast<size_t>(r)] = counts(world, r);  // the calls' own fault points follow
+      // One round of the application's calls: first error wins.
+      auto round = [&](void* out) {
+        ncclResult_t first = ncclSuccess;
+        auto note = [&first](ncclResult_t res) {
+          if (first == ncclSuccess) first = res;
+        };
+        if (cfg.group) note(eng.group_start());
+        for (int i = 0; i < calls; ++i) {
+          if (cfg.feedback_key) sched::Engine::set_feedback_key(cfg.feedback_key + static_cast<uint64_t>(i));
+          note(issue(eng, spec, cfg.forced, static_cast<char*>(in) + static_cast<size_t>(i) * in_call,
+                     static_cast<char*>(out) + static_cast<size_t>(i) * out_call, comm, stream));
+        }
+        if (cfg.group) note(eng.group_end());
+        if (first != ncclSuccess) watchdog(comm);
+        // The application goes on with its stream: reads the result, rewrites the input.
+        world.app_access(stream, out, out_bytes, false);
+        world.app_access(stream, in, in_bytes, true);
+        return first;
+      };
+      RankResult& a = o.first[static_cast<size_t>(r)];
+      RankResult& b = o.second[static_cast<size_t>(r)];
+      a.result = round(out1);
+      o.after_calls[static_cast<size_t>(r)] = counts(world, r);
+      if (cfg.second_call) b.result = round(out2);
+      world.synchronize_rank();
+      p.nccl->CommGetAsyncError(comm, &a.async);
+      b.async = a.async;
+      a.out.assign(static_cast<char*>(out1), static_cast<char*>(out1) + out_bytes);
+      b.out.assign(static_cast<char*>(out2), static_cast<char*>(out2) + out_bytes);
+      a.info = b.info = eng.comm_info(comm);
+      eng.comm_destroyed(comm);
+      p.cuda.Free(in);
+      p.cuda.Free(out1);
+      p.cuda.Free(out2);
+      p.cuda.StreamDestroy(stream);
+    }
+    if (const size_t live = world.live_bytes(r))
+      o.leaks.push_back(fmt::format("rank {}: {} bytes of simulated device memory left", r, live));
+  });
+  o.races = world.races();
+  o.protocol = world.protocol_errors();
+  o.deadlocked = world.deadlocked();
+  return o;
+}
+
+std::vector<Bytes> inputs_for(const Spec& s, int n, int calls) {
+  Spec all = s;
+  all.count = s.count * static_cast<size_t>(calls);
+  if (s.collective == Collective::reduce_scatter && calls > 1)
+    throw std::runtime_error("grouped reduce-scatter inputs are not one buffer");
+  std::vector<Bytes> v;
+  for (int r = 0; r < n; ++r) v.push_back(make_input(all, r, n));
+  return v;
+}
+
+size_t stage_for(const Config& c, const Spec& s, int n) {
+  const quant::WireFormat f = quant::WireFormat::from(c);
+  const Fabric fabric = c.fabric_override.value_or(Fabric::net);
+  return sched::stage_elems(c, sched::scratch_layout(c), s.collective, s.path, s.count, dtype_size(s.dtype), n, f, fabric);
+}
+
+std::string describe(const Spec& s, int n, const Config& c) {
+  return fmt::format("{} {} {} {} n={} count={} scratch={} gather={} fmt={}/{}/{}/b{}", to_string(s.collective),
+                     to_string(s.path), static_cast<int>(s.dtype), s.op == ReduceOp::avg ? "avg" : "sum", n, s.count,
+                     c.scratch_max_bytes, to_string(c.gather_transport), to_string(c.format), to_string(c.scale_type),
+                     to_string(c.rounding), c.block_size);
+}
+
+std::string check_clean(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs, const Outcome& o) {
+  const int n = static_cast<int>(inputs.size());
+  const std::string what = describe(spec, n, cfg.config);
+  if (!o.races.empty()) return what + ": race: " + o.races.front();
+  if (!o.protocol.empty()) return what + ": " + o.protocol.front();
+  if (o.deadlocked) return what + ": deadlock";
+  if (!o.leaks.empty()) return what + ": " + o.leaks.front();
+  const quant::WireFormat f = quant::WireFormat::from(cfg.config);
+  // Grouped calls are checked as the one buffer they were packed into (cut-independent paths only).
+  Spec whole = spec;
+  whole.count = spec.count * static_cast<size_t>(std::max(cfg.group, 1));
+  const size_t stage = stage_for(cfg.config, whole, n);
+  for (int r = 0; r < n; ++r) {
+    const RankResult& a = o.first[static_cast<size_t>(r)];
+    if (a.result != ncclSuccess || a.async != ncclSuccess)
+      return fmt::format("{}: rank {} returned {} (async {})", what, r, static_cast<int>(a.result), static_cast<int>(a.async));
+    if (!a.info.fp8_ok) return fmt::format("{}: rank {}: FP8 off: {}", what, r, a.info.reason);
+    const Bytes expected = expected_output(whole, inputs, r, f, stage);
+    if (a.out != expected) {
+      size_t i = 0;
+      const size_t es = dtype_size(spec.dtype);
+      while (i + es <= a.out.size() && std::memcmp(a.out.data() + i, expected.data() + i, es) == 0) i += es;
+      return fmt::format("{}: rank {} differs from the reference algorithm at element {}", what, r, i / es);
+    }
+    if (spec.collective != Collective::reduce_scatter && a.out != o.first[0].out)
+      return fmt::format("{}: rank {} differs from rank 0", what, r);
+    if (std::string e = check_bound(whole, inputs, a.out, r, f); !e.empty())
+      return fmt::format("{}: rank {}: {}", what, r, e);
+  }
+  return "";
+}
+
+std::string first_failures(const std::vector<std::string>& failures) {
+  std::string text = std::to_string(failures.size()) + " failure(s)";
+  for (size_t i = 0; i < failures.size() && i < 8; ++i) text += "\n  " + failures[i];
+  return text;
 }
 
 }  // namespace fp8wire::simtest

@@ -2,6 +2,7 @@
 // bit for bit, the error bound against the fp64 sum, and one rank's run of one collective.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -54,5 +55,38 @@ struct RankResult {
 // A config small enough for the simulator: scratch `scratch` bytes, thresholds 0 (every float sum
 // is a candidate), all collectives on.
 Config sim_config(size_t scratch = 512 << 10);
+
+// How one run goes: the engine's config, the machine, a fault, a second call, an application group.
+struct Run {
+  Config config = sim_config();
+  sim::Options machine;
+  sim::Fault fault;
+  bool forced = true;        // the forced entry (bench) instead of the planner's route
+  bool second_call = false;  // issue the call(s) again right after the first, unsynchronised
+  int group = 0;             // > 0: that many calls (slices of one buffer) inside one application group
+  uint64_t feedback_key = 0; // set before each call (error feedback)
+};
+
+// Calls at every fault site a rank has made, snapshotted after the agreement and after its calls.
+using SiteCounts = std::array<int, sim::kSiteCount>;
+
+struct Outcome {
+  std::vector<RankResult> first, second;  // per rank
+  std::vector<SiteCounts> after_setup, after_calls;
+  std::vector<std::string> races, protocol, leaks;
+  bool deadlocked = false;
+};
+
+// Runs `spec` (spec.count elements per call; `group` calls when grouped) on every rank of a fresh
+// simulated machine; a rank whose call fails has its communicator aborted, as an application's
+// watchdog does. `inputs` hold every call's input, call after call.
+Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs);
+std::vector<Bytes> inputs_for(const Spec& s, int nranks, int calls = 1);
+size_t stage_for(const Config& c, const Spec& s, int nranks);
+std::string describe(const Spec& s, int nranks, const Config& c);
+// A clean run: success everywhere, bitwise the reference algorithm, identical on every rank where
+// the collective gives every rank the same result, within the bound; "" when so.
+std::string check_clean(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs, const Outcome& o);
+std::string first_failures(const std::vector<std::string>& failures);
 
 }  // namespace fp8wire::simtest

@@ -158,7 +158,7 @@ void protocol_error(World::State& w, std::string text) {
 bool fail_here(World::State& w, Site site) {
   RankState& r = R(w);
   int& n = r.calls[static_cast<size_t>(site)];
-  const bool fail = w.fault.rank == me() && w.fault.site == site && w.fault.index == n;
+  const bool fail = w.fault.rank == me() && w.fault.site == site && w.fault.index <= n && n < w.fault.index + w.fault.count;
   ++n;
   return fail;
 }

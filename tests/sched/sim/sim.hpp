@@ -50,6 +50,7 @@ struct Fault {
   int rank = -1;   // -1: none
   Site site = Site::codec;
   int index = 0;   // the index-th call at `site` on `rank` (0-based) fails
+  int count = 1;   // and the count-1 calls after it
 };
 
 struct Options {

@@ -138,6 +138,11 @@ struct World::State {
   Fault fault;
   std::vector<std::string> races, protocol;
   bool deadlock = false;
+  // Deadlock detection: `epoch` moves with every enqueue and every op run; every thread waiting
+  // with the epoch unchanged for a while (a woken waiter may not have run yet) is a deadlock.
+  uint64_t epoch = 0;
+  uint64_t stall_epoch = ~0ull;
+  std::chrono::steady_clock::time_point stall_since;
   int active = 1;   // threads acting as ranks (the main thread outside run_ranks)
   int waiting = 0;  // of those, blocked in a simulated wait
   std::mt19937_64 rng;
@@ -164,11 +169,22 @@ bool fail_here(World::State& w, Site site) {
 }
 
 // --- races ----------------------------------------------------------------------------------------
+bool inside_allocation(const RankState& r, uintptr_t b, uintptr_t e) {
+  auto it = r.allocs.upper_bound(b);
+  if (it == r.allocs.begin()) return false;
+  --it;
+  return e <= it->first + it->second;
+}
+
 void record_access(World::State& w, int rank, int lane, const Clock& clock, const void* p, size_t bytes,
                    bool write, const std::string& what) {
   if (!p || !bytes) return;
   RankState& r = w.ranks[static_cast<size_t>(rank)];
   const uintptr_t b = reinterpret_cast<uintptr_t>(p), e = b + bytes;
+  // Device work touches only memory its rank allocated and has not freed (host staging aside).
+  if (lane != 0 && !inside_allocation(r, b, e))
+    w.protocol.push_back(fmt::format("rank {}: {} {} {} bytes outside any live allocation of the rank", rank, what,
+                                     write ? "writes" : "reads", bytes));
   for (auto it = r.log.begin(); it != r.log.end();) {
     const Access& a = *it;
     const bool overlap = a.begin < e && b < a.end;
@@ -205,6 +221,7 @@ void enqueue(World::State& w, Stream& s, std::unique_ptr<Op> op) {
   if (s.destroyed) protocol_error(w, "work enqueued on a destroyed stream: " + op->what);
   op->host_at_issue = w.ranks[static_cast<size_t>(s.rank)].host;
   s.queue.push_back(std::move(op));
+  ++w.epoch;
   w.cv.notify_all();
 }
 
@@ -231,8 +248,22 @@ bool progress(World::State& w) {
       if (any) w.cv.notify_all();  // a waiter's stream may have been run by this thread
       return any;
     }
+    ++w.epoch;
     any = true;
   }
+}
+
+// True once every rank thread has been waiting, with nothing able to run, for long enough that no
+// woken waiter can still be on its way.
+bool stalled(World::State& w) {
+  if (w.waiting < w.active || progress(w)) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (w.stall_epoch != w.epoch) {
+    w.stall_epoch = w.epoch;
+    w.stall_since = now;
+    return false;
+  }
+  return now - w.stall_since > std::chrono::milliseconds(300);
 }
 
 // Blocks the calling rank until done() (progressing the machine), or reports a deadlock: every rank
@@ -244,7 +275,7 @@ bool wait_until(World::State& w, std::unique_lock<std::mutex>& lock, const std::
     if (done()) return true;
     if (w.deadlock) return false;
     ++w.waiting;
-    if (w.waiting >= w.active && !progress(w) && !done()) {
+    if (stalled(w) && !done()) {
       w.deadlock = true;
       w.protocol.push_back(fmt::format("rank {}: deadlock: every rank waits and nothing can run", me()));
       --w.waiting;
@@ -480,7 +511,7 @@ cudaError_t s_stream_query(cudaStream_t s) {
   // A poller is a waiter too: if every rank thread waits and nothing can run, nothing ever will.
   if (w.deadlock) return cudaErrorLaunchTimeout;
   ++w.waiting;
-  const bool stuck = w.waiting >= w.active && !progress(w) && !st->queue.empty();
+  const bool stuck = stalled(w) && !st->queue.empty();
   --w.waiting;
   if (stuck) {
     w.deadlock = true;

@@ -84,10 +84,15 @@ struct CallHooks {
 void set_call_hooks(const CallHooks* hooks);   // nullptr removes them
 const CallHooks* call_hooks();                 // one acquire load; nullptr when none
 
+// Slots for paths in the totals: room for paths yet to come, so the C API (shim/fp8wire.h,
+// FP8WIRE_MAX_PATHS) keeps its layout when one is added. Index = static_cast<int>(Path).
+inline constexpr int kMaxPaths = 16;
+static_assert(static_cast<int>(Path::fallback) < kMaxPaths);
+
 struct AccountingTotals {
-  uint64_t calls[5] = {};       // by Path
-  uint64_t app_bytes[5] = {};
-  uint64_t wire_bytes[5] = {};
+  uint64_t calls[kMaxPaths] = {};       // by Path
+  uint64_t app_bytes[kMaxPaths] = {};
+  uint64_t wire_bytes[kMaxPaths] = {};
   uint64_t gather_calls[3] = {};  // FP8 calls by CallRecord::gather (index = GatherTransport; [0] unused)
   uint64_t dropped_records = 0;
 };

@@ -304,7 +304,20 @@ TEST_CASE("C API: version, totals, step marks and flush are safe without a profi
     CHECK(r.exit_code == 0);
     CHECK(count_of(r.output, "capi version=100 ") == 1);
     CHECK(count_of(r.output, "dropped=0") == 1);
+    const bool on = std::string(enable) == "FP8WIRE_ENABLE=1";
+    CHECK(count_of(r.output, on ? "capi active_before=1" : "capi active_before=0") == 1);
+    CHECK(count_of(r.output, on ? "capi active_after=1" : "capi active_after=0") == 1);
+    // Slots past the last path are "", outside the range null.
+    CHECK(count_of(r.output, "capi paths=null,passthrough,two_shot,one_shot,ring,fallback,-,-,-,-,-,-,-,-,-,-,-,null") == 1);
   }
+}
+
+TEST_CASE("C API: fp8wire_active is 0 with a configuration error") {
+  const Run r = run_probe("noload", "capi", {"FP8WIRE_BLOCK_SIZE=7"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(count_of(r.output, "capi active_before=0") == 1);
+  CHECK(count_of(r.output, "capi active_after=0") == 1);
 }
 
 TEST_CASE("exported dynamic symbols: exactly the interposed NCCL functions and the C API") {
@@ -329,7 +342,7 @@ TEST_CASE("exported dynamic symbols: exactly the interposed NCCL functions and t
       "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd", "ncclGroupSimulateEnd", "ncclCommInitRank", "ncclCommInitRankConfig",
       "ncclCommInitAll", "ncclCommInitRankScalable", "ncclCommSplit", "ncclCommShrink", "ncclCommFinalize",
       "ncclCommDestroy", "ncclCommAbort", "fp8wire_version", "fp8wire_step_begin", "fp8wire_step_end",
-      "fp8wire_profiler_flush", "fp8wire_get_totals"};
+      "fp8wire_profiler_flush", "fp8wire_get_totals", "fp8wire_active", "fp8wire_path_name"};
   CHECK(exported == expected);
 }
 

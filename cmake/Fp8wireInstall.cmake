@@ -1,6 +1,7 @@
 # install(): what an installation of fp8wire holds, for `cmake --install` and for the Python wheel
 # (pyproject.toml builds it with scikit-build-core from this same CMake project).
-#   component fp8wire: libfp8wire.so, libfp8wire_prof.so, fp8wire-config, fp8wire-bench, fp8wire-prof.
+#   component fp8wire: libfp8wire.so, libfp8wire_prof.so, fp8wire-config, fp8wire-bench, fp8wire-prof,
+#   and the C API header fp8wire.h.
 #   The trainer and the tests are not installed.
 # Layout: bin/ and lib/ under the prefix; in the wheel, fp8wire/bin and fp8wire/lib inside the Python
 # package, where the `fp8wire` module looks for them. fp8wire-prof finds the libraries as ../lib
@@ -8,9 +9,11 @@
 if(SKBUILD)
   set(_fp8wire_bindir fp8wire/bin)
   set(_fp8wire_libdir fp8wire/lib)
+  set(_fp8wire_includedir fp8wire/include)
 else()
   set(_fp8wire_bindir bin)
   set(_fp8wire_libdir lib)
+  set(_fp8wire_includedir include)
 endif()
 set(FP8WIRE_INSTALL_BINDIR "${_fp8wire_bindir}" CACHE STRING "where the fp8wire tools are installed (relative to the prefix)")
 set(FP8WIRE_INSTALL_LIBDIR "${_fp8wire_libdir}" CACHE STRING "where libfp8wire.so and libfp8wire_prof.so are installed")
@@ -33,5 +36,5 @@ install(TARGETS fp8wire fp8wire_prof
         LIBRARY DESTINATION "${FP8WIRE_INSTALL_LIBDIR}" COMPONENT fp8wire)
 install(TARGETS fp8wire-config fp8wire-bench fp8wire-prof
         RUNTIME DESTINATION "${FP8WIRE_INSTALL_BINDIR}" COMPONENT fp8wire)
-install(FILES "${PROJECT_SOURCE_DIR}/shim/fp8wire.h" DESTINATION include COMPONENT fp8wire
-        EXCLUDE_FROM_ALL)
+# The C API (fp8wire_active, fp8wire_get_totals, ...), for programs that are not Python.
+install(FILES "${PROJECT_SOURCE_DIR}/shim/fp8wire.h" DESTINATION "${_fp8wire_includedir}" COMPONENT fp8wire)

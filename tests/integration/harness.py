@@ -60,7 +60,7 @@ def skip(name, why):
 
 def preflight(name, args, needs=()):
     """None when the test can run, else its exit status (77: skipped, 1: failed)."""
-    for module in needs:
+    for module in ("torch", *needs):
         import importlib.util
 
         if importlib.util.find_spec(module) is None:

@@ -79,6 +79,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         parser.print_help(sys.stderr)
         return 2
-    except (UsageError, NotInstalled) as e:
+    except (UsageError, NotInstalled, OSError) as e:
         print(f"fp8wire: {e}", file=sys.stderr)
         return 2

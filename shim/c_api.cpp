@@ -58,6 +58,11 @@ FP8WIRE_EXPORT const char* fp8wire_path_name(int i) {
   return std::strcmp(name, "unknown") == 0 ? "" : name;
 }
 
+FP8WIRE_EXPORT int fp8wire_path_is_fp8(int i) {
+  if (i < 0 || i >= fp8wire::kPathCount) return 0;
+  return fp8wire::is_fp8(static_cast<fp8wire::Path>(i)) ? 1 : 0;
+}
+
 FP8WIRE_EXPORT void fp8wire_step_begin(int64_t step) { step_mark(step, 1); }
 FP8WIRE_EXPORT void fp8wire_step_end(int64_t step) { step_mark(step, 0); }
 
@@ -84,3 +89,5 @@ FP8WIRE_EXPORT void fp8wire_get_totals(fp8wire_totals* out) {
     FP8WIRE_ERROR("fp8wire_get_totals: internal error; returning zeros");
   }
 }
+
+FP8WIRE_EXPORT void fp8wire_set_feedback_key(uint64_t key) { fp8wire::sched::Engine::set_feedback_key(key); }

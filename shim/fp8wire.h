@@ -35,6 +35,10 @@ int fp8wire_active(void);
  * outside [0, FP8WIRE_MAX_PATHS). The names are stable; report totals by name, not by index. */
 const char* fp8wire_path_name(int i);
 
+/* 1 when path slot i is one fp8wire carries itself (FP8 on the wire), 0 for pass-through, fallback,
+ * unused slots and i out of range. */
+int fp8wire_path_is_fp8(int i);
+
 /* Totals since start (or the last reset): calls, caller bytes and wire bytes by path slot. */
 typedef struct fp8wire_totals {
   uint64_t calls[FP8WIRE_MAX_PATHS];
@@ -43,6 +47,12 @@ typedef struct fp8wire_totals {
   uint64_t dropped_records;
 } fp8wire_totals;
 void fp8wire_get_totals(fp8wire_totals* out);
+
+/* Error feedback (error_feedback.enable): the identity of the tensor the next all-reduce issued on
+ * this thread carries, e.g. a DDP bucket index (key != 0). The quantization residual of one call is
+ * added to the next call with the same key, never to another tensor's; a call with no key gets no
+ * feedback. Harmless when error feedback is off or the library is not loaded. */
+void fp8wire_set_feedback_key(uint64_t key);
 
 #ifdef __cplusplus
 }

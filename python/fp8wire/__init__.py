@@ -19,8 +19,8 @@ import contextlib
 import re
 from pathlib import Path
 
-from ._native import (UNCARRIED_PATHS, Totals, active, library_version, loaded, path_names,  # noqa: F401
-                      profiler_flush, totals)
+from ._native import (UNCARRIED_PATHS, Totals, active, fp8_paths, library_version, loaded,  # noqa: F401
+                      path_names, profiler_flush, totals)
 from ._native import step_begin as _step_begin
 from ._native import step_end as _step_end
 from ._paths import NotInstalled, profiler_library, shim_library, tool  # noqa: F401

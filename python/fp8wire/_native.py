@@ -14,7 +14,7 @@ from typing import Callable, Dict, Optional
 # Fixed by the C API (FP8WIRE_MAX_PATHS in shim/fp8wire.h): the number of path slots in the totals.
 MAX_PATHS = 16
 # The two paths on which a call reached NCCL unchanged: not eligible, or eligible but the FP8 path
-# could not run. Every other path is one fp8wire carried itself.
+# could not run. Only for a library without fp8wire_path_is_fp8, which says it itself.
 UNCARRIED_PATHS = ("passthrough", "fallback")
 
 
@@ -88,6 +88,15 @@ def path_names() -> Dict[int, str]:
     return names
 
 
+def fp8_paths() -> Optional[set]:
+    """Names of the paths fp8wire carries itself, as the library says (fp8wire_path_is_fp8); None
+    when the library is not loaded or predates that function."""
+    fn = _symbol("fp8wire_path_is_fp8", ctypes.c_int, [ctypes.c_int])
+    if fn is None:
+        return None
+    return {name for i, name in path_names().items() if fn(i)}
+
+
 @dataclass
 class Totals:
     """Calls, caller bytes and wire bytes by path name, since the process started (or the library's
@@ -98,10 +107,13 @@ class Totals:
     app_bytes: Dict[str, int] = field(default_factory=dict)
     wire_bytes: Dict[str, int] = field(default_factory=dict)
     dropped_records: int = 0
+    fp8_paths: Optional[set] = None  # from the library; None: every path but UNCARRIED_PATHS
 
     @property
     def fp8_calls(self) -> int:
-        """Calls fp8wire carried itself (every path but pass-through and fallback)."""
+        """Calls fp8wire carried itself (FP8 on the wire)."""
+        if self.fp8_paths is not None:
+            return sum(n for path, n in self.calls.items() if path in self.fp8_paths)
         return sum(n for path, n in self.calls.items() if path not in UNCARRIED_PATHS)
 
     @property
@@ -111,7 +123,7 @@ class Totals:
     def to_dict(self) -> dict:
         return {"loaded": self.loaded, "calls": dict(self.calls), "app_bytes": dict(self.app_bytes),
                 "wire_bytes": dict(self.wire_bytes), "dropped_records": self.dropped_records,
-                "fp8_calls": self.fp8_calls}
+                "fp8_paths": sorted(self.fp8_paths or []), "fp8_calls": self.fp8_calls}
 
 
 def totals() -> Totals:
@@ -126,7 +138,7 @@ def totals() -> Totals:
         return Totals(loaded=True)
     raw = _Totals()
     get(ctypes.byref(raw))
-    t = Totals(loaded=True, dropped_records=int(raw.dropped_records))
+    t = Totals(loaded=True, dropped_records=int(raw.dropped_records), fp8_paths=fp8_paths())
     for i, name in names.items():
         t.calls[name] = int(raw.calls[i])
         t.app_bytes[name] = int(raw.app_bytes[i])

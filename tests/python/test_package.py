@@ -168,7 +168,8 @@ class InProcess(unittest.TestCase):
                 pass
             t = fp8wire.totals()
             print(json.dumps({"loaded": fp8wire.loaded(), "active": fp8wire.active(),
-                              "paths": sorted(t.calls), "fp8": t.fp8_calls, "names": fp8wire.path_names()}))
+                              "paths": sorted(t.calls), "fp8": t.fp8_calls, "names": fp8wire.path_names(),
+                              "fp8_paths": sorted(fp8wire.fp8_paths())}))
         """)
         r = fp8wire_cli("run", "--", sys.executable, "-c", code)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -178,6 +179,9 @@ class InProcess(unittest.TestCase):
         # Names come from the library (fp8wire_path_name), slot by slot, none invented here.
         self.assertEqual(sorted(got["names"].values()), got["paths"])
         self.assertIn("passthrough", got["paths"])
+        self.assertIn("two_shot", got["fp8_paths"])
+        self.assertNotIn("passthrough", got["fp8_paths"])
+        self.assertNotIn("fallback", got["fp8_paths"])
         self.assertEqual(got["fp8"], 0)
         r = fp8wire_cli("run", "--", sys.executable, "-c", "import fp8wire; print(fp8wire.active())",
                         env=env_without_library(FP8WIRE_ENABLE="0"))

@@ -149,7 +149,8 @@ int main(int argc, char** argv) {
     auto flush = reinterpret_cast<void (*)()>(dlsym(shim, "fp8wire_profiler_flush"));
     auto active = reinterpret_cast<int (*)()>(dlsym(shim, "fp8wire_active"));
     auto path_name = reinterpret_cast<const char* (*)(int)>(dlsym(shim, "fp8wire_path_name"));
-    if (!version || !totals || !step_begin || !step_end || !flush || !active || !path_name) {
+    auto path_is_fp8 = reinterpret_cast<int (*)(int)>(dlsym(shim, "fp8wire_path_is_fp8"));
+    if (!version || !totals || !step_begin || !step_end || !flush || !active || !path_name || !path_is_fp8) {
       std::printf("capi missing\n");
       return 3;
     }
@@ -163,6 +164,7 @@ int main(int argc, char** argv) {
     for (int i = -1; i <= FP8WIRE_MAX_PATHS; ++i) {
       const char* n = path_name(i);
       names += n ? (*n ? n : "-") : "null";
+      if (path_is_fp8(i)) names += "*";
       names += i < FP8WIRE_MAX_PATHS ? "," : "";
     }
     std::printf("capi paths=%s\n", names.c_str());

@@ -86,7 +86,7 @@ def format_row(s):
     pr = "-" if s.get("pearson") is None else f"{s['pearson']:.5f}"
     gap = "-" if s.get("final_gap") is None else f"{s['final_gap'] * 100:.3f} %"
     verdict = s.get("verdict") or ("PASS" if s.get("ok") else "FAIL")
-    return f"{s['stack']:<24} {s.get('steps', 0):>5} {pr:>9} {gap:>10} {s.get('fp8_calls', 0):>9}  {verdict}"
+    return f"{s['stack']:<30} {s.get('steps', 0):>5} {pr:>9} {gap:>10} {s.get('fp8_calls', 0):>9}  {verdict}"
 
 
-TABLE_HEADER = f"{'stack':<24} {'steps':>5} {'Pearson':>9} {'final gap':>10} {'FP8 calls':>9}  result"
+TABLE_HEADER = f"{'stack':<30} {'steps':>5} {'Pearson':>9} {'final gap':>10} {'FP8 calls':>9}  result"

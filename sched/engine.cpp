@@ -194,8 +194,19 @@ ncclResult_t Engine::group_end() {
       if (nccl_ok(res)) impl_->set_up(setups);
     }
     if (tg.npending == 0) return res;
-    const ncclResult_t queued = impl_->flush(tg);
-    return !nccl_ok(res) ? res : queued;
+    if (!nccl_ok(res)) {
+      // The application's own group failed: its communicators are out of step with their peers
+      // already. Its queued FP8 calls are not started; their communicators fail from now on.
+      FP8WIRE_ERROR("ncclGroupEnd failed (NCCL {}): the group's {} queued FP8 call(s) are not run",
+                    static_cast<int>(res), tg.npending);
+      for (size_t i = 0; i < tg.npending; ++i) {
+        tg.pending[i].state->fail(res);
+        tg.pending[i].state.reset();
+      }
+      tg.npending = 0;
+      return res;
+    }
+    return impl_->flush(tg);
   });
 }
 

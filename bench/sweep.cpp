@@ -164,7 +164,7 @@ struct Worker {
         mine.times_us[r] = 1e3 * ms / opt.iters;
       }
       uint64_t calls = 0, wire = 0;
-      for (int p = 0; p < 5; ++p) {
+      for (int p = 0; p < kMaxPaths; ++p) {
         calls += after.calls[p] - before.calls[p];
         wire += after.wire_bytes[p] - before.wire_bytes[p];
       }

@@ -369,7 +369,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   // Emulated ranks share one GPU; a distinct host id per rank makes NCCL treat them as separate
   // hosts joined by sockets. Always overwritten: a host id inherited by every rank would merge them.
   if (opt.emulate_ranks > 0)
-    setenv("NCCL_HOSTID", fmt::format("emulated-host-{}", env.rank).c_str(), 1);
+    fp8wire::set_emulated_host(env.rank);
 
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {

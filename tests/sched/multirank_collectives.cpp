@@ -1,5 +1,5 @@
-// GPU tier of the scheduler: N ranks forked on GPU 0, each with its own NCCL_HOSTID (so NCCL treats
-// them as separate hosts over sockets), drive sched::Engine directly through a linked NCCL.
+// GPU tier of the scheduler: N ranks on GPU 0 (started by the shared rank launcher, each with its own
+// NCCL_HOSTID, so NCCL treats them as separate hosts over sockets) drive sched::Engine through a linked NCCL.
 //
 // Checked per case, and printed as a correctness matrix:
 //   * error against an fp64 reference, within the bound of the wire format (below);
@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "common/rank_launcher.hpp"
 #include "common/status.hpp"
 #include "quant/reference.hpp"
 #include "sched/accounting.hpp"
@@ -609,10 +610,6 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
     int devices = 1;
     FP8WIRE_CUDA_OR(cudaGetDeviceCount(&devices), _exit(3));
     device = rank % devices;
-  } else {
-    char host[64];
-    snprintf(host, sizeof(host), "emulated-host-%d", rank);
-    setenv("NCCL_HOSTID", host, 1);  // before the communicator exists
   }
   Rank R;
   R.rank = rank;
@@ -676,6 +673,7 @@ int main(int argc, char** argv) {
   bool big = false;
   bool per_gpu = false;
   int timeout_s = 240;
+  std::string child_out;  // set in a rank: the file its case lines go to
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--ranks" && i + 1 < argc) {
@@ -689,10 +687,30 @@ int main(int argc, char** argv) {
       per_gpu = true;
     } else if (a == "--timeout" && i + 1 < argc) {
       timeout_s = std::atoi(argv[++i]);
+    } else if (a == "--rank-output" && i + 1 < argc) {
+      child_out = argv[++i];
     } else {
       fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu\n", a.c_str());
       return 2;
     }
+  }
+  if (!child_out.empty()) {
+    // One rank, started by the launcher below: RANK, WORLD_SIZE, MASTER_PORT (and NCCL_HOSTID when
+    // emulated) are set; rank 0 serves the NCCL unique id.
+    std::string error;
+    const auto env = rank_env_from_environment(error);
+    if (!env) {
+      fprintf(stderr, "rank: %s\n", error.empty() ? "RANK/WORLD_SIZE not set" : error.c_str());
+      return 2;
+    }
+    alarm(static_cast<unsigned>(timeout_s));  // a hang kills the rank, not the CI job
+    ncclUniqueId id{};
+    if (env->rank == 0) FP8WIRE_NCCL_OR(ncclGetUniqueId(&id), return 4);
+    if (!exchange_bootstrap_blob(*env, &id, sizeof(id), 60, error)) {
+      fprintf(stderr, "rank %d: %s\n", env->rank, error.c_str());
+      return 4;
+    }
+    return rank_main(env->rank, env->world_size, id, child_out + std::to_string(env->rank), big, per_gpu);
   }
   for (int n : worlds) {
     if (n < 2 || n > 16) {
@@ -700,18 +718,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // The parent must not initialise CUDA before fork() (children could not use it), so a child
-  // probes for a device. ncclGetUniqueId needs no GPU: its bootstrap root runs in the parent.
-  // It exits with the number of visible devices (capped; 0 = none or an error).
-  const pid_t probe = fork();
-  if (probe == 0) {
-    int devices = 0;
-    _exit(cudaGetDeviceCount(&devices) == cudaSuccess ? std::min(devices, 200) : 0);
-  }
-  int probe_status = 0;
-  waitpid(probe, &probe_status, 0);
-  const int devices = WIFEXITED(probe_status) ? WEXITSTATUS(probe_status) : 0;
-  if (devices == 0) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     printf("SKIPPED: no CUDA device\n");
     return 77;
   }
@@ -726,31 +734,19 @@ int main(int argc, char** argv) {
   int failures = 0;
   std::vector<std::string> summary;
   for (int n : worlds) {
-    ncclUniqueId id;
-    if (ncclGetUniqueId(&id) != ncclSuccess) {
-      fprintf(stderr, "ncclGetUniqueId failed\n");
-      return 1;
-    }
-    std::vector<pid_t> pids;
+    const std::string prefix = "/tmp/fp8wire_multirank_" + std::to_string(getpid()) + "_" + std::to_string(n) + "_";
+    LaunchSpec spec;
+    spec.argv = {"/proc/self/exe", "--rank-output", prefix, "--timeout", std::to_string(timeout_s)};
+    if (big && n == worlds.front()) spec.argv.push_back("--big");
+    if (per_gpu) spec.argv.push_back("--per-gpu");
+    else spec.env_per_rank = emulated_host_env(n);
+    spec.nranks = n;
+    spec.timeout_s = timeout_s + 30;
+    const LaunchResult launched = launch_local_ranks(spec);
+    const bool ranks_ok = launched.ok;
+    if (!ranks_ok) fprintf(stderr, "FAIL: world size %d: %s\n", n, launched.error.c_str());
     std::vector<std::string> files;
-    for (int r = 0; r < n; ++r) {
-      files.push_back("/tmp/fp8wire_multirank_" + std::to_string(getpid()) + "_" + std::to_string(n) + "_" + std::to_string(r));
-      const pid_t pid = fork();
-      if (pid == 0) {
-        alarm(static_cast<unsigned>(timeout_s));  // a hang kills the rank, not the CI job
-        _exit(rank_main(r, n, id, files.back(), big && n == worlds.front(), per_gpu));
-      }
-      pids.push_back(pid);
-    }
-    bool ranks_ok = true;
-    for (pid_t pid : pids) {
-      int status = 0;
-      waitpid(pid, &status, 0);
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        ranks_ok = false;
-        fprintf(stderr, "FAIL: a rank of world size %d exited abnormally (status %d)\n", n, status);
-      }
-    }
+    for (int r = 0; r < n; ++r) files.push_back(prefix + std::to_string(r));
     std::map<std::string, CaseResult> results;
     std::vector<std::string> order;
     std::string fabric = "?";

@@ -162,3 +162,9 @@ def profiler_flush() -> None:
     fn = _symbol("fp8wire_profiler_flush", None, [])
     if fn is not None:
         fn()
+
+
+def set_feedback_key(key: int) -> None:
+    fn = _symbol("fp8wire_set_feedback_key", None, [ctypes.c_uint64])
+    if fn is not None:
+        fn(int(key) & 0xFFFFFFFFFFFFFFFF)

@@ -7,6 +7,8 @@
 #   env   : bf16 + FP8WIRE_GATHER_TRANSPORT=sendrecv and NCCL_P2P_NET_CHUNKSIZE=524288 (the main job's
 #           settings on this testbed)
 #   graph : bf16, every iteration captured into a CUDA graph and replayed (-G 1)
+#   profile: bf16 with FP8WIRE_CONFIG=$PROFILE, a profile fp8wire-bench sweep calibrated on this testbed
+#           (the planner then picks path and gather transport from measurements, as torch jobs get)
 # The binaries are not built here: carry them as .carry/nccl-tests.tar.gz (all_reduce_perf built from
 # NVIDIA's source with MPI=1 against the MPICH of the `mpich` pip wheel, and that MPICH in
 # its mpi/ folder). nccl-tests' own correctness check flags FP8 results by design (it allows no
@@ -48,6 +50,8 @@ for c in $CASES; do
     env)   run env.nccl 0 NCCL_P2P_NET_CHUNKSIZE=524288 -- -d bfloat16
            run env.fp8 1 NCCL_P2P_NET_CHUNKSIZE=524288 FP8WIRE_GATHER_TRANSPORT=sendrecv -- -d bfloat16 ;;
     graph) run graph.nccl 0 -- -d bfloat16 -G 1; run graph.fp8 1 -- -d bfloat16 -G 1 ;;
+    profile) run profile.nccl 0 -- -d bfloat16
+             run profile.fp8 1 "FP8WIRE_CONFIG=$(realpath "${PROFILE:?set PROFILE=fp8wire-profile.toml}")" -- -d bfloat16 ;;
     *) echo "unknown case $c" ;;
   esac
 done

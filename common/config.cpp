@@ -468,10 +468,14 @@ std::vector<KeySpec> build_key_table() {
     t.push_back(cost_key(f, "allgather_bandwidth_gbps", &CostModel::allgather_bandwidth_gbps));
     t.push_back(cost_key(f, "reduce_scatter_bandwidth_gbps", &CostModel::reduce_scatter_bandwidth_gbps));
     t.push_back(cost_key(f, "alltoall_bandwidth_gbps", &CostModel::alltoall_bandwidth_gbps));
+    t.push_back(cost_key(f, "hosts", &CostModel::hosts));
+    t.push_back(cost_key(f, "ranks_per_host", &CostModel::ranks_per_host));
     t.push_back(bool_key(fmt::format("cost_model.{}.calibrated", to_string(static_cast<Fabric>(f))),
                          [f](auto& c) -> auto& { return c.cost_model[f].calibrated; }));
   }
 
+  t.push_back(bool_key("hierarchy.enable", [](auto& c) -> auto& { return c.hierarchy_enable; }));
+  t.push_back(uint_key("hierarchy.ranks_per_host", [](auto& c) -> auto& { return c.hierarchy_ranks_per_host; }, 0, 128));
   t.push_back(bool_key("coalesce.enable", [](auto& c) -> auto& { return c.coalesce_enable; }));
   t.push_back(size_key("coalesce.max_bytes", [](auto& c) -> auto& { return c.coalesce_max_bytes; }, 1));
   t.push_back(uint_key("coalesce.max_calls", [](auto& c) -> auto& { return c.coalesce_max_calls; }, 1, 1u << 16));
@@ -518,7 +522,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 688 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 744 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

@@ -72,6 +72,11 @@ struct CostModel {
   double reduce_scatter_bandwidth_gbps = 0;
   double alltoall_bandwidth_gbps = 0;
   bool calibrated = false;      // false: the built-in defaults below are used
+  // The job shape the figures were measured on (0 = not recorded): hosts and ranks per host. A flat
+  // FP8 path on a communicator that spans hosts with several ranks each is only taken when a
+  // calibrated profile of that very shape says it wins (sched/hierarchy.hpp).
+  double hosts = 0;
+  double ranks_per_host = 0;
   // Fixed cost of one `op`: its own figure when measured, else op_latency_us.
   double latency_us(NcclOp op) const {
     const double own = op == NcclOp::all_reduce       ? allreduce_latency_us
@@ -122,6 +127,13 @@ struct Config {
   // cost_model.<fabric>.{op_latency_us, bus_bandwidth_gbps, codec_gbps, kernel_launch_us,
   //   {allreduce,allgather,reduce_scatter,alltoall}_latency_us, ..._bandwidth_gbps}
   std::array<CostModel, kFabricCount> cost_model{};
+
+  // --- jobs spanning hosts ---------------------------------------------------------------------
+  // Full precision inside each host, FP8 between hosts (sched/hierarchy.hpp).
+  bool hierarchy_enable = true;             // hierarchy.enable
+  // Ranks per host, consecutive in rank order (0: the hosts NCCL sees, from NCCL_HOSTID or hostname).
+  // For tests: ranks emulated on one GPU as 2 hosts x 2 ranks while NCCL joins all over sockets.
+  uint32_t hierarchy_ranks_per_host = 0;    // hierarchy.ranks_per_host
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------
   bool coalesce_enable = true;              // coalesce.enable

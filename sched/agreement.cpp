@@ -43,7 +43,9 @@ uint64_t config_fingerprint(const Config& c) {
   }
   mix(c.coalesce_enable); mix(c.coalesce_max_bytes); mix(c.coalesce_max_calls);
   mix(c.scratch_max_bytes); mix(c.pipeline_chunk_bytes);
-  mix(c.error_feedback);   // changes what is quantized only, but keeps ranks' numerics alike
+  mix(c.error_feedback);
+  mix(c.hierarchy_enable); mix(c.hierarchy_ranks_per_host);
+  for (const CostModel& m : c.cost_model) { mix(m.hosts); mix(m.ranks_per_host); }   // changes what is quantized only, but keeps ranks' numerics alike
   return h;
 }
 
@@ -73,6 +75,20 @@ HostMap host_map(std::span<const RankFacts> facts) {
   return m;
 }
 
+HostMap forced_host_map(int nranks, int ranks_per_host) {
+  HostMap m;
+  for (int r = 0; r < nranks; ++r) {
+    const int host = r / ranks_per_host;
+    if (host == m.hosts) {
+      ++m.hosts;
+      m.host_size.push_back(0);
+    }
+    m.host_of.push_back(host);
+    m.local_rank.push_back(m.host_size[static_cast<size_t>(host)]++);
+  }
+  return m;
+}
+
 namespace {
 std::string problem_of(const RankFacts& f) {
   const size_t n = strnlen(f.problem, sizeof(f.problem));
@@ -86,16 +102,37 @@ Agreement agree(const Config& config, std::span<const RankFacts> facts) {
     a.reason = "no ranks";
     return a;
   }
-  a.hosts = host_map(facts);
+  const HostMap real = host_map(facts);
   bool p2p_disabled = false, all_nvlink = true;
   for (const RankFacts& f : facts) {
     p2p_disabled |= f.p2p_disabled != 0;
     all_nvlink &= f.nvlink_local != 0;
   }
   if (config.fabric_override) a.fabric = *config.fabric_override;
-  else if (a.hosts.hosts > 1) a.fabric = Fabric::net;
+  else if (real.hosts > 1) a.fabric = Fabric::net;
   else if (p2p_disabled || !all_nvlink) a.fabric = Fabric::pcie;
   else a.fabric = Fabric::nvlink;
+
+  // The host map the planner sees: NCCL's hosts, or blocks of hierarchy.ranks_per_host (a test of the
+  // hierarchical path on ranks that NCCL sees as separate hosts).
+  const int n = static_cast<int>(facts.size());
+  const int forced = static_cast<int>(config.hierarchy_ranks_per_host);
+  a.topology.forced = forced > 0 && n % forced == 0;
+  a.hosts = a.topology.forced ? forced_host_map(n, forced) : real;
+  a.topology.hosts = a.hosts.hosts;
+  a.topology.ranks_per_host = a.hosts.ranks_per_host();
+  a.topology.max_ranks_per_host = 0;
+  for (int size : a.hosts.host_size) a.topology.max_ranks_per_host = std::max(a.topology.max_ranks_per_host, size);
+  // Inside a host: NVLink when every rank has it and P2P is on, else PCIe; ranks that NCCL itself
+  // sees on different hosts (a forced map) talk over the network even inside a forced host.
+  bool intra_net = false, intra_pcie = false;
+  for (int r = 0; r < n; ++r)
+    for (int q = 0; q < r; ++q)
+      if (a.hosts.host_of[static_cast<size_t>(r)] == a.hosts.host_of[static_cast<size_t>(q)]) {
+        intra_net |= real.host_of[static_cast<size_t>(r)] != real.host_of[static_cast<size_t>(q)];
+        intra_pcie |= facts[static_cast<size_t>(r)].p2p_disabled || !facts[static_cast<size_t>(r)].nvlink_local;
+      }
+  a.topology.intra = intra_net ? Fabric::net : intra_pcie ? Fabric::pcie : Fabric::nvlink;
 
   // Two ranks in one process (one thread driving several GPUs, e.g. nccl-tests -g N): that thread
   // issues every rank's calls in one group, and an FP8 stage run for one rank at a time would wait

@@ -41,12 +41,24 @@ struct HostMap {
   int ranks_per_host() const;
 };
 HostMap host_map(std::span<const RankFacts> facts);
+// Consecutive blocks of `ranks_per_host` ranks, one host each (hierarchy.ranks_per_host).
+HostMap forced_host_map(int nranks, int ranks_per_host);
+
+// What the planner needs of the hosts a communicator spans (sched/hierarchy.hpp).
+struct Topology {
+  int hosts = 1;               // hosts the ranks span
+  int ranks_per_host = 1;      // when every host holds as many ranks; 0 when the hosts are uneven
+  int max_ranks_per_host = 1;  // the most ranks one host holds
+  Fabric intra = Fabric::nvlink;  // between the ranks of one host
+  bool forced = false;         // hierarchy.ranks_per_host gave the map, not the hosts NCCL sees
+};
 
 struct Agreement {
   Fabric fabric = Fabric::net;
   bool fp8_ok = false;   // every rank is usable, has scratch, and runs the same configuration
   std::string reason;    // why not (naming the rank), for the log on every rank
-  HostMap hosts;
+  HostMap hosts;         // the map the planner uses (forced by hierarchy.ranks_per_host, or NCCL's hosts)
+  Topology topology;
 };
 // The decision every rank computes from the same gathered facts: "net" when the ranks span more
 // than one host (emulated ranks with distinct NCCL_HOSTID included), else "pcie" when any rank has

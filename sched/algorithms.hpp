@@ -80,3 +80,55 @@ class AllGatherFp8 final : public StageProgram {
 };
 
 }  // namespace fp8wire::sched
+
+namespace fp8wire::sched {
+
+// The hierarchical all-reduce (sched/hierarchy.hpp): per stage, a reduce-scatter in the caller's
+// precision inside the host (each local rank keeps a shard), the FP8 all-reduce of that shard among
+// the rail (one-shot or two-shot, the flat programs over the rail), an all-gather inside the host.
+// A stage whose length is not a multiple of the ranks per host goes through a zero-padded copy.
+class HierarchicalAllReduce final : public StageProgram {
+ public:
+  HierarchicalAllReduce(const Fp8Args& a, CommState& s, Path inner) : a_(a), s_(&s), inner_(inner) {}
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+  // Scratch one stage of `len` elements needs, and where its parts sit in the buffer set.
+  struct Layout {
+    size_t shard = 0;            // elements per local rank (len / ranks per host, rounded up)
+    size_t padded_in = 0, shard_at = 0, rail_at = 0, padded_out = 0, total = 0;  // byte offsets
+  };
+  static Layout layout(size_t len, size_t elem_bytes, int hosts, int ranks_per_host, Path inner,
+                       const quant::WireFormat& f);
+
+ private:
+  Fp8Args inner_args(const Stage& st, const Layout& l, size_t es) const;
+  Fp8Args a_;
+  CommState* s_;
+  Path inner_;
+};
+
+// The hierarchical reduce-scatter: the send buffer's blocks are reordered by (local rank, host), a
+// reduce-scatter in the caller's precision inside the host leaves each local rank the blocks of its
+// rail, and the FP8 reduce-scatter among the rail delivers each rank its own block.
+class HierarchicalReduceScatter final : public StageProgram {
+ public:
+  HierarchicalReduceScatter(const Fp8Args& a, CommState& s) : a_(a), s_(&s) {}
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+  struct Layout {
+    size_t permuted = 0, rail_in_at = 0, rail_at = 0, total = 0;  // byte offsets
+  };
+  static Layout layout(size_t len, size_t elem_bytes, int hosts, int ranks_per_host, const quant::WireFormat& f);
+
+ private:
+  Fp8Args a_;
+  CommState* s_;
+};
+
+// Stage size of a hierarchical call: one stage when it fits both buffer sets, else the largest whole
+// number of units (ranks x block elements for the all-reduce, a block for the reduce-scatter) that
+// fits one. 0 when not even one unit fits (the call then passes through, on every rank alike).
+size_t hierarchical_stage_elems(const ScratchLayout& scratch, Collective collective, size_t count, size_t elem_bytes,
+                                int hosts, int ranks_per_host, Path inner, const quant::WireFormat& f);
+
+}  // namespace fp8wire::sched

@@ -9,6 +9,7 @@
 #include "common/log.hpp"
 #include "common/nvtx.hpp"
 #include "common/status.hpp"
+#include "sched/hierarchy.hpp"
 
 namespace fp8wire::sched {
 
@@ -120,6 +121,58 @@ ncclResult_t wait_exchange(CommState& s, cudaStream_t stream) {
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(200));
   }
+}
+
+// The agreement's second round, for a communicator spanning hosts with several ranks on each: the
+// host and rail sub-communicators (collective over the parent, every rank in the same order), then a
+// 4-byte all-gather confirming that every rank has both. Without it nobody uses them.
+void split_hierarchy(CommState& s, const Agreement& a) {
+  const NcclApi& api = *s.platform->nccl;
+  const CudaApi& cuda = s.platform->cuda;
+  Hierarchy& h = s.hierarchy;
+  h.hosts = a.topology.hosts;
+  h.ranks_per_host = a.topology.ranks_per_host;
+  h.host_index = a.hosts.host_of[static_cast<size_t>(s.rank)];
+  h.local_rank = a.hosts.local_rank[static_cast<size_t>(s.rank)];
+  h.rank_at.assign(static_cast<size_t>(s.nranks), 0);
+  for (int r = 0; r < s.nranks; ++r)
+    h.rank_at[static_cast<size_t>(a.hosts.host_of[static_cast<size_t>(r)] * h.ranks_per_host +
+                                  a.hosts.local_rank[static_cast<size_t>(r)])] = r;
+  int32_t ok = api.CommSplit && api.CommSplit(s.comm, h.host_index, h.local_rank, &h.host, nullptr) == ncclSuccess &&
+               api.CommSplit(s.comm, h.local_rank, h.host_index, &h.rail, nullptr) == ncclSuccess && h.host &&
+               h.rail;
+  // Every rank's answer, through the scratch (FP8 is on, so there is one).
+  char* base = s.res.scratch;
+  std::vector<int32_t> all(static_cast<size_t>(s.nranks), 0);
+  ncclResult_t res = cuda.MemcpyAsync(base + s.rank * sizeof(int32_t), &ok, sizeof(ok), cudaMemcpyHostToDevice,
+                                      s.res.transfer) == cudaSuccess
+                         ? ncclSuccess
+                         : ncclUnhandledCudaError;
+  const ncclResult_t gathered = api.AllGather(base + s.rank * sizeof(int32_t), base, sizeof(int32_t), ncclUint8,
+                                              s.comm, s.res.transfer);
+  if (nccl_ok(res)) res = gathered;
+  if (nccl_ok(gathered)) {
+    const ncclResult_t waited = wait_exchange(s, s.res.transfer);
+    if (nccl_ok(res)) res = waited;
+  }
+  if (nccl_ok(res) && cuda.Memcpy(all.data(), base, all.size() * sizeof(int32_t), cudaMemcpyDeviceToHost) != cudaSuccess)
+    res = ncclUnhandledCudaError;
+  bool everywhere = nccl_ok(res);
+  for (int32_t v : all) everywhere &= v != 0;
+  if (everywhere) {
+    h.ready = true;
+    s.host_transport = NcclTransport(api, h.host, h.local_rank, h.ranks_per_host);
+    s.rail_transport = NcclTransport(api, h.rail, h.host_index, h.hosts);
+    FP8WIRE_INFO("comm {}: hierarchical path ready: host {} of {}, local rank {} of {}", s.id, h.host_index, h.hosts,
+                 h.local_rank, h.ranks_per_host);
+    return;
+  }
+  FP8WIRE_WARN("comm {}: the host/rail sub-communicators could not be made on every rank; no hierarchical path", s.id);
+  for (ncclComm_t* c : {&h.host, &h.rail})
+    if (*c) {
+      if (api.CommDestroy) api.CommDestroy(*c);
+      *c = nullptr;
+    }
 }
 
 void log_agreement(const CommState& s) {
@@ -239,7 +292,11 @@ void complete(Round& round, const Config& config) {
   }
   s.agreement = agree(config, round.all);
   log_agreement(s);
-  if (!s.agreement.fp8_ok) release_resources(s);  // a pass-through communicator keeps no memory
+  if (!s.agreement.fp8_ok) {
+    release_resources(s);  // a pass-through communicator keeps no memory
+    return;
+  }
+  if (hierarchy_possible(config, s.agreement.topology)) split_hierarchy(s, s.agreement);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "sched/agreement.hpp"
 #include "sched/error_feedback.hpp"
@@ -55,6 +56,20 @@ struct CommIdentity {
   int rank = 0;
 };
 
+// The sub-communicators of a communicator spanning hosts (sched/hierarchy.hpp), split once at the
+// agreement: the ranks of this rank's host (by local rank), and its rail, the ranks of every host with
+// its local rank (by host).
+struct Hierarchy {
+  bool ready = false;           // split on every rank (the agreement's second round)
+  ncclComm_t host = nullptr;
+  ncclComm_t rail = nullptr;
+  int hosts = 0;
+  int ranks_per_host = 0;
+  int host_index = 0;
+  int local_rank = 0;
+  std::vector<int> rank_at;     // parent rank of (host h, local rank l) at h * ranks_per_host + l
+};
+
 enum class CommSetup : uint8_t {
   pending,          // registered, the agreement has not run (created inside an application group)
   pass_through,     // never FP8: non-blocking, one process drives every rank, a single rank, ...
@@ -79,6 +94,9 @@ struct CommState {
   Agreement agreement;
   CommResources res;
   NcclTransport transport;
+  Hierarchy hierarchy;
+  NcclTransport host_transport;   // over hierarchy.host
+  NcclTransport rail_transport;   // over hierarchy.rail
   FeedbackStore feedback;
   std::atomic<bool> dead{false};      // destroyed or aborted: queued calls return an error
   std::atomic<bool> aborting{false};  // an abort has begun: the agreement's wait gives up

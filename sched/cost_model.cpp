@@ -39,6 +39,8 @@ CostModel effective_cost_model(const Config& config, Fabric fabric) {
   take(model.allgather_bandwidth_gbps, given.allgather_bandwidth_gbps);
   take(model.reduce_scatter_bandwidth_gbps, given.reduce_scatter_bandwidth_gbps);
   take(model.alltoall_bandwidth_gbps, given.alltoall_bandwidth_gbps);
+  model.hosts = given.hosts;
+  model.ranks_per_host = given.ranks_per_host;
   model.calibrated = given.calibrated;
   return model;
 }

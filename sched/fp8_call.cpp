@@ -8,6 +8,7 @@
 #include "sched/algorithms.hpp"
 #include "sched/cost_model.hpp"
 #include "sched/engine_impl.hpp"
+#include "sched/hierarchy.hpp"
 #include "sched/plan.hpp"
 
 namespace fp8wire::sched {
@@ -108,8 +109,12 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, Path path
   if (hooks && hooks->begin) hooks->begin(rec);
   NvtxRange range(range_name(c.collective, path));
 
-  const size_t stage = stage_elems(config, s.res.layout, c.collective, path, rec.count, es, s.nranks, format,
-                                   s.agreement.fabric);
+  const Path inner = path == Path::hierarchical ? inner_path(config, shape, s.agreement.topology) : path;
+  const size_t stage =
+      path == Path::hierarchical
+          ? hierarchical_stage_elems(s.res.layout, c.collective, rec.count, es, s.hierarchy.hosts,
+                                     s.hierarchy.ranks_per_host, inner, format)
+          : stage_elems(config, s.res.layout, c.collective, path, rec.count, es, s.nranks, format, s.agreement.fabric);
   ncclResult_t res = ncclSuccess;
   if (stage == 0) {
     FP8WIRE_WARN_ONCE("scratch.max_bytes too small for one pipeline stage of a {} on {} ranks; passing through",
@@ -137,8 +142,11 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, Path path
     RingAllReduce ring(a);
     ReduceScatterFp8 reduce_scatter(a);
     AllGatherFp8 all_gather(a);
+    HierarchicalAllReduce hierarchical(a, s, inner);
+    HierarchicalReduceScatter hierarchical_rs(a, s);
     StageProgram* program = &two_shot;
-    if (c.collective == Collective::reduce_scatter) program = &reduce_scatter;
+    if (path == Path::hierarchical) program = c.collective == Collective::reduce_scatter ? static_cast<StageProgram*>(&hierarchical_rs) : &hierarchical;
+    else if (c.collective == Collective::reduce_scatter) program = &reduce_scatter;
     else if (c.collective == Collective::all_gather) program = &all_gather;
     else if (path == Path::one_shot) program = &one_shot;
     else if (path == Path::ring) program = &ring;

@@ -46,4 +46,16 @@ ncclResult_t NcclTransport::gather(char* base, size_t slot_bytes, GatherTranspor
   return exchange({sends.data(), k}, {recvs.data(), k}, stream);
 }
 
+ncclResult_t NcclTransport::reduce_scatter_plain(const void* send, void* recv, size_t recvcount, ncclDataType_t dtype,
+                                                cudaStream_t stream) {
+  FP8WIRE_NCCL_CHECK(api_->ReduceScatter(send, recv, recvcount, dtype, ncclSum, comm_, stream));
+  return ncclSuccess;
+}
+
+ncclResult_t NcclTransport::all_gather_plain(const void* send, void* recv, size_t sendcount, ncclDataType_t dtype,
+                                            cudaStream_t stream) {
+  FP8WIRE_NCCL_CHECK(api_->AllGather(send, recv, sendcount, dtype, comm_, stream));
+  return ncclSuccess;
+}
+
 }  // namespace fp8wire::sched

@@ -16,6 +16,7 @@ const char* to_string(PassReason r) {
     case PassReason::too_many_ranks: return "too_many_ranks";
     case PassReason::below_threshold: return "below_threshold";
     case PassReason::cost_model: return "cost_model";
+    case PassReason::flat_guard: return "flat_guard";
   }
   return "?";
 }

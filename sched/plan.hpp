@@ -26,6 +26,7 @@ enum class PassReason : uint8_t {
   too_many_ranks,       // more ranks than one fused reduce takes (quant::kMaxReduceInputs)
   below_threshold,      // caller buffer smaller than thresholds.<collective>.<fabric>
   cost_model,           // the calibrated cost model says plain NCCL is faster
+  flat_guard,           // spans hosts with local peers: flat FP8 would move more bytes between hosts
 };
 const char* to_string(PassReason);
 

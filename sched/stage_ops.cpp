@@ -42,6 +42,28 @@ ncclResult_t StageOps::copy(void* dst, const void* src, size_t bytes) {
   return codec_result(err, "staging copy");
 }
 
+ncclResult_t StageOps::zero(void* dst, size_t bytes) {
+  if (!bytes) return ncclSuccess;
+  return codec_result(state_->platform->cuda.MemsetAsync(dst, 0, bytes, lane_), "zeroing");
+}
+
+ncclDataType_t StageOps::nccl_dtype() const {
+  return type_ == quant::ElemType::f32 ? ncclFloat32 : type_ == quant::ElemType::f16 ? ncclFloat16 : ncclBfloat16;
+}
+
+ncclResult_t StageOps::reduce_scatter_plain(Transport& over, int nranks, const void* send, void* recv,
+                                            size_t recvcount) {
+  const ncclResult_t res = over.reduce_scatter_plain(send, recv, recvcount, nccl_dtype(), lane_);
+  if (res == ncclSuccess) wire_bytes_ += recvcount * elem_size() * static_cast<uint64_t>(nranks - 1);
+  return res;
+}
+
+ncclResult_t StageOps::all_gather_plain(Transport& over, int nranks, const void* send, void* recv, size_t sendcount) {
+  const ncclResult_t res = over.all_gather_plain(send, recv, sendcount, nccl_dtype(), lane_);
+  if (res == ncclSuccess) wire_bytes_ += sendcount * elem_size() * static_cast<uint64_t>(nranks - 1);
+  return res;
+}
+
 ncclResult_t StageOps::exchange(Transport& over, std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) {
   const ncclResult_t res = over.exchange(sends, recvs, lane_);
   if (res == ncclSuccess)

@@ -20,13 +20,26 @@ namespace fp8wire::sched {
 class StageOps {
  public:
   StageOps(CommState& s, quant::ElemType type, const quant::WireFormat& format, quant::LaunchOptions launch)
-      : state_(&s), codec_(&s.platform->codec), transport_(&s.transport), type_(type), format_(format),
-        launch_(launch) {}
+      : state_(&s), codec_(&s.platform->codec), transport_(&s.transport), rank_(s.rank), nranks_(s.nranks),
+        type_(type), format_(format), launch_(launch) {}
+
+  // The same operations over another group of ranks (a sub-communicator of the hierarchical path),
+  // on the same lane; its bytes are added back with add_wire_bytes.
+  StageOps over(Transport& transport, int rank, int nranks) const {
+    StageOps sub = *this;
+    sub.transport_ = &transport;
+    sub.rank_ = rank;
+    sub.nranks_ = nranks;
+    sub.wire_bytes_ = 0;
+    return sub;
+  }
+  void add_wire_bytes(uint64_t bytes) { wire_bytes_ += bytes; }
 
   void set_lane(cudaStream_t lane) { lane_ = lane; }
   cudaStream_t lane() const { return lane_; }
-  int rank() const { return state_->rank; }
-  int nranks() const { return state_->nranks; }
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  ncclDataType_t nccl_dtype() const;
   const quant::WireFormat& format() const { return format_; }
   quant::ElemType type() const { return type_; }
   size_t elem_size() const { return quant::elem_size(type_); }
@@ -45,8 +58,12 @@ class StageOps {
   // The same with a caller-dtype addend at position `plain_position` of the order.
   ncclResult_t reduce_with_plain(const void* const* inputs, int k, const void* plain, int plain_position,
                                  size_t count, float post, quant::ReduceOutput out, uint64_t sr_offset);
-  // Device-to-device copy (the coalescing staging area).
+  // Device-to-device copy (the coalescing staging area), and zeroing (padding).
   ncclResult_t copy(void* dst, const void* src, size_t bytes);
+  ncclResult_t zero(void* dst, size_t bytes);
+  // Sums in the caller's precision over `over`'s ranks (the hierarchical path inside a host).
+  ncclResult_t reduce_scatter_plain(Transport& over, int nranks, const void* send, void* recv, size_t recvcount);
+  ncclResult_t all_gather_plain(Transport& over, int nranks, const void* send, void* recv, size_t sendcount);
 
   // --- wire --------------------------------------------------------------------------------------
   ncclResult_t exchange(std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) {
@@ -54,7 +71,7 @@ class StageOps {
   }
   ncclResult_t exchange(Transport& over, std::span<const PeerSend> sends, std::span<const PeerRecv> recvs);
   ncclResult_t gather(char* base, size_t slot_bytes, GatherTransport how) {
-    return gather(*transport_, state_->nranks, base, slot_bytes, how);
+    return gather(*transport_, nranks_, base, slot_bytes, how);
   }
   ncclResult_t gather(Transport& over, int nranks, char* base, size_t slot_bytes, GatherTransport how);
 
@@ -69,6 +86,8 @@ class StageOps {
   CommState* state_;
   const CodecApi* codec_;
   Transport* transport_;
+  int rank_;
+  int nranks_;
   quant::ElemType type_;
   quant::WireFormat format_;
   quant::LaunchOptions launch_;

@@ -3,6 +3,7 @@
 // is identical on all ranks of the communicator (sched/plan.hpp), so all ranks route alike.
 #include "common/log.hpp"
 #include "sched/engine_impl.hpp"
+#include "sched/hierarchy.hpp"
 #include "sched/plan.hpp"
 
 namespace fp8wire::sched {
@@ -20,8 +21,12 @@ CallShape Engine::Impl::shape_of(const Call& c, const CommState* s) const {
 }
 
 Path Engine::Impl::decide(const Call& c, const CommState& s, std::optional<Path> forced) const {
-  const Path path = forced ? *forced : plan_call(config, shape_of(c, &s), s.agreement.fabric).path;
+  const Path path = forced ? *forced
+                           : plan_on(config, shape_of(c, &s), s.agreement.fabric, s.agreement.topology,
+                                     s.hierarchy.ready).path;
   if (!is_fp8(path)) return path;
+  if (path == Path::hierarchical && (!s.hierarchy.ready || c.collective == Collective::all_gather))
+    return Path::fallback;  // forced where the communicator has no hierarchy
   return s.fp8_allowed() ? path : Path::fallback;  // eligible, but the agreement ruled FP8 out
 }
 

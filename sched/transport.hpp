@@ -37,6 +37,11 @@ class Transport {
                                 cudaStream_t stream) = 0;
   // The gather step: rank r's slot (base + r * slot_bytes) into slot r of every rank's buffer.
   virtual ncclResult_t gather(char* base, size_t slot_bytes, GatherTransport how, cudaStream_t stream) = 0;
+  // Collectives in the caller's precision (the hierarchical path's steps inside a host): a sum.
+  virtual ncclResult_t reduce_scatter_plain(const void* send, void* recv, size_t recvcount, ncclDataType_t dtype,
+                                            cudaStream_t stream) = 0;
+  virtual ncclResult_t all_gather_plain(const void* send, void* recv, size_t sendcount, ncclDataType_t dtype,
+                                        cudaStream_t stream) = 0;
 };
 
 // NCCL's own transports, through the real-NCCL table (never through fp8wire's exported symbols).
@@ -53,6 +58,11 @@ class NcclTransport final : public Transport {
   // ncclAllGather in place, or the same slots by grouped send/recv to every peer (one step deep
   // instead of a ring of n-1, and NCCL's point-to-point channels).
   ncclResult_t gather(char* base, size_t slot_bytes, GatherTransport how, cudaStream_t stream) override;
+  ncclResult_t reduce_scatter_plain(const void* send, void* recv, size_t recvcount, ncclDataType_t dtype,
+                                    cudaStream_t stream) override;
+  ncclResult_t all_gather_plain(const void* send, void* recv, size_t sendcount, ncclDataType_t dtype,
+                                cudaStream_t stream) override;
+  ncclComm_t comm() const { return comm_; }
 
  private:
   const NcclApi* api_;

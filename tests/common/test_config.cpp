@@ -333,6 +333,10 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.pipeline_chunk_bytes = 5ull << 20;
   c.error_feedback = true;
   c.error_feedback_max_bytes = 0;
+  c.hierarchy_enable = false;
+  c.hierarchy_ranks_per_host = 4;
+  c.cost_model[2].hosts = 2;
+  c.cost_model[2].ranks_per_host = 8;
   c.log_level = "trace";
   c.log_file = "/tmp/with \"quotes\" and \\ back\tslash-%r.log";
   c.nccl_library = "/opt/nccl/lib/libnccl.so.2";
@@ -384,6 +388,10 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.pipeline_chunk_bytes == c.pipeline_chunk_bytes);
   CHECK(p.error_feedback == c.error_feedback);
   CHECK(p.error_feedback_max_bytes == c.error_feedback_max_bytes);
+  CHECK(p.hierarchy_enable == c.hierarchy_enable);
+  CHECK(p.hierarchy_ranks_per_host == c.hierarchy_ranks_per_host);
+  CHECK(p.cost_model[2].hosts == 2);
+  CHECK(p.cost_model[2].ranks_per_host == 8);
   CHECK(p.log_level == c.log_level);
   CHECK(p.log_file == c.log_file);
   CHECK(p.nccl_library == c.nccl_library);

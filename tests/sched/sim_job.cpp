@@ -82,13 +82,13 @@ float post_of(const Spec& s, int n) { return s.op == ReduceOp::avg ? 1.0f / stat
 }  // namespace
 
 Bytes expected_output(const Spec& s, const std::vector<Bytes>& inputs, int rank, const quant::WireFormat& f,
-                      size_t stage_elems) {
+                      size_t stage_elems, float post_factor) {
   const int n = static_cast<int>(inputs.size());
   const quant::ElemType t = elem_type(s.dtype);
   const size_t es = quant::elem_size(t);
   const size_t count = s.count;
   Bytes out(out_elems(s, n) * es);
-  const float post = post_of(s, n);
+  const float post = post_factor > 0 ? post_factor : post_of(s, n);
   switch (s.collective) {
     case Collective::all_gather:
       for (int j = 0; j < n; ++j)

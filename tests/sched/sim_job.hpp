@@ -38,8 +38,9 @@ Bytes make_input(const Spec& s, int rank, int nranks);
 // What rank `rank` must hold after the FP8 collective, computed directly with the reference codec
 // (no engine): one-shot, two-shot and ring all-reduce, reduce-scatter, all-gather. The ring depends
 // on the stage cut, given as `stage_elems` (the others do not: every cut is block aligned).
+// `post`: the factor applied once (0: 1, or 1/ranks for avg, the ranks being inputs.size()).
 Bytes expected_output(const Spec& s, const std::vector<Bytes>& inputs, int rank, const quant::WireFormat& f,
-                      size_t stage_elems);
+                      size_t stage_elems, float post = 0);
 // Largest |output - fp64 sum| allowed per element (sched/README.md "Accuracy"), and the check.
 std::string check_bound(const Spec& s, const std::vector<Bytes>& inputs, const Bytes& out, int rank,
                         const quant::WireFormat& f);

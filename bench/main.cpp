@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/rank_launcher.hpp"
+#include "bench/host/hierarchy_model.hpp"
 #include "bench/host/model_report.hpp"
 #include "bench/host/profile.hpp"
 #include "bench/host/results.hpp"
@@ -332,7 +333,11 @@ int main(int argc, char** argv) {
   std::vector<int> model_nranks;
   double codec_gbps = 0, launch_us = 0;
   auto* m = app.add_subcommand("model", "predict crossovers for fabrics not present; check against measured sweeps");
-  m->add_option("sweeps", model_files, "sweep JSON files written by fp8wire-bench sweep")->required()->check(CLI::ExistingFile);
+  bool model_hierarchy = false;
+  m->add_option("sweeps", model_files, "sweep JSON files written by fp8wire-bench sweep")->check(CLI::ExistingFile);
+  m->add_flag("--hierarchy", model_hierarchy,
+              "predict jobs spanning hosts: NCCL's ring, flat FP8 and hierarchical FP8 for 2-64 hosts x 8 GPUs, "
+              "25-400 Gb/s cards, NVLink or PCIe inside (needs no sweep)");
   m->add_option("--nranks", model_nranks, "world sizes to predict for (default 8, plus each sweep's)");
   m->add_option("--codec-gbps", codec_gbps, "override the measured codec throughput (GB/s of caller dtype)");
   m->add_option("--launch-us", launch_us, "override the per-kernel launch cost");
@@ -395,6 +400,13 @@ int main(int argc, char** argv) {
   }
 
   if (m->parsed()) {
+    if (model_hierarchy) {
+      std::printf("%s", fb::render_hierarchy_table(fb::hierarchy_table()).c_str());
+      if (model_files.empty()) return 0;
+    } else if (model_files.empty()) {
+      std::fprintf(stderr, "fp8wire-bench model: give sweep JSON files, or --hierarchy\n");
+      return 2;
+    }
     const auto d = fb::parse_dtype(model_dtype);
     if (!d) {
       std::fprintf(stderr, "fp8wire-bench model: --dtype '%s': expected bf16, fp16 or fp32\n", model_dtype.c_str());

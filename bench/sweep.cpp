@@ -544,7 +544,16 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
 
   compute_speedups(result);
   const auto crossovers = analyze_crossovers(result, opt.crossover);
-  const Calibration calibration = calibrate(result);
+  Calibration calibration = calibrate(result);
+  // The job shape the figures belong to (sched/hierarchy.hpp: a flat FP8 path across hosts with
+  // local peers is only taken where a calibrated profile of that very shape says it wins).
+  {
+    const sched::CommInfo info = w.variants.front().engine->comm_info(w.comm);
+    if (info.hosts > 0 && info.nranks % info.hosts == 0) {
+      calibration.model.hosts = info.hosts;
+      calibration.model.ranks_per_host = info.nranks / info.hosts;
+    }
+  }
   for (const auto& job : jobs) std::printf("%s\n", render_table(result, job.c, job.d).c_str());
   std::printf("%s\n", render_crossovers(result, crossovers).c_str());
   fmt::print("# cost model ({}): op_latency {:.1f} us, bus {:.2f} GB/s [{}]; codec {:.0f} GB/s, launch {:.1f} us [{}]\n",

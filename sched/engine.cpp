@@ -164,8 +164,8 @@ ncclResult_t Engine::all_reduce_forced(Path p, const void* s, void* r, size_t n,
 }
 ncclResult_t Engine::reduce_scatter_forced(Path p, const void* s, void* r, size_t n, ncclDataType_t t,
                                            ncclRedOp_t op, ncclComm_t c, cudaStream_t st) {
-  // reduce_scatter has one FP8 algorithm; any FP8 path selects it.
-  if (is_fp8(p)) p = Path::two_shot;
+  // reduce_scatter has one flat FP8 algorithm; any flat FP8 path selects it.
+  if (is_fp8(p) && p != Path::hierarchical) p = Path::two_shot;
   return guarded("collective", [&] { return impl_->submit({Collective::reduce_scatter, s, r, n, t, op, c, st}, p); });
 }
 ncclResult_t Engine::all_gather_forced(Path p, const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c,

@@ -108,7 +108,9 @@ float load_element(DType dtype, const void* data, uint64_t i) {
 int quantizations(Collective c, Path p, int nranks) {
   if (p == Path::passthrough || p == Path::fallback) return 0;
   switch (c) {
-    case Collective::all_reduce: return p == Path::two_shot ? 2 : p == Path::one_shot ? 1 : nranks;
+    // Hierarchical: at most two quantizations (two-shot between hosts), of host sums.
+    case Collective::all_reduce:
+      return p == Path::two_shot || p == Path::hierarchical ? 2 : p == Path::one_shot ? 1 : nranks;
     case Collective::reduce_scatter: return p == Path::ring ? std::max(nranks - 1, 1) : 1;
     case Collective::all_gather: return 1;
   }

@@ -108,6 +108,7 @@ std::string render_profile_toml(const std::vector<FabricProfile>& fabrics) {
                                                      {"alltoall_bandwidth_gbps", m.alltoall_bandwidth_gbps}};
     for (const auto& [key, us] : per_op)
       if (us > 0) out += fmt::format("{} = {:.3f}\n", key, us);
+    if (m.hosts > 0) out += fmt::format("hosts = {:.0f}\nranks_per_host = {:.0f}\n", m.hosts, m.ranks_per_host);
     out += fmt::format("calibrated = {}\n", m.calibrated ? "true" : "false");
   }
   return out;

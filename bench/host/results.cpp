@@ -109,7 +109,7 @@ std::vector<CrossoverReport> analyze_crossovers(const SweepResult& result, const
       std::string transport;
     };
     std::vector<Candidate> candidates;
-    for (Path path : {Path::two_shot, Path::one_shot, Path::ring})
+    for (Path path : {Path::two_shot, Path::one_shot, Path::ring, Path::hierarchical})
       for (const char* transport : kTransportOrder)
         for (const auto& p : result.points)
           if (p.collective == c && p.dtype == d && p.path == path && p.gather_transport == transport && usable(p)) {

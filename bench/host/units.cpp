@@ -162,6 +162,7 @@ std::optional<Path> parse_path(std::string_view text) {
   if (s == "two_shot" || s == "twoshot" || s == "a2a") return Path::two_shot;
   if (s == "one_shot" || s == "oneshot") return Path::one_shot;
   if (s == "ring") return Path::ring;
+  if (s == "hierarchical") return Path::hierarchical;
   return std::nullopt;
 }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "bench/host/hierarchy_model.hpp"
 #include "bench/host/model.hpp"
 
 using namespace fp8wire;
@@ -171,4 +172,23 @@ TEST_CASE("sendrecv gather transport: predicted times use the all_to_all figures
   const auto sr = predict_crossover(Collective::all_reduce, Path::one_shot, 4, link, codec, wire, GatherTransport::sendrecv);
   REQUIRE((ag.wins && sr.wins));
   CHECK(sr.bytes < ag.bytes);
+}
+
+TEST_CASE("predictions for jobs spanning hosts: where the hierarchical path pays and where it does not") {
+  using fp8wire::bench::HierarchyCase;
+  using fp8wire::bench::predict_hierarchy;
+  // 2 hosts x 8 H200s, NVLink inside, 25 Gb/s cards: the network is the bottleneck; the hierarchical
+  // path sends 3.6x fewer bytes per card and wins from small sizes; flat FP8 loses (it sends 2.2x more).
+  const auto slow = predict_hierarchy(HierarchyCase{2, 8, 25, fp8wire::Fabric::nvlink});
+  CHECK(slow.card_bytes_ratio == doctest::Approx(3.6).epsilon(0.02));
+  CHECK(slow.plain_us_64m / slow.hier_us_64m > 2.0);
+  CHECK(slow.plain_us_64m / slow.flat_us_64m < 1.0);
+  CHECK(slow.crossover_bytes > 0);
+  CHECK(slow.crossover_bytes <= 4 << 20);
+  // 400 Gb/s cards: inside-host phases in full precision cost more than the network saves.
+  const auto fast = predict_hierarchy(HierarchyCase{2, 8, 400, fp8wire::Fabric::nvlink});
+  CHECK(fast.plain_us_64m / fast.hier_us_64m < 1.0);
+  CHECK(fast.crossover_bytes == 0);
+  // The table covers 2-64 hosts, four card speeds, NVLink and PCIe inside.
+  CHECK(fp8wire::bench::hierarchy_table().size() == 2u * 4 * 6);
 }

@@ -112,6 +112,9 @@ struct Rank {
 // The gather transport test_config() gives engines: the whole matrix runs once with the
 // all-gather and once with the send/recv gather (Config::gather_transport).
 GatherTransport g_gather = GatherTransport::allgather;
+// --ranks-per-host R: fp8wire's host map forced to blocks of R ranks (hierarchy.ranks_per_host), and
+// the hierarchical path among the cases (only the step between "hosts" quantized).
+int g_ranks_per_host = 0;
 
 void report(Rank& R, const std::string& name, bool ok, double ratio, uint64_t hash, bool identical_required) {
   fprintf(R.out, "%s%s %s %.4f %016llx %d\n", R.tag.c_str(), name.c_str(), ok ? "PASS" : "FAIL", ratio,
@@ -204,6 +207,7 @@ Config test_config() {
   for (auto& per : c.thresholds) per = {0, 0, 0};
   c.collective_enable.fill(true);
   c.gather_transport = g_gather;
+  c.hierarchy_ranks_per_host = static_cast<uint32_t>(g_ranks_per_host);
   return c;
 }
 
@@ -211,7 +215,8 @@ void run_all_reduce_cases(Rank& R, sched::Engine& eng) {
   const std::vector<size_t> sizes = {1, 127, 1000, 65537, (size_t{1} << 20) + 3};
   for (const TypeInfo& t : kTypes) {
     for (ncclRedOp_t op : {ncclSum, ncclAvg}) {
-      for (Path path : {Path::two_shot, Path::one_shot, Path::ring}) {
+      for (Path path : {Path::two_shot, Path::one_shot, Path::ring, Path::hierarchical}) {
+        if (path == Path::hierarchical && g_ranks_per_host <= 1) continue;
         for (size_t si = 0; si < sizes.size(); ++si) {
           const size_t count = sizes[si];
           const bool inplace = (si + static_cast<size_t>(op)) % 2 == 1;
@@ -224,7 +229,9 @@ void run_all_reduce_cases(Rank& R, sched::Engine& eng) {
           const ncclResult_t res = eng.all_reduce_forced(path, in, inplace ? in : out, count, t.nccl, op, R.comm, R.stream);
           FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
           const HostBuf h = download(inplace ? in : out, t, count);
-          const int q = path == Path::one_shot ? 1 : path == Path::two_shot ? 2 : R.n;
+          // Quantizations: one-shot 1, two-shot 2, ring N; hierarchical at most 2 (two-shot between
+          // hosts), of host sums whose amax is at most the sum of the inputs' amax.
+          const int q = path == Path::one_shot ? 1 : path == Path::two_shot || path == Path::hierarchical ? 2 : R.n;
           // Every element up to 64 Ki, a sample of the larger buffers (the hashes cover every byte).
           const size_t stride = count > 70000 ? 7 : 1;
           const ErrStats e = check_sum(h, stride, R.n, seed, t, q, op == ncclAvg ? 1.0 / R.n : 1.0,
@@ -266,6 +273,8 @@ void run_big_cases(Rank& R, sched::Engine& eng) {
 void run_reduce_scatter_cases(Rank& R, sched::Engine& eng) {
   for (const TypeInfo& t : kTypes) {
     for (ncclRedOp_t op : {ncclSum, ncclAvg}) {
+     for (Path path : {Path::two_shot, Path::hierarchical}) {
+      if (path == Path::hierarchical && g_ranks_per_host <= 1) continue;
       for (size_t recvcount : {size_t{1}, size_t{300}, size_t{65536}}) {
         const bool inplace = recvcount == 300;
         const uint32_t seed = static_cast<uint32_t>(recvcount % 1000 + 5);
@@ -276,7 +285,7 @@ void run_reduce_scatter_cases(Rank& R, sched::Engine& eng) {
         FP8WIRE_CUDA_OR(cudaMalloc(&out, recvcount * es), _exit(3));
         make_input(R.rank, total, t, seed, in);
         void* dst = inplace ? static_cast<char*>(in) + R.rank * recvcount * es : out;
-        const ncclResult_t res = eng.reduce_scatter_forced(Path::two_shot, in, dst, recvcount, t.nccl, op, R.comm, R.stream);
+        const ncclResult_t res = eng.reduce_scatter_forced(path, in, dst, recvcount, t.nccl, op, R.comm, R.stream);
         FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
         const HostBuf h = download(dst, t, recvcount);
         const size_t base = R.rank * recvcount;
@@ -290,12 +299,13 @@ void run_reduce_scatter_cases(Rank& R, sched::Engine& eng) {
         const ErrStats e = check_sum(h, 1, R.n, seed, t, 1, op == ncclAvg ? 1.0 / R.n : 1.0,
                                      [base](size_t i) { return base + i; }, amax);
         char name[160];
-        snprintf(name, sizeof(name), "rs/%s/%s/two_shot/%zu/%s", t.name, op == ncclSum ? "sum" : "avg", recvcount,
+        snprintf(name, sizeof(name), "rs/%s/%s/%s/%zu/%s", t.name, op == ncclSum ? "sum" : "avg", to_string(path), recvcount,
                  inplace ? "inplace" : "oop");
         report(R, name, res == ncclSuccess && e.finite && e.worst_ratio <= 1.0, e.worst_ratio, 0, false);
         cudaFree(in);
         cudaFree(out);
       }
+     }
     }
   }
 }
@@ -687,10 +697,12 @@ int main(int argc, char** argv) {
       per_gpu = true;
     } else if (a == "--timeout" && i + 1 < argc) {
       timeout_s = std::atoi(argv[++i]);
+    } else if (a == "--ranks-per-host" && i + 1 < argc) {
+      g_ranks_per_host = std::atoi(argv[++i]);
     } else if (a == "--rank-output" && i + 1 < argc) {
       child_out = argv[++i];
     } else {
-      fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu\n", a.c_str());
+      fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu | --ranks-per-host R\n", a.c_str());
       return 2;
     }
   }
@@ -737,6 +749,7 @@ int main(int argc, char** argv) {
     const std::string prefix = "/tmp/fp8wire_multirank_" + std::to_string(getpid()) + "_" + std::to_string(n) + "_";
     LaunchSpec spec;
     spec.argv = {"/proc/self/exe", "--rank-output", prefix, "--timeout", std::to_string(timeout_s)};
+    if (g_ranks_per_host) spec.argv.insert(spec.argv.end(), {"--ranks-per-host", std::to_string(g_ranks_per_host)});
     if (big && n == worlds.front()) spec.argv.push_back("--big");
     if (per_gpu) spec.argv.push_back("--per-gpu");
     else spec.env_per_rank = emulated_host_env(n);

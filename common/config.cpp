@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "common/toml.hpp"
+#include "common/toml_guard.hpp"
 
 extern char** environ;
 
@@ -629,6 +630,11 @@ void find_unknown_keys(const toml::table& table, const std::string& prefix, cons
 }
 
 void apply_toml(const std::string& text, const std::string& source_name, ConfigResult& result) {
+  // Before toml++ sees it: some non-ASCII placements send toml++ 3.3 into undefined behaviour.
+  if (const TomlTextProblem p = toml_check_text(text)) {
+    result.errors.push_back({fmt::format("file {}:{}:{}", source_name, p.line, p.column), "", p.what, "valid TOML"});
+    return;
+  }
   toml::table doc;
   try {
     doc = toml::parse(text, source_name);

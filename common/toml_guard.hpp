@@ -1,0 +1,175 @@
+// A check run on TOML text before toml++ parses it. toml++ 3.3.0 (Debian 12's) tests some
+// non-ASCII characters for "whitespace" through a table lookup that ends in TOML_UNREACHABLE
+// (__builtin_unreachable: undefined behaviour, in practice garbage or a crash) for most of U+00A1..
+// U+0499, U+2D6E..U+3167 and U+FCC6..U+FEFE (upstream issue 190, fixed in 3.4.0). It does so
+// wherever whitespace may appear: outside strings, right after a backslash in a multi-line basic
+// string, and on the first character after a line-ending backslash there. TOML allows non-ASCII
+// only inside quoted strings and comments, so the first two are errors in any case and are
+// reported here with their line and column; the third is legal TOML that 3.3.0 cannot read, and
+// is refused with the workaround (a \uXXXX escape). Header-only: the trainer, which links no
+// fp8wire library, parses its presets with the same toml++.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "common/toml.hpp"
+
+namespace fp8wire {
+
+// The third case only exists in toml++ releases before 3.4 (a carried newer header reads it).
+#if TOML_LIB_MAJOR == 3 && TOML_LIB_MINOR < 4
+inline constexpr bool kTomlppMisreadsAfterLineEndingBackslash = true;
+#else
+inline constexpr bool kTomlppMisreadsAfterLineEndingBackslash = false;
+#endif
+
+struct TomlTextProblem {
+  size_t line = 0;    // 1-based; 0 = no problem
+  size_t column = 0;  // 1-based, in characters
+  std::string what;
+  explicit operator bool() const { return line != 0; }
+};
+
+namespace detail {
+// Decodes the UTF-8 character at text[i] (0 when it is not valid UTF-8: toml++ reports that itself).
+inline char32_t utf8_at(std::string_view text, size_t i, size_t& length) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char b = byte(i);
+  length = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 1;
+  if (length == 1) return b < 0x80 ? b : 0;
+  if (i + length > text.size()) {
+    length = 1;
+    return 0;
+  }
+  char32_t c = b & (0xFF >> (length + 1));
+  for (size_t k = 1; k < length; ++k) {
+    if ((byte(i + k) & 0xC0) != 0x80) {
+      length = 1;
+      return 0;
+    }
+    c = (c << 6) | (byte(i + k) & 0x3F);
+  }
+  return c;
+}
+
+// The code points for which toml++ 3.3.0's is_non_ascii_horizontal_whitespace() reaches
+// TOML_UNREACHABLE: its first-level index (c - 0xA0) / 0x3FA is one of the blocks its bitmask lets
+// through (0, 11, 63) and c is none of the three it answers directly.
+inline bool tomlpp_33_unreachable(char32_t c) {
+  if (c < 0xA0 || c > 0xFEFF) return false;
+  const uint64_t block = (static_cast<uint64_t>(c) - 0xA0u) / 0x3FAu;
+  if ((1ull << block) & 0x7FFFFFFFFFFFF75Eull) return false;
+  if (c == 0xA0 || c == 0x3000 || c == 0xFEFF) return false;
+  return block != 5 && block != 7;
+}
+}  // namespace detail
+
+// Scans `text` as TOML's lexical structure (comments, the four string kinds, escapes) and returns
+// the first position toml++ would mishandle, or an empty problem. Call it before toml::parse.
+inline TomlTextProblem toml_check_text(std::string_view text) {
+  enum class State { outside, comment, basic, literal, multi_basic, multi_literal };
+  State state = State::outside;
+  size_t line = 1, column = 1;
+  auto problem = [&](std::string what) { return TomlTextProblem{line, column, std::move(what)}; };
+  auto starts = [&](size_t i, std::string_view s) { return text.substr(i, s.size()) == s; };
+  size_t i = 0;
+  if (starts(0, "\xEF\xBB\xBF")) i = 3;  // a UTF-8 byte-order mark, which toml++ skips
+  // Moves past n bytes, keeping line and column (in characters).
+  auto advance = [&](size_t n) {
+    for (size_t end = i + n; i < end && i < text.size(); ++i) {
+      const auto b = static_cast<unsigned char>(text[i]);
+      if (b == '\n') {
+        ++line;
+        column = 1;
+      } else if ((b & 0xC0) != 0x80) {
+        ++column;
+      }
+    }
+  };
+  while (i < text.size()) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    switch (state) {
+      case State::outside:
+        if (b >= 0x80) {
+          size_t length = 0;
+          const char32_t c = detail::utf8_at(text, i, length);
+          return problem(c ? fmt::format("non-ASCII character U+{:04X} outside a quoted string or comment (TOML "
+                                         "allows non-ASCII only in strings and comments; quote the key or value)",
+                                         static_cast<uint32_t>(c))
+                           : std::string("a byte that is not UTF-8 outside a quoted string or comment"));
+        }
+        if (b == '#') state = State::comment;
+        else if (starts(i, "\"\"\"")) { state = State::multi_basic; advance(3); continue; }
+        else if (starts(i, "'''")) { state = State::multi_literal; advance(3); continue; }
+        else if (b == '"') state = State::basic;
+        else if (b == '\'') state = State::literal;
+        advance(1);
+        break;
+      case State::comment:
+        if (b == '\n') state = State::outside;
+        advance(1);
+        break;
+      case State::basic:
+        if (b == '\\') { advance(2); continue; }  // toml++ checks single-line escapes without the lookup
+        if (b == '"' || b == '\n') state = State::outside;
+        advance(1);
+        break;
+      case State::literal:
+        if (b == '\'' || b == '\n') state = State::outside;
+        advance(1);
+        break;
+      case State::multi_literal:
+        if (starts(i, "'''")) {
+          advance(3);
+          while (i < text.size() && text[i] == '\'') advance(1);  // up to two quotes end the content
+          state = State::outside;
+          continue;
+        }
+        advance(1);
+        break;
+      case State::multi_basic: {
+        if (starts(i, "\"\"\"")) {
+          advance(3);
+          while (i < text.size() && text[i] == '"') advance(1);
+          state = State::outside;
+          continue;
+        }
+        if (b != '\\') {
+          advance(1);
+          break;
+        }
+        advance(1);  // the backslash
+        if (i >= text.size()) break;
+        const auto next = static_cast<unsigned char>(text[i]);
+        if (next >= 0x80)
+          return problem("a non-ASCII character right after a backslash in a multi-line string (not a valid "
+                         "escape)");
+        if (next != ' ' && next != '\t' && next != '\r' && next != '\n') {
+          advance(1);  // an ordinary escape: \n, \", \uXXXX ...
+          break;
+        }
+        // A line-ending backslash: the whitespace and line breaks after it are trimmed, and
+        // toml++ 3.3.0 tests the first character after them with the faulty lookup.
+        while (i < text.size() && (text[i] == ' ' || text[i] == '\t' || text[i] == '\r' || text[i] == '\n'))
+          advance(1);
+        if (i < text.size() && static_cast<unsigned char>(text[i]) >= 0x80) {
+          size_t length = 0;
+          const char32_t c = detail::utf8_at(text, i, length);
+          if (kTomlppMisreadsAfterLineEndingBackslash && detail::tomlpp_33_unreachable(c))
+            return problem(fmt::format("U+{:04X} as the first character after a line-ending backslash is legal "
+                                       "TOML that this toml++ (3.3) cannot read; write it as \\u{:04X}",
+                                       static_cast<uint32_t>(c), static_cast<uint32_t>(c)));
+        }
+        break;
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace fp8wire

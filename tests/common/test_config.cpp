@@ -284,6 +284,34 @@ TEST_CASE("a TOML syntax error and a missing file are errors, not crashes") {
 
 // FP8WIRE_CONFIG=out/sweep (the benchmark's output folder, not the profile in it): a directory opens
 // and reads as an empty document, which used to give the defaults with no error at all.
+TEST_CASE("non-ASCII outside strings is an error with file:line:column, never toml++ 3.3's unreachable path") {
+  // Each of these sends toml++ 3.3.0 into TOML_UNREACHABLE (undefined behaviour) without the check.
+  const struct {
+    const char* text;
+    const char* source;
+    const char* what;
+  } cases[] = {
+      {"block_size = 128\n\xc2\xa7 = 2\n", "file t.toml:2:1", "non-ASCII character U+00A7 outside a quoted string"},
+      {"format = \"e4m3\" \xc3\xa9\n", "file t.toml:1:17", "non-ASCII character U+00E9"},
+      {"[log]\nfile = \"\"\"\\\n\xc2\xa7\"\"\"\n", "file t.toml:3:1", "write it as \\u00A7"},
+      {"[log]\nfile = \"\"\"\\\xd0\x96\"\"\"\n", "file t.toml:2:12", "right after a backslash"},
+      {"block_size = 128 \xff\n", "file t.toml:1:18", "a byte that is not UTF-8"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    const ConfigResult r = parse_config_toml(c.text, "t.toml", Config{});
+    REQUIRE(r.errors.size() == 1);
+    CHECK(r.errors[0].source == c.source);
+    CHECK(contains(r.errors[0].message(), c.what));
+    CHECK(contains(r.errors[0].message(), "expected valid TOML"));
+  }
+  // Non-ASCII where TOML allows it: strings, comments (and a byte-order mark).
+  const ConfigResult ok = parse_config_toml("\xef\xbb\xbf# r\xc3\xa9sum\xc3\xa9 \xc2\xa7\n[log]\nfile = \"/tmp/\xc3\xa9t\xc3\xa9-%r.log\"\n",
+                                            "t.toml", Config{});
+  CHECK(ok.ok());
+  CHECK(ok.config.log_file == "/tmp/\xc3\xa9t\xc3\xa9-%r.log");
+}
+
 TEST_CASE("a directory given as the config file is an error, not an empty configuration") {
   char dir[] = "/tmp/fp8wire_test_config_dir_XXXXXX";
   REQUIRE(mkdtemp(dir) != nullptr);

@@ -4,7 +4,8 @@
 #   scripts/test.sh                 # full: deps, configure, build, ctest
 #   BUILD_DIR=build-ci scripts/test.sh
 # Environment: BUILD_JOBS (parallel build jobs, default nproc), CMAKE_CUDA_ARCHITECTURES
-# (default: the project's 80-real;89-real;90), CTEST_ARGS (extra ctest arguments).
+# (default: the project's 80-real;89-real;90), CTEST_ARGS (extra ctest arguments), SKIP_SANITIZE=1
+# (leave out the sanitizer and fuzz tier, scripts/sanitize.sh; FUZZ_SECONDS sets its fuzz runs).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -27,4 +28,9 @@ echo "[test] build done ($(($(date +%s) - start)) s so far)"
 
 # shellcheck disable=SC2086
 ctest --test-dir "$build" --output-on-failure -j "$jobs" ${CTEST_ARGS:-}
+echo "[test] main tier done in $(($(date +%s) - start)) s"
+# The sanitizer and fuzz tier: host code with ASan + UBSan, then the libFuzzer targets (own folders).
+if [[ "${SKIP_SANITIZE:-0}" != 1 ]]; then
+  BUILD_JOBS="$jobs" bash scripts/sanitize.sh
+fi
 echo "[test] done in $(($(date +%s) - start)) s"

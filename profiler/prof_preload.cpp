@@ -901,16 +901,24 @@ FP8WIRE_PROF_EXPORT void fp8wire_profiler_flush(void) { fp8wire_prof_flush(); }
 // Interposed because LD_PRELOAD puts this library ahead of libc. A forked or vforked child calling
 // _exit after a failed exec does nothing extra (flush_before_exit checks the process).
 namespace {
-[[noreturn]] void exit_through(const char* name, int status) {
+using ExitFn = void (*)(int);
+// Resolved when the library loads, never at exit: a vforked child shares the parent's memory, and
+// dlsym would take the loader's lock in it.
+ExitFn g_real_exit = nullptr;
+ExitFn g_real_Exit = nullptr;
+__attribute__((constructor)) void resolve_exit() {
+  g_real_exit = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
+  g_real_Exit = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_Exit"));
+}
+[[noreturn]] void exit_through(ExitFn real, int status) {
   fp8wire::prof::flush_before_exit();
-  using ExitFn = void (*)(int);
-  if (auto real = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, name))) real(status);
+  if (real) real(status);
   syscall(SYS_exit_group, status);
   __builtin_unreachable();
 }
 }  // namespace
-FP8WIRE_PROF_EXPORT void _exit(int status) { exit_through("_exit", status); }
-FP8WIRE_PROF_EXPORT void _Exit(int status) { exit_through("_Exit", status); }
+FP8WIRE_PROF_EXPORT void _exit(int status) { exit_through(g_real_exit, status); }
+FP8WIRE_PROF_EXPORT void _Exit(int status) { exit_through(g_real_Exit, status); }
 
 // NVTX injection entry point (NVTX_INJECTION64_PATH=libfp8wire_prof.so).
 FP8WIRE_PROF_EXPORT int InitializeInjectionNvtx2(NvtxGetExportTableFunc_t get_export_table) {

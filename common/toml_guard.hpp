@@ -69,11 +69,21 @@ inline bool tomlpp_33_unreachable(char32_t c) {
 }
 }  // namespace detail
 
-// Scans `text` as TOML's lexical structure (comments, the four string kinds, escapes) and returns
-// the first position toml++ would mishandle, or an empty problem. Call it before toml::parse.
+// Scans `text` as toml++ reads it (comments, the four string kinds and their escapes, bare tokens,
+// table headers against array brackets) and returns the first position toml++ would mishandle, or
+// an empty problem. Call it before toml::parse. A quote opens a string only where toml++ starts
+// one (at a key or value position: line start, after '=', '[', '{', ',', or '.' inside a key);
+// elsewhere it is part of a bare token, which toml++ scans character by character through the
+// faulty whitespace test (2024-01-01"<U+FEF7> is one bad date to it, not a date and a string).
+// Also refused: a table header whose first character cannot begin a key (toml++ assumes it can:
+// TOML_ASSERT_ASSUME; a debug build asserts, an optimised one may do anything).
 inline TomlTextProblem toml_check_text(std::string_view text) {
   enum class State { outside, comment, basic, literal, multi_basic, multi_literal };
   State state = State::outside;
+  std::string open;         // "[" of arrays and "{" of inline tables, innermost last (not headers)
+  bool line_start = true;   // only spaces and tabs so far on this line, outside strings and comments
+  char prev = '\n';         // the last character outside strings that was not a space ('\n': line start)
+  bool key_context = true;  // a key may come next (line start, a header, an inline table's '{' or ',')
   size_t line = 1, column = 1;
   auto problem = [&](std::string what) { return TomlTextProblem{line, column, std::move(what)}; };
   auto starts = [&](size_t i, std::string_view s) { return text.substr(i, s.size()) == s; };
@@ -94,7 +104,7 @@ inline TomlTextProblem toml_check_text(std::string_view text) {
   while (i < text.size()) {
     const auto b = static_cast<unsigned char>(text[i]);
     switch (state) {
-      case State::outside:
+      case State::outside: {
         if (b >= 0x80) {
           size_t length = 0;
           const char32_t c = detail::utf8_at(text, i, length);
@@ -103,24 +113,88 @@ inline TomlTextProblem toml_check_text(std::string_view text) {
                                          static_cast<uint32_t>(c))
                            : std::string("a byte that is not UTF-8 outside a quoted string or comment"));
         }
-        if (b == '#') state = State::comment;
-        else if (starts(i, "\"\"\"")) { state = State::multi_basic; advance(3); continue; }
-        else if (starts(i, "'''")) { state = State::multi_literal; advance(3); continue; }
-        else if (b == '"') state = State::basic;
-        else if (b == '\'') state = State::literal;
+        if (b == '\n') {
+          line_start = true;
+          prev = '\n';
+          if (open.empty()) key_context = true;
+          advance(1);
+          break;
+        }
+        if (b == ' ' || b == '\t' || b == '\r') {
+          advance(1);
+          break;
+        }
+        if (b == '[' && line_start && open.empty()) {
+          // A table header: the first character after "[" or "[[" and their spaces must begin a key.
+          size_t k = i + 1;
+          while (k < text.size() && (text[k] == ' ' || text[k] == '\t')) ++k;
+          if (k == i + 1 && k < text.size() && text[k] == '[') {
+            ++k;
+            while (k < text.size() && (text[k] == ' ' || text[k] == '\t')) ++k;
+          }
+          const char c = k < text.size() ? text[k] : ']';  // at the end toml++ reports the error itself
+          const bool key_start = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                                 c == '_' || c == '-' || c == '"' || c == '\'' || c == ']';
+          advance(k - i);  // past the brackets: they open no array
+          if (!key_start) return problem("a table header must begin with a key (bare or quoted)");
+          line_start = false;
+          prev = '[';
+          key_context = true;
+          break;
+        }
+        line_start = false;
+        const bool string_may_start = prev == '\n' || prev == '=' || prev == '[' || prev == '{' || prev == ',' ||
+                                      (prev == '.' && key_context);
+        if ((b == '"' || b == '\'') && string_may_start) {
+          prev = static_cast<char>(b);
+          const bool triple = b == '"' ? starts(i, "\"\"\"") : starts(i, "'''");
+          if (triple) state = b == '"' ? State::multi_basic : State::multi_literal;
+          else state = b == '"' ? State::basic : State::literal;
+          advance(triple ? 3 : 1);
+          break;
+        }
+        switch (b) {
+          case '#': state = State::comment; break;
+          case '=': key_context = false; break;
+          case '[': open.push_back('['); key_context = false; break;
+          case '{': open.push_back('{'); key_context = true; break;
+          case ']':
+          case '}':
+            if (!open.empty()) open.pop_back();
+            key_context = false;
+            break;
+          case ',': key_context = !open.empty() && open.back() == '{'; break;
+          default: break;
+        }
+        prev = static_cast<char>(b);
         advance(1);
         break;
+      }
       case State::comment:
-        if (b == '\n') state = State::outside;
+        if (b == '\n') {
+          state = State::outside;  // the newline is the outside's
+          break;
+        }
         advance(1);
         break;
       case State::basic:
-        if (b == '\\') { advance(2); continue; }  // toml++ checks single-line escapes without the lookup
-        if (b == '"' || b == '\n') state = State::outside;
+        if (b == '\n') {
+          state = State::outside;  // unterminated: toml++ reports it
+          break;
+        }
+        if (b == '\\') {
+          advance(2);  // toml++ checks single-line escapes without the faulty lookup
+          break;
+        }
+        if (b == '"') state = State::outside;
         advance(1);
         break;
       case State::literal:
-        if (b == '\'' || b == '\n') state = State::outside;
+        if (b == '\n') {
+          state = State::outside;
+          break;
+        }
+        if (b == '\'') state = State::outside;
         advance(1);
         break;
       case State::multi_literal:
@@ -128,7 +202,7 @@ inline TomlTextProblem toml_check_text(std::string_view text) {
           advance(3);
           while (i < text.size() && text[i] == '\'') advance(1);  // up to two quotes end the content
           state = State::outside;
-          continue;
+          break;
         }
         advance(1);
         break;
@@ -137,7 +211,7 @@ inline TomlTextProblem toml_check_text(std::string_view text) {
           advance(3);
           while (i < text.size() && text[i] == '"') advance(1);
           state = State::outside;
-          continue;
+          break;
         }
         if (b != '\\') {
           advance(1);

@@ -31,10 +31,11 @@ fi
 # configure DIR [cmake options]: the CUDA language stays enabled (nvcc must be found) but nothing is
 # compiled with it; one architecture keeps the configure short.
 configure() {
-  local dir="$1"; shift
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFP8WIRE_SANITIZE=ON "-DFP8WIRE_TORCH_PYTHON=$py" \
-    "-DCMAKE_CUDA_ARCHITECTURES=${CMAKE_CUDA_ARCHITECTURES:-90}" "$@" > "$dir.configure.log" 2>&1 ||
-    { cat "$dir.configure.log"; exit 1; }
+  local dir="$1" opt="$2"; shift 2
+  mkdir -p "$dir"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_C_FLAGS=$opt" "-DCMAKE_CXX_FLAGS=$opt" \
+    -DFP8WIRE_SANITIZE=ON "-DFP8WIRE_TORCH_PYTHON=$py" "-DCMAKE_CUDA_ARCHITECTURES=${CMAKE_CUDA_ARCHITECTURES:-90}" \
+    "$@" > "$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; exit 1; }
 }
 
 # select DIR LABEL: "targets|tests" for the tests of LABEL whose every build-folder program is a host
@@ -72,8 +73,11 @@ print(" ".join(sorted(targets)) + "|" + "|".join(tests))
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
-# 1. Sanitizers with the project's compiler: every host test.
-configure "$build"
+# 1. Sanitizers with the project's compiler: every host test. -O0 -g1 compiles in a quarter of the
+# time of -O2 -g (the tier's cost is mostly compiling); the sanitizers' checks are the same, the
+# tests are small, and the heavy lifting inside them is LibTorch's own optimised code. No NDEBUG:
+# assertions stay on.
+configure "$build" "-O0 -g1"
 selection="$(select_tests "$build" cpu)"
 targets="${selection%%|*}"
 tests="${selection#*|}"
@@ -89,7 +93,8 @@ echo "[sanitize] tests done ($(($(date +%s) - start)) s so far)"
 # 2. libFuzzer (clang), its own folder: only the fuzz targets and the libraries they drive.
 if [[ "${SAN_SKIP_FUZZ:-0}" != 1 ]]; then
   fuzz="${FUZZ_BUILD_DIR:-build-fuzz}"
-  configure "$fuzz" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DFP8WIRE_FUZZ=ON \
+  # -O1: executions per second matter here, and only a few small libraries are compiled.
+  configure "$fuzz" "-O1 -g1" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DFP8WIRE_FUZZ=ON \
     -DFP8WIRE_BUILD_TRAINER=OFF "-DFP8WIRE_FUZZ_SECONDS=${FUZZ_SECONDS:-15}"
   selection="$(select_tests "$fuzz" fuzz)"
   targets="${selection%%|*}"

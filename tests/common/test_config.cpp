@@ -296,6 +296,14 @@ TEST_CASE("non-ASCII outside strings is an error with file:line:column, never to
       {"[log]\nfile = \"\"\"\\\n\xc2\xa7\"\"\"\n", "file t.toml:3:1", "write it as \\u00A7"},
       {"[log]\nfile = \"\"\"\\\xd0\x96\"\"\"\n", "file t.toml:2:12", "right after a backslash"},
       {"block_size = 128 \xff\n", "file t.toml:1:18", "a byte that is not UTF-8"},
+      // toml++ assumes a table header starts with a key (found by fuzz_config_toml).
+      {"format = \"e4m3\"\n[\x01ds.all_reduce]\n", "file t.toml:2:2", "a table header must begin with a key"},
+      {"[[[[[[[[[[[[)", "file t.toml:1:3", "a table header must begin with a key"},
+      {"  [ = ]\n", "file t.toml:1:5", "a table header must begin with a key"},
+      {"a = 1\n[\nb = 2\n", "file t.toml:2:2", "a table header must begin with a key"},
+      // A quote inside a bare value starts no string: toml++ reads on through the whitespace test.
+      {"s = 2024-01-01\"\xef\xbb\xb7x\n", "file t.toml:1:16", "non-ASCII character U+FEF7"},
+      {"block_size = 4\"\"\"\xc2\xa7\"\"\"\n", "file t.toml:1:18", "non-ASCII character U+00A7"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.text);
@@ -310,6 +318,11 @@ TEST_CASE("non-ASCII outside strings is an error with file:line:column, never to
                                             "t.toml", Config{});
   CHECK(ok.ok());
   CHECK(ok.config.log_file == "/tmp/\xc3\xa9t\xc3\xa9-%r.log");
+  // Arrays (nested, on lines of their own) are not table headers.
+  const ConfigResult arrays = parse_config_toml("[profiler]\nstep_ranges = [\n  \"step\",\n  \"x\"]\n[ \"log\" ]\nlevel = \"info\"\n",
+                                                "t.toml", Config{});
+  CHECK(arrays.ok());
+  CHECK(arrays.config.profiler_step_ranges == std::vector<std::string>{"step", "x"});
 }
 
 TEST_CASE("a directory given as the config file is an error, not an empty configuration") {

@@ -23,6 +23,7 @@
 #include "common/log.hpp"
 #include "sched/accounting.hpp"
 #include "sched/engine.hpp"
+#include "sched/gpu_platform.hpp"
 #include "sched/nccl_api_linked.hpp"
 #if FP8WIRE_BENCH_HAVE_QUANT
 #include "quant/quant.hpp"
@@ -102,6 +103,7 @@ struct Worker {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   NcclApi api;
+  Platform platform;  // the GPU platform over `api`, shared by the engines below
   // One engine per gather transport timed, all on the one communicator, each with its own
   // configuration, scratch and agreement: with --gather-transport both, every path with a gather
   // step is timed on each in turn; paths without one run on the first alone.
@@ -422,12 +424,13 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   }
   BENCH_NCCL(ncclCommInitRank(&w.comm, env.world_size, id, env.rank));
   w.api = nccl_api_from_linked();
+  w.platform = gpu_platform(w.api);
   std::vector<std::optional<GatherTransport>> transports(opt.gather_transports.begin(), opt.gather_transports.end());
   if (transports.empty()) transports.push_back(std::nullopt);
   for (const auto& t : transports) {
     Config c = w.config;
     if (t) c.gather_transport = *t;
-    w.variants.push_back({t, std::make_unique<sched::Engine>(c, w.api)});
+    w.variants.push_back({t, std::make_unique<sched::Engine>(c, w.platform)});
     w.variants.back().engine->comm_created(w.comm);
   }
   struct CommGuard {

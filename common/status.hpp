@@ -41,3 +41,10 @@ inline bool nccl_ok(ncclResult_t r) { return r == ncclSuccess || r == ncclInProg
       return fp8wire_res_;                                                                \
     }                                                                                     \
   } while (0)
+
+// Evaluates an ncclResult_t expression that has already logged its failure; returns it unchanged.
+#define FP8WIRE_TRY(expr)                                                                 \
+  do {                                                                                    \
+    ncclResult_t fp8wire_try_ = (expr);                                                   \
+    if (__builtin_expect(fp8wire_try_ != ncclSuccess, 0)) return fp8wire_try_;            \
+  } while (0)

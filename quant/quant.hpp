@@ -19,9 +19,6 @@
 
 namespace fp8wire::quant {
 
-// Largest number of inputs one fused reduce takes (a world size); sched splits larger ones.
-inline constexpr int kMaxReduceInputs = 128;
-
 struct LaunchOptions {
   ConvertPath path = ConvertPath::automatic;
   // Stochastic rounding: element i of this call uses random bits hash(seed, sr_offset + i), so the

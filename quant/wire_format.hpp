@@ -24,6 +24,9 @@ enum class ElemType : uint8_t { f32, f16, bf16 };
 const char* to_string(ElemType);
 inline constexpr size_t elem_size(ElemType t) { return t == ElemType::f32 ? 4 : 2; }
 
+// Largest number of inputs one fused reduce takes (a world size; larger communicators pass through).
+inline constexpr int kMaxReduceInputs = 128;
+
 inline constexpr size_t kWireAlign = 16;
 inline constexpr size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 

@@ -21,9 +21,9 @@ struct Ring {
   std::atomic<uint64_t> written{0};       // slots claimed so far
   std::atomic<uint64_t> read_horizon{0};  // highest seq a snapshot has returned
   std::atomic<uint64_t> dropped{0};
-  std::atomic<uint64_t> calls[5] = {};
-  std::atomic<uint64_t> app_bytes[5] = {};
-  std::atomic<uint64_t> wire_bytes[5] = {};
+  std::atomic<uint64_t> calls[kMaxPaths] = {};
+  std::atomic<uint64_t> app_bytes[kMaxPaths] = {};
+  std::atomic<uint64_t> wire_bytes[kMaxPaths] = {};
   std::atomic<uint64_t> gather_calls[3] = {};
 };
 
@@ -43,7 +43,7 @@ Accounting& Accounting::instance() {
 
 void Accounting::record(const CallRecord& r) {
   Ring& g = ring();
-  const int p = static_cast<int>(r.path) < 5 ? static_cast<int>(r.path) : 0;
+  const int p = static_cast<int>(r.path) < kMaxPaths ? static_cast<int>(r.path) : 0;
   g.calls[p].fetch_add(1, std::memory_order_relaxed);
   g.app_bytes[p].fetch_add(r.app_bytes, std::memory_order_relaxed);
   g.wire_bytes[p].fetch_add(r.wire_bytes, std::memory_order_relaxed);
@@ -86,7 +86,7 @@ size_t Accounting::snapshot(CallRecord* out, size_t max, uint64_t since) const {
 AccountingTotals Accounting::totals() const {
   Ring& g = ring();
   AccountingTotals t;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < kMaxPaths; ++i) {
     t.calls[i] = g.calls[i].load(std::memory_order_relaxed);
     t.app_bytes[i] = g.app_bytes[i].load(std::memory_order_relaxed);
     t.wire_bytes[i] = g.wire_bytes[i].load(std::memory_order_relaxed);
@@ -98,7 +98,7 @@ AccountingTotals Accounting::totals() const {
 
 void Accounting::reset() {
   Ring& g = ring();
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < kMaxPaths; ++i) {
     g.calls[i].store(0);
     g.app_bytes[i].store(0);
     g.wire_bytes[i].store(0);

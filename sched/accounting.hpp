@@ -11,36 +11,9 @@
 #include <nccl.h>
 
 #include "common/config.hpp"
+#include "sched/types.hpp"
 
 namespace fp8wire {
-
-enum class Path : uint8_t {
-  passthrough = 0,  // not eligible: the real NCCL call, untouched
-  two_shot = 1,     // FP8 all-to-all + all-gather (DESIGN.md default)
-  one_shot = 2,     // FP8 all-gather of quantized inputs, every rank reduces
-  ring = 3,         // FP8 ring (comparison only)
-  fallback = 4,     // eligible, but the FP8 path could not run; passed through (reason logged once)
-};
-// Inline, so the profiler companion and the benchmark name paths the same way without linking sched.
-inline const char* to_string(Path p) {
-  switch (p) {
-    case Path::passthrough: return "passthrough";
-    case Path::two_shot: return "two_shot";
-    case Path::one_shot: return "one_shot";
-    case Path::ring: return "ring";
-    case Path::fallback: return "fallback";
-  }
-  return "unknown";
-}
-
-// Whether an FP8 path ends by gathering every rank's quantized slot (one-shot's exchange, two-shot's
-// and ring's final all-gather, the FP8 all-gather), the step Config::gather_transport chooses the
-// NCCL calls of. The FP8 reduce-scatter ends with its local reduce; plain NCCL has none. Inline here,
-// beside Path, so the planner and the benchmark's host code share one definition.
-inline bool has_gather_step(Collective collective, Path path) {
-  if (path == Path::passthrough || path == Path::fallback) return false;
-  return collective != Collective::reduce_scatter;
-}
 
 enum class CallKind : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, send, recv };
 inline const char* to_string(CallKind k) {
@@ -84,10 +57,13 @@ struct CallHooks {
 void set_call_hooks(const CallHooks* hooks);   // nullptr removes them
 const CallHooks* call_hooks();                 // one acquire load; nullptr when none
 
+// Slots per path in the totals: room for paths added later without changing the C API's layout.
+inline constexpr int kMaxPaths = 16;
+static_assert(kPathCount <= kMaxPaths);
 struct AccountingTotals {
-  uint64_t calls[5] = {};       // by Path
-  uint64_t app_bytes[5] = {};
-  uint64_t wire_bytes[5] = {};
+  uint64_t calls[kMaxPaths] = {};       // by Path
+  uint64_t app_bytes[kMaxPaths] = {};
+  uint64_t wire_bytes[kMaxPaths] = {};
   uint64_t gather_calls[3] = {};  // FP8 calls by CallRecord::gather (index = GatherTransport; [0] unused)
   uint64_t dropped_records = 0;
 };

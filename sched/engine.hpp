@@ -1,52 +1,70 @@
 // The scheduler's entry points. The shim forwards every intercepted NCCL call here; fp8wire-bench
-// drives the same code with a forced algorithm. The engine decides per call: pass through (the real
-// NCCL function, no extra work), or an FP8 algorithm (plan.hpp), and runs it through the real-NCCL
-// table and the quant launchers.
+// drives the same code with a forced algorithm; the CPU tier drives it over a simulated platform.
+// The engine decides per call, from facts agreed once per communicator at its creation: pass
+// through (the real NCCL function, no extra work), or an FP8 algorithm run by the pipeline executor.
 //
-// Every function returns an ncclResult_t and never throws.
+// Every function returns an ncclResult_t (or nothing) and never throws.
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "common/config.hpp"
-#include "sched/accounting.hpp"
-#include "sched/nccl_api.hpp"
+#include "sched/comm_setup.hpp"
+#include "sched/platform.hpp"
+#include "sched/types.hpp"
 
 namespace fp8wire::sched {
 
+// How a communicator came to be, as the shim saw its creation.
+struct CommCreation {
+  bool nonblocking = false;     // ncclConfig_t::blocking = 0, or NCCL_COMM_BLOCKING=0: always passes through
+  bool single_process = false;  // ncclCommInitAll (or a split of one): one thread drives every rank
+};
+
+// The agreed view of one communicator, for logs, the benchmark and tests.
+struct CommInfo {
+  bool registered = false;
+  bool agreed = false;   // the agreement ran
+  bool fp8_ok = false;   // and allows FP8
+  Fabric fabric = Fabric::net;
+  int nranks = 0;
+  int hosts = 0;
+  std::string reason;    // why FP8 is off
+  ncclResult_t failure = ncclSuccess;  // the first error of an FP8 call on it (sticky)
+};
+
 class Engine {
  public:
-  // api must stay valid for the life of the engine.
-  Engine(const Config& config, const NcclApi& api);
+  // `platform` must outlive the engine. `me`: this process's identity in every agreement (a process
+  // whose configuration failed passes `usable = false` and the reason, and still takes part).
+  Engine(const Config& config, const Platform& platform, LocalIdentity me = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
   const Config& config() const;
-  const NcclApi& nccl() const;
 
   // --- communicator lifecycle: called by the shim after the real call succeeded -----------------
-  void comm_created(ncclComm_t comm);
-  // Same, telling whether the communicator was created non-blocking (ncclConfig_t::blocking = 0):
-  // such communicators always pass through. NCCL_COMM_BLOCKING=0 in the environment counts too.
-  void comm_created(ncclComm_t comm, bool nonblocking);
-  // A communicator of ncclCommInitAll: every rank is in this process and one thread drives them
-  // all, so it always passes through (plan.hpp: CallShape::single_process). All its ranks are
-  // created by the same call, so all of them decide alike.
-  void comm_created_single_process(ncclComm_t comm);
-  // Whether a registered communicator is such a one (a split or shrink of it is one too).
+  // Registers the communicator and runs its agreement (blocking: one all-gather of 64 bytes per rank
+  // with every other rank of it). Inside an application group the communicator is only ready at the
+  // group's end, so its agreement runs there, for all communicators created in that group together.
+  void comm_created(ncclComm_t comm, CommCreation how = {});
+  // Whether a registered communicator is driven by one thread for all its ranks (a split or shrink
+  // of it is too).
   bool comm_single_process(ncclComm_t comm) const;
-  // Before the real ncclCommDestroy: frees this communicator's scratch and state.
+  // Before the real ncclCommDestroy: unregisters it; its resources go with the last call using them.
   void comm_destroyed(ncclComm_t comm);
-  // ncclCommAbort in place of the real one: takes the communicator out of the registry, runs the
-  // real abort, and only then frees its scratch and streams. The abort is what stops a collective
-  // that will never finish (a dead peer, a hang the job's watchdog caught); freeing first would wait
-  // for that collective (stream synchronize, cudaFree) and hang the abort itself.
+  // ncclCommAbort in place of the real one: unregisters the communicator and releases an agreement
+  // waiting on it, runs the real abort, and only then releases its resources. The abort is what
+  // stops a collective that will never finish; freeing first would wait for it and hang the abort.
   ncclResult_t comm_abort(ncclComm_t comm);
+  CommInfo comm_info(ncclComm_t comm) const;
 
   // --- collectives with an FP8 path ------------------------------------------------------------
   ncclResult_t all_reduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t dtype,
@@ -74,12 +92,15 @@ class Engine {
   ncclResult_t all_gather_forced(Path path, const void* sendbuff, void* recvbuff, size_t sendcount,
                                  ncclDataType_t dtype, ncclComm_t comm, cudaStream_t stream);
 
-  // The fabric class the engine decided for a communicator (after its first candidate call or
-  // comm_created), for logs and the benchmark.
+  // The fabric class agreed for a communicator (the override, or net, before it is agreed).
   Fabric fabric_of(ncclComm_t comm) const;
 
- private:
+  // Error feedback: the identity the next FP8 all-reduce issued on this thread carries (0: none).
+  static void set_feedback_key(uint64_t key);
+
   struct Impl;
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

@@ -11,9 +11,9 @@
 
 namespace {
 
-static_assert(sizeof(fp8wire_totals::calls) == sizeof(fp8wire::AccountingTotals::calls));
-static_assert(sizeof(fp8wire_totals::app_bytes) == sizeof(fp8wire::AccountingTotals::app_bytes));
-static_assert(sizeof(fp8wire_totals::wire_bytes) == sizeof(fp8wire::AccountingTotals::wire_bytes));
+static_assert(sizeof(fp8wire_totals::calls) <= sizeof(fp8wire::AccountingTotals::calls));
+static_assert(sizeof(fp8wire_totals::app_bytes) <= sizeof(fp8wire::AccountingTotals::app_bytes));
+static_assert(sizeof(fp8wire_totals::wire_bytes) <= sizeof(fp8wire::AccountingTotals::wire_bytes));
 
 void step_mark(int64_t step, int begin) {
   try {
@@ -63,3 +63,5 @@ FP8WIRE_EXPORT void fp8wire_get_totals(fp8wire_totals* out) {
     FP8WIRE_ERROR("fp8wire_get_totals: internal error; returning zeros");
   }
 }
+
+FP8WIRE_EXPORT void fp8wire_set_feedback_key(uint64_t key) { fp8wire::sched::Engine::set_feedback_key(key); }

@@ -32,6 +32,12 @@ typedef struct fp8wire_totals {
 } fp8wire_totals;
 void fp8wire_get_totals(fp8wire_totals* out);
 
+/* Error feedback (error_feedback.enable): the identity of the tensor the next all-reduce issued on
+ * this thread carries, e.g. a DDP bucket index (key != 0). The quantization residual of one call is
+ * added to the next call with the same key, never to another tensor's; a call with no key gets no
+ * feedback. Harmless when error feedback is off or the library is not loaded. */
+void fp8wire_set_feedback_key(uint64_t key);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,8 +2,9 @@
 // (STYLE.md 1): the decisions live in sched/, which is tested without preloading anything.
 //
 // Every export has the same shape (intercept() below):
-//   guard this thread -> set up on first use -> re-entered? real function -> not active? real
-//   function -> the engine (collectives, groups, lifecycle) or the real function (the rest).
+//   guard this thread -> set up on first use -> re-entered? real function -> not routed to the
+//   engine (collectives: not active; lifecycle and groups: no engine)? real function -> the engine
+//   (collectives, groups, lifecycle) or the real function (the rest).
 // Nothing escapes: an exception becomes ncclInternalError and a log line (STYLE.md 5).
 #include <nccl.h>
 
@@ -26,10 +27,15 @@ ncclResult_t call_real(Runtime& rt, const char* name, Args... args) {
   return fn(args...);
 }
 
-// `engine_path` runs only when the shim is active; `args` are the real function's arguments, used
-// on every other path. `caller` is the export's return address, to tell NCCL re-entering its own
-// API from fp8wire doing so by mistake.
-template <auto Member, class EnginePath, class... Args>
+// Which calls reach the engine: collectives only when the shim is active (configuration valid and
+// enabled); the lifecycle and group calls whenever the engine exists, so that every process takes
+// part in each communicator's agreement whatever its configuration says.
+enum class Route { when_active, when_engine };
+
+// `engine_path` runs on the route's condition; `args` are the real function's arguments, used on
+// every other path. `caller` is the export's return address, to tell NCCL re-entering its own API
+// from fp8wire doing so by mistake.
+template <auto Member, Route route = Route::when_active, class EnginePath, class... Args>
 ncclResult_t intercept(const char* name, const void* caller, EnginePath&& engine_path, Args... args) noexcept {
   ReentryGuard guard;
   try {
@@ -40,7 +46,11 @@ ncclResult_t intercept(const char* name, const void* caller, EnginePath&& engine
       return call_real<Member>(*rt, name, args...);
     }
     Runtime& rt = runtime();
-    if (__builtin_expect(!active(), 0)) return call_real<Member>(rt, name, args...);
+    if constexpr (route == Route::when_active) {
+      if (__builtin_expect(!active(), 0)) return call_real<Member>(rt, name, args...);
+    } else {
+      if (__builtin_expect(rt.engine == nullptr, 0)) return call_real<Member>(rt, name, args...);
+    }
     return engine_path(rt);
   } catch (const std::exception& e) {
     return report_exception(name, e.what());
@@ -62,7 +72,7 @@ ncclResult_t forward(const char* name, const void* caller, Args... args) noexcep
 template <auto Member, class... Args>
 ncclResult_t create(const char* name, const void* caller, ncclComm_t* out, const ncclConfig_t* config,
                     ncclComm_t parent, Args... args) noexcept {
-  return intercept<Member>(
+  return intercept<Member, Route::when_engine>(
       name, caller,
       [&](Runtime& rt) {
         const bool single_process = parent && rt.engine->comm_single_process(parent);
@@ -78,7 +88,7 @@ ncclResult_t create(const char* name, const void* caller, ncclComm_t* out, const
 // for the communicator's work anyway; ncclCommAbort is handled apart, below).
 template <auto Member>
 ncclResult_t destroy(const char* name, const void* caller, ncclComm_t comm) noexcept {
-  return intercept<Member>(
+  return intercept<Member, Route::when_engine>(
       name, caller,
       [&](Runtime& rt) {
         comm_destroyed(rt, comm);
@@ -133,17 +143,17 @@ FP8WIRE_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, 
 // --- groups ---------------------------------------------------------------------------------------
 
 FP8WIRE_EXPORT ncclResult_t ncclGroupStart() {
-  return shim::intercept<&NcclApi::GroupStart>(
+  return shim::intercept<&NcclApi::GroupStart, shim::Route::when_engine>(
       "ncclGroupStart", FP8WIRE_CALLER, [](Runtime& rt) { return rt.engine->group_start(); });
 }
 
 FP8WIRE_EXPORT ncclResult_t ncclGroupEnd() {
-  return shim::intercept<&NcclApi::GroupEnd>(
+  return shim::intercept<&NcclApi::GroupEnd, shim::Route::when_engine>(
       "ncclGroupEnd", FP8WIRE_CALLER, [](Runtime& rt) { return rt.engine->group_end(); });
 }
 
 FP8WIRE_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
-  return shim::intercept<&NcclApi::GroupSimulateEnd>(
+  return shim::intercept<&NcclApi::GroupSimulateEnd, shim::Route::when_engine>(
       "ncclGroupSimulateEnd", FP8WIRE_CALLER, [&](Runtime& rt) { return rt.engine->group_simulate_end(simInfo); },
       simInfo);
 }
@@ -217,7 +227,7 @@ FP8WIRE_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksLis
 // by one thread (its calls must all sit in one group; fp8wire's FP8 stages and agreement exchange
 // run one communicator at a time and would wait forever on the ranks not yet issued).
 FP8WIRE_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
-  return shim::intercept<&NcclApi::CommInitAll>(
+  return shim::intercept<&NcclApi::CommInitAll, shim::Route::when_engine>(
       "ncclCommInitAll", FP8WIRE_CALLER,
       [&](Runtime& rt) {
         const ncclResult_t result = shim::call_real<&NcclApi::CommInitAll>(rt, "ncclCommInitAll", comms, ndev, devlist);
@@ -235,6 +245,6 @@ FP8WIRE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 // The real abort runs before fp8wire frees anything (Engine::comm_abort): it is what stops a
 // collective that will never finish, which freeing the scratch first would wait for.
 FP8WIRE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  return shim::intercept<&NcclApi::CommAbort>(
+  return shim::intercept<&NcclApi::CommAbort, shim::Route::when_engine>(
       "ncclCommAbort", FP8WIRE_CALLER, [&](Runtime& rt) { return rt.engine->comm_abort(comm); }, comm);
 }

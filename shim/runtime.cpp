@@ -10,6 +10,7 @@
 #include "common/log.hpp"
 #include "common/status.hpp"
 #include "sched/accounting.hpp"
+#include "sched/gpu_platform.hpp"
 
 namespace fp8wire::shim {
 
@@ -82,12 +83,19 @@ Runtime* set_up() {
     FP8WIRE_INFO("resolved real NCCL {} from {}", version, rt->real.origin);
   }
   const Config& c = rt->config.config;
-  bool want_engine = rt->real.found && rt->config.ok() && c.enable;
   if (rt->real.found && rt->config.ok() && !c.enable)
     FP8WIRE_INFO("enable = false: every NCCL call passes through untouched");
-  if (want_engine) {
+  if (rt->real.found) {
+    sched::LocalIdentity me;
+    me.version = 10000 * FP8WIRE_VERSION_MAJOR + 100 * FP8WIRE_VERSION_MINOR + FP8WIRE_VERSION_PATCH;
+    me.usable = rt->config.ok();
+    if (!me.usable) {
+      const ConfigError& e = rt->config.errors.front();
+      me.problem = "configuration error: " + (e.key.empty() ? e.source : e.key);
+    }
     try {
-      rt->engine = new sched::Engine(c, rt->real.api);  // never freed, like the runtime
+      rt->platform = gpu_platform(rt->real.api);
+      rt->engine = new sched::Engine(c, rt->platform, me);  // never freed, like the runtime
     } catch (const std::exception& e) {
       FP8WIRE_ERROR("scheduler could not start ({}); running in pass-through", e.what());
     } catch (...) {
@@ -97,7 +105,7 @@ Runtime* set_up() {
   // The profiler starts even with enable = false: measuring exposed communication of the plain
   // NCCL run is the baseline the FP8 run is judged against.
   profiler_companion();
-  detail::g_active.store(rt->engine != nullptr, std::memory_order_relaxed);
+  detail::g_active.store(rt->engine != nullptr && rt->config.ok() && c.enable, std::memory_order_relaxed);
   return rt;
 }
 
@@ -132,8 +140,7 @@ void comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const 
       log_set_rank(rank);
   }
   try {
-    rt.engine->comm_created(comm, nonblocking);
-    if (single_process) rt.engine->comm_created_single_process(comm);
+    rt.engine->comm_created(comm, sched::CommCreation{nonblocking, single_process});
   } catch (const std::exception& e) {
     FP8WIRE_ERROR("engine could not register communicator {} ({}); its calls pass through",
                   static_cast<const void*>(comm), e.what());

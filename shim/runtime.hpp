@@ -7,6 +7,7 @@
 
 #include "common/config.hpp"
 #include "sched/engine.hpp"
+#include "sched/platform.hpp"
 #include "shim/real_nccl.hpp"
 
 namespace fp8wire::shim {
@@ -14,7 +15,12 @@ namespace fp8wire::shim {
 struct Runtime {
   ConfigResult config;            // effective configuration and the errors met reading it
   RealNccl real;                  // the table; real.found false: every export returns ncclSystemError
-  sched::Engine* engine = nullptr;  // null unless active
+  Platform platform;              // CUDA runtime, codec kernels and host facts over `real`
+  // Present whenever NCCL was found, also with a failed or disabled configuration: every process of
+  // a job takes part in each communicator's agreement (a process that reports "not usable" makes the
+  // whole communicator pass through instead of hanging its peers). Collectives reach it only when
+  // `active()`.
+  sched::Engine* engine = nullptr;
 };
 
 namespace detail {
@@ -29,13 +35,12 @@ inline Runtime& runtime() {
   return __builtin_expect(rt != nullptr, 1) ? *rt : detail::runtime_slow();
 }
 
-// True when calls go to the engine; false: straight to the real function, nothing else.
+// True when collectives go to the engine; false: straight to the real function, nothing else.
 inline bool active() { return detail::g_active.load(std::memory_order_relaxed); }
 
-// Communicator lifecycle as the exports report it (only when active). A communicator that is
-// non-blocking (its ncclConfig_t says blocking = 0, or its init returned ncclInProgress) is
-// registered at once and flagged; the engine passes its calls through and asks NCCL about it again
-// at its next call, once it has finished initialising.
+// Communicator lifecycle as the exports report it (whenever the engine exists). A communicator that
+// is non-blocking (its ncclConfig_t says blocking = 0, or its init returned ncclInProgress) is
+// registered as pass-through: the agreement's blocking exchange would break its contract.
 // `single_process`: a communicator of ncclCommInitAll, whose ranks one thread drives (passes through).
 void comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const ncclConfig_t* config,
                   bool single_process = false);

@@ -22,7 +22,9 @@
 #include "bench/host/profile.hpp"
 #include "bench/host/results.hpp"
 #include "common/config.hpp"
+#include "sched/cost_model.hpp"
 #include "sched/plan.hpp"
+#include "sched/stages.hpp"
 
 using namespace fp8wire;
 using namespace fp8wire::bench;
@@ -108,8 +110,8 @@ Verdict check_choices(const SweepResult& s, const Config& config, Collective c, 
     REQUIRE(best != nullptr);
     sched::CallShape call;
     call.collective = c;
-    call.dtype = ncclBfloat16;
-    call.op = ncclSum;
+    call.dtype = DataType::bf16;
+    call.op = ReduceOp::sum;
     call.nranks = n;
     // bytes is the full buffer (nccl-tests size); count is what the application passes.
     call.count = c == Collective::all_reduce ? bytes / 2 : bytes / 2 / static_cast<uint64_t>(n);
@@ -226,7 +228,7 @@ TEST_CASE("uncalibrated defaults keep their decisions where the measurements pro
   const SweepResult ar4 = load_sweep("allreduce_4ranks.json");
   for (uint64_t bytes : {16ull << 20, 64ull << 20, 256ull << 20}) {
     sched::CallShape call;
-    call.dtype = ncclBfloat16;
+    call.dtype = DataType::bf16;
     call.nranks = 4;
     call.count = bytes / 2;
     CHECK(sched::plan_call(defaults, call, Fabric::net).path == Path::two_shot);
@@ -237,7 +239,7 @@ TEST_CASE("uncalibrated defaults keep their decisions where the measurements pro
   }
   for (uint64_t bytes : {1ull << 20, 4ull << 20, 64ull << 20, 256ull << 20}) {
     sched::CallShape call;
-    call.dtype = ncclBfloat16;
+    call.dtype = DataType::bf16;
     call.nranks = 2;
     call.count = bytes / 2;
     CHECK(sched::plan_call(defaults, call, Fabric::net).path == Path::one_shot);
@@ -313,7 +315,7 @@ TEST_CASE("both gather transports: calibration lets the planner pick send/recv s
     CHECK(v.off == 0);
     CHECK(v.worst_ratio == doctest::Approx(1.0).epsilon(1e-9));
     sched::CallShape call;
-    call.dtype = ncclBfloat16;
+    call.dtype = DataType::bf16;
     call.nranks = 4;
     auto plan = [&](uint64_t bytes) {
       call.count = bytes / 2;

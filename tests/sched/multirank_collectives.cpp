@@ -39,7 +39,9 @@
 #include <vector>
 
 #include "quant/reference.hpp"
+#include "sched/accounting.hpp"
 #include "sched/engine.hpp"
+#include "sched/gpu_platform.hpp"
 #include "sched/nccl_api_linked.hpp"
 #include "sched/plan.hpp"
 
@@ -115,6 +117,7 @@ struct Rank {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   NcclApi api;
+  Platform platform;  // the GPU platform over `api`
   FILE* out = nullptr;
   bool big = false;
   std::string tag;   // prefix of every case name ("sr/" for the send/recv gather pass)
@@ -475,11 +478,12 @@ void run_group_case(Rank& R, sched::Engine& eng) {
 
 // A small scratch pool (many pipeline stages) gives bitwise the result of one stage: stages and
 // shards are whole blocks, so every block is quantized and reduced exactly as without pipelining.
-void run_pipeline_case(Rank& R, sched::Engine& eng, const NcclApi& api) {
+void run_pipeline_case(Rank& R, sched::Engine& eng) {
   Config small = test_config();
   small.scratch_max_bytes = 2 << 20;
   small.pipeline_chunk_bytes = 256 << 10;
-  sched::Engine piped(small, api);
+  sched::Engine piped(small, R.platform);
+  piped.comm_created(R.comm);  // every rank creates it in the same order: the agreement is collective
   const TypeInfo& t = kTypes[2];
   const size_t count = (size_t{3} << 20) + 17;
   for (Path path : {Path::two_shot, Path::one_shot}) {
@@ -565,7 +569,7 @@ void run_graph_case(Rank& R, sched::Engine& eng) {
 // the exact sum (the residual carries each quantization error into the next call), while without
 // feedback every output repeats the same error. A cap smaller than the buffer turns feedback off:
 // then the result equals the plain FP8 one bit for bit.
-void run_error_feedback_case(Rank& R, const NcclApi& api) {
+void run_error_feedback_case(Rank& R) {
   const TypeInfo& t = kTypes[0];  // fp32 output keeps the output rounding out of the comparison
   const size_t count = 1 << 16;
   const int iterations = 8;
@@ -573,7 +577,8 @@ void run_error_feedback_case(Rank& R, const NcclApi& api) {
   with_ef.error_feedback = true;
   Config capped = with_ef;
   capped.error_feedback_max_bytes = count * 4 - 1;
-  sched::Engine plain(test_config(), api), ef(with_ef, api), ef_capped(capped, api);
+  sched::Engine plain(test_config(), R.platform), ef(with_ef, R.platform), ef_capped(capped, R.platform);
+  for (sched::Engine* e : {&plain, &ef, &ef_capped}) e->comm_created(R.comm);
   void *in = nullptr, *out = nullptr;
   CHECK_CUDA(cudaMalloc(&in, count * 4));
   CHECK_CUDA(cudaMalloc(&out, count * 4));
@@ -581,6 +586,7 @@ void run_error_feedback_case(Rank& R, const NcclApi& api) {
   auto mean_error = [&](sched::Engine& eng, HostBuf* last) {
     std::vector<double> sum(count, 0.0);
     for (int k = 0; k < iterations; ++k) {
+      sched::Engine::set_feedback_key(42);  // the same logical tensor every time
       CHECK_NCCL(eng.all_reduce_forced(Path::one_shot, in, out, count, t.nccl, ncclSum, R.comm, R.stream));
       CHECK_CUDA(cudaStreamSynchronize(R.stream));
       *last = download(out, t, count);
@@ -633,17 +639,18 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
   CHECK_CUDA(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
   CHECK_NCCL(ncclCommInitRank(&R.comm, n, id, rank));
   R.api = nccl_api_from_linked();
+  R.platform = gpu_platform(R.api);
   {
-    sched::Engine eng(test_config(), R.api);
+    sched::Engine eng(test_config(), R.platform);
     eng.comm_created(R.comm);
     run_passthrough_cases(R, eng);
     run_all_reduce_cases(R, eng);
     run_reduce_scatter_cases(R, eng);
     run_all_gather_cases(R, eng);
     run_group_case(R, eng);
-    run_pipeline_case(R, eng, R.api);
+    run_pipeline_case(R, eng);
     run_graph_case(R, eng);
-    run_error_feedback_case(R, R.api);
+    run_error_feedback_case(R);
     run_big_cases(R, eng);
     fprintf(R.out, "fabric %s\n", to_string(eng.fabric_of(R.comm)));
     CHECK_CUDA(cudaStreamSynchronize(R.stream));
@@ -654,12 +661,12 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
     // reduce-scatter cases: those have no gather step).
     g_gather = GatherTransport::sendrecv;
     R.tag = "sr/";
-    sched::Engine eng(test_config(), R.api);
+    sched::Engine eng(test_config(), R.platform);
     eng.comm_created(R.comm);
     run_all_reduce_cases(R, eng);
     run_all_gather_cases(R, eng);
     run_group_case(R, eng);
-    run_pipeline_case(R, eng, R.api);
+    run_pipeline_case(R, eng);
     run_graph_case(R, eng);
     run_big_cases(R, eng);
     CHECK_CUDA(cudaStreamSynchronize(R.stream));

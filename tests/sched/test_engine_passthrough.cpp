@@ -1,6 +1,7 @@
 // CPU tier of the engine: everything that must pass through does so with no GPU work, no agreement
-// exchange and the application's group structure intact. A fake NCCL table records the real calls;
-// no CUDA call is made on these paths, so the test runs on machines without a GPU.
+// exchange and the application's group structure intact. A fake NCCL table records the real calls
+// and a fake CUDA table counts every call (there must be none on these paths). The FP8 paths, the
+// agreement and the faults are tested over the simulated platform (test_engine_sim.cpp).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "common/log.hpp"
+#include "sched/accounting.hpp"
 #include "sched/engine.hpp"
 
 using namespace fp8wire;
@@ -29,6 +31,14 @@ const ncclComm_t kNotReady = comm_of(0x3000);
 // Set while a test wants the fake ncclCommAbort to register a new communicator at the address it
 // just freed (another thread's ncclCommInitRank reusing the memory).
 sched::Engine* g_reuse_on_abort = nullptr;
+
+int g_cuda_calls = 0;  // any call into the CUDA table: none is expected on a pass-through path
+
+template <class... Args>
+cudaError_t no_cuda(Args...) {
+  ++g_cuda_calls;
+  return cudaErrorNoDevice;
+}
 
 NcclApi fake_api() {
   NcclApi api;
@@ -64,7 +74,7 @@ NcclApi fake_api() {
   };
   api.CommAbort = [](ncclComm_t c) {
     g_calls.push_back("CommAbort");
-    if (g_reuse_on_abort) g_reuse_on_abort->comm_created(c, /*nonblocking=*/true);
+    if (g_reuse_on_abort) g_reuse_on_abort->comm_created(c, sched::CommCreation{.nonblocking = true});
     return ncclSuccess;
   };
   api.CommUserRank = [](const ncclComm_t, int* r) {
@@ -76,6 +86,39 @@ NcclApi fake_api() {
     return ncclSuccess;
   };
   return api;
+}
+
+// The fake NCCL table as a platform whose CUDA table refuses everything, counting the attempts.
+Platform fake_platform(const NcclApi& api) {
+  Platform p;
+  p.nccl = &api;
+  CudaApi& c = p.cuda;
+  c.GetDevice = no_cuda<int*>;
+  c.SetDevice = no_cuda<int>;
+  c.StreamCreateWithFlags = no_cuda<cudaStream_t*, unsigned>;
+  c.StreamDestroy = no_cuda<cudaStream_t>;
+  c.StreamQuery = no_cuda<cudaStream_t>;
+  c.StreamSynchronize = no_cuda<cudaStream_t>;
+  c.StreamWaitEvent = no_cuda<cudaStream_t, cudaEvent_t, unsigned>;
+  c.StreamIsCapturing = no_cuda<cudaStream_t, cudaStreamCaptureStatus*>;
+  c.EventCreateWithFlags = no_cuda<cudaEvent_t*, unsigned>;
+  c.EventDestroy = no_cuda<cudaEvent_t>;
+  c.EventRecord = no_cuda<cudaEvent_t, cudaStream_t>;
+  c.Malloc = no_cuda<void**, size_t>;
+  c.Free = no_cuda<void*>;
+  c.HostAlloc = no_cuda<void**, size_t, unsigned>;
+  c.FreeHost = no_cuda<void*>;
+  c.MemcpyAsync = no_cuda<void*, const void*, size_t, cudaMemcpyKind, cudaStream_t>;
+  c.Memcpy = no_cuda<void*, const void*, size_t, cudaMemcpyKind>;
+  c.MemsetAsync = no_cuda<void*, int, size_t, cudaStream_t>;
+  c.GetLastError = [] { return cudaSuccess; };
+  c.GetErrorString = [](cudaError_t) { return "no device (fake)"; };
+  return p;
+}
+
+// Registers a communicator without an agreement (as non-blocking ones are): size known, no exchange.
+void register_plain(sched::Engine& eng, ncclComm_t comm) {
+  eng.comm_created(comm, sched::CommCreation{.nonblocking = true});
 }
 
 constexpr size_t kBig = 64 << 20;  // elements: above every default threshold
@@ -91,9 +134,11 @@ CallRecord last_record() {
 
 TEST_CASE("ineligible calls pass through, once, with no agreement") {
   const NcclApi api = fake_api();
-  sched::Engine eng(Config{}, api);
-  eng.comm_created(kFourRanks);
+  const Platform platform_eng = fake_platform(api);
+  sched::Engine eng(Config{}, platform_eng);
+  register_plain(eng, kFourRanks);
   g_calls.clear();
+  g_cuda_calls = 0;
 
   SUBCASE("integer sum") {
     CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclInt32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
@@ -134,6 +179,7 @@ TEST_CASE("ineligible calls pass through, once, with no agreement") {
   }
   for (const std::string& c : g_calls) CHECK(c != "GroupStart");  // nothing of an FP8 exchange
   CHECK(!g_calls.empty());
+  CHECK(g_cuda_calls == 0);
   CHECK(eng.fabric_of(kFourRanks) == Fabric::net);  // not agreed: the override or "net"
 }
 
@@ -141,26 +187,33 @@ TEST_CASE("disabled, non-blocking: even large float sums pass through") {
   const NcclApi api = fake_api();
   Config off;
   off.enable = false;
-  sched::Engine disabled(off, api);
+  const Platform platform_disabled = fake_platform(api);
+  sched::Engine disabled(off, platform_disabled);
   g_calls.clear();
   CHECK(disabled.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);
   CHECK(g_calls == std::vector<std::string>{"AllReduce"});
 
-  sched::Engine eng(Config{}, api);
-  eng.comm_created(kFourRanks, /*nonblocking=*/true);
+  const Platform platform_eng = fake_platform(api);
+  sched::Engine eng(Config{}, platform_eng);
+  register_plain(eng, kFourRanks);
   g_calls.clear();
+  g_cuda_calls = 0;
   CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclFloat32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
   CHECK(g_calls == std::vector<std::string>{"AllReduce"});
+  CHECK(g_cuda_calls == 0);
+  CHECK(eng.comm_info(kFourRanks).reason == "non-blocking communicator");
 
   Config pcie;
   pcie.fabric_override = Fabric::pcie;
-  sched::Engine forced_fabric(pcie, api);
+  const Platform platform_forced_fabric = fake_platform(api);
+  sched::Engine forced_fabric(pcie, platform_forced_fabric);
   CHECK(forced_fabric.fabric_of(kFourRanks) == Fabric::pcie);
 }
 
 TEST_CASE("groups: pass-through calls stay inside the application's real group") {
   const NcclApi api = fake_api();
-  sched::Engine eng(Config{}, api);
+  const Platform platform_eng = fake_platform(api);
+  sched::Engine eng(Config{}, platform_eng);
   g_calls.clear();
   CHECK(eng.group_start() == ncclSuccess);
   CHECK(eng.all_reduce(kBuf, kBuf, 10, ncclInt32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
@@ -179,7 +232,8 @@ TEST_CASE("groups: pass-through calls stay inside the application's real group")
 
 TEST_CASE("call hooks run around every call, with the sequence number") {
   const NcclApi api = fake_api();
-  sched::Engine eng(Config{}, api);
+  const Platform platform_eng = fake_platform(api);
+  sched::Engine eng(Config{}, platform_eng);
   static const CallHooks hooks{[](const CallRecord& r) { g_hook_seqs.push_back(r.seq); },
                                [](const CallRecord& r) { g_hook_seqs.push_back(r.seq); }};
   set_call_hooks(&hooks);
@@ -208,7 +262,8 @@ TEST_CASE("thresholds above the call: host rules only, no registry, no CUDA, no 
   log_set_level(LogLevel::info);
   log_set_file(log_path);
   {
-    sched::Engine eng(c, api);
+    const Platform platform_eng = fake_platform(api);
+  sched::Engine eng(c, platform_eng);
     g_calls.clear();
     g_comm_queries = 0;
     CHECK(eng.all_reduce(kBuf, kBuf, 1000, ncclFloat32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
@@ -224,12 +279,14 @@ TEST_CASE("thresholds above the call: host rules only, no registry, no CUDA, no 
     CHECK(r.path == Path::passthrough);
     CHECK(r.app_bytes == kBig * 2);
     // A registered communicator keeps its size in the record (lookup only, still no query).
-    eng.comm_created(kFourRanks);
+    register_plain(eng, kFourRanks);
     const int queries = g_comm_queries;
     CHECK(eng.all_reduce(kBuf, kBuf, 1000, ncclFloat32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
     CHECK(g_comm_queries == queries);
     CHECK(last_record().nranks == 4);
+    g_cuda_calls = 0;
     eng.comm_destroyed(kFourRanks);  // never agreed: releases nothing, touches no device
+    CHECK(g_cuda_calls == 0);
   }
   log_set_file("");
   log_set_level(previous);
@@ -249,10 +306,12 @@ TEST_CASE("thresholds above the call: host rules only, no registry, no CUDA, no 
 // through, inside the application's real group, with no exchange.
 TEST_CASE("communicators of ncclCommInitAll always pass through") {
   const NcclApi api = fake_api();
-  sched::Engine eng(Config{}, api);
-  eng.comm_created(kFourRanks);
-  eng.comm_created_single_process(kFourRanks);
+  const Platform platform_eng = fake_platform(api);
+  sched::Engine eng(Config{}, platform_eng);
+  eng.comm_created(kFourRanks, sched::CommCreation{.single_process = true});
+  CHECK(eng.comm_single_process(kFourRanks));
   g_calls.clear();
+  g_cuda_calls = 0;
   CHECK(eng.group_start() == ncclSuccess);
   CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);
   CHECK(eng.reduce_scatter(kBuf, kBuf, kBig, ncclFloat32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
@@ -262,6 +321,7 @@ TEST_CASE("communicators of ncclCommInitAll always pass through") {
   CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclFloat32, ncclAvg, kFourRanks, nullptr) == ncclSuccess);
   CHECK(last_record().path == Path::passthrough);
   CHECK(eng.fabric_of(kFourRanks) == Fabric::net);  // never agreed
+  CHECK(g_cuda_calls == 0);
 }
 
 // ncclCommAbort: the real abort runs, once, with the communicator already out of the registry (its
@@ -269,8 +329,9 @@ TEST_CASE("communicators of ncclCommInitAll always pass through") {
 // seen). A communicator created at the same address while the abort runs keeps its own state.
 TEST_CASE("ncclCommAbort: real abort with the communicator already detached") {
   const NcclApi api = fake_api();
-  sched::Engine eng(Config{}, api);
-  eng.comm_created(kFourRanks);  // blocking
+  const Platform platform_eng = fake_platform(api);
+  sched::Engine eng(Config{}, platform_eng);
+  register_plain(eng, kFourRanks);
   g_calls.clear();
   g_reuse_on_abort = &eng;
   CHECK(eng.comm_abort(kFourRanks) == ncclSuccess);
@@ -287,18 +348,19 @@ TEST_CASE("ncclCommAbort: real abort with the communicator already detached") {
   CHECK(g_calls == std::vector<std::string>{"CommAbort"});
 }
 
-// ncclGroupSimulateEnd closes the group without running it. The FP8 candidate queued inside it must
-// be dropped (not run at some later GroupEnd), and the thread must leave the group (else every later
-// FP8 candidate would wait in the queue for a GroupEnd that may never come).
+// ncclGroupSimulateEnd closes the group without running it, and the thread must leave the group
+// (else every later FP8 candidate would wait in the queue for a GroupEnd that may never come). That
+// FP8 calls queued in it are dropped is checked over the simulated platform.
 TEST_CASE("ncclGroupSimulateEnd closes the group and runs nothing it queued") {
   const NcclApi api = fake_api();
-  sched::Engine eng(Config{}, api);
-  eng.comm_created(kFourRanks);
+  const Platform platform_eng = fake_platform(api);
+  sched::Engine eng(Config{}, platform_eng);
+  register_plain(eng, kFourRanks);
   g_calls.clear();
   CHECK(eng.group_start() == ncclSuccess);
-  CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);  // queued
+  CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);  // passes through
   CHECK(eng.group_simulate_end(nullptr) == ncclSuccess);
-  CHECK(g_calls == std::vector<std::string>{"GroupStart", "GroupSimulateEnd"});
+  CHECK(g_calls == std::vector<std::string>{"GroupStart", "AllReduce", "GroupSimulateEnd"});
   // A later group is a group of its own: its outermost end runs its calls and nothing simulated.
   g_calls.clear();
   CHECK(eng.group_start() == ncclSuccess);

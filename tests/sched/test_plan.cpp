@@ -7,13 +7,17 @@
 #include <vector>
 
 #include "sched/accounting.hpp"
+#include "sched/agreement.hpp"
+#include "sched/coalesce.hpp"
+#include "sched/cost_model.hpp"
 #include "sched/plan.hpp"
+#include "sched/stages.hpp"
 
 using namespace fp8wire;
 using namespace fp8wire::sched;
 
 namespace {
-CallShape ar(size_t count, int nranks = 2, ncclDataType_t dtype = ncclBfloat16, ncclRedOp_t op = ncclSum) {
+CallShape ar(size_t count, int nranks = 2, DataType dtype = DataType::bf16, ReduceOp op = ReduceOp::sum) {
   CallShape c;
   c.collective = Collective::all_reduce;
   c.count = count;
@@ -28,23 +32,17 @@ constexpr size_t MiB = 1 << 20;
 TEST_CASE("eligibility: every pass-through rule") {
   Config c;
   CHECK(static_eligibility(c, ar(1 << 20)) == PassReason::none);
-  for (ncclDataType_t t : {ncclInt8, ncclUint8, ncclInt32, ncclUint32, ncclInt64, ncclUint64, ncclFloat64})
+  for (DataType t : {DataType::int8, DataType::uint8, DataType::int32, DataType::uint32, DataType::int64, DataType::uint64, DataType::f64})
     CHECK(static_eligibility(c, ar(1 << 20, 2, t)) == PassReason::dtype);
-  for (ncclDataType_t t : {ncclFloat32, ncclFloat16, ncclBfloat16})
+  for (DataType t : {DataType::f32, DataType::f16, DataType::bf16})
     CHECK(static_eligibility(c, ar(1 << 20, 2, t)) == PassReason::none);
-  for (ncclRedOp_t op : {ncclMax, ncclMin, ncclProd, static_cast<ncclRedOp_t>(ncclNumOps + 1)})
-    CHECK(static_eligibility(c, ar(1 << 20, 2, ncclFloat32, op)) == PassReason::op);
-  CHECK(static_eligibility(c, ar(1 << 20, 2, ncclFloat32, ncclAvg)) == PassReason::none);
+  for (ReduceOp op : {ReduceOp::max, ReduceOp::min, ReduceOp::prod, static_cast<ReduceOp>(6)})
+    CHECK(static_eligibility(c, ar(1 << 20, 2, DataType::f32, op)) == PassReason::op);
+  CHECK(static_eligibility(c, ar(1 << 20, 2, DataType::f32, ReduceOp::avg)) == PassReason::none);
   CHECK(static_eligibility(c, ar(1 << 20, 1)) == PassReason::single_rank);
   CHECK(static_eligibility(c, ar(0, 4)) == PassReason::empty);
   CHECK(static_eligibility(c, ar(1 << 20, quant::kMaxReduceInputs + 1)) == PassReason::too_many_ranks);
-  CallShape nb = ar(1 << 20);
-  nb.nonblocking = true;
-  CHECK(static_eligibility(c, nb) == PassReason::nonblocking);
-  CallShape clique = ar(1 << 20, 4);
-  clique.single_process = true;  // ncclCommInitAll: every rank driven by one thread
-  CHECK(static_eligibility(c, clique) == PassReason::single_process);
-  CHECK(std::string(to_string(PassReason::single_process)) == "single_process");
+  CHECK(std::string(to_string(PassReason::too_many_ranks)) == "too_many_ranks");
 
   Config off;
   off.enable = false;
@@ -52,7 +50,7 @@ TEST_CASE("eligibility: every pass-through rule") {
   // all_gather is off by default (lossy on weights); opt-in through collectives.all_gather.
   CallShape ag = ar(1 << 20);
   ag.collective = Collective::all_gather;
-  ag.op = ncclMax;  // all_gather ignores the op
+  ag.op = ReduceOp::max;  // all_gather ignores the op
   CHECK(static_eligibility(c, ag) == PassReason::collective_disabled);
   Config ag_on;
   ag_on.collective_enable[static_cast<int>(Collective::all_gather)] = true;
@@ -73,7 +71,7 @@ TEST_CASE("thresholds per collective and fabric") {
   CHECK(plan_call(c, ar(500), Fabric::pcie).path != Path::passthrough);
   CHECK(plan_call(c, ar(499), Fabric::pcie).path == Path::passthrough);
   // reduce_scatter compares the full send buffer (nranks * recvcount).
-  CallShape rs = ar(100 * 1024, 4, ncclFloat32);
+  CallShape rs = ar(100 * 1024, 4, DataType::f32);
   rs.collective = Collective::reduce_scatter;
   CHECK(threshold_bytes(rs) == 4ull * 100 * 1024 * 4);
   Config t;
@@ -85,7 +83,7 @@ TEST_CASE("thresholds per collective and fabric") {
   Config zero;
   zero.thresholds[0] = {0, 0, 0};
   CHECK(plan_call(zero, ar(1), Fabric::nvlink).path != Path::passthrough);
-  CHECK(plan_call(zero, ar(1, 2, ncclInt32), Fabric::nvlink).path == Path::passthrough);
+  CHECK(plan_call(zero, ar(1, 2, DataType::int32), Fabric::nvlink).path == Path::passthrough);
 }
 
 TEST_CASE("cost model: one-shot vs two-shot vs pass-through") {
@@ -386,7 +384,7 @@ TEST_CASE("coalescing: only grouped, same comm/stream/dtype/op, capped by bytes 
   c.coalesce_max_calls = 3;
   int comm_a, comm_b, stream_a, stream_b;
   auto item = [&](uint64_t bytes, const void* comm, const void* stream = nullptr,
-                  ncclDataType_t t = ncclBfloat16, ncclRedOp_t op = ncclSum) {
+                  DataType t = DataType::bf16, ReduceOp op = ReduceOp::sum) {
     PendingShape p;
     p.comm = comm;
     p.stream = stream ? stream : &stream_a;
@@ -406,9 +404,9 @@ TEST_CASE("coalescing: only grouped, same comm/stream/dtype/op, capped by bytes 
   CHECK(coalesce_batch_length(c, 1 << 20, v) == 1);
   v = {item(10, &comm_a), item(10, &comm_a, &stream_b)};
   CHECK(coalesce_batch_length(c, 1 << 20, v) == 1);
-  v = {item(10, &comm_a), item(10, &comm_a, nullptr, ncclFloat32)};
+  v = {item(10, &comm_a), item(10, &comm_a, nullptr, DataType::f32)};
   CHECK(coalesce_batch_length(c, 1 << 20, v) == 1);
-  v = {item(10, &comm_a), item(10, &comm_a, nullptr, ncclBfloat16, ncclAvg)};
+  v = {item(10, &comm_a), item(10, &comm_a, nullptr, DataType::bf16, ReduceOp::avg)};
   CHECK(coalesce_batch_length(c, 1 << 20, v) == 1);
   v = {item(10, &comm_a), item(10, &comm_a)};
   v[1].fp8 = false;  // a pass-through call in between is never swallowed
@@ -442,8 +440,15 @@ TEST_CASE("group nesting") {
 TEST_CASE("fabric agreement: identical facts give identical decisions") {
   Config c;
   const uint64_t fp = config_fingerprint(c);
-  RankFacts a{1, fp, 0, 1, 1, {}};
+  RankFacts a;
+  a.host_hash = 1;
+  a.config_fingerprint = fp;
+  a.version = 100;
+  a.usable = 1;
+  a.scratch_ok = 1;
+  a.nvlink_local = 1;
   RankFacts b = a;
+  b.process = 2;
   SUBCASE("one host, NVLink everywhere") {
     std::vector<RankFacts> v = {a, b};
     const Agreement g = agree(c, v);
@@ -482,6 +487,35 @@ TEST_CASE("fabric agreement: identical facts give identical decisions") {
     const Agreement g = agree(c, v);
     CHECK_FALSE(g.fp8_ok);
     CHECK(std::string(g.reason).find("configuration") != std::string::npos);
+  }
+  SUBCASE("a rank that is not usable names itself and its reason on every rank") {
+    b.usable = 0;
+    set_problem(b, "configuration error: block_size");
+    RankFacts a2 = a;
+    a2.process = 3;
+    std::vector<RankFacts> v = {a, a2, b};
+    const Agreement g = agree(c, v);
+    CHECK_FALSE(g.fp8_ok);
+    CHECK(g.reason == "rank 2: configuration error: block_size");
+  }
+  SUBCASE("two ranks of one process (one thread drives both): FP8 off") {
+    std::vector<RankFacts> v = {a, b, a};
+    const Agreement g = agree(c, v);
+    CHECK_FALSE(g.fp8_ok);
+    CHECK(g.reason == "ranks 0 and 2 are driven by one process");
+    v[2].host_hash = 5;  // the same pid on another host is another process
+    CHECK(agree(c, v).fp8_ok);
+  }
+  SUBCASE("another library version: FP8 off") {
+    b.version = 101;
+    std::vector<RankFacts> v = {a, b};
+    const Agreement g = agree(c, v);
+    CHECK_FALSE(g.fp8_ok);
+    CHECK(g.reason.find("version") != std::string::npos);
+  }
+  SUBCASE("a problem longer than its field is cut, never unterminated") {
+    set_problem(b, std::string(100, 'x').c_str());
+    CHECK(std::string(b.problem).size() == sizeof(b.problem) - 1);
   }
   SUBCASE("fingerprint ignores logging, sees the wire format") {
     Config log = c;
@@ -543,6 +577,27 @@ TEST_CASE("accounting ring, totals and hooks") {
   CHECK(call_hooks() == &hooks);
   set_call_hooks(nullptr);
   CHECK(call_hooks() == nullptr);
+}
+
+TEST_CASE("host map: hosts in order of first appearance, local ranks, uneven hosts") {
+  auto facts = [](std::vector<uint64_t> hosts) {
+    std::vector<RankFacts> v(hosts.size());
+    for (size_t i = 0; i < hosts.size(); ++i) v[i].host_hash = hosts[i];
+    return v;
+  };
+  HostMap m = host_map(facts({7, 7, 9, 9}));
+  CHECK(m.hosts == 2);
+  CHECK(m.host_of == std::vector<int>{0, 0, 1, 1});
+  CHECK(m.local_rank == std::vector<int>{0, 1, 0, 1});
+  CHECK(m.ranks_per_host() == 2);
+  m = host_map(facts({9, 7, 9, 7, 9, 7}));  // interleaved: host 0 is the one rank 0 is on
+  CHECK(m.host_of == std::vector<int>{0, 1, 0, 1, 0, 1});
+  CHECK(m.local_rank == std::vector<int>{0, 0, 1, 1, 2, 2});
+  CHECK(m.ranks_per_host() == 3);
+  m = host_map(facts({1, 1, 1, 2}));
+  CHECK(m.hosts == 2);
+  CHECK(m.ranks_per_host() == 0);  // uneven
+  CHECK(host_map(facts({5})).ranks_per_host() == 1);
 }
 
 TEST_CASE("below every threshold: no agreement needed") {

@@ -329,7 +329,7 @@ TEST_CASE("exported dynamic symbols: exactly the interposed NCCL functions and t
       "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd", "ncclGroupSimulateEnd", "ncclCommInitRank", "ncclCommInitRankConfig",
       "ncclCommInitAll", "ncclCommInitRankScalable", "ncclCommSplit", "ncclCommShrink", "ncclCommFinalize",
       "ncclCommDestroy", "ncclCommAbort", "fp8wire_version", "fp8wire_step_begin", "fp8wire_step_end",
-      "fp8wire_profiler_flush", "fp8wire_get_totals"};
+      "fp8wire_profiler_flush", "fp8wire_get_totals", "fp8wire_set_feedback_key"};
   CHECK(exported == expected);
 }
 

@@ -1,0 +1,46 @@
+// FP8 reduce-scatter (DESIGN.md: steps 1-3 of the all-reduce): the send buffer's N blocks are
+// quantized, block j goes to rank j, rank j reduces its N copies in rank order into the caller's
+// dtype. Scratch per stage: the quantized blocks sent, and those received.
+#include <array>
+
+#include "common/status.hpp"
+#include "sched/algorithms.hpp"
+
+namespace fp8wire::sched {
+
+ncclResult_t ReduceScatterFp8::produce(StageOps& ops, const Stage& st) {
+  const int n = ops.nranks();
+  const size_t cb = quant::chunk_bytes(st.length, ops.format());
+  const auto* src = static_cast<const char*>(a_.src);
+  for (int j = 0; j < n; ++j) {
+    const size_t first = static_cast<size_t>(j) * a_.count + st.offset;
+    FP8WIRE_TRY(ops.quantize(src + first * ops.elem_size(), st.length, st.set + static_cast<size_t>(j) * cb,
+                             quant::Segmented::single(st.length, ops.format()), first));
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ReduceScatterFp8::finish(StageOps& ops, const Stage& st) {
+  const int n = ops.nranks(), r = ops.rank();
+  const size_t cb = quant::chunk_bytes(st.length, ops.format());
+  char* sent = st.set;
+  char* received = st.set + static_cast<size_t>(n) * cb;
+  std::array<PeerSend, quant::kMaxReduceInputs> sends;
+  std::array<PeerRecv, quant::kMaxReduceInputs> recvs;
+  size_t k = 0;
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    sends[k] = {sent + j * cb, cb, j};
+    recvs[k] = {received + j * cb, cb, j};
+    ++k;
+  }
+  FP8WIRE_TRY(ops.exchange({sends.data(), k}, {recvs.data(), k}));
+  std::array<const void*, quant::kMaxReduceInputs> inputs;
+  for (int j = 0; j < n; ++j) inputs[j] = (j == r ? sent : received) + j * cb;
+  quant::ReduceOutput out;
+  out.plain = static_cast<char*>(a_.dst) + st.offset * ops.elem_size();
+  out.plain_type = ops.type();
+  return ops.reduce(inputs.data(), n, st.length, a_.post, out, static_cast<size_t>(r) * a_.count + st.offset);
+}
+
+}  // namespace fp8wire::sched

@@ -1,0 +1,34 @@
+// The CUDA runtime functions the execution core calls, as a table like NcclApi. The GPU build fills
+// it with the runtime's own functions (sched/gpu_platform.hpp); the CPU tier with a simulated device
+// (tests/sched/sim/), so every line of the core runs in CI without a GPU. Explicit signatures: the
+// runtime's C++ header overloads some of these names, so decltype(&::cudaX) would be ambiguous.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace fp8wire {
+
+struct CudaApi {
+  cudaError_t (*GetDevice)(int*) = nullptr;
+  cudaError_t (*SetDevice)(int) = nullptr;
+  cudaError_t (*StreamCreateWithFlags)(cudaStream_t*, unsigned int) = nullptr;
+  cudaError_t (*StreamDestroy)(cudaStream_t) = nullptr;
+  cudaError_t (*StreamQuery)(cudaStream_t) = nullptr;
+  cudaError_t (*StreamSynchronize)(cudaStream_t) = nullptr;
+  cudaError_t (*StreamWaitEvent)(cudaStream_t, cudaEvent_t, unsigned int) = nullptr;
+  cudaError_t (*StreamIsCapturing)(cudaStream_t, cudaStreamCaptureStatus*) = nullptr;
+  cudaError_t (*EventCreateWithFlags)(cudaEvent_t*, unsigned int) = nullptr;
+  cudaError_t (*EventDestroy)(cudaEvent_t) = nullptr;
+  cudaError_t (*EventRecord)(cudaEvent_t, cudaStream_t) = nullptr;
+  cudaError_t (*Malloc)(void**, size_t) = nullptr;
+  cudaError_t (*Free)(void*) = nullptr;
+  cudaError_t (*HostAlloc)(void**, size_t, unsigned int) = nullptr;
+  cudaError_t (*FreeHost)(void*) = nullptr;
+  cudaError_t (*MemcpyAsync)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t) = nullptr;
+  cudaError_t (*Memcpy)(void*, const void*, size_t, cudaMemcpyKind) = nullptr;
+  cudaError_t (*MemsetAsync)(void*, int, size_t, cudaStream_t) = nullptr;
+  cudaError_t (*GetLastError)() = nullptr;
+  const char* (*GetErrorString)(cudaError_t) = nullptr;
+};
+
+}  // namespace fp8wire

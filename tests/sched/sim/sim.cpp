@@ -1,0 +1,1204 @@
+// The simulated machine (sim.hpp). One global world at a time; the Platform tables are plain
+// function pointers, so they reach it through g_world and the calling thread's rank.
+#include "tests/sched/sim/sim.hpp"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "quant/reference.hpp"
+#include "sched/nccl_types.hpp"
+
+namespace fp8wire::sim {
+
+const char* to_string(Site s) {
+  switch (s) {
+    case Site::codec: return "codec";
+    case Site::send: return "send";
+    case Site::recv: return "recv";
+    case Site::all_gather: return "all_gather";
+    case Site::group_end: return "group_end";
+    case Site::event_record: return "event_record";
+    case Site::stream_wait: return "stream_wait";
+    case Site::memcpy_async: return "memcpy_async";
+    case Site::is_capturing: return "is_capturing";
+    case Site::malloc: return "malloc";
+    case Site::host_alloc: return "host_alloc";
+    case Site::stream_create: return "stream_create";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr int kMaxLanes = 64;  // lane 0 is the host of each rank
+using Clock = std::array<uint32_t, kMaxLanes>;
+void merge(Clock& into, const Clock& other) {
+  for (int i = 0; i < kMaxLanes; ++i) into[i] = std::max(into[i], other[i]);
+}
+
+struct Access {
+  uintptr_t begin = 0, end = 0;
+  bool write = false;
+  int lane = 0;
+  Clock clock{};
+  std::string what;
+};
+
+struct Stream;
+struct Op {
+  virtual ~Op() = default;
+  std::string what;
+  Clock host_at_issue{};  // the host's knowledge when the op was issued: it happens after all of it
+  // Advances the op; true once it has completed.
+  virtual bool step(World::State& w, Stream& s) = 0;
+};
+
+struct Stream {
+  int rank = 0;
+  int lane = 0;
+  std::deque<std::unique_ptr<Op>> queue;
+  Clock clock{};
+  bool destroyed = false;
+};
+
+struct Event {
+  int rank = 0;
+  uint64_t issued = 0;  // records issued
+  uint64_t done = 0;    // records executed
+  std::map<uint64_t, Clock> at;
+  bool destroyed = false;
+};
+
+struct Collective {
+  std::vector<std::vector<char>> contrib;
+  std::vector<bool> posted;
+  int posted_count = 0;
+  int taken = 0;  // ranks that have read their result; the slot goes when all have
+};
+
+struct Comm {
+  std::vector<int> members;  // world rank of each comm rank
+  bool aborted = false;
+  std::map<std::pair<int, int>, std::deque<std::vector<char>>> mail;  // (src, dst) comm ranks
+  std::map<uint64_t, Collective> collectives;
+  // ncclCommSplit rendezvous
+  std::vector<std::pair<int, int>> split_args;  // (color, key) per comm rank
+  std::vector<bool> split_arrived;
+  int split_count = 0;
+  uint64_t split_round = 0;
+  std::vector<ncclComm_t> split_result;
+};
+
+struct Handle {
+  Comm* comm = nullptr;
+  int rank = 0;          // rank in the communicator
+  uint64_t next_seq = 0; // collectives issued
+  bool destroyed = false;
+};
+
+struct RankState {
+  int next_lane = 1;
+  Clock host{};
+  Stream* legacy = nullptr;
+  std::vector<Access> log;
+  std::map<uintptr_t, size_t> allocs;
+  size_t live = 0;
+  std::array<int, kSiteCount> calls{};
+  int group_depth = 0;
+  std::vector<std::function<void()>> grouped;  // enqueues deferred to the group's end
+  bool group_failed = false;
+};
+
+thread_local int t_rank = -1;
+
+}  // namespace
+
+struct World::State {
+  Options opt;
+  Platform platform;
+  NcclApi nccl;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<RankState> ranks;
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<std::unique_ptr<Event>> events;
+  std::vector<std::unique_ptr<Comm>> comms;
+  std::vector<std::unique_ptr<Handle>> handles;
+  Fault fault;
+  std::vector<std::string> races, protocol;
+  bool deadlock = false;
+  // Deadlock detection: `epoch` moves with every enqueue and every op run; every thread waiting
+  // with the epoch unchanged for a while (a woken waiter may not have run yet) is a deadlock.
+  uint64_t epoch = 0;
+  uint64_t stall_epoch = ~0ull;
+  std::chrono::steady_clock::time_point stall_since;
+  int active = 1;   // threads acting as ranks (the main thread outside run_ranks)
+  int waiting = 0;  // of those, blocked in a simulated wait
+  std::mt19937_64 rng;
+};
+
+namespace {
+
+World::State* g_world = nullptr;
+
+World::State& W() { return *g_world; }
+RankState& R(World::State& w) { return w.ranks.at(static_cast<size_t>(t_rank < 0 ? 0 : t_rank)); }
+int me() { return t_rank < 0 ? 0 : t_rank; }
+
+void protocol_error(World::State& w, std::string text) {
+  w.protocol.push_back(fmt::format("rank {}: {}", me(), std::move(text)));
+}
+
+bool fail_here(World::State& w, Site site) {
+  RankState& r = R(w);
+  int& n = r.calls[static_cast<size_t>(site)];
+  const bool fail = w.fault.rank == me() && w.fault.site == site && w.fault.index <= n && n < w.fault.index + w.fault.count;
+  ++n;
+  return fail;
+}
+
+// --- races ----------------------------------------------------------------------------------------
+bool inside_allocation(const RankState& r, uintptr_t b, uintptr_t e) {
+  auto it = r.allocs.upper_bound(b);
+  if (it == r.allocs.begin()) return false;
+  --it;
+  return e <= it->first + it->second;
+}
+
+void record_access(World::State& w, int rank, int lane, const Clock& clock, const void* p, size_t bytes,
+                   bool write, const std::string& what) {
+  if (!p || !bytes) return;
+  RankState& r = w.ranks[static_cast<size_t>(rank)];
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p), e = b + bytes;
+  // Device work touches only memory its rank allocated and has not freed (host staging aside).
+  if (lane != 0 && !inside_allocation(r, b, e))
+    w.protocol.push_back(fmt::format("rank {}: {} {} {} bytes outside any live allocation of the rank", rank, what,
+                                     write ? "writes" : "reads", bytes));
+  for (auto it = r.log.begin(); it != r.log.end();) {
+    const Access& a = *it;
+    const bool overlap = a.begin < e && b < a.end;
+    if (overlap && (a.write || write)) {
+      const bool ordered = a.clock[static_cast<size_t>(a.lane)] <= clock[static_cast<size_t>(a.lane)];
+      if (!ordered) {
+        w.races.push_back(fmt::format("rank {}: {} ({} of {} bytes at +{}) races with {} ({})", rank, what,
+                                      write ? "write" : "read", bytes, b - a.begin, a.what, a.write ? "write" : "read"));
+      } else if (write && b <= a.begin && a.end <= e) {
+        it = r.log.erase(it);  // covered by an ordered write: it can no longer race with anything
+        continue;
+      }
+    }
+    ++it;
+  }
+  r.log.push_back(Access{b, e, write, lane, clock, what});
+}
+
+// --- streams and scheduling ---------------------------------------------------------------------
+Stream* stream_of(World::State& w, cudaStream_t s) {
+  if (s) return reinterpret_cast<Stream*>(s);
+  RankState& r = R(w);
+  if (!r.legacy) {
+    auto st = std::make_unique<Stream>();
+    st->rank = me();
+    st->lane = r.next_lane++;
+    r.legacy = st.get();
+    w.streams.push_back(std::move(st));
+  }
+  return r.legacy;
+}
+
+void enqueue(World::State& w, Stream& s, std::unique_ptr<Op> op) {
+  if (s.destroyed) protocol_error(w, "work enqueued on a destroyed stream: " + op->what);
+  op->host_at_issue = w.ranks[static_cast<size_t>(s.rank)].host;
+  s.queue.push_back(std::move(op));
+  ++w.epoch;
+  w.cv.notify_all();
+}
+
+// Runs whatever can run; true when anything advanced.
+bool progress(World::State& w) {
+  bool any = false;
+  std::vector<Stream*> order;
+  for (;;) {
+    order.clear();
+    for (auto& s : w.streams)
+      if (!s->queue.empty()) order.push_back(s.get());
+    std::shuffle(order.begin(), order.end(), w.rng);
+    bool round = false;
+    for (Stream* s : order) {
+      while (!s->queue.empty()) {
+        Op& op = *s->queue.front();
+        merge(s->clock, op.host_at_issue);
+        if (!op.step(w, *s)) break;
+        s->queue.pop_front();
+        round = true;
+      }
+    }
+    if (!round) {
+      if (any) w.cv.notify_all();  // a waiter's stream may have been run by this thread
+      return any;
+    }
+    ++w.epoch;
+    any = true;
+  }
+}
+
+// True once every rank thread has been waiting, with nothing able to run, for long enough that no
+// woken waiter can still be on its way.
+bool stalled(World::State& w) {
+  if (w.waiting < w.active || progress(w)) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (w.stall_epoch != w.epoch) {
+    w.stall_epoch = w.epoch;
+    w.stall_since = now;
+    return false;
+  }
+  return now - w.stall_since > std::chrono::milliseconds(300);
+}
+
+// Blocks the calling rank until done() (progressing the machine), or reports a deadlock: every rank
+// thread waiting and nothing able to run.
+bool wait_until(World::State& w, std::unique_lock<std::mutex>& lock, const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    progress(w);
+    if (done()) return true;
+    if (w.deadlock) return false;
+    ++w.waiting;
+    if (stalled(w) && !done()) {
+      w.deadlock = true;
+      w.protocol.push_back(fmt::format("rank {}: deadlock: every rank waits and nothing can run", me()));
+      --w.waiting;
+      w.cv.notify_all();
+      return false;
+    }
+    w.cv.wait_for(lock, std::chrono::milliseconds(20));
+    --w.waiting;
+    if (std::chrono::steady_clock::now() > deadline) {
+      w.deadlock = true;
+      w.protocol.push_back(fmt::format("rank {}: no progress for 60 s", me()));
+      return false;
+    }
+  }
+}
+
+// --- ops ------------------------------------------------------------------------------------------
+struct Range {
+  const void* p;
+  size_t bytes;
+  bool write;
+};
+
+struct ComputeOp final : Op {
+  std::vector<Range> ranges;
+  std::function<void()> fn;
+  bool step(World::State& w, Stream& s) override {
+    ++s.clock[static_cast<size_t>(s.lane)];
+    for (const Range& r : ranges) record_access(w, s.rank, s.lane, s.clock, r.p, r.bytes, r.write, what);
+    if (fn) fn();
+    return true;
+  }
+};
+
+struct RecordOp final : Op {
+  Event* event;
+  uint64_t gen;
+  bool step(World::State&, Stream& s) override {
+    ++s.clock[static_cast<size_t>(s.lane)];
+    event->at[gen] = s.clock;
+    event->done = std::max(event->done, gen);
+    return true;
+  }
+};
+
+struct WaitOp final : Op {
+  Event* event;
+  uint64_t gen;
+  bool step(World::State&, Stream& s) override {
+    if (event->done < gen) return false;
+    merge(s.clock, event->at[gen]);
+    ++s.clock[static_cast<size_t>(s.lane)];
+    return true;
+  }
+};
+
+struct SendOp final : Op {
+  Handle* h;
+  int peer;
+  const void* data;
+  size_t bytes;
+  bool step(World::State& w, Stream& s) override {
+    ++s.clock[static_cast<size_t>(s.lane)];
+    if (h->comm->aborted) return true;
+    record_access(w, s.rank, s.lane, s.clock, data, bytes, false, what);
+    const char* p = static_cast<const char*>(data);
+    h->comm->mail[{h->rank, peer}].emplace_back(p, p + bytes);
+    return true;
+  }
+};
+
+struct RecvOp final : Op {
+  Handle* h;
+  int peer;
+  void* data;
+  size_t bytes;
+  bool step(World::State& w, Stream& s) override {
+    if (h->comm->aborted) return true;
+    auto& box = h->comm->mail[{peer, h->rank}];
+    if (box.empty()) return false;
+    std::vector<char> msg = std::move(box.front());
+    box.pop_front();
+    ++s.clock[static_cast<size_t>(s.lane)];
+    if (msg.size() != bytes) {
+      w.protocol.push_back(fmt::format("rank {}: received {} bytes from comm rank {} where {} were expected", s.rank,
+                                       msg.size(), peer, bytes));
+      return true;
+    }
+    record_access(w, s.rank, s.lane, s.clock, data, bytes, true, what);
+    std::memcpy(data, msg.data(), bytes);
+    return true;
+  }
+};
+
+float load_value(const void* p, DataType t, size_t i) {
+  switch (t) {
+    case DataType::f32: return quant::ref::load_elem(p, quant::ElemType::f32, i);
+    case DataType::f16: return quant::ref::load_elem(p, quant::ElemType::f16, i);
+    case DataType::bf16: return quant::ref::load_elem(p, quant::ElemType::bf16, i);
+    case DataType::int32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+    case DataType::uint8: return static_cast<float>(static_cast<const uint8_t*>(p)[i]);
+    case DataType::int8: return static_cast<float>(static_cast<const int8_t*>(p)[i]);
+    default: return static_cast<float>(static_cast<const double*>(p)[i]);
+  }
+}
+void store_value(void* p, DataType t, size_t i, float v) {
+  switch (t) {
+    case DataType::f32: quant::ref::store_elem(p, quant::ElemType::f32, i, v); break;
+    case DataType::f16: quant::ref::store_elem(p, quant::ElemType::f16, i, v); break;
+    case DataType::bf16: quant::ref::store_elem(p, quant::ElemType::bf16, i, v); break;
+    case DataType::int32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DataType::uint8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case DataType::int8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+    default: static_cast<double*>(p)[i] = v; break;
+  }
+}
+
+enum class CollKind { all_gather, all_reduce, reduce_scatter };
+struct CollectiveOp final : Op {
+  Handle* h;
+  CollKind kind;
+  uint64_t seq;
+  const void* send;
+  void* recv;
+  size_t count;  // elements per rank (all_gather: sendcount; reduce_scatter: recvcount)
+  DataType dtype;
+  ReduceOp op;
+  bool posted = false;
+  bool step(World::State& w, Stream& s) override {
+    Comm& c = *h->comm;
+    const size_t n = c.members.size();
+    const size_t es = dtype_size(dtype);
+    const size_t in_elems = kind == CollKind::reduce_scatter ? count * n : count;
+    if (c.aborted) return true;
+    Collective& col = c.collectives[seq];
+    if (!posted) {
+      ++s.clock[static_cast<size_t>(s.lane)];
+      record_access(w, s.rank, s.lane, s.clock, send, in_elems * es, false, what);
+      if (col.contrib.empty()) {
+        col.contrib.resize(n);
+        col.posted.assign(n, false);
+      }
+      const char* p = static_cast<const char*>(send);
+      col.contrib[static_cast<size_t>(h->rank)].assign(p, p + in_elems * es);
+      col.posted[static_cast<size_t>(h->rank)] = true;
+      ++col.posted_count;
+      posted = true;
+    }
+    if (col.posted_count < static_cast<int>(n)) return false;
+    ++s.clock[static_cast<size_t>(s.lane)];
+    const size_t out_elems = kind == CollKind::all_gather ? count * n : count;
+    record_access(w, s.rank, s.lane, s.clock, recv, out_elems * es, true, what);
+    char* out = static_cast<char*>(recv);
+    if (kind == CollKind::all_gather) {
+      for (size_t j = 0; j < n; ++j) std::memcpy(out + j * count * es, col.contrib[j].data(), count * es);
+    } else {
+      const size_t first = kind == CollKind::reduce_scatter ? static_cast<size_t>(h->rank) * count : 0;
+      for (size_t i = 0; i < count; ++i) {
+        float acc = load_value(col.contrib[0].data(), dtype, first + i);
+        for (size_t j = 1; j < n; ++j) {
+          const float v = load_value(col.contrib[j].data(), dtype, first + i);
+          switch (op) {
+            case ReduceOp::prod: acc *= v; break;
+            case ReduceOp::max: acc = std::max(acc, v); break;
+            case ReduceOp::min: acc = std::min(acc, v); break;
+            default: acc += v; break;
+          }
+        }
+        if (op == ReduceOp::avg) acc /= static_cast<float>(n);
+        store_value(out, dtype, i, acc);
+      }
+    }
+    if (++col.taken == static_cast<int>(n)) c.collectives.erase(seq);
+    return true;
+  }
+};
+
+// --- CUDA runtime -------------------------------------------------------------------------------
+const char* sim_error_string(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorMemoryAllocation: return "out of memory (simulated)";
+    case cudaErrorInvalidValue: return "invalid argument (simulated)";
+    case cudaErrorNotReady: return "not ready (simulated)";
+    case cudaErrorLaunchFailure: return "launch failure (simulated fault)";
+    case cudaErrorLaunchTimeout: return "deadlock (simulated)";
+    case cudaErrorStreamCaptureUnsupported: return "not permitted under capture (simulated)";
+    default: return "error (simulated)";
+  }
+}
+
+cudaError_t s_get_device(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+cudaError_t s_set_device(int) { return cudaSuccess; }
+
+cudaError_t s_stream_create(cudaStream_t* out, unsigned int) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (fail_here(w, Site::stream_create)) return cudaErrorLaunchFailure;
+  RankState& r = R(w);
+  if (r.next_lane >= kMaxLanes) {
+    protocol_error(w, "more streams than the simulator tracks");
+    return cudaErrorMemoryAllocation;
+  }
+  auto s = std::make_unique<Stream>();
+  s->rank = me();
+  s->lane = r.next_lane++;
+  *out = reinterpret_cast<cudaStream_t>(s.get());
+  w.streams.push_back(std::move(s));
+  return cudaSuccess;
+}
+
+cudaError_t s_stream_destroy(cudaStream_t s) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  Stream* st = stream_of(w, s);
+  if (st->destroyed) protocol_error(w, "stream destroyed twice");
+  st->destroyed = true;
+  return cudaSuccess;
+}
+
+cudaError_t s_stream_query(cudaStream_t s) {
+  World::State& w = W();
+  std::unique_lock lock(w.mu);
+  Stream* st = stream_of(w, s);
+  progress(w);
+  if (st->queue.empty()) {
+    merge(w.ranks[static_cast<size_t>(st->rank)].host, st->clock);
+    return cudaSuccess;
+  }
+  // A poller is a waiter too: if every rank thread waits and nothing can run, nothing ever will.
+  if (w.deadlock) return cudaErrorLaunchTimeout;
+  ++w.waiting;
+  const bool stuck = stalled(w) && !st->queue.empty();
+  --w.waiting;
+  if (stuck) {
+    w.deadlock = true;
+    w.protocol.push_back(fmt::format("rank {}: deadlock while polling a stream", me()));
+    return cudaErrorLaunchTimeout;
+  }
+  return cudaErrorNotReady;
+}
+
+cudaError_t s_stream_synchronize(cudaStream_t s) {
+  World::State& w = W();
+  std::unique_lock lock(w.mu);
+  Stream* st = stream_of(w, s);
+  if (!wait_until(w, lock, [&] { return st->queue.empty(); })) return cudaErrorLaunchTimeout;
+  merge(w.ranks[static_cast<size_t>(st->rank)].host, st->clock);
+  return cudaSuccess;
+}
+
+cudaError_t s_event_create(cudaEvent_t* out, unsigned int) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  auto e = std::make_unique<Event>();
+  e->rank = me();
+  *out = reinterpret_cast<cudaEvent_t>(e.get());
+  w.events.push_back(std::move(e));
+  return cudaSuccess;
+}
+
+cudaError_t s_event_destroy(cudaEvent_t e) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  Event* ev = reinterpret_cast<Event*>(e);
+  if (ev->destroyed) protocol_error(w, "event destroyed twice");
+  ev->destroyed = true;
+  return cudaSuccess;
+}
+
+cudaError_t s_event_record(cudaEvent_t e, cudaStream_t s) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (fail_here(w, Site::event_record)) return cudaErrorLaunchFailure;
+  Event* ev = reinterpret_cast<Event*>(e);
+  if (ev->destroyed) protocol_error(w, "record of a destroyed event");
+  auto op = std::make_unique<RecordOp>();
+  op->what = "event record";
+  op->event = ev;
+  op->gen = ++ev->issued;
+  enqueue(w, *stream_of(w, s), std::move(op));
+  return cudaSuccess;
+}
+
+cudaError_t s_stream_wait(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (fail_here(w, Site::stream_wait)) return cudaErrorLaunchFailure;
+  Event* ev = reinterpret_cast<Event*>(e);
+  if (ev->destroyed) protocol_error(w, "wait on a destroyed event");
+  if (ev->issued == 0) return cudaSuccess;  // never recorded: CUDA makes the wait a no-op
+  auto op = std::make_unique<WaitOp>();
+  op->what = "event wait";
+  op->event = ev;
+  op->gen = ev->issued;
+  enqueue(w, *stream_of(w, s), std::move(op));
+  return cudaSuccess;
+}
+
+cudaError_t s_is_capturing(cudaStream_t, cudaStreamCaptureStatus* status) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (fail_here(w, Site::is_capturing)) return cudaErrorLaunchFailure;
+  *status = cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+void* allocate(World::State& w, size_t bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded);
+  if (!p) return nullptr;
+  std::memset(p, 0xA5, rounded);  // poison: unwritten bytes read as garbage, not as zeros
+  RankState& r = R(w);
+  r.allocs[reinterpret_cast<uintptr_t>(p)] = rounded;
+  r.live += rounded;
+  return p;
+}
+
+cudaError_t release(World::State& w, void* p) {
+  if (!p) return cudaSuccess;
+  RankState& r = R(w);
+  auto it = r.allocs.find(reinterpret_cast<uintptr_t>(p));
+  if (it == r.allocs.end()) {
+    protocol_error(w, "free of memory this rank did not allocate (or freed twice)");
+    return cudaErrorInvalidValue;
+  }
+  // Pending work of this rank that touches the block would use freed memory: cudaFree waits for
+  // the device, so the simulator runs everything first.
+  r.live -= it->second;
+  r.allocs.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t s_malloc(void** out, size_t bytes) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (fail_here(w, Site::malloc)) return cudaErrorMemoryAllocation;
+  *out = allocate(w, bytes);
+  return *out ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t s_free(void* p) {
+  World::State& w = W();
+  std::unique_lock lock(w.mu);
+  // cudaFree synchronises the device: everything the rank issued completes first.
+  const int rank = me();
+  wait_until(w, lock, [&] {
+    for (auto& s : w.streams)
+      if (s->rank == rank && !s->queue.empty()) return false;
+    return true;
+  });
+  return release(w, p);
+}
+
+cudaError_t s_host_alloc(void** out, size_t bytes, unsigned int) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (fail_here(w, Site::host_alloc)) return cudaErrorMemoryAllocation;
+  *out = allocate(w, bytes);
+  return *out ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t s_free_host(void* p) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  return release(w, p);
+}
+
+bool is_device(World::State& w, const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (const RankState& r : w.ranks) {
+    auto it = r.allocs.upper_bound(a);
+    if (it == r.allocs.begin()) continue;
+    --it;
+    if (a < it->first + it->second) return true;
+  }
+  return false;
+}
+
+cudaError_t s_memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (fail_here(w, Site::memcpy_async)) return cudaErrorLaunchFailure;
+  auto op = std::make_unique<ComputeOp>();
+  op->what = "memcpy";
+  const bool from_host = kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && !is_device(w, src));
+  if (from_host) {
+    // Pageable host memory is staged at the call, as CUDA does.
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
+    op->ranges = {{dst, bytes, true}};
+    op->fn = [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); };
+  } else {
+    op->ranges = {{src, bytes, false}, {dst, bytes, true}};
+    op->fn = [dst, src, bytes] { std::memmove(dst, src, bytes); };
+  }
+  enqueue(w, *stream_of(w, s), std::move(op));
+  return cudaSuccess;
+}
+
+cudaError_t s_memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  // A synchronous copy by the host: ordered after what the host has seen complete.
+  RankState& r = R(w);
+  ++r.host[0];
+  record_access(w, me(), 0, r.host, src, bytes, false, "host memcpy");
+  record_access(w, me(), 0, r.host, dst, bytes, true, "host memcpy");
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t s_memset_async(void* p, int value, size_t bytes, cudaStream_t s) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  auto op = std::make_unique<ComputeOp>();
+  op->what = "memset";
+  op->ranges = {{p, bytes, true}};
+  op->fn = [p, value, bytes] { std::memset(p, value, bytes); };
+  enqueue(w, *stream_of(w, s), std::move(op));
+  return cudaSuccess;
+}
+
+cudaError_t s_get_last_error() { return cudaSuccess; }
+
+// --- NCCL ---------------------------------------------------------------------------------------
+Handle* handle_of(ncclComm_t c) { return reinterpret_cast<Handle*>(c); }
+
+ncclResult_t check_handle(World::State& w, Handle* h) {
+  if (!h) return ncclInvalidArgument;
+  if (h->destroyed) {
+    protocol_error(w, "call on a destroyed communicator");
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}
+
+// Inside a group, enqueueing waits for the group's end.
+void issue(World::State& w, std::function<void()> thunk) {
+  RankState& r = R(w);
+  if (r.group_depth > 0) r.grouped.push_back(std::move(thunk));
+  else thunk();
+}
+
+ncclResult_t n_comm_count(const ncclComm_t c, int* n) {
+  *n = static_cast<int>(handle_of(c)->comm->members.size());
+  return ncclSuccess;
+}
+ncclResult_t n_comm_user_rank(const ncclComm_t c, int* r) {
+  *r = handle_of(c)->rank;
+  return ncclSuccess;
+}
+ncclResult_t n_comm_cu_device(const ncclComm_t, int* d) {
+  *d = 0;
+  return ncclSuccess;
+}
+ncclResult_t n_get_async_error(ncclComm_t c, ncclResult_t* out) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  *out = handle_of(c)->comm->aborted ? ncclRemoteError : ncclSuccess;
+  return ncclSuccess;
+}
+
+ncclResult_t n_group_start() {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  ++R(w).group_depth;
+  return ncclSuccess;
+}
+
+ncclResult_t n_group_end() {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  RankState& r = R(w);
+  if (r.group_depth == 0) return ncclInvalidUsage;
+  if (--r.group_depth > 0) return ncclSuccess;
+  std::vector<std::function<void()>> thunks;
+  thunks.swap(r.grouped);
+  if (fail_here(w, Site::group_end)) return ncclInternalError;  // the group's operations never launch
+  for (auto& t : thunks) t();
+  return ncclSuccess;
+}
+
+ncclResult_t n_group_simulate_end(ncclSimInfo_t*) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  RankState& r = R(w);
+  if (r.group_depth == 0) return ncclInvalidUsage;
+  if (--r.group_depth == 0) r.grouped.clear();
+  return ncclSuccess;
+}
+
+ncclResult_t n_send(const void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  Handle* h = handle_of(c);
+  if (const ncclResult_t r = check_handle(w, h); r != ncclSuccess) return r;
+  if (fail_here(w, Site::send)) return ncclInternalError;
+  if (peer < 0 || peer >= static_cast<int>(h->comm->members.size()) || peer == h->rank) return ncclInvalidArgument;
+  Stream* st = stream_of(w, s);
+  const size_t bytes = count * dtype_size(dtype_of(t));
+  issue(w, [&w, h, st, peer, buf, bytes] {
+    auto op = std::make_unique<SendOp>();
+    op->what = fmt::format("send to {}", peer);
+    op->h = h;
+    op->peer = peer;
+    op->data = buf;
+    op->bytes = bytes;
+    enqueue(w, *st, std::move(op));
+  });
+  return ncclSuccess;
+}
+
+ncclResult_t n_recv(void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  Handle* h = handle_of(c);
+  if (const ncclResult_t r = check_handle(w, h); r != ncclSuccess) return r;
+  if (fail_here(w, Site::recv)) return ncclInternalError;
+  if (peer < 0 || peer >= static_cast<int>(h->comm->members.size()) || peer == h->rank) return ncclInvalidArgument;
+  Stream* st = stream_of(w, s);
+  const size_t bytes = count * dtype_size(dtype_of(t));
+  issue(w, [&w, h, st, peer, buf, bytes] {
+    auto op = std::make_unique<RecvOp>();
+    op->what = fmt::format("recv from {}", peer);
+    op->h = h;
+    op->peer = peer;
+    op->data = buf;
+    op->bytes = bytes;
+    enqueue(w, *st, std::move(op));
+  });
+  return ncclSuccess;
+}
+
+// `faultable`: the all-gather fp8wire issues itself; the plain all-reduce and reduce-scatter are the
+// application's own calls passed through, not fault sites.
+ncclResult_t collective(CollKind kind, const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                        ncclComm_t c, cudaStream_t s, bool faultable) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  Handle* h = handle_of(c);
+  if (const ncclResult_t r = check_handle(w, h); r != ncclSuccess) return r;
+  if (faultable && fail_here(w, Site::all_gather)) return ncclInternalError;
+  Stream* st = stream_of(w, s);
+  issue(w, [&w, h, st, kind, send, recv, count, t, op] {
+    auto o = std::make_unique<CollectiveOp>();
+    o->what = kind == CollKind::all_gather ? "all-gather" : kind == CollKind::all_reduce ? "all-reduce" : "reduce-scatter";
+    o->h = h;
+    o->kind = kind;
+    o->seq = h->next_seq++;
+    o->send = send;
+    o->recv = recv;
+    o->count = count;
+    o->dtype = dtype_of(t);
+    o->op = redop_of(op);
+    enqueue(w, *st, std::move(o));
+  });
+  return ncclSuccess;
+}
+
+ncclResult_t n_all_gather(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
+  return collective(CollKind::all_gather, s, r, n, t, ncclSum, c, st, true);
+}
+ncclResult_t n_all_reduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                          cudaStream_t st) {
+  return collective(CollKind::all_reduce, s, r, n, t, op, c, st, false);
+}
+ncclResult_t n_reduce_scatter(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                              cudaStream_t st) {
+  return collective(CollKind::reduce_scatter, s, r, n, t, op, c, st, false);
+}
+
+void abort_locked(World::State& w, Comm& c) {
+  c.aborted = true;
+  w.cv.notify_all();
+}
+
+ncclResult_t n_comm_abort(ncclComm_t c) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  Handle* h = handle_of(c);
+  abort_locked(w, *h->comm);
+  h->destroyed = true;
+  return ncclSuccess;
+}
+
+ncclResult_t n_comm_destroy(ncclComm_t c) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  handle_of(c)->destroyed = true;
+  return ncclSuccess;
+}
+
+ncclResult_t n_comm_split(ncclComm_t parent, int color, int key, ncclComm_t* out, ncclConfig_t*) {
+  World::State& w = W();
+  std::unique_lock lock(w.mu);
+  Handle* h = handle_of(parent);
+  if (const ncclResult_t r = check_handle(w, h); r != ncclSuccess) return r;
+  Comm& c = *h->comm;
+  const size_t n = c.members.size();
+  if (c.split_arrived.empty()) {
+    c.split_arrived.assign(n, false);
+    c.split_args.assign(n, {0, 0});
+  }
+  const uint64_t round = c.split_round;
+  c.split_args[static_cast<size_t>(h->rank)] = {color, key};
+  c.split_arrived[static_cast<size_t>(h->rank)] = true;
+  if (++c.split_count == static_cast<int>(n)) {
+    // Everyone is here: one child per color, ranks ordered by (key, parent rank).
+    c.split_result.assign(n, nullptr);
+    std::map<int, std::vector<std::pair<int, int>>> by_color;
+    for (size_t r = 0; r < n; ++r)
+      if (c.split_args[r].first != NCCL_SPLIT_NOCOLOR) by_color[c.split_args[r].first].push_back({c.split_args[r].second, static_cast<int>(r)});
+    for (auto& [col, list] : by_color) {
+      std::sort(list.begin(), list.end());
+      auto child = std::make_unique<Comm>();
+      for (auto& [k, r] : list) child->members.push_back(c.members[static_cast<size_t>(r)]);
+      for (size_t i = 0; i < list.size(); ++i) {
+        auto hh = std::make_unique<Handle>();
+        hh->comm = child.get();
+        hh->rank = static_cast<int>(i);
+        c.split_result[static_cast<size_t>(list[i].second)] = reinterpret_cast<ncclComm_t>(hh.get());
+        w.handles.push_back(std::move(hh));
+      }
+      w.comms.push_back(std::move(child));
+    }
+    c.split_count = 0;
+    c.split_arrived.assign(n, false);
+    ++c.split_round;
+    w.cv.notify_all();
+  } else if (!wait_until(w, lock, [&] { return c.split_round != round || c.aborted; })) {
+    return ncclSystemError;
+  }
+  if (c.aborted) return ncclRemoteError;
+  *out = c.split_result[static_cast<size_t>(h->rank)];
+  return ncclSuccess;
+}
+
+// --- codec over the reference -----------------------------------------------------------------------
+std::vector<Range> segmented_ranges(const void* wire, size_t count, quant::Segmented layout,
+                                    const quant::WireFormat& f, bool write) {
+  std::vector<Range> out;
+  const size_t segments = quant::segment_count(count, layout);
+  for (size_t s = 0; s < segments; ++s) {
+    const size_t len = quant::segment_elems(count, layout, s);
+    if (len) out.push_back({static_cast<const char*>(wire) + s * layout.seg_stride, quant::chunk_bytes(len, f), write});
+  }
+  return out;
+}
+
+cudaError_t launch(World::State& w, cudaStream_t s, const char* what, std::vector<Range> ranges,
+                   std::function<const char*()> fn) {
+  if (fail_here(w, Site::codec)) return cudaErrorLaunchFailure;
+  auto op = std::make_unique<ComputeOp>();
+  op->what = what;
+  op->ranges = std::move(ranges);
+  World::State* wp = &w;
+  const int rank = me();
+  op->fn = [wp, rank, what, fn] {
+    if (const char* e = fn()) wp->protocol.push_back(fmt::format("rank {}: {} failed in the reference: {}", rank, what, e));
+  };
+  enqueue(w, *stream_of(w, s), std::move(op));
+  return cudaSuccess;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+cudaError_t c_quantize(const void* in, quant::ElemType t, size_t count, void* wire, quant::Segmented layout,
+                       const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions opt) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (quant::validate(f) || quant::validate(count, layout, f) || !aligned16(wire)) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  auto ranges = segmented_ranges(wire, count, layout, f, true);
+  ranges.push_back({in, count * quant::elem_size(t), false});
+  return launch(w, s, "quantize", std::move(ranges),
+                [=] { return quant::ref::quantize(in, t, count, wire, layout, f, opt.sr_offset); });
+}
+
+cudaError_t c_quantize_residual(const void* in, quant::ElemType t, size_t count, float* residual, void* wire,
+                                quant::Segmented layout, const quant::WireFormat& f, cudaStream_t s,
+                                quant::LaunchOptions opt) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (quant::validate(f) || quant::validate(count, layout, f) || !aligned16(wire)) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  auto ranges = segmented_ranges(wire, count, layout, f, true);
+  ranges.push_back({in, count * quant::elem_size(t), false});
+  ranges.push_back({residual, count * sizeof(float), true});
+  return launch(w, s, "quantize with residual", std::move(ranges), [=] {
+    return quant::ref::quantize_with_residual(in, t, count, residual, wire, layout, f, opt.sr_offset);
+  });
+}
+
+cudaError_t c_dequantize(const void* wire, quant::Segmented layout, size_t count, void* out, quant::ElemType t,
+                         const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (quant::validate(f) || quant::validate(count, layout, f) || !aligned16(wire)) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  auto ranges = segmented_ranges(wire, count, layout, f, false);
+  ranges.push_back({out, count * quant::elem_size(t), true});
+  return launch(w, s, "dequantize", std::move(ranges),
+                [=] { return quant::ref::dequantize(wire, layout, count, out, t, f); });
+}
+
+cudaError_t reduce(World::State& w, const void* const* inputs, int k, const void* plain, quant::ElemType plain_type,
+                   int plain_position, size_t count, float post, quant::ReduceOutput out, const quant::WireFormat& f,
+                   cudaStream_t s, quant::LaunchOptions opt) {
+  if (quant::validate(f) || k < 0 || k > quant::kMaxReduceInputs || (out.plain == nullptr) == (out.wire == nullptr) ||
+      (out.wire && !aligned16(out.wire)))
+    return cudaErrorInvalidValue;
+  std::vector<const void*> ins(inputs, inputs + k);
+  std::vector<Range> ranges;
+  for (const void* in : ins) {
+    if (!aligned16(in)) return cudaErrorInvalidValue;
+    ranges.push_back({in, quant::chunk_bytes(count, f), false});
+  }
+  if (plain) ranges.push_back({plain, count * quant::elem_size(plain_type), false});
+  if (out.plain) ranges.push_back({out.plain, count * quant::elem_size(out.plain_type), true});
+  else ranges.push_back({out.wire, quant::chunk_bytes(count, f), true});
+  const quant::ref::ReduceOutput ro{out.plain, out.plain_type, out.wire};
+  return launch(w, s, plain ? "dequantize-reduce (mixed)" : "dequantize-reduce", std::move(ranges), [=] {
+    return quant::ref::dequantize_reduce(ins.data(), k, plain, plain_type, plain_position, count, post, ro, f,
+                                         opt.sr_offset);
+  });
+}
+
+cudaError_t c_reduce(const void* const* inputs, int k, size_t count, float post, quant::ReduceOutput out,
+                     const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions opt) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  return reduce(w, inputs, k, nullptr, quant::ElemType::f32, 0, count, post, out, f, s, opt);
+}
+
+cudaError_t c_reduce_mixed(const void* const* inputs, int k, const void* plain, quant::ElemType plain_type,
+                           int plain_position, size_t count, float post, quant::ReduceOutput out,
+                           const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions opt) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  return reduce(w, inputs, k, plain, plain_type, plain_position, count, post, out, f, s, opt);
+}
+
+HostFacts sim_host_facts(int) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  HostFacts f;
+  const size_t r = static_cast<size_t>(me());
+  f.host_hash = w.opt.hosts.empty() ? 1000 + r : w.opt.hosts[r];
+  f.p2p_disabled = w.opt.p2p_disabled;
+  f.nvlink_local = w.opt.nvlink;
+  f.process_id = static_cast<uint32_t>(100 + r);
+  return f;
+}
+
+}  // namespace
+
+void set_thread_rank(int rank) { t_rank = rank; }
+
+World::World(Options options) : state_(new State) {
+  State& w = *state_;
+  w.opt = std::move(options);
+  w.rng.seed(w.opt.schedule_seed);
+  w.ranks.resize(static_cast<size_t>(w.opt.nranks));
+  NcclApi& n = w.nccl;
+  n.CommCount = n_comm_count;
+  n.CommUserRank = n_comm_user_rank;
+  n.CommCuDevice = n_comm_cu_device;
+  n.CommGetAsyncError = n_get_async_error;
+  n.GroupStart = n_group_start;
+  n.GroupEnd = n_group_end;
+  n.GroupSimulateEnd = n_group_simulate_end;
+  n.Send = n_send;
+  n.Recv = n_recv;
+  n.AllGather = n_all_gather;
+  n.AllReduce = n_all_reduce;
+  n.ReduceScatter = n_reduce_scatter;
+  n.CommAbort = n_comm_abort;
+  n.CommDestroy = n_comm_destroy;
+  n.CommSplit = n_comm_split;
+  Platform& p = w.platform;
+  p.nccl = &w.nccl;
+  CudaApi& c = p.cuda;
+  c.GetDevice = s_get_device;
+  c.SetDevice = s_set_device;
+  c.StreamCreateWithFlags = s_stream_create;
+  c.StreamDestroy = s_stream_destroy;
+  c.StreamQuery = s_stream_query;
+  c.StreamSynchronize = s_stream_synchronize;
+  c.StreamWaitEvent = s_stream_wait;
+  c.StreamIsCapturing = s_is_capturing;
+  c.EventCreateWithFlags = s_event_create;
+  c.EventDestroy = s_event_destroy;
+  c.EventRecord = s_event_record;
+  c.Malloc = s_malloc;
+  c.Free = s_free;
+  c.HostAlloc = s_host_alloc;
+  c.FreeHost = s_free_host;
+  c.MemcpyAsync = s_memcpy_async;
+  c.Memcpy = s_memcpy;
+  c.MemsetAsync = s_memset_async;
+  c.GetLastError = s_get_last_error;
+  c.GetErrorString = sim_error_string;
+  CodecApi& q = p.codec;
+  q.quantize = c_quantize;
+  q.quantize_with_residual = c_quantize_residual;
+  q.dequantize = c_dequantize;
+  q.dequantize_reduce = c_reduce;
+  q.dequantize_reduce_mixed = c_reduce_mixed;
+  p.host_facts = sim_host_facts;
+  g_world = state_.get();
+}
+
+World::~World() {
+  State& w = *state_;
+  for (RankState& r : w.ranks)
+    for (auto& [p, size] : r.allocs) std::free(reinterpret_cast<void*>(p));
+  g_world = nullptr;
+}
+
+const Platform& World::platform() const { return state_->platform; }
+int World::nranks() const { return state_->opt.nranks; }
+
+std::vector<ncclComm_t> World::create_comm(std::vector<int> members) {
+  State& w = *state_;
+  std::lock_guard lock(w.mu);
+  if (members.empty())
+    for (int r = 0; r < w.opt.nranks; ++r) members.push_back(r);
+  auto comm = std::make_unique<Comm>();
+  comm->members = members;
+  std::vector<ncclComm_t> out;
+  for (size_t i = 0; i < members.size(); ++i) {
+    auto h = std::make_unique<Handle>();
+    h->comm = comm.get();
+    h->rank = static_cast<int>(i);
+    out.push_back(reinterpret_cast<ncclComm_t>(h.get()));
+    w.handles.push_back(std::move(h));
+  }
+  w.comms.push_back(std::move(comm));
+  return out;
+}
+
+void World::run_ranks(const std::function<void(int)>& body) {
+  State& w = *state_;
+  {
+    std::lock_guard lock(w.mu);
+    w.active = w.opt.nranks;
+    w.waiting = 0;
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < w.opt.nranks; ++r)
+    threads.emplace_back([this, &w, &body, r] {
+      set_thread_rank(r);
+      body(r);
+      std::lock_guard lock(w.mu);
+      --w.active;
+      w.cv.notify_all();
+    });
+  for (auto& t : threads) t.join();
+  std::lock_guard lock(w.mu);
+  w.active = 1;
+}
+
+void World::abort_comm(ncclComm_t handle) {
+  State& w = *state_;
+  std::lock_guard lock(w.mu);
+  abort_locked(w, *handle_of(handle)->comm);
+}
+
+void World::set_fault(Fault fault) {
+  std::lock_guard lock(state_->mu);
+  state_->fault = fault;
+}
+
+int World::calls_at(int rank, Site site) const {
+  std::lock_guard lock(state_->mu);
+  return state_->ranks.at(static_cast<size_t>(rank)).calls[static_cast<size_t>(site)];
+}
+
+void World::app_access(cudaStream_t stream, const void* ptr, size_t bytes, bool write) {
+  State& w = *state_;
+  std::lock_guard lock(w.mu);
+  auto op = std::make_unique<ComputeOp>();
+  op->what = write ? "application write" : "application read";
+  op->ranges = {{ptr, bytes, write}};
+  enqueue(w, *stream_of(w, stream), std::move(op));
+}
+
+cudaError_t World::synchronize_rank() {
+  State& w = *state_;
+  std::unique_lock lock(w.mu);
+  const int rank = me();
+  const bool ok = wait_until(w, lock, [&] {
+    for (auto& s : w.streams)
+      if (s->rank == rank && !s->queue.empty()) return false;
+    return true;
+  });
+  RankState& r = R(w);
+  for (auto& s : w.streams)
+    if (s->rank == rank) merge(r.host, s->clock);
+  if (ok) r.log.clear();  // everything so far happens before whatever comes next
+  return ok ? cudaSuccess : cudaErrorLaunchTimeout;
+}
+
+size_t World::live_bytes(int rank) const {
+  std::lock_guard lock(state_->mu);
+  return state_->ranks.at(static_cast<size_t>(rank)).live;
+}
+
+std::vector<std::string> World::races() const {
+  std::lock_guard lock(state_->mu);
+  return state_->races;
+}
+std::vector<std::string> World::protocol_errors() const {
+  std::lock_guard lock(state_->mu);
+  return state_->protocol;
+}
+bool World::deadlocked() const {
+  std::lock_guard lock(state_->mu);
+  return state_->deadlock;
+}
+
+}  // namespace fp8wire::sim

@@ -1,0 +1,110 @@
+// A simulated machine for the CPU tier of the scheduler: N ranks in one process, each on a thread of
+// its own, with simulated CUDA streams and events, a simulated NCCL (collectives, grouped send/recv,
+// split, abort) and the CPU reference codec run as stream work. It fills the same Platform tables
+// the GPU fills, so the engine runs unchanged: every algorithm, the agreement, the pipeline's events,
+// the group queue and every error path.
+//
+// Work is asynchronous as on a GPU: an API call only enqueues; a scheduler runs whatever is runnable
+// (in a seeded random order across streams) when some thread waits. Three checkers watch it:
+//   - races: every access of simulated device memory carries a vector clock (stream order, events,
+//     host synchronisation); two accesses of overlapping bytes, one a write, that are not ordered
+//     are reported (a scratch buffer reused while an earlier stage may still read it, a caller
+//     stream not joined on some exit path);
+//   - deadlocks: when every rank thread waits and nothing can run, the waits fail and are reported;
+//   - protocol: a receive of another size than was sent, an operation on a destroyed stream, event
+//     or communicator, a synchronisation while a stream is captured.
+// Faults: the k-th call at a given site on a given rank returns an error instead of enqueueing.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sched/platform.hpp"
+
+namespace fp8wire::sim {
+
+enum class Site : uint8_t {
+  codec,          // any codec launch
+  send,           // ncclSend
+  recv,           // ncclRecv
+  all_gather,     // ncclAllGather
+  group_end,      // ncclGroupEnd
+  event_record,   // cudaEventRecord
+  stream_wait,    // cudaStreamWaitEvent
+  memcpy_async,   // cudaMemcpyAsync
+  is_capturing,   // cudaStreamIsCapturing
+  malloc,         // cudaMalloc
+  host_alloc,     // cudaHostAlloc
+  stream_create,  // cudaStreamCreateWithFlags
+};
+inline constexpr int kSiteCount = 12;
+const char* to_string(Site s);
+
+struct Fault {
+  int rank = -1;   // -1: none
+  Site site = Site::codec;
+  int index = 0;   // the index-th call at `site` on `rank` (0-based) fails
+  int count = 1;   // and the count-1 calls after it
+};
+
+struct Options {
+  int nranks = 2;
+  // Host of each rank (the agreement's host hash); empty: every rank its own host, as emulated ranks.
+  std::vector<uint64_t> hosts;
+  bool p2p_disabled = false;
+  bool nvlink = false;
+  uint64_t schedule_seed = 1;  // order in which runnable streams progress
+};
+
+class World {
+ public:
+  explicit World(Options options);
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  // The platform whose tables run on this world (one world at a time per process).
+  const Platform& platform() const;
+  int nranks() const;
+
+  // A communicator over all ranks (or `members`, in rank order): one handle per member, as each
+  // rank's ncclCommInitRank would have returned it.
+  std::vector<ncclComm_t> create_comm(std::vector<int> members = {});
+  // Runs body(rank) on one thread per rank and joins them. Inside, simulated calls act as that rank.
+  void run_ranks(const std::function<void(int rank)>& body);
+  // The application's watchdog: aborts the communicator of `handle` for every rank (their pending
+  // operations complete without data, and ncclCommGetAsyncError reports ncclRemoteError).
+  void abort_comm(ncclComm_t handle);
+
+  void set_fault(Fault fault);
+  // How many calls at `site` `rank` has made so far.
+  int calls_at(int rank, Site site) const;
+
+  // Test helpers acting as the application of the calling rank: an access of device memory on
+  // `stream` (checked for races like any other), a wait for every stream of the rank, and the bytes
+  // of simulated device memory still allocated by a rank.
+  void app_access(cudaStream_t stream, const void* ptr, size_t bytes, bool write);
+  cudaError_t synchronize_rank();
+  size_t live_bytes(int rank) const;
+
+  // What the checkers found (empty when all is well).
+  std::vector<std::string> races() const;
+  std::vector<std::string> protocol_errors() const;
+  bool deadlocked() const;
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+// The rank the calling thread acts as (set by run_ranks; tests on the main thread may set it).
+void set_thread_rank(int rank);
+
+}  // namespace fp8wire::sim

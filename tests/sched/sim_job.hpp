@@ -1,0 +1,92 @@
+// Helpers of the simulated CPU tier: inputs, the reference algorithms every FP8 path must reproduce
+// bit for bit, the error bound against the fp64 sum, and one rank's run of one collective.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/config.hpp"
+#include "quant/wire_format.hpp"
+#include "sched/engine.hpp"
+#include "sched/types.hpp"
+#include "tests/sched/sim/sim.hpp"
+
+namespace fp8wire::simtest {
+
+using Bytes = std::vector<char>;
+
+// One collective as a test asks for it.
+struct Spec {
+  Collective collective = Collective::all_reduce;
+  Path path = Path::two_shot;  // forced path (FP8), or passthrough
+  DataType dtype = DataType::bf16;
+  ReduceOp op = ReduceOp::sum;
+  size_t count = 0;            // AR: count; RS: recvcount; AG: sendcount
+  uint64_t seed = 1;
+};
+
+quant::ElemType elem_type(DataType t);
+size_t in_elems(const Spec& s, int nranks);
+size_t out_elems(const Spec& s, int nranks);
+// Rank r's input: varied magnitudes per block (so scales differ), signs mixed, a zero block now and
+// then, stored in the spec's dtype.
+Bytes make_input(const Spec& s, int rank, int nranks);
+
+// What rank `rank` must hold after the FP8 collective, computed directly with the reference codec
+// (no engine): one-shot, two-shot and ring all-reduce, reduce-scatter, all-gather. The ring depends
+// on the stage cut, given as `stage_elems` (the others do not: every cut is block aligned).
+Bytes expected_output(const Spec& s, const std::vector<Bytes>& inputs, int rank, const quant::WireFormat& f,
+                      size_t stage_elems);
+// Largest |output - fp64 sum| allowed per element (sched/README.md "Accuracy"), and the check.
+std::string check_bound(const Spec& s, const std::vector<Bytes>& inputs, const Bytes& out, int rank,
+                        const quant::WireFormat& f);
+
+// Everything one rank saw of one run.
+struct RankResult {
+  ncclResult_t result = ncclSuccess;   // what the collective returned
+  ncclResult_t async = ncclSuccess;    // the communicator's asynchronous error after synchronising
+  Bytes out;
+  sched::CommInfo info;
+};
+
+// A config small enough for the simulator: scratch `scratch` bytes, thresholds 0 (every float sum
+// is a candidate), all collectives on.
+Config sim_config(size_t scratch = 512 << 10);
+
+// How one run goes: the engine's config, the machine, a fault, a second call, an application group.
+struct Run {
+  Config config = sim_config();
+  sim::Options machine;
+  sim::Fault fault;
+  bool forced = true;        // the forced entry (bench) instead of the planner's route
+  bool second_call = false;  // issue the call(s) again right after the first, unsynchronised
+  int group = 0;             // > 0: that many calls (slices of one buffer) inside one application group
+  uint64_t feedback_key = 0; // set before each call (error feedback)
+};
+
+// Calls at every fault site a rank has made, snapshotted after the agreement and after its calls.
+using SiteCounts = std::array<int, sim::kSiteCount>;
+
+struct Outcome {
+  std::vector<RankResult> first, second;  // per rank
+  std::vector<SiteCounts> after_setup, after_calls;
+  std::vector<std::string> races, protocol, leaks;
+  bool deadlocked = false;
+};
+
+// Runs `spec` (spec.count elements per call; `group` calls when grouped) on every rank of a fresh
+// simulated machine; a rank whose call fails has its communicator aborted, as an application's
+// watchdog does. `inputs` hold every call's input, call after call.
+Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs);
+std::vector<Bytes> inputs_for(const Spec& s, int nranks, int calls = 1);
+size_t stage_for(const Config& c, const Spec& s, int nranks);
+std::string describe(const Spec& s, int nranks, const Config& c);
+// A clean run: success everywhere, bitwise the reference algorithm, identical on every rank where
+// the collective gives every rank the same result, within the bound; "" when so.
+std::string check_clean(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs, const Outcome& o);
+std::string first_failures(const std::vector<std::string>& failures);
+
+}  // namespace fp8wire::simtest

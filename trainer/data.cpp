@@ -130,7 +130,8 @@ std::string parse_header(const std::string& path, int fd, std::map<std::string, 
         for (auto& [k, v] : e.items()) (*metadata)[k] = v.is_string() ? v.get<std::string>() : v.dump();
       continue;
     }
-    auto bad = [&](const std::string& what) { return fmt::format("{}: tensor '{}': {}", path, name, what); };
+    const std::string& tensor = name;  // a structured binding cannot be captured before C++20 in clang 14
+    auto bad = [&](const std::string& what) { return fmt::format("{}: tensor '{}': {}", path, tensor, what); };
     if (!e.is_object()) return bad(fmt::format("entry is {}, expected an object", json_kind(e)));
     const auto dtype = e.find("dtype"), shape = e.find("shape"), offsets = e.find("data_offsets");
     if (dtype == e.end() || shape == e.end() || offsets == e.end()) return bad("lacks dtype/shape/data_offsets");

@@ -668,7 +668,10 @@ void apply_env(const std::vector<std::string>& env, ConfigResult& result) {
     RawValue raw;
     raw.kind = RawValue::Kind::text;
     raw.text = it->second;
-    if (!spec.set(result.config, raw))
+    // As in a TOML file: text is UTF-8 (a value that is not could not be printed back by to_toml).
+    if (!detail::utf8_valid(raw.text))
+      result.errors.push_back({"env " + spec.env, spec.key, "<bytes that are not UTF-8>", "UTF-8 text"});
+    else if (!spec.set(result.config, raw))
       result.errors.push_back({"env " + spec.env, spec.key, raw.text, spec.expected});
     used.push_back(spec.env);
     vars.erase(it);

@@ -57,6 +57,24 @@ inline char32_t utf8_at(std::string_view text, size_t i, size_t& length) {
   return c;
 }
 
+// Whether `text` is valid UTF-8 (what TOML requires of every string).
+inline bool utf8_valid(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    size_t length = 0;
+    if (static_cast<unsigned char>(text[i]) >= 0x80 && utf8_at(text, i, length) == 0) return false;
+    i += static_cast<unsigned char>(text[i]) >= 0x80 ? length : 1;
+  }
+  return true;
+}
+
+// toml++'s whitespace outside ASCII (Unicode's Zs and a few more, tested by
+// is_non_ascii_horizontal_whitespace / is_non_ascii_vertical_whitespace), for code points that do not
+// reach the faulty path below.
+inline bool tomlpp_non_ascii_whitespace(char32_t c) {
+  return c == 0xA0 || c == 0x1680 || c == 0x180E || (c >= 0x2000 && c <= 0x200B) || c == 0x202F ||
+         (c >= 0x205F && c <= 0x2060) || c == 0x3000 || c == 0xFEFF || c == 0x2028 || c == 0x2029 || c == 0x85;
+}
+
 // The code points for which toml++ 3.3.0's is_non_ascii_horizontal_whitespace() reaches
 // TOML_UNREACHABLE: its first-level index (c - 0xA0) / 0x3FA is one of the blocks its bitmask lets
 // through (0, 11, 63) and c is none of the three it answers directly.
@@ -84,6 +102,7 @@ inline TomlTextProblem toml_check_text(std::string_view text) {
   bool line_start = true;   // only spaces and tabs so far on this line, outside strings and comments
   char prev = '\n';         // the last character outside strings that was not a space ('\n': line start)
   bool key_context = true;  // a key may come next (line start, a header, an inline table's '{' or ',')
+  bool bare = false;        // inside a bare key or value
   size_t line = 1, column = 1;
   auto problem = [&](std::string what) { return TomlTextProblem{line, column, std::move(what)}; };
   auto starts = [&](size_t i, std::string_view s) { return text.substr(i, s.size()) == s; };
@@ -105,6 +124,18 @@ inline TomlTextProblem toml_check_text(std::string_view text) {
     const auto b = static_cast<unsigned char>(text[i]);
     switch (state) {
       case State::outside: {
+        if (bare && b < 0x80) {
+          // Inside a bare token (a key, a number, a date, a boolean): toml++ reads to the next
+          // terminator, and quotes and brackets before it are part of the token.
+          const bool ends = b == ' ' || b == '\t' || b == '\r' || b == '\n' || b == ']' || b == '}' || b == ',' ||
+                            b == '#' || (key_context && (b == '=' || b == '.'));
+          if (!ends) {
+            prev = static_cast<char>(b);
+            advance(1);
+            break;
+          }
+          bare = false;  // and the terminator is read below
+        }
         if (b >= 0x80) {
           size_t length = 0;
           const char32_t c = detail::utf8_at(text, i, length);
@@ -164,7 +195,8 @@ inline TomlTextProblem toml_check_text(std::string_view text) {
             key_context = false;
             break;
           case ',': key_context = !open.empty() && open.back() == '{'; break;
-          default: break;
+          case '.': break;  // between the segments of a dotted key
+          default: bare = true; break;  // a bare token begins
         }
         prev = static_cast<char>(b);
         advance(1);
@@ -229,15 +261,22 @@ inline TomlTextProblem toml_check_text(std::string_view text) {
         }
         // A line-ending backslash: the whitespace and line breaks after it are trimmed, and
         // toml++ 3.3.0 tests the first character after them with the faulty lookup.
-        while (i < text.size() && (text[i] == ' ' || text[i] == '\t' || text[i] == '\r' || text[i] == '\n'))
-          advance(1);
-        if (i < text.size() && static_cast<unsigned char>(text[i]) >= 0x80) {
+        // toml++ trims its own idea of whitespace, which includes some non-ASCII characters.
+        while (i < text.size()) {
+          const auto w = static_cast<unsigned char>(text[i]);
+          if (w == ' ' || w == '\t' || w == '\r' || w == '\n') {
+            advance(1);
+            continue;
+          }
+          if (w < 0x80) break;
           size_t length = 0;
           const char32_t c = detail::utf8_at(text, i, length);
           if (kTomlppMisreadsAfterLineEndingBackslash && detail::tomlpp_33_unreachable(c))
             return problem(fmt::format("U+{:04X} as the first character after a line-ending backslash is legal "
                                        "TOML that this toml++ (3.3) cannot read; write it as \\u{:04X}",
                                        static_cast<uint32_t>(c), static_cast<uint32_t>(c)));
+          if (c == 0 || !detail::tomlpp_non_ascii_whitespace(c)) break;
+          advance(length);
         }
         break;
       }

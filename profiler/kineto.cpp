@@ -259,7 +259,9 @@ bool Accumulator::add(const RawEvent& e, size_t index, std::string& error) {
   const int64_t begin = to_ns(e.ts);
   const Interval time{begin, begin + to_ns(e.dur)};
   const std::string& name = e.name.text;
-  const int64_t thread = id_of(e.pid) * 1000003 + id_of(e.tid);
+  // Unsigned: pids and tids given as strings hash to any 64-bit value (wrapping is the intent).
+  const int64_t thread =
+      static_cast<int64_t>(static_cast<uint64_t>(id_of(e.pid)) * 1000003u + static_cast<uint64_t>(id_of(e.tid)));
 
   if (kernel) {
     const uint32_t id = names_.intern(name);

@@ -304,6 +304,9 @@ TEST_CASE("non-ASCII outside strings is an error with file:line:column, never to
       // A quote inside a bare value starts no string: toml++ reads on through the whitespace test.
       {"s = 2024-01-01\"\xef\xbb\xb7x\n", "file t.toml:1:16", "non-ASCII character U+FEF7"},
       {"block_size = 4\"\"\"\xc2\xa7\"\"\"\n", "file t.toml:1:18", "non-ASCII character U+00A7"},
+      {"block_size = 0506-ff['V;\xc5\xbf;1T\n", "file t.toml:1:25", "non-ASCII character U+017F"},
+      // toml++ trims U+FEFF after a line-ending backslash as whitespace and tests what follows.
+      {"[log]\nfile = \"\"\"\\\n \xef\xbb\xbf\n  \xc3\xa9\"\"\"\n", "file t.toml:4:3", "write it as \\u00E9"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.text);
@@ -323,6 +326,14 @@ TEST_CASE("non-ASCII outside strings is an error with file:line:column, never to
                                                 "t.toml", Config{});
   CHECK(arrays.ok());
   CHECK(arrays.config.profiler_step_ranges == std::vector<std::string>{"step", "x"});
+}
+
+TEST_CASE("an environment value that is not UTF-8 is an error (a TOML file could not hold it either)") {
+  const ConfigResult r = load_config("", {"FP8WIRE_PROFILER_STEP_RANGES=step,Profil\xff\xffStep"});
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].message() ==
+        "env FP8WIRE_PROFILER_STEP_RANGES: profiler.step_ranges = '<bytes that are not UTF-8>': expected UTF-8 text");
+  CHECK(load_config("", {"FP8WIRE_LOG_FILE=/tmp/\xc3\xa9t\xc3\xa9.log"}).ok());
 }
 
 TEST_CASE("a directory given as the config file is an error, not an empty configuration") {

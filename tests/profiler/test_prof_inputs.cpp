@@ -98,6 +98,22 @@ TEST_CASE("kineto: a field of the wrong JSON type is an error naming the event a
   CHECK(error.starts_with("not valid JSON"));
 }
 
+TEST_CASE("kineto: pids and tids given as strings (hashed to any 64-bit value) identify threads without overflow") {
+  // Found by fuzz_kineto under UBSan: the thread key multiplied a hashed pid in signed arithmetic.
+  json doc = json::parse(trace_with("/traceEvents/1/dur", 20));
+  doc["traceEvents"].push_back({{"ph", "X"}, {"cat", "cuda_runtime"}, {"name", "cudaLaunchKernel"},
+                                {"pid", "Spans of a long name"}, {"tid", "thread 9"}, {"ts", 1}, {"dur", 1},
+                                {"args", {{"correlation", 5}}}});
+  doc["traceEvents"].push_back({{"ph", "X"}, {"cat", "user_annotation"}, {"name", "bucket"},
+                                {"pid", "Spans of a long name"}, {"tid", "thread 9"}, {"ts", 0}, {"dur", 5}});
+  KinetoAnalysis a;
+  std::string error;
+  REQUIRE(analyze(doc.dump(), error, &a));
+  REQUIRE(a.steps.size() == 1);
+  REQUIRE(a.steps[0].top.size() == 1);
+  CHECK(a.steps[0].top[0].range == "bucket");
+}
+
 TEST_CASE("kineto: times that do not fit the nanosecond timeline and negative durations are errors") {
   std::string error;
   CHECK(!analyze(trace_with("/traceEvents/1/ts", 1e300), error));

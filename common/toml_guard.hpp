@@ -1,7 +1,7 @@
 // A check run on TOML text before toml++ parses it. toml++ 3.3.0 (Debian 12's) tests some
 // non-ASCII characters for "whitespace" through a table lookup that ends in TOML_UNREACHABLE
 // (__builtin_unreachable: undefined behaviour, in practice garbage or a crash) for most of U+00A1..
-// U+0499, U+2D6E..U+3167 and U+FCC6..U+FEFE (upstream issue 190, fixed in 3.4.0). It does so
+// U+0499, U+2D6E..U+3167 and U+FCC6..U+FEFE (a toml++ bug fixed in its 3.4.0). It does so
 // wherever whitespace may appear: outside strings, right after a backslash in a multi-line basic
 // string, and on the first character after a line-ending backslash there. TOML allows non-ASCII
 // only inside quoted strings and comments, so the first two are errors in any case and are

@@ -36,9 +36,10 @@ def main():
     # next range's kernels, so the expected figures are exact.
     slot_us = 400
     step_us = (args.ranges_per_step + 1) * slot_us
-    # One compute "unit" (kernel + runtime launch + cpu_op) is about 1.1 KiB of text; size the compute
-    # per step so the file lands near the target.
-    unit_bytes, fixed_per_step = 1150, 700 * args.ranges_per_step + 900 * args.comm_per_step
+    # Text per event group as written below (measured): a compute unit (cpu_op + launch + kernel)
+    # ~1020 bytes, a range ~185, a communication launch + kernel + gemm ~860; the compute per step
+    # fills the rest of the target.
+    unit_bytes, fixed_per_step = 1020, 185 * args.ranges_per_step + 860 * args.comm_per_step
     per_step = args.target_mib * (1 << 20) / args.steps
     compute_per_step = max(1, int((per_step - fixed_per_step) / unit_bytes))
 

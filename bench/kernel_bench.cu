@@ -443,7 +443,7 @@ class Bench {
       std::printf("1 MiB copy for comparison: %.2f us single launch, %.2f us per launch in a graph\n", c->us, g ? g->us : 0.0);
     }
 
-    // Targets of issue 3 (PASS/FAIL lines; performance misses do not change the exit code).
+    // The codec's performance targets (PASS/FAIL lines; performance misses do not change the exit code).
     for (const Row& r : rows_) {
       if (r.size < (size_t(64) << 20) || r.path != "native") continue;
       if (r.kernel == "quantize" || r.kernel == "dequantize" || r.kernel.rfind("reduce k=", 0) == 0)

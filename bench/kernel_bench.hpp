@@ -1,4 +1,4 @@
-// Codec kernel microbenchmarks (issue 3): quantize, dequantize, fused dequantize-reduce (plain and
+// Codec kernel microbenchmarks: quantize, dequantize, fused dequantize-reduce (plain and
 // requantizing) and two naive dequantize-then-reduce baselines, on both conversion paths, reported as
 // GB/s (bytes read + written) against the device-to-device copy bandwidth measured in the same run.
 // The naive baselines both dequantize each of the k chunks to a full-size fp32 buffer; then "naive"

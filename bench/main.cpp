@@ -17,7 +17,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "bench/host/launcher.hpp"
+#include "common/rank_launcher.hpp"
 #include "bench/host/model_report.hpp"
 #include "bench/host/profile.hpp"
 #include "bench/host/results.hpp"
@@ -159,7 +159,7 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
   std::vector<std::string> jsons;
   int worst = 0;
   for (const auto& fabric : fabrics) {
-    fb::LaunchSpec spec;
+    fp8wire::LaunchSpec spec;
     spec.argv = {exe};
     spec.argv.insert(spec.argv.end(), argv.begin() + 1, argv.end());
     std::string json = o.json_path, profile = o.profile_path;
@@ -173,9 +173,9 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
     // NCCL reads these when the communicator is created; P2P off keeps traffic off NVLink.
     if (fabric == "pcie") spec.env.push_back({"NCCL_P2P_DISABLE", "1"});
     if (o.emulate_ranks > 0)
-      for (int r = 0; r < nranks; ++r) spec.env_per_rank.push_back({{"NCCL_HOSTID", fmt::format("emulated-host-{}", r)}});
+      spec.env_per_rank = fp8wire::emulated_host_env(nranks);
     std::fprintf(stderr, "fp8wire-bench sweep: %d ranks%s, fabric %s\n", nranks, o.emulate_ranks ? " on one GPU" : "", fabric.c_str());
-    const fb::LaunchResult res = fb::launch_local_ranks(spec);
+    const fp8wire::LaunchResult res = fp8wire::launch_local_ranks(spec);
     if (!res.ok) {
       // Exit code 1 from rank 0 alone is "a check failed" (already printed); anything else is an error.
       const bool check_failure = res.exit_codes[0] == 1 &&
@@ -377,7 +377,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::string env_error;
-    const auto env = fb::rank_env_from_environment(env_error);
+    const auto env = fp8wire::rank_env_from_environment(env_error);
     if (!env_error.empty()) {
       std::fprintf(stderr, "fp8wire-bench sweep: %s\n", env_error.c_str());
       return 2;
@@ -388,7 +388,7 @@ int main(int argc, char** argv) {
                            "once per process); under torchrun run once per fabric\n");
       return 2;
     }
-    fb::RankEnv rank_env = *env;
+    fp8wire::RankEnv rank_env = *env;
     // torchrun's own rendezvous store already listens on MASTER_PORT; the NCCL id goes one above.
     if (std::getenv("TORCHELASTIC_RUN_ID")) rank_env.master_port += 1;
     return fb::run_sweep_rank(sweep, rank_env);

@@ -21,6 +21,7 @@
 #include "bench/host/results.hpp"
 #include "common/config.hpp"
 #include "common/log.hpp"
+#include "common/status.hpp"
 #include "sched/accounting.hpp"
 #include "sched/engine.hpp"
 #include "sched/gpu_platform.hpp"
@@ -33,23 +34,8 @@ namespace fp8wire::bench {
 
 namespace {
 
-// Errors inside the worker: print with the rank and return exit code 2 from run_sweep_rank.
-#define BENCH_CUDA(call)                                                                             \
-  do {                                                                                               \
-    cudaError_t bench_err_ = (call);                                                                 \
-    if (bench_err_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "fp8wire-bench rank %d: %s failed: %s\n", g_rank, #call, cudaGetErrorString(bench_err_)); \
-      return 2;                                                                                      \
-    }                                                                                                \
-  } while (0)
-#define BENCH_NCCL(call)                                                                             \
-  do {                                                                                               \
-    ncclResult_t bench_res_ = (call);                                                                \
-    if (bench_res_ != ncclSuccess) {                                                                 \
-      std::fprintf(stderr, "fp8wire-bench rank %d: %s failed: %s\n", g_rank, #call, ncclGetErrorString(bench_res_)); \
-      return 2;                                                                                      \
-    }                                                                                                \
-  } while (0)
+// Errors inside the worker: FP8WIRE_CUDA_OR / FP8WIRE_NCCL_OR log them (the log names the rank) and
+// return exit code 2 from run_sweep_rank.
 
 int g_rank = 0;
 
@@ -131,11 +117,11 @@ struct Worker {
 
   // All-gathers one RankReport per rank; rank 0 gets them in rank order.
   int gather_reports(const RankReport& mine, std::vector<RankReport>& all) {
-    BENCH_CUDA(cudaMemcpyAsync(report_send, &mine, sizeof(RankReport), cudaMemcpyHostToDevice, stream));
-    BENCH_NCCL(api.AllGather(report_send, report_recv, sizeof(RankReport), ncclUint8, comm, stream));
+    FP8WIRE_CUDA_OR(cudaMemcpyAsync(report_send, &mine, sizeof(RankReport), cudaMemcpyHostToDevice, stream), return 2);
+    FP8WIRE_NCCL_OR(api.AllGather(report_send, report_recv, sizeof(RankReport), ncclUint8, comm, stream), return 2);
     all.resize(static_cast<size_t>(env.world_size));
-    BENCH_CUDA(cudaMemcpyAsync(all.data(), report_recv, sizeof(RankReport) * all.size(), cudaMemcpyDeviceToHost, stream));
-    BENCH_CUDA(cudaStreamSynchronize(stream));
+    FP8WIRE_CUDA_OR(cudaMemcpyAsync(all.data(), report_recv, sizeof(RankReport) * all.size(), cudaMemcpyDeviceToHost, stream), return 2);
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream), return 2);
     return 0;
   }
 
@@ -150,7 +136,7 @@ struct Worker {
 
     // Poison the outputs so a path that writes nothing cannot pass on a previous path's result.
     for (int b = 0; b < nbuf; ++b)
-      BENCH_CUDA(cudaMemsetAsync(buf.recv[static_cast<size_t>(b)], 0xff, counts.recv_elems * elem, stream));
+      FP8WIRE_CUDA_OR(cudaMemsetAsync(buf.recv[static_cast<size_t>(b)], 0xff, counts.recv_elems * elem, stream), return 2);
 
     int op = 0;
     auto next = [&](void) -> ncclResult_t {
@@ -162,23 +148,23 @@ struct Worker {
     for (int w = 0; w < opt.warmup && status == ncclSuccess; ++w) status = next();
     const AccountingTotals before = Accounting::instance().totals();
     for (int r = 0; r < opt.repeats && status == ncclSuccess; ++r) {
-      BENCH_CUDA(cudaEventRecord(start_events[static_cast<size_t>(r)], stream));
+      FP8WIRE_CUDA_OR(cudaEventRecord(start_events[static_cast<size_t>(r)], stream), return 2);
       for (int i = 0; i < opt.iters && status == ncclSuccess; ++i) status = next();
-      BENCH_CUDA(cudaEventRecord(stop_events[static_cast<size_t>(r)], stream));
+      FP8WIRE_CUDA_OR(cudaEventRecord(stop_events[static_cast<size_t>(r)], stream), return 2);
     }
     const AccountingTotals after = Accounting::instance().totals();
     // Make sure every rotation buffer holds a result before checking it.
     while (status == ncclSuccess && op < nbuf) status = next();
     mine.status = static_cast<int32_t>(status);
-    BENCH_CUDA(cudaStreamSynchronize(stream));
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream), return 2);
     if (status == ncclSuccess) {
       for (int r = 0; r < opt.repeats; ++r) {
         float ms = 0;
-        BENCH_CUDA(cudaEventElapsedTime(&ms, start_events[static_cast<size_t>(r)], stop_events[static_cast<size_t>(r)]));
+        FP8WIRE_CUDA_OR(cudaEventElapsedTime(&ms, start_events[static_cast<size_t>(r)], stop_events[static_cast<size_t>(r)]), return 2);
         mine.times_us[r] = 1e3 * ms / opt.iters;
       }
       uint64_t calls = 0, wire = 0;
-      for (int p = 0; p < 5; ++p) {
+      for (int p = 0; p < kMaxPaths; ++p) {
         calls += after.calls[p] - before.calls[p];
         wire += after.wire_bytes[p] - before.wire_bytes[p];
       }
@@ -206,7 +192,7 @@ struct Worker {
         uint64_t hash = 0xcbf29ce484222325ull;
         for (int k = first; k < nbuf; ++k) {
           const int b = (op - nbuf + k) % nbuf;
-          BENCH_CUDA(cudaMemcpy(host.data(), buf.recv[static_cast<size_t>(b)], host.size(), cudaMemcpyDeviceToHost));
+          FP8WIRE_CUDA_OR(cudaMemcpy(host.data(), buf.recv[static_cast<size_t>(b)], host.size(), cudaMemcpyDeviceToHost), return 2);
           spec.buffer = b;
           const LocalCheck lc = check_output(spec, host.data());
           mine.max_err_ratio = std::max(mine.max_err_ratio, lc.max_err_ratio);
@@ -316,12 +302,12 @@ struct Worker {
     const Segmented layout = Segmented::single(count, fmt);
     void* in = nullptr;
     void* wire = nullptr;
-    BENCH_CUDA(cudaMalloc(&in, count * 2));
-    BENCH_CUDA(cudaMalloc(&wire, layout.seg_stride));
-    BENCH_CUDA(cudaMemsetAsync(in, 0x3c, count * 2, stream));  // finite bf16 values
+    FP8WIRE_CUDA_OR(cudaMalloc(&in, count * 2), return 2);
+    FP8WIRE_CUDA_OR(cudaMalloc(&wire, layout.seg_stride), return 2);
+    FP8WIRE_CUDA_OR(cudaMemsetAsync(in, 0x3c, count * 2, stream), return 2);  // finite bf16 values
     cudaEvent_t a, b;
-    BENCH_CUDA(cudaEventCreate(&a));
-    BENCH_CUDA(cudaEventCreate(&b));
+    FP8WIRE_CUDA_OR(cudaEventCreate(&a), return 2);
+    FP8WIRE_CUDA_OR(cudaEventCreate(&b), return 2);
     auto time_it = [&](auto&& fn, int reps) -> float {
       fn();
       cudaEventRecord(a, stream);
@@ -383,7 +369,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   // Emulated ranks share one GPU; a distinct host id per rank makes NCCL treat them as separate
   // hosts joined by sockets. Always overwritten: a host id inherited by every rank would merge them.
   if (opt.emulate_ranks > 0)
-    setenv("NCCL_HOSTID", fmt::format("emulated-host-{}", env.rank).c_str(), 1);
+    fp8wire::set_emulated_host(env.rank);
 
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -391,8 +377,8 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     return 2;
   }
   const int device = opt.emulate_ranks > 0 ? 0 : env.local_rank % ndev;
-  BENCH_CUDA(cudaSetDevice(device));
-  BENCH_CUDA(cudaStreamCreateWithFlags(&w.stream, cudaStreamNonBlocking));
+  FP8WIRE_CUDA_OR(cudaSetDevice(device), return 2);
+  FP8WIRE_CUDA_OR(cudaStreamCreateWithFlags(&w.stream, cudaStreamNonBlocking), return 2);
 
   ConfigResult cfg = load_config();
   if (!cfg.ok()) {
@@ -416,13 +402,13 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   }
 
   ncclUniqueId id{};
-  if (env.rank == 0) BENCH_NCCL(ncclGetUniqueId(&id));
+  if (env.rank == 0) FP8WIRE_NCCL_OR(ncclGetUniqueId(&id), return 2);
   std::string error;
   if (!exchange_bootstrap_blob(env, &id, sizeof(id), opt.bootstrap_timeout_s, error)) {
     std::fprintf(stderr, "fp8wire-bench rank %d: %s\n", env.rank, error.c_str());
     return 2;
   }
-  BENCH_NCCL(ncclCommInitRank(&w.comm, env.world_size, id, env.rank));
+  FP8WIRE_NCCL_OR(ncclCommInitRank(&w.comm, env.world_size, id, env.rank), return 2);
   w.api = nccl_api_from_linked();
   w.platform = gpu_platform(w.api);
   std::vector<std::optional<GatherTransport>> transports(opt.gather_transports.begin(), opt.gather_transports.end());
@@ -449,13 +435,13 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     }
   } guard{w};
 
-  BENCH_CUDA(cudaMalloc(&w.report_send, sizeof(RankReport)));
-  BENCH_CUDA(cudaMalloc(&w.report_recv, sizeof(RankReport) * static_cast<size_t>(env.world_size)));
+  FP8WIRE_CUDA_OR(cudaMalloc(&w.report_send, sizeof(RankReport)), return 2);
+  FP8WIRE_CUDA_OR(cudaMalloc(&w.report_recv, sizeof(RankReport) * static_cast<size_t>(env.world_size)), return 2);
   w.start_events.resize(static_cast<size_t>(opt.repeats));
   w.stop_events.resize(static_cast<size_t>(opt.repeats));
   for (int r = 0; r < opt.repeats; ++r) {
-    BENCH_CUDA(cudaEventCreate(&w.start_events[static_cast<size_t>(r)]));
-    BENCH_CUDA(cudaEventCreate(&w.stop_events[static_cast<size_t>(r)]));
+    FP8WIRE_CUDA_OR(cudaEventCreate(&w.start_events[static_cast<size_t>(r)]), return 2);
+    FP8WIRE_CUDA_OR(cudaEventCreate(&w.stop_events[static_cast<size_t>(r)]), return 2);
   }
 
   SweepResult result;
@@ -465,7 +451,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     gethostname(host, sizeof(host) - 1);
     m.hostname = host;
     cudaDeviceProp prop{};
-    BENCH_CUDA(cudaGetDeviceProperties(&prop, device));
+    FP8WIRE_CUDA_OR(cudaGetDeviceProperties(&prop, device), return 2);
     m.gpu_name = prop.name;
     m.compute_capability = prop.major * 10 + prop.minor;
     cudaDriverGetVersion(&m.driver_version);
@@ -518,9 +504,9 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     for (int b = 0; b < opt.buffers; ++b) {
       void* s = nullptr;
       void* r = nullptr;
-      BENCH_CUDA(cudaMalloc(&s, largest.send_elems * elem));
+      FP8WIRE_CUDA_OR(cudaMalloc(&s, largest.send_elems * elem), return 2);
       buf.send.push_back(s);
-      BENCH_CUDA(cudaMalloc(&r, largest.recv_elems * elem));
+      FP8WIRE_CUDA_OR(cudaMalloc(&r, largest.recv_elems * elem), return 2);
       buf.recv.push_back(r);
     }
     std::vector<unsigned char> host;
@@ -531,10 +517,10 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
       host.resize(counts.send_elems * elem);
       for (int b = 0; b < opt.buffers; ++b) {
         fill_input(job.d, env.rank, b, 0, counts.send_elems, host.data());
-        BENCH_CUDA(cudaMemcpy(buf.send[static_cast<size_t>(b)], host.data(), host.size(), cudaMemcpyHostToDevice));
+        FP8WIRE_CUDA_OR(cudaMemcpy(buf.send[static_cast<size_t>(b)], host.data(), host.size(), cudaMemcpyHostToDevice), return 2);
       }
       // Pageable cudaMemcpy may return before its DMA lands; the collectives run on another stream.
-      BENCH_CUDA(cudaDeviceSynchronize());
+      FP8WIRE_CUDA_OR(cudaDeviceSynchronize(), return 2);
       for (Path path : job.paths)
         for (size_t v = 0; v < variants_of(job.c, path); ++v) {
           const Worker::Variant& variant = w.variants[v];

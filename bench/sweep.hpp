@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/host/crossover.hpp"
-#include "bench/host/launcher.hpp"
+#include "common/rank_launcher.hpp"
 #include "bench/host/units.hpp"
 
 namespace fp8wire::bench {
@@ -47,6 +47,6 @@ struct SweepOptions {
 
 // Runs this process as one rank. Returns the process exit code: 0 when every run completed and every
 // check passed, 1 when a check failed, 2 on a setup or NCCL/CUDA error (printed).
-int run_sweep_rank(const SweepOptions& options, const RankEnv& env);
+int run_sweep_rank(const SweepOptions& options, const fp8wire::RankEnv& env);
 
 }  // namespace fp8wire::bench

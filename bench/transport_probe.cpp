@@ -27,7 +27,7 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
-#include "bench/host/launcher.hpp"
+#include "common/rank_launcher.hpp"
 #include "bench/host/units.hpp"
 
 namespace fb = fp8wire::bench;
@@ -115,8 +115,8 @@ struct Rank {
   }
 };
 
-int run_rank(const Options& o, const fb::RankEnv& env) {
-  if (o.emulate_ranks > 0) setenv("NCCL_HOSTID", fmt::format("emulated-host-{}", env.rank).c_str(), 1);
+int run_rank(const Options& o, const fp8wire::RankEnv& env) {
+  if (o.emulate_ranks > 0) fp8wire::set_emulated_host(env.rank);
   int ndev = 0;
   PROBE_CUDA(cudaGetDeviceCount(&ndev));
   PROBE_CUDA(cudaSetDevice(o.emulate_ranks > 0 ? 0 : env.local_rank % ndev));
@@ -127,7 +127,7 @@ int run_rank(const Options& o, const fb::RankEnv& env) {
   ncclUniqueId id{};
   if (env.rank == 0) PROBE_NCCL(ncclGetUniqueId(&id));
   std::string error;
-  if (!fb::exchange_bootstrap_blob(env, &id, sizeof(id), 120, error)) {
+  if (!fp8wire::exchange_bootstrap_blob(env, &id, sizeof(id), 120, error)) {
     std::fprintf(stderr, "transport-probe rank %d: %s\n", env.rank, error.c_str());
     return 2;
   }
@@ -205,7 +205,7 @@ int main(int argc, char** argv) {
   }
 
   std::string error;
-  if (auto env = fb::rank_env_from_environment(error)) return run_rank(o, *env);
+  if (auto env = fp8wire::rank_env_from_environment(error)) return run_rank(o, *env);
   if (!error.empty()) {
     std::fprintf(stderr, "transport-probe: %s\n", error.c_str());
     return 2;
@@ -215,11 +215,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "transport-probe: no CUDA device visible\n");
     return 2;
   }
-  fb::LaunchSpec spec;
+  fp8wire::LaunchSpec spec;
   spec.argv.assign(argv, argv + argc);
   spec.nranks = o.emulate_ranks > 0 ? o.emulate_ranks : ndev;
   spec.timeout_s = 300;
-  const auto res = fb::launch_local_ranks(spec);
+  const auto res = fp8wire::launch_local_ranks(spec);
   if (!res.ok) std::fprintf(stderr, "transport-probe: %s\n", res.error.c_str());
   return res.ok ? 0 : 1;
 }

@@ -13,16 +13,51 @@ namespace fp8wire {
 inline bool nccl_ok(ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; }
 }  // namespace fp8wire
 
-// Evaluates a CUDA runtime call; on failure logs it and returns ncclUnhandledCudaError.
-#define FP8WIRE_CUDA_CHECK(call)                                                          \
+// The one family of CUDA / NCCL checks, for the library and for every program (tools, tests):
+//   FP8WIRE_CUDA_OR(call, action)   on failure: one log line "<call> failed: <error> (file:line)",
+//   FP8WIRE_NCCL_OR(call, action)   then `action` (return 2; std::exit(1); throw ...), the caller's
+//                                   choice of what failing means for it.
+//   FP8WIRE_CUDA_CHECK(call)        the library's: ..., then return ncclUnhandledCudaError.
+//   FP8WIRE_NCCL_CHECK(call)        the library's: ..., then return the same NCCL code.
+// ncclInProgress (non-blocking communicators) is not a failure. NCCL's error names come from a table
+// here, not ncclGetErrorString: libfp8wire.so does not link NCCL.
+namespace fp8wire {
+inline const char* nccl_result_name(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "ncclSuccess";
+    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
+    case ncclSystemError: return "ncclSystemError";
+    case ncclInternalError: return "ncclInternalError";
+    case ncclInvalidArgument: return "ncclInvalidArgument";
+    case ncclInvalidUsage: return "ncclInvalidUsage";
+    case ncclRemoteError: return "ncclRemoteError";
+    case ncclInProgress: return "ncclInProgress";
+    default: return "unknown NCCL result";
+  }
+}
+}  // namespace fp8wire
+
+#define FP8WIRE_CUDA_OR(call, action)                                                     \
   do {                                                                                    \
-    cudaError_t fp8wire_err_ = (call);                                                    \
+    const cudaError_t fp8wire_err_ = (call);                                              \
     if (__builtin_expect(fp8wire_err_ != cudaSuccess, 0)) {                               \
-      FP8WIRE_ERROR("CUDA error {} ({}) in {}", cudaGetErrorName(fp8wire_err_),           \
-                    cudaGetErrorString(fp8wire_err_), #call);                             \
-      return ncclUnhandledCudaError;                                                      \
+      FP8WIRE_ERROR("{} failed: {} ({}) ({}:{})", #call, cudaGetErrorName(fp8wire_err_),  \
+                    cudaGetErrorString(fp8wire_err_), __FILE__, __LINE__);                \
+      action;                                                                             \
     }                                                                                     \
   } while (0)
+
+#define FP8WIRE_NCCL_OR(call, action)                                                     \
+  do {                                                                                    \
+    const ncclResult_t fp8wire_res_ = (call);                                             \
+    if (__builtin_expect(!::fp8wire::nccl_ok(fp8wire_res_), 0)) {                         \
+      FP8WIRE_ERROR("{} failed: {} ({}:{})", #call, ::fp8wire::nccl_result_name(fp8wire_res_), \
+                    __FILE__, __LINE__);                                                  \
+      action;                                                                             \
+    }                                                                                     \
+  } while (0)
+
+#define FP8WIRE_CUDA_CHECK(call) FP8WIRE_CUDA_OR(call, return ncclUnhandledCudaError)
 
 // Evaluates a CUDA call inside a function that returns cudaError_t; returns the error unchanged.
 #define FP8WIRE_CUDA_RETURN(call)                                                         \
@@ -31,15 +66,11 @@ inline bool nccl_ok(ncclResult_t r) { return r == ncclSuccess || r == ncclInProg
     if (__builtin_expect(fp8wire_err_ != cudaSuccess, 0)) return fp8wire_err_;            \
   } while (0)
 
-// Evaluates an ncclResult_t expression; on failure logs it and returns the same code.
-// ncclInProgress (non-blocking communicators) is not a failure.
+// The library's NCCL check returns the very code it met (the caller may tell ncclRemoteError apart).
 #define FP8WIRE_NCCL_CHECK(call)                                                          \
   do {                                                                                    \
-    ncclResult_t fp8wire_res_ = (call);                                                   \
-    if (__builtin_expect(!::fp8wire::nccl_ok(fp8wire_res_), 0)) {                         \
-      FP8WIRE_ERROR("NCCL error {} in {}", static_cast<int>(fp8wire_res_), #call);        \
-      return fp8wire_res_;                                                                \
-    }                                                                                     \
+    const ncclResult_t fp8wire_nccl_checked_ = (call);                                    \
+    FP8WIRE_NCCL_OR(fp8wire_nccl_checked_, return fp8wire_nccl_checked_);                 \
   } while (0)
 
 // Evaluates an ncclResult_t expression that has already logged its failure; returns it unchanged.

@@ -31,7 +31,7 @@ struct LaunchOptions {
   // Tuning only (the kernel benchmark compares kernel versions in one run): 0 = the production
   // kernels; 1 = quantize with plain (cached) loads instead of streaming ones; 2 = quantize at 8
   // resident CTAs per SM (32 registers) instead of 6; 3 = quantize without the full-tile fast path
-  // (every tile through the general per-group code, as before 2026-11-29 session 3).
+  // (every tile through the general per-group code, as before the fast path existed).
   uint32_t kernel_variant = 0;
 };
 

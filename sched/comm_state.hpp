@@ -48,6 +48,13 @@ struct CommResources {
   ScratchLayout layout;
 };
 
+// Who a communicator is, as a call record names it.
+struct CommIdentity {
+  uint64_t id = 0;
+  int nranks = 0;
+  int rank = 0;
+};
+
 enum class CommSetup : uint8_t {
   pending,          // registered, the agreement has not run (created inside an application group)
   pass_through,     // never FP8: non-blocking, one process drives every rank, a single rank, ...
@@ -81,6 +88,7 @@ struct CommState {
   std::atomic<int> failure{ncclSuccess};
   uint32_t logged_choices = 0;  // bit (collective * 8 + path): first use of that choice logged
 
+  CommIdentity identity() const { return {id, nranks, rank}; }
   bool fp8_allowed() const { return setup == CommSetup::agreed && agreement.fp8_ok; }
   ncclResult_t failed() const { return static_cast<ncclResult_t>(failure.load(std::memory_order_relaxed)); }
   void fail(ncclResult_t r) {
@@ -97,6 +105,9 @@ class Registry {
   // Registers a communicator (replacing a stale entry at the same address).
   CommRef add(ncclComm_t comm);
   CommRef find(ncclComm_t comm) const;
+  // A registered communicator's identity, copied under the lock: no reference taken (the cheap
+  // lookup of calls that pass through anyway).
+  bool identity(ncclComm_t comm, CommIdentity* out) const;
   // Takes it out of the registry and marks it dead; the caller drops the last registry reference.
   CommRef detach(ncclComm_t comm);
   // Everything registered, for the engine's destructor.

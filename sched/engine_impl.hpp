@@ -71,7 +71,11 @@ struct Engine::Impl {
   ncclResult_t submit(const Call& c, std::optional<Path> forced);
   // The real NCCL function of the call, and the same with its record and hooks.
   ncclResult_t issue_plain(const Call& c);
-  ncclResult_t run_plain(const Call& c, const CommState* s, Path path, uint64_t seq, uint64_t issue);
+  ncclResult_t run_plain(const Call& c, const CommIdentity* who, Path path, uint64_t seq, uint64_t issue);
+  ncclResult_t run_plain(const Call& c, const CommState* s, Path path, uint64_t seq, uint64_t issue) {
+    const CommIdentity who = s ? s->identity() : CommIdentity{};
+    return run_plain(c, s ? &who : nullptr, path, seq, issue);
+  }
   CallShape shape_of(const Call& c, const CommState* s) const;
   Path decide(const Call& c, const CommState& s, std::optional<Path> forced) const;
 

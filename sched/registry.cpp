@@ -24,6 +24,14 @@ CommRef Registry::find(ncclComm_t comm) const {
   return it == comms_.end() ? nullptr : it->second;
 }
 
+bool Registry::identity(ncclComm_t comm, CommIdentity* out) const {
+  std::lock_guard lock(mutex_);
+  auto it = comms_.find(comm);
+  if (it == comms_.end()) return false;
+  *out = it->second->identity();
+  return true;
+}
+
 CommRef Registry::detach(ncclComm_t comm) {
   std::lock_guard lock(mutex_);
   auto it = comms_.find(comm);

@@ -28,7 +28,7 @@ Path Engine::Impl::decide(const Call& c, const CommState& s, std::optional<Path>
 namespace {
 // What this rank sends in NCCL's ring algorithms (nccl-tests' bus-bandwidth factors). Without the
 // communicator's size (calls rejected before the registry lookup) the caller's bytes stand in.
-uint64_t plain_wire_bytes(const Call& c, const CommState* s) {
+uint64_t plain_wire_bytes(const Call& c, const CommIdentity* s) {
   const uint64_t bytes = c.count * dtype_size(dtype_of(c.dtype));
   if (!s || s->nranks <= 1) return s ? 0 : bytes;
   const uint64_t n = static_cast<uint64_t>(s->nranks);
@@ -47,7 +47,7 @@ ncclResult_t Engine::Impl::issue_plain(const Call& c) {
   return ncclInvalidArgument;
 }
 
-ncclResult_t Engine::Impl::run_plain(const Call& c, const CommState* s, Path path, uint64_t seq, uint64_t issue) {
+ncclResult_t Engine::Impl::run_plain(const Call& c, const CommIdentity* s, Path path, uint64_t seq, uint64_t issue) {
   CallRecord r;
   r.seq = seq;
   r.comm_id = s ? s->id : 0;
@@ -75,18 +75,18 @@ ncclResult_t Engine::Impl::submit(const Call& c, std::optional<Path> forced) {
   // The feedback key belongs to this call whatever its route: never to a later one.
   const uint64_t feedback_key = c.collective == Collective::all_reduce ? take_thread_feedback_key() : 0;
   if (forced && !is_fp8(*forced)) {
-    const CommRef s = registry.find(c.comm);
-    return run_plain(c, s.get(), Path::passthrough, seq, issue);
+    CommIdentity who;
+    return run_plain(c, registry.identity(c.comm, &who) ? &who : nullptr, Path::passthrough, seq, issue);
   }
   // Cheap rules first: most ineligible calls never touch the communicator registry. A forced path
   // ignores the enable switches (the benchmark measures FP8 all_gather although it is off by
   // default) but not the rules FP8 cannot serve (dtype, op, world size).
   const Config& rules = forced ? forced_rules : config;
   if (static_eligibility(rules, shape_of(c, nullptr)) != PassReason::none)
-    return run_plain(c, nullptr, Path::passthrough, seq, issue);
+    return run_plain(c, static_cast<const CommIdentity*>(nullptr), Path::passthrough, seq, issue);
   if (!forced && below_every_threshold(config, shape_of(c, nullptr))) {
-    const CommRef known = registry.find(c.comm);  // a lookup only: the record names the world size
-    return run_plain(c, known.get(), Path::passthrough, seq, issue);
+    CommIdentity who;  // a lookup only: the record names the world size
+    return run_plain(c, registry.identity(c.comm, &who) ? &who : nullptr, Path::passthrough, seq, issue);
   }
 
   const CommRef s = registry.find(c.comm);

@@ -8,6 +8,7 @@
 #   TORCH_PYTHON           python with torch (default: .venv/bin/python, else python3)
 #   CMAKE_CUDA_ARCHITECTURES  default: the GPU's own (nvidia-smi), else the project default
 #   FP8WIRE_EXTRA_INCLUDE  header-only dependencies carried to machines that lack them (default .carry/include)
+#   BUILD_TARGETS          build only these targets (default: everything)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -33,4 +34,6 @@ export PATH="/usr/local/cuda/bin:$PATH"
 cmake "${args[@]}"
 keep=()
 [[ "${BUILD_KEEP_GOING:-0}" == 1 ]] && keep=(-- -k 0)   # build what can be built
-cmake --build "$build" -j "${BUILD_JOBS:-$(nproc)}" "${keep[@]}"
+targets=()
+[[ -n "${BUILD_TARGETS:-}" ]] && targets=(--target $BUILD_TARGETS)   # e.g. BUILD_TARGETS="fp8wire fp8wire-config"
+cmake --build "$build" -j "${BUILD_JOBS:-$(nproc)}" "${targets[@]}" "${keep[@]}"

@@ -11,9 +11,10 @@
 
 namespace {
 
-static_assert(sizeof(fp8wire_totals::calls) <= sizeof(fp8wire::AccountingTotals::calls));
-static_assert(sizeof(fp8wire_totals::app_bytes) <= sizeof(fp8wire::AccountingTotals::app_bytes));
-static_assert(sizeof(fp8wire_totals::wire_bytes) <= sizeof(fp8wire::AccountingTotals::wire_bytes));
+static_assert(FP8WIRE_MAX_PATHS == fp8wire::kMaxPaths);
+static_assert(sizeof(fp8wire_totals::calls) == sizeof(fp8wire::AccountingTotals::calls));
+static_assert(sizeof(fp8wire_totals::app_bytes) == sizeof(fp8wire::AccountingTotals::app_bytes));
+static_assert(sizeof(fp8wire_totals::wire_bytes) == sizeof(fp8wire::AccountingTotals::wire_bytes));
 
 void step_mark(int64_t step, int begin) {
   try {
@@ -35,6 +36,31 @@ void step_mark(int64_t step, int begin) {
 
 FP8WIRE_EXPORT int fp8wire_version(void) {
   return 10000 * FP8WIRE_VERSION_MAJOR + 100 * FP8WIRE_VERSION_MINOR + FP8WIRE_VERSION_PATCH;
+}
+
+FP8WIRE_EXPORT int fp8wire_active(void) {
+  try {
+    using namespace fp8wire::shim;
+    // Set up already: the engine's own answer. Not yet: what the configuration says, without
+    // setting up (that would look for NCCL before the job has loaded it).
+    if (detail::g_runtime.load(std::memory_order_acquire)) return active() ? 1 : 0;
+    const fp8wire::ConfigResult& config = loaded_config();
+    return config.ok() && config.config.enable ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+FP8WIRE_EXPORT const char* fp8wire_path_name(int i) {
+  if (i < 0 || i >= FP8WIRE_MAX_PATHS) return nullptr;
+  // to_string(Path) is the one list of names; it answers "unknown" past the last path.
+  const char* name = fp8wire::to_string(static_cast<fp8wire::Path>(i));
+  return std::strcmp(name, "unknown") == 0 ? "" : name;
+}
+
+FP8WIRE_EXPORT int fp8wire_path_is_fp8(int i) {
+  if (i < 0 || i >= fp8wire::kPathCount) return 0;
+  return fp8wire::is_fp8(static_cast<fp8wire::Path>(i)) ? 1 : 0;
 }
 
 FP8WIRE_EXPORT void fp8wire_step_begin(int64_t step) { step_mark(step, 1); }

@@ -22,12 +22,28 @@ void fp8wire_step_end(int64_t step);
 /* Writes the profiler's report now (it is also written at exit and every profiler.report_every steps). */
 void fp8wire_profiler_flush(void);
 
-/* Totals since start (or the last reset): calls, caller bytes and wire bytes by path
- * (0 passthrough, 1 two_shot, 2 one_shot, 3 ring, 4 fallback). */
+/* 1 when libfp8wire.so is loaded and will carry eligible NCCL calls itself: its configuration is
+ * valid and enables it, and (once the first NCCL call has set it up) the real NCCL was found and the
+ * scheduler started. 0 otherwise. Never sets the library up itself, so calling it before the job has
+ * loaded NCCL changes nothing. Without the library the symbol is absent: resolve it with dlsym. */
+int fp8wire_active(void);
+
+/* Path slots of the totals. Paths are numbered from 0; slots past the last path stay zero. */
+#define FP8WIRE_MAX_PATHS 16
+
+/* Name of path slot i ("passthrough", "two_shot", ...), or "" for an unused slot; NULL when i is
+ * outside [0, FP8WIRE_MAX_PATHS). The names are stable; report totals by name, not by index. */
+const char* fp8wire_path_name(int i);
+
+/* 1 when path slot i is one fp8wire carries itself (FP8 on the wire), 0 for pass-through, fallback,
+ * unused slots and i out of range. */
+int fp8wire_path_is_fp8(int i);
+
+/* Totals since start (or the last reset): calls, caller bytes and wire bytes by path slot. */
 typedef struct fp8wire_totals {
-  uint64_t calls[5];
-  uint64_t app_bytes[5];
-  uint64_t wire_bytes[5];
+  uint64_t calls[FP8WIRE_MAX_PATHS];
+  uint64_t app_bytes[FP8WIRE_MAX_PATHS];
+  uint64_t wire_bytes[FP8WIRE_MAX_PATHS];
   uint64_t dropped_records;
 } fp8wire_totals;
 void fp8wire_get_totals(fp8wire_totals* out);

@@ -54,11 +54,6 @@ ConfigResult* read_configuration() {
   return result;
 }
 
-const ConfigResult& loaded_config() {
-  static const ConfigResult* config = read_configuration();
-  return *config;
-}
-
 __attribute__((constructor)) void read_configuration_at_load() {
   try {
     loaded_config();
@@ -108,6 +103,15 @@ Runtime* set_up() {
   detail::g_active.store(rt->engine != nullptr && rt->config.ok() && c.enable, std::memory_order_relaxed);
   return rt;
 }
+
+}  // namespace
+
+const ConfigResult& loaded_config() {
+  static const ConfigResult* config = read_configuration();
+  return *config;
+}
+
+namespace {
 
 // --- communicator registry hand-off ---------------------------------------------------------------
 

@@ -29,6 +29,9 @@ extern std::atomic<bool> g_active;       // FP8 scheduling on: config valid, ena
 Runtime& runtime_slow();
 }  // namespace detail
 
+// The configuration, read once when the library is loaded (never fails; errors are in it).
+const ConfigResult& loaded_config();
+
 // The runtime, set up on first use. One acquire load once it exists.
 inline Runtime& runtime() {
   Runtime* rt = detail::g_runtime.load(std::memory_order_acquire);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 4/5 measurements on a machine with 2+ GPUs, one rank per GPU (run from the repo root, build in
+# Scheduler and benchmark measurements on a machine with 2+ GPUs, one rank per GPU (run from the repo root, build in
 # build/). Every sweep point is checked for correctness by fp8wire-bench; the sweep tables, JSON,
 # profiles and plots land under $OUT.
 #   correct   tests/sched/multirank_collectives --per-gpu: the whole FP8 matrix with each gather

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU tier of the codec (issue 3); run from the repo root with the build in build/:
+# GPU tier of the codec; run from the repo root with the build in build/:
 #   1. test_quant_ref   the CPU reference's own tests (sanity on this machine);
 #   2. test_quant_gpu   every kernel x dtype x format x scale x block x rounding x conversion path x
 #                       odd counts against the CPU reference, bit for bit; fused reduce k=1..64 also

@@ -8,7 +8,8 @@
 #   3. tests/sched/graph_capture.py: torch CUDA graph of dist.all_reduce under the shim (a plain-NCCL
 #      capture run first; SKIPPED when plain NCCL cannot capture on this testbed; per-phase watchdog).
 # Env: SCHED_RANKS (default "2 3": DDP runs), SCHED_GRAPH_RANKS (default "2 3"), SCHED_MULTIRANK_RANKS
-# (default: SCHED_RANKS and 4, comma-separated), SCHED_MULTIRANK_LIMIT (s, default 280). Logs under $OUT.
+# (default: SCHED_RANKS and 4, comma-separated), SCHED_MULTIRANK_LIMIT (s, default 280), SCHED_BIG (1: the
+# 256 MiB case; 0: 64 MiB). Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export NCCL_NVLS_ENABLE=0
@@ -39,7 +40,8 @@ bin=build/tests/sched/multirank_collectives
 if [[ -x "$bin" ]]; then
   world_list="${SCHED_MULTIRANK_RANKS:-$(echo $ranks 4 | tr ' ' '\n' | sort -un | paste -sd, -)}"
   mr_limit="${SCHED_MULTIRANK_LIMIT:-280}"
-  run multirank_collectives timeout -k 5 "$mr_limit" "$bin" --ranks "$world_list" --big --timeout "$(( mr_limit - 10 ))"
+  big=(); [[ "${SCHED_BIG:-1}" == 1 ]] && big=(--big)
+  run multirank_collectives timeout -k 5 "$mr_limit" "$bin" --ranks "$world_list" "${big[@]}" --timeout "$(( mr_limit - 10 ))"
   grep -E "^FAIL" "$OUT/multirank_collectives.log" | head -20
 else
   summary+=("multirank_collectives        MISSING ($bin not built)")

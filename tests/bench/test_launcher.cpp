@@ -6,9 +6,9 @@
 #include <cstring>
 #include <thread>
 
-#include "bench/host/launcher.hpp"
+#include "common/rank_launcher.hpp"
 
-using namespace fp8wire::bench;
+using namespace fp8wire;
 
 namespace {
 LaunchSpec shell(const std::string& script, int nranks, double timeout_s = 20) {

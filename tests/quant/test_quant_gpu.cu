@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "quant/fp8_math.hpp"
+#include "common/status.hpp"
 #include "quant/quant.hpp"
 #include "quant/reference.hpp"
 
@@ -32,15 +33,6 @@ struct CudaFailure {
 };
 std::string g_case;   // what is running now, for error messages
 
-#define CHECK_CUDA(call)                                                                              \
-  do {                                                                                                \
-    cudaError_t e_ = (call);                                                                          \
-    if (e_ != cudaSuccess) {                                                                          \
-      char m_[512];                                                                                   \
-      std::snprintf(m_, sizeof m_, "CUDA error %s at %s:%d: %s", cudaGetErrorName(e_), __FILE__, __LINE__, #call); \
-      throw CudaFailure{m_};                                                                          \
-    }                                                                                                 \
-  } while (0)
 
 struct Tally {
   int pass = 0, total = 0;
@@ -102,7 +94,7 @@ std::vector<uint8_t> to_type(const std::vector<float>& x, ElemType t) {
 
 struct DeviceBuffer {
   void* p = nullptr;
-  explicit DeviceBuffer(size_t n) { CHECK_CUDA(cudaMalloc(&p, n ? n : 1)); }
+  explicit DeviceBuffer(size_t n) { FP8WIRE_CUDA_OR(cudaMalloc(&p, n ? n : 1), throw CudaFailure{"a CUDA call failed (logged above)"}); }
   ~DeviceBuffer() { cudaFree(p); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -112,11 +104,11 @@ struct DeviceBuffer {
 
 std::vector<uint8_t> download(const void* d, size_t n) {
   std::vector<uint8_t> h(n);
-  if (n) CHECK_CUDA(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost));
+  if (n) FP8WIRE_CUDA_OR(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost), throw CudaFailure{"a CUDA call failed (logged above)"});
   return h;
 }
 void upload(void* d, const void* h, size_t n) {
-  if (n) CHECK_CUDA(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+  if (n) FP8WIRE_CUDA_OR(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), throw CudaFailure{"a CUDA call failed (logged above)"});
 }
 
 const char* path_name(ConvertPath p) { return p == ConvertPath::native ? "native" : "software"; }
@@ -178,12 +170,12 @@ void check_codec(Buffers& b, ElemType dtype, const WireFormat& f, ConvertPath pa
     return;
   }
 
-  CHECK_CUDA(cudaMemset(b.wire.p, 0xFF, wire_bytes));
+  FP8WIRE_CUDA_OR(cudaMemset(b.wire.p, 0xFF, wire_bytes), throw CudaFailure{"a CUDA call failed (logged above)"});
   const cudaError_t e =
       with_residual
           ? quantize_with_residual(b.in.as(offset_bytes), dtype, count, b.residual.as<float>(), b.wire.p, layout, f, nullptr, opt)
           : quantize(b.in.as(offset_bytes), dtype, count, b.wire.p, layout, f, nullptr, opt);
-  CHECK_CUDA(cudaDeviceSynchronize());
+  FP8WIRE_CUDA_OR(cudaDeviceSynchronize(), throw CudaFailure{"a CUDA call failed (logged above)"});
   const std::string row =
       std::string(with_residual ? "quantize_with_residual " : "quantize ") + to_string(dtype) + " " + fmt_key(f);
   char ctx[160];
@@ -217,9 +209,9 @@ void check_codec(Buffers& b, ElemType dtype, const WireFormat& f, ConvertPath pa
     const size_t out_bytes = count * elem_size(out_type);
     std::vector<uint8_t> dwant(out_bytes);
     ref::dequantize(want.data(), layout, count, dwant.data(), out_type, f);
-    CHECK_CUDA(cudaMemset(b.out.p, 0xFF, out_bytes + 64));
+    FP8WIRE_CUDA_OR(cudaMemset(b.out.p, 0xFF, out_bytes + 64), throw CudaFailure{"a CUDA call failed (logged above)"});
     const cudaError_t de = dequantize(b.wire.p, layout, count, b.out.as(out_offset), out_type, f, nullptr, opt);
-    CHECK_CUDA(cudaDeviceSynchronize());
+    FP8WIRE_CUDA_OR(cudaDeviceSynchronize(), throw CudaFailure{"a CUDA call failed (logged above)"});
     const std::string drow = std::string("dequantize ") + to_string(out_type) + " " + to_string(f.fp8) + "/" + to_string(f.scale);
     if (de != cudaSuccess) {
       record(drow, col, false, std::string(ctx) + "launch returned " + cudaGetErrorName(de));
@@ -280,7 +272,7 @@ void check_reduce(Buffers& b, const WireFormat& f, ConvertPath path, const Reduc
     record("reference", col, false, err);
     return;
   }
-  CHECK_CUDA(cudaMemset(b.out.p, 0xFF, out_bytes));
+  FP8WIRE_CUDA_OR(cudaMemset(b.out.p, 0xFF, out_bytes), throw CudaFailure{"a CUDA call failed (logged above)"});
   const ReduceOutput dout{c.out == 3 ? nullptr : b.out.p, out_type, c.out == 3 ? b.out.p : nullptr};
   cudaError_t e;
   if (c.naive)
@@ -289,7 +281,7 @@ void check_reduce(Buffers& b, const WireFormat& f, ConvertPath path, const Reduc
     e = dequantize_reduce_mixed(dev_ptrs.data(), c.k, b.in.p, ElemType::bf16, c.k / 2, c.count, c.post_scale, dout, f, nullptr, opt);
   else
     e = dequantize_reduce(dev_ptrs.data(), c.k, c.count, c.post_scale, dout, f, nullptr, opt);
-  CHECK_CUDA(cudaDeviceSynchronize());
+  FP8WIRE_CUDA_OR(cudaDeviceSynchronize(), throw CudaFailure{"a CUDA call failed (logged above)"});
   static const char* kOut[] = {"f32", "f16", "bf16", "wire"};
   const std::string row =
       std::string(c.naive ? "reduce_naive -> " : c.mixed ? "reduce_mixed -> " : "reduce -> ") + kOut[c.out] + " " + fmt_key(f);
@@ -341,27 +333,27 @@ void check_graph(Buffers& b, ConvertPath path) {
   const LaunchOptions opt{path, 0};
   const size_t wb = chunk_bytes(count, f);
   cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  FP8WIRE_CUDA_OR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), throw CudaFailure{"a CUDA call failed (logged above)"});
   const void* ins[2] = {b.wire.p, b.wire.p};
   const ReduceOutput out{b.out.p, ElemType::bf16, nullptr};
-  CHECK_CUDA(quantize(b.in.p, ElemType::bf16, count, b.wire.p, Segmented::single(count, f), f, s, opt));
-  CHECK_CUDA(dequantize_reduce(ins, 2, count, 0.5f, out, f, s, opt));
-  CHECK_CUDA(cudaStreamSynchronize(s));
+  FP8WIRE_CUDA_OR(quantize(b.in.p, ElemType::bf16, count, b.wire.p, Segmented::single(count, f), f, s, opt), throw CudaFailure{"a CUDA call failed (logged above)"});
+  FP8WIRE_CUDA_OR(dequantize_reduce(ins, 2, count, 0.5f, out, f, s, opt), throw CudaFailure{"a CUDA call failed (logged above)"});
+  FP8WIRE_CUDA_OR(cudaStreamSynchronize(s), throw CudaFailure{"a CUDA call failed (logged above)"});
   const auto direct_wire = download(b.wire.p, wb);
   const auto direct_out = download(b.out.p, count * 2);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  FP8WIRE_CUDA_OR(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), throw CudaFailure{"a CUDA call failed (logged above)"});
   const cudaError_t e1 = quantize(b.in.p, ElemType::bf16, count, b.wire.p, Segmented::single(count, f), f, s, opt);
   const cudaError_t e2 = dequantize_reduce(ins, 2, count, 0.5f, out, f, s, opt);
-  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  FP8WIRE_CUDA_OR(cudaStreamEndCapture(s, &graph), throw CudaFailure{"a CUDA call failed (logged above)"});
+  FP8WIRE_CUDA_OR(cudaGraphInstantiate(&exec, graph, 0), throw CudaFailure{"a CUDA call failed (logged above)"});
   bool ok = e1 == cudaSuccess && e2 == cudaSuccess;
   for (int rep = 0; rep < 2 && ok; ++rep) {
-    CHECK_CUDA(cudaMemset(b.wire.p, 0xFF, wb));
-    CHECK_CUDA(cudaMemset(b.out.p, 0xFF, count * 2));
-    CHECK_CUDA(cudaGraphLaunch(exec, s));
-    CHECK_CUDA(cudaStreamSynchronize(s));
+    FP8WIRE_CUDA_OR(cudaMemset(b.wire.p, 0xFF, wb), throw CudaFailure{"a CUDA call failed (logged above)"});
+    FP8WIRE_CUDA_OR(cudaMemset(b.out.p, 0xFF, count * 2), throw CudaFailure{"a CUDA call failed (logged above)"});
+    FP8WIRE_CUDA_OR(cudaGraphLaunch(exec, s), throw CudaFailure{"a CUDA call failed (logged above)"});
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(s), throw CudaFailure{"a CUDA call failed (logged above)"});
     ok = download(b.wire.p, wb) == direct_wire && download(b.out.p, count * 2) == direct_out;
   }
   record("graph capture + replay", path_name(path), ok, "replay differs from direct launch");
@@ -385,7 +377,7 @@ void check_rejections(Buffers& b) {
   const bool r5 = dequantize(b.wire.p, Segmented::single(1000, good), 1000, b.out.as(2), ElemType::f32, good, nullptr) ==
                   cudaErrorInvalidValue;
   record("bad arguments rejected (cudaErrorInvalidValue)", "any", r1 && r2 && r3 && r4 && r5, "a bad argument was accepted");
-  CHECK_CUDA(cudaGetLastError());
+  FP8WIRE_CUDA_OR(cudaGetLastError(), throw CudaFailure{"a CUDA call failed (logged above)"});
 }
 
 void print_matrix() {
@@ -443,7 +435,7 @@ static int run_all(int argc, char** argv) {
   }
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  FP8WIRE_CUDA_OR(cudaGetDeviceProperties(&prop, 0), throw CudaFailure{"a CUDA call failed (logged above)"});
   std::printf("device: %s (sm_%d%d), native FP8 conversion: %s\n", prop.name, prop.major, prop.minor,
               device_has_native_fp8(0) ? "yes" : "no");
   std::vector<ConvertPath> paths = {ConvertPath::software};

@@ -11,7 +11,7 @@ import hashlib
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pylib"))
 import emulated_launch  # noqa: E402
 
 
@@ -68,6 +68,10 @@ def main():
     if args.worker:
         worker(args.worker, args.steps)
         return 0
+    have_gpu, why = emulated_launch.gpu_available()
+    if not have_gpu:
+        print(f"SKIPPED ddp_parity: {why}")
+        return 77
     if not os.path.exists(args.shim):
         print(f"FAIL ddp_parity: shim '{args.shim}' not found (build it first)")
         return 1
@@ -83,7 +87,7 @@ def main():
     checks = [("plain run completed", ok_plain and len(plain) == args.nproc, ""),
               ("fp8 run completed", ok_fp8 and len(fp8) == args.nproc, "")]
     if ok_plain and ok_fp8 and plain and fp8:
-        fp8_calls = sum(fp8[0]["totals"]["calls"][1:4]) if fp8[0]["totals"] else 0
+        fp8_calls = emulated_launch.fp8_calls(fp8[0]["totals"])
         checks.append(("FP8 all-reduces ran under the shim", fp8_calls > 0, f"fp8 calls {fp8_calls}"))
         checks.append(("plain: params identical across ranks", len({r["param_sha256"] for r in plain}) == 1, ""))
         checks.append(("fp8: params bitwise identical across ranks",

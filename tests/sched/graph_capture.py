@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pylib"))
 import emulated_launch  # noqa: E402
 
 PHASES = ["init", "eager_all_reduce", "side_stream_warmup", "capture", "replay", "done"]
@@ -216,7 +216,7 @@ def main():
     print(f"INFO {tag}: fp8wire capture run {time.time() - t:.0f}s: {problem or 'ok'}", flush=True)
     checks = [("all ranks completed (plain NCCL captured fine)", problem is None, problem or "")]
     if problem is None:
-        fp8_calls = sum(res[0]["totals"]["calls"][1:4]) if res[0]["totals"] else 0
+        fp8_calls = emulated_launch.fp8_calls(res[0]["totals"])
         checks.append(("FP8 all-reduces ran under the shim", fp8_calls > 0, f"fp8 calls {fp8_calls}"))
         checks.append(("graph replays equal eager FP8 all-reduce",
                        all(r["checks"]["replay_equals_eager"] for r in res), ""))

@@ -1,5 +1,5 @@
-// GPU tier of the scheduler: N ranks forked on GPU 0, each with its own NCCL_HOSTID (so NCCL treats
-// them as separate hosts over sockets), drive sched::Engine directly through a linked NCCL.
+// GPU tier of the scheduler: N ranks on GPU 0 (started by the shared rank launcher, each with its own
+// NCCL_HOSTID, so NCCL treats them as separate hosts over sockets) drive sched::Engine through a linked NCCL.
 //
 // Checked per case, and printed as a correctness matrix:
 //   * error against an fp64 reference, within the bound of the wire format (below);
@@ -38,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "common/rank_launcher.hpp"
+#include "common/status.hpp"
 #include "quant/reference.hpp"
 #include "sched/accounting.hpp"
 #include "sched/engine.hpp"
@@ -50,22 +52,6 @@ using fp8wire::quant::ElemType;
 
 namespace {
 
-#define CHECK_CUDA(x)                                                                       \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      fprintf(stderr, "rank CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      _exit(3);                                                                             \
-    }                                                                                       \
-  } while (0)
-#define CHECK_NCCL(x)                                                                       \
-  do {                                                                                      \
-    ncclResult_t r_ = (x);                                                                  \
-    if (r_ != ncclSuccess) {                                                                \
-      fprintf(stderr, "rank NCCL error %s at %s:%d\n", ncclGetErrorString(r_), __FILE__, __LINE__); \
-      _exit(4);                                                                             \
-    }                                                                                       \
-  } while (0)
 
 constexpr uint64_t kFnvSeed = 1469598103934665603ull;
 uint64_t fnv(const void* p, size_t n, uint64_t h = kFnvSeed) { return sched::fnv1a(p, n, h); }
@@ -139,8 +125,8 @@ void report(Rank& R, const std::string& name, bool ok, double ratio, uint64_t ha
 // wrong in-place all-gather and a "pipelined != single stage" mismatch at 4 ranks, where four
 // processes share the copy engines).
 void upload(void* dev, const void* host, size_t bytes) {
-  CHECK_CUDA(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaDeviceSynchronize());
+  FP8WIRE_CUDA_OR(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), _exit(3));
+  FP8WIRE_CUDA_OR(cudaDeviceSynchronize(), _exit(3));
 }
 
 // Fills a device buffer with rank r's input for `count` elements.
@@ -209,7 +195,7 @@ ErrStats check_sum(const HostBuf& out, size_t stride, int nranks, uint32_t seed,
 
 HostBuf download(const void* dev, const TypeInfo& t, size_t count) {
   HostBuf h(t.elem, count);
-  CHECK_CUDA(cudaMemcpy(h.bytes.data(), dev, h.bytes.size(), cudaMemcpyDeviceToHost));
+  FP8WIRE_CUDA_OR(cudaMemcpy(h.bytes.data(), dev, h.bytes.size(), cudaMemcpyDeviceToHost), _exit(3));
   return h;
 }
 
@@ -232,11 +218,11 @@ void run_all_reduce_cases(Rank& R, sched::Engine& eng) {
           const uint32_t seed = static_cast<uint32_t>(si * 31 + static_cast<int>(path) * 7 + static_cast<int>(t.elem));
           const size_t bytes = count * quant::elem_size(t.elem);
           void *in = nullptr, *out = nullptr;
-          CHECK_CUDA(cudaMalloc(&in, bytes));
-          CHECK_CUDA(cudaMalloc(&out, bytes));
+          FP8WIRE_CUDA_OR(cudaMalloc(&in, bytes), _exit(3));
+          FP8WIRE_CUDA_OR(cudaMalloc(&out, bytes), _exit(3));
           make_input(R.rank, count, t, seed, in);
           const ncclResult_t res = eng.all_reduce_forced(path, in, inplace ? in : out, count, t.nccl, op, R.comm, R.stream);
-          CHECK_CUDA(cudaStreamSynchronize(R.stream));
+          FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
           const HostBuf h = download(inplace ? in : out, t, count);
           const int q = path == Path::one_shot ? 1 : path == Path::two_shot ? 2 : R.n;
           // Every element up to 64 Ki, a sample of the larger buffers (the hashes cover every byte).
@@ -263,10 +249,10 @@ void run_big_cases(Rank& R, sched::Engine& eng) {
   for (Path path : {Path::two_shot, Path::one_shot}) {
     const uint32_t seed = 99 + static_cast<uint32_t>(path);
     void* buf = nullptr;
-    CHECK_CUDA(cudaMalloc(&buf, count * 4));
+    FP8WIRE_CUDA_OR(cudaMalloc(&buf, count * 4), _exit(3));
     make_input(R.rank, count, t, seed, buf);
     const ncclResult_t res = eng.all_reduce_forced(path, buf, buf, count, t.nccl, ncclSum, R.comm, R.stream);
-    CHECK_CUDA(cudaStreamSynchronize(R.stream));
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
     const HostBuf h = download(buf, t, count);
     const ErrStats e = check_sum(h, 4099, R.n, seed, t, path == Path::one_shot ? 1 : 2, 1.0, [](size_t i) { return i; });
     char name[160];
@@ -286,12 +272,12 @@ void run_reduce_scatter_cases(Rank& R, sched::Engine& eng) {
         const size_t total = recvcount * R.n;
         const size_t es = quant::elem_size(t.elem);
         void *in = nullptr, *out = nullptr;
-        CHECK_CUDA(cudaMalloc(&in, total * es));
-        CHECK_CUDA(cudaMalloc(&out, recvcount * es));
+        FP8WIRE_CUDA_OR(cudaMalloc(&in, total * es), _exit(3));
+        FP8WIRE_CUDA_OR(cudaMalloc(&out, recvcount * es), _exit(3));
         make_input(R.rank, total, t, seed, in);
         void* dst = inplace ? static_cast<char*>(in) + R.rank * recvcount * es : out;
         const ncclResult_t res = eng.reduce_scatter_forced(Path::two_shot, in, dst, recvcount, t.nccl, op, R.comm, R.stream);
-        CHECK_CUDA(cudaStreamSynchronize(R.stream));
+        FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
         const HostBuf h = download(dst, t, recvcount);
         const size_t base = R.rank * recvcount;
         // One quantization of every input; the sum is written in the caller dtype directly. Each
@@ -322,15 +308,15 @@ void run_all_gather_cases(Rank& R, sched::Engine& eng) {
       const size_t es = quant::elem_size(t.elem);
       const size_t total = sendcount * R.n;
       void *in = nullptr, *out = nullptr;
-      CHECK_CUDA(cudaMalloc(&in, sendcount * es));
-      CHECK_CUDA(cudaMalloc(&out, total * es));
+      FP8WIRE_CUDA_OR(cudaMalloc(&in, sendcount * es), _exit(3));
+      FP8WIRE_CUDA_OR(cudaMalloc(&out, total * es), _exit(3));
       // Rank r's contribution is input(r, r*sendcount + i) at index r*sendcount + i of the result.
       HostBuf h_in(t.elem, sendcount);
       for (size_t i = 0; i < sendcount; ++i) h_in.set(i, input_value(R.rank, R.rank * sendcount + i, seed));
       void* src = inplace ? static_cast<char*>(out) + R.rank * sendcount * es : in;
       upload(src, h_in.bytes.data(), h_in.bytes.size());
       const ncclResult_t res = eng.all_gather_forced(Path::one_shot, src, out, sendcount, t.nccl, R.comm, R.stream);
-      CHECK_CUDA(cudaStreamSynchronize(R.stream));
+      FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
       const HostBuf h = download(out, t, total);
       double worst = 0;
       bool finite = true;
@@ -365,13 +351,13 @@ void run_passthrough_cases(Rank& R, sched::Engine& eng) {
     const size_t count = 100000;
     const size_t bytes = count * quant::elem_size(t.elem);
     void *in = nullptr, *a = nullptr, *b = nullptr;
-    CHECK_CUDA(cudaMalloc(&in, bytes));
-    CHECK_CUDA(cudaMalloc(&a, bytes));
-    CHECK_CUDA(cudaMalloc(&b, bytes));
+    FP8WIRE_CUDA_OR(cudaMalloc(&in, bytes), _exit(3));
+    FP8WIRE_CUDA_OR(cudaMalloc(&a, bytes), _exit(3));
+    FP8WIRE_CUDA_OR(cudaMalloc(&b, bytes), _exit(3));
     make_input(R.rank, count, t, 3, in);
-    CHECK_NCCL(eng.all_reduce_forced(Path::passthrough, in, a, count, t.nccl, ncclSum, R.comm, R.stream));
-    CHECK_NCCL(ncclAllReduce(in, b, count, t.nccl, ncclSum, R.comm, R.stream));
-    CHECK_CUDA(cudaStreamSynchronize(R.stream));
+    FP8WIRE_NCCL_OR(eng.all_reduce_forced(Path::passthrough, in, a, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+    FP8WIRE_NCCL_OR(ncclAllReduce(in, b, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
     const HostBuf ha = download(a, t, count), hb = download(b, t, count);
     report(R, std::string("passthrough/ar/") + t.name + "==nccl", ha.bytes == hb.bytes, 0,
            fnv(ha.bytes.data(), ha.bytes.size()), true);
@@ -384,11 +370,11 @@ void run_passthrough_cases(Rank& R, sched::Engine& eng) {
   std::vector<int32_t> hi(count);
   for (size_t i = 0; i < count; ++i) hi[i] = static_cast<int32_t>(i * (R.rank + 1));
   int32_t* di = nullptr;
-  CHECK_CUDA(cudaMalloc(&di, count * 4));
+  FP8WIRE_CUDA_OR(cudaMalloc(&di, count * 4), _exit(3));
   upload(di, hi.data(), count * 4);
-  CHECK_NCCL(eng.all_reduce(di, di, count, ncclInt32, ncclSum, R.comm, R.stream));
-  CHECK_CUDA(cudaStreamSynchronize(R.stream));
-  CHECK_CUDA(cudaMemcpy(hi.data(), di, count * 4, cudaMemcpyDeviceToHost));
+  FP8WIRE_NCCL_OR(eng.all_reduce(di, di, count, ncclInt32, ncclSum, R.comm, R.stream), _exit(4));
+  FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
+  FP8WIRE_CUDA_OR(cudaMemcpy(hi.data(), di, count * 4, cudaMemcpyDeviceToHost), _exit(3));
   bool ok = true;
   const int64_t rank_sum = static_cast<int64_t>(R.n) * (R.n + 1) / 2;
   for (size_t i = 0; i < count; ++i) ok &= hi[i] == static_cast<int32_t>(i * rank_sum);
@@ -396,11 +382,11 @@ void run_passthrough_cases(Rank& R, sched::Engine& eng) {
   std::vector<float> hf(count);
   for (size_t i = 0; i < count; ++i) hf[i] = static_cast<float>(i) + R.rank;
   float* df = nullptr;
-  CHECK_CUDA(cudaMalloc(&df, count * 4));
+  FP8WIRE_CUDA_OR(cudaMalloc(&df, count * 4), _exit(3));
   upload(df, hf.data(), count * 4);
-  CHECK_NCCL(eng.all_reduce(df, df, count, ncclFloat32, ncclMax, R.comm, R.stream));
-  CHECK_CUDA(cudaStreamSynchronize(R.stream));
-  CHECK_CUDA(cudaMemcpy(hf.data(), df, count * 4, cudaMemcpyDeviceToHost));
+  FP8WIRE_NCCL_OR(eng.all_reduce(df, df, count, ncclFloat32, ncclMax, R.comm, R.stream), _exit(4));
+  FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
+  FP8WIRE_CUDA_OR(cudaMemcpy(hf.data(), df, count * 4, cudaMemcpyDeviceToHost), _exit(3));
   ok = true;
   for (size_t i = 0; i < count; ++i) ok &= hf[i] == static_cast<float>(i) + (R.n - 1);
   report(R, "passthrough/ar/f32-max-exact", ok, 0, fnv(hf.data(), count * 4), true);
@@ -417,29 +403,29 @@ void run_group_case(Rank& R, sched::Engine& eng) {
   void* bufs[3];
   const uint64_t seq_before = Accounting::instance().next_seq();
   for (int k = 0; k < 3; ++k) {
-    CHECK_CUDA(cudaMalloc(&bufs[k], counts[k] * 2));
+    FP8WIRE_CUDA_OR(cudaMalloc(&bufs[k], counts[k] * 2), _exit(3));
     make_input(R.rank, counts[k], t, 40 + k, bufs[k]);
   }
   const size_t ring_count = 777;
   int32_t *sendb = nullptr, *recvb = nullptr, *ints = nullptr;
-  CHECK_CUDA(cudaMalloc(&sendb, ring_count * 4));
-  CHECK_CUDA(cudaMalloc(&recvb, ring_count * 4));
-  CHECK_CUDA(cudaMalloc(&ints, ring_count * 4));
+  FP8WIRE_CUDA_OR(cudaMalloc(&sendb, ring_count * 4), _exit(3));
+  FP8WIRE_CUDA_OR(cudaMalloc(&recvb, ring_count * 4), _exit(3));
+  FP8WIRE_CUDA_OR(cudaMalloc(&ints, ring_count * 4), _exit(3));
   std::vector<int32_t> hs(ring_count, R.rank + 1);
   upload(sendb, hs.data(), ring_count * 4);
   upload(ints, hs.data(), ring_count * 4);
 
-  CHECK_NCCL(eng.group_start());
-  CHECK_NCCL(eng.all_reduce(bufs[0], bufs[0], counts[0], t.nccl, ncclSum, R.comm, R.stream));
-  CHECK_NCCL(eng.group_start());  // nested
-  CHECK_NCCL(eng.all_reduce(bufs[1], bufs[1], counts[1], t.nccl, ncclSum, R.comm, R.stream));
-  CHECK_NCCL(eng.all_reduce(ints, ints, ring_count, ncclInt32, ncclSum, R.comm, R.stream));
-  CHECK_NCCL(ncclSend(sendb, ring_count, ncclInt32, (R.rank + 1) % R.n, R.comm, R.stream));
-  CHECK_NCCL(ncclRecv(recvb, ring_count, ncclInt32, (R.rank - 1 + R.n) % R.n, R.comm, R.stream));
-  CHECK_NCCL(eng.group_end());
-  CHECK_NCCL(eng.all_reduce(bufs[2], bufs[2], counts[2], t.nccl, ncclSum, R.comm, R.stream));
-  CHECK_NCCL(eng.group_end());
-  CHECK_CUDA(cudaStreamSynchronize(R.stream));
+  FP8WIRE_NCCL_OR(eng.group_start(), _exit(4));
+  FP8WIRE_NCCL_OR(eng.all_reduce(bufs[0], bufs[0], counts[0], t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+  FP8WIRE_NCCL_OR(eng.group_start(), _exit(4));  // nested
+  FP8WIRE_NCCL_OR(eng.all_reduce(bufs[1], bufs[1], counts[1], t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+  FP8WIRE_NCCL_OR(eng.all_reduce(ints, ints, ring_count, ncclInt32, ncclSum, R.comm, R.stream), _exit(4));
+  FP8WIRE_NCCL_OR(ncclSend(sendb, ring_count, ncclInt32, (R.rank + 1) % R.n, R.comm, R.stream), _exit(4));
+  FP8WIRE_NCCL_OR(ncclRecv(recvb, ring_count, ncclInt32, (R.rank - 1 + R.n) % R.n, R.comm, R.stream), _exit(4));
+  FP8WIRE_NCCL_OR(eng.group_end(), _exit(4));
+  FP8WIRE_NCCL_OR(eng.all_reduce(bufs[2], bufs[2], counts[2], t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+  FP8WIRE_NCCL_OR(eng.group_end(), _exit(4));
+  FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
 
   bool ok = true;
   double worst = 0;
@@ -452,8 +438,8 @@ void run_group_case(Rank& R, sched::Engine& eng) {
     hash = fnv(h.bytes.data(), h.bytes.size(), hash);
   }
   std::vector<int32_t> hr(ring_count), hint(ring_count);
-  CHECK_CUDA(cudaMemcpy(hr.data(), recvb, ring_count * 4, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(hint.data(), ints, ring_count * 4, cudaMemcpyDeviceToHost));
+  FP8WIRE_CUDA_OR(cudaMemcpy(hr.data(), recvb, ring_count * 4, cudaMemcpyDeviceToHost), _exit(3));
+  FP8WIRE_CUDA_OR(cudaMemcpy(hint.data(), ints, ring_count * 4, cudaMemcpyDeviceToHost), _exit(3));
   const int prev = (R.rank - 1 + R.n) % R.n;
   bool sendrecv_ok = true, int_ok = true;
   for (size_t i = 0; i < ring_count; ++i) {
@@ -488,14 +474,14 @@ void run_pipeline_case(Rank& R, sched::Engine& eng) {
   const size_t count = (size_t{3} << 20) + 17;
   for (Path path : {Path::two_shot, Path::one_shot}) {
     void *in = nullptr, *a = nullptr, *b = nullptr;
-    CHECK_CUDA(cudaMalloc(&in, count * 2));
-    CHECK_CUDA(cudaMalloc(&a, count * 2));
-    CHECK_CUDA(cudaMalloc(&b, count * 2));
+    FP8WIRE_CUDA_OR(cudaMalloc(&in, count * 2), _exit(3));
+    FP8WIRE_CUDA_OR(cudaMalloc(&a, count * 2), _exit(3));
+    FP8WIRE_CUDA_OR(cudaMalloc(&b, count * 2), _exit(3));
     make_input(R.rank, count, t, 77, in);
-    CHECK_NCCL(eng.all_reduce_forced(path, in, a, count, t.nccl, ncclSum, R.comm, R.stream));
+    FP8WIRE_NCCL_OR(eng.all_reduce_forced(path, in, a, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
     const uint64_t before = Accounting::instance().next_seq();
-    CHECK_NCCL(piped.all_reduce_forced(path, in, b, count, t.nccl, ncclSum, R.comm, R.stream));
-    CHECK_CUDA(cudaStreamSynchronize(R.stream));
+    FP8WIRE_NCCL_OR(piped.all_reduce_forced(path, in, b, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
     const HostBuf ha = download(a, t, count), hb = download(b, t, count);
     std::vector<CallRecord> rec(4);
     const size_t nrec = Accounting::instance().snapshot(rec.data(), rec.size(), before);
@@ -516,7 +502,7 @@ void run_pipeline_case(Rank& R, sched::Engine& eng) {
     cudaFree(a);
     cudaFree(b);
   }
-  CHECK_CUDA(cudaStreamSynchronize(R.stream));
+  FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
   piped.comm_destroyed(R.comm);
 }
 
@@ -525,29 +511,29 @@ void run_graph_case(Rank& R, sched::Engine& eng) {
   const TypeInfo& t = kTypes[2];
   const size_t count = 300000;
   void *buf = nullptr, *in = nullptr, *ref = nullptr;
-  CHECK_CUDA(cudaMalloc(&buf, count * 2));
-  CHECK_CUDA(cudaMalloc(&in, count * 2));
-  CHECK_CUDA(cudaMalloc(&ref, count * 2));
+  FP8WIRE_CUDA_OR(cudaMalloc(&buf, count * 2), _exit(3));
+  FP8WIRE_CUDA_OR(cudaMalloc(&in, count * 2), _exit(3));
+  FP8WIRE_CUDA_OR(cudaMalloc(&ref, count * 2), _exit(3));
   cudaStream_t cap;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
+  FP8WIRE_CUDA_OR(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking), _exit(3));
   for (Path path : {Path::two_shot, Path::one_shot}) {
     bool ok = true;
     uint64_t hash = kFnvSeed;
     double worst = 0;
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CHECK_CUDA(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal));
-    CHECK_CUDA(cudaMemcpyAsync(buf, in, count * 2, cudaMemcpyDeviceToDevice, cap));
+    FP8WIRE_CUDA_OR(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal), _exit(3));
+    FP8WIRE_CUDA_OR(cudaMemcpyAsync(buf, in, count * 2, cudaMemcpyDeviceToDevice, cap), _exit(3));
     const ncclResult_t res = eng.all_reduce_forced(path, buf, buf, count, t.nccl, ncclSum, R.comm, cap);
-    CHECK_CUDA(cudaStreamEndCapture(cap, &graph));
+    FP8WIRE_CUDA_OR(cudaStreamEndCapture(cap, &graph), _exit(3));
     ok &= res == ncclSuccess;
-    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    FP8WIRE_CUDA_OR(cudaGraphInstantiate(&exec, graph, 0), _exit(3));
     for (uint32_t replay = 0; replay < 3; ++replay) {
       make_input(R.rank, count, t, 500 + replay, in);
-      CHECK_CUDA(cudaGraphLaunch(exec, cap));
-      CHECK_CUDA(cudaStreamSynchronize(cap));
-      CHECK_NCCL(eng.all_reduce_forced(path, in, ref, count, t.nccl, ncclSum, R.comm, R.stream));
-      CHECK_CUDA(cudaStreamSynchronize(R.stream));
+      FP8WIRE_CUDA_OR(cudaGraphLaunch(exec, cap), _exit(3));
+      FP8WIRE_CUDA_OR(cudaStreamSynchronize(cap), _exit(3));
+      FP8WIRE_NCCL_OR(eng.all_reduce_forced(path, in, ref, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+      FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
       const HostBuf hg = download(buf, t, count), hr = download(ref, t, count);
       ok &= hg.bytes == hr.bytes;
       const ErrStats e = check_sum(hg, 7, R.n, 500 + replay, t, path == Path::one_shot ? 1 : 2, 1.0, [](size_t i) { return i; });
@@ -580,15 +566,15 @@ void run_error_feedback_case(Rank& R) {
   sched::Engine plain(test_config(), R.platform), ef(with_ef, R.platform), ef_capped(capped, R.platform);
   for (sched::Engine* e : {&plain, &ef, &ef_capped}) e->comm_created(R.comm);
   void *in = nullptr, *out = nullptr;
-  CHECK_CUDA(cudaMalloc(&in, count * 4));
-  CHECK_CUDA(cudaMalloc(&out, count * 4));
+  FP8WIRE_CUDA_OR(cudaMalloc(&in, count * 4), _exit(3));
+  FP8WIRE_CUDA_OR(cudaMalloc(&out, count * 4), _exit(3));
   make_input(R.rank, count, t, 901, in);
   auto mean_error = [&](sched::Engine& eng, HostBuf* last) {
     std::vector<double> sum(count, 0.0);
     for (int k = 0; k < iterations; ++k) {
       sched::Engine::set_feedback_key(42);  // the same logical tensor every time
-      CHECK_NCCL(eng.all_reduce_forced(Path::one_shot, in, out, count, t.nccl, ncclSum, R.comm, R.stream));
-      CHECK_CUDA(cudaStreamSynchronize(R.stream));
+      FP8WIRE_NCCL_OR(eng.all_reduce_forced(Path::one_shot, in, out, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+      FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
       *last = download(out, t, count);
       for (size_t i = 0; i < count; ++i) sum[i] += last->get(i);
     }
@@ -610,7 +596,7 @@ void run_error_feedback_case(Rank& R) {
   report(R, name, e_ef < 0.5 * e_plain, e_ef / e_plain, 0, false);
   report(R, "error_feedback/capped-below-buffer==no-feedback", last_capped.bytes == last_plain.bytes, 0,
          fnv(last_capped.bytes.data(), last_capped.bytes.size()), true);
-  CHECK_CUDA(cudaStreamSynchronize(R.stream));
+  FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
   plain.comm_destroyed(R.comm);
   ef.comm_destroyed(R.comm);
   ef_capped.comm_destroyed(R.comm);
@@ -622,12 +608,8 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
   int device = 0;
   if (per_gpu) {
     int devices = 1;
-    CHECK_CUDA(cudaGetDeviceCount(&devices));
+    FP8WIRE_CUDA_OR(cudaGetDeviceCount(&devices), _exit(3));
     device = rank % devices;
-  } else {
-    char host[64];
-    snprintf(host, sizeof(host), "emulated-host-%d", rank);
-    setenv("NCCL_HOSTID", host, 1);  // before the communicator exists
   }
   Rank R;
   R.rank = rank;
@@ -635,9 +617,9 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
   R.big = big;
   R.out = fopen(out_path.c_str(), "w");
   if (!R.out) return 5;
-  CHECK_CUDA(cudaSetDevice(device));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
-  CHECK_NCCL(ncclCommInitRank(&R.comm, n, id, rank));
+  FP8WIRE_CUDA_OR(cudaSetDevice(device), _exit(3));
+  FP8WIRE_CUDA_OR(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking), _exit(3));
+  FP8WIRE_NCCL_OR(ncclCommInitRank(&R.comm, n, id, rank), _exit(4));
   R.api = nccl_api_from_linked();
   R.platform = gpu_platform(R.api);
   {
@@ -653,7 +635,7 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
     run_error_feedback_case(R);
     run_big_cases(R, eng);
     fprintf(R.out, "fabric %s\n", to_string(eng.fabric_of(R.comm)));
-    CHECK_CUDA(cudaStreamSynchronize(R.stream));
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
     eng.comm_destroyed(R.comm);
   }
   {
@@ -669,7 +651,7 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
     run_pipeline_case(R, eng);
     run_graph_case(R, eng);
     run_big_cases(R, eng);
-    CHECK_CUDA(cudaStreamSynchronize(R.stream));
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
     eng.comm_destroyed(R.comm);
   }
   ncclCommDestroy(R.comm);
@@ -691,6 +673,7 @@ int main(int argc, char** argv) {
   bool big = false;
   bool per_gpu = false;
   int timeout_s = 240;
+  std::string child_out;  // set in a rank: the file its case lines go to
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--ranks" && i + 1 < argc) {
@@ -704,10 +687,30 @@ int main(int argc, char** argv) {
       per_gpu = true;
     } else if (a == "--timeout" && i + 1 < argc) {
       timeout_s = std::atoi(argv[++i]);
+    } else if (a == "--rank-output" && i + 1 < argc) {
+      child_out = argv[++i];
     } else {
       fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu\n", a.c_str());
       return 2;
     }
+  }
+  if (!child_out.empty()) {
+    // One rank, started by the launcher below: RANK, WORLD_SIZE, MASTER_PORT (and NCCL_HOSTID when
+    // emulated) are set; rank 0 serves the NCCL unique id.
+    std::string error;
+    const auto env = rank_env_from_environment(error);
+    if (!env) {
+      fprintf(stderr, "rank: %s\n", error.empty() ? "RANK/WORLD_SIZE not set" : error.c_str());
+      return 2;
+    }
+    alarm(static_cast<unsigned>(timeout_s));  // a hang kills the rank, not the CI job
+    ncclUniqueId id{};
+    if (env->rank == 0) FP8WIRE_NCCL_OR(ncclGetUniqueId(&id), return 4);
+    if (!exchange_bootstrap_blob(*env, &id, sizeof(id), 60, error)) {
+      fprintf(stderr, "rank %d: %s\n", env->rank, error.c_str());
+      return 4;
+    }
+    return rank_main(env->rank, env->world_size, id, child_out + std::to_string(env->rank), big, per_gpu);
   }
   for (int n : worlds) {
     if (n < 2 || n > 16) {
@@ -715,18 +718,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // The parent must not initialise CUDA before fork() (children could not use it), so a child
-  // probes for a device. ncclGetUniqueId needs no GPU: its bootstrap root runs in the parent.
-  // It exits with the number of visible devices (capped; 0 = none or an error).
-  const pid_t probe = fork();
-  if (probe == 0) {
-    int devices = 0;
-    _exit(cudaGetDeviceCount(&devices) == cudaSuccess ? std::min(devices, 200) : 0);
-  }
-  int probe_status = 0;
-  waitpid(probe, &probe_status, 0);
-  const int devices = WIFEXITED(probe_status) ? WEXITSTATUS(probe_status) : 0;
-  if (devices == 0) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     printf("SKIPPED: no CUDA device\n");
     return 77;
   }
@@ -741,31 +734,19 @@ int main(int argc, char** argv) {
   int failures = 0;
   std::vector<std::string> summary;
   for (int n : worlds) {
-    ncclUniqueId id;
-    if (ncclGetUniqueId(&id) != ncclSuccess) {
-      fprintf(stderr, "ncclGetUniqueId failed\n");
-      return 1;
-    }
-    std::vector<pid_t> pids;
+    const std::string prefix = "/tmp/fp8wire_multirank_" + std::to_string(getpid()) + "_" + std::to_string(n) + "_";
+    LaunchSpec spec;
+    spec.argv = {"/proc/self/exe", "--rank-output", prefix, "--timeout", std::to_string(timeout_s)};
+    if (big && n == worlds.front()) spec.argv.push_back("--big");
+    if (per_gpu) spec.argv.push_back("--per-gpu");
+    else spec.env_per_rank = emulated_host_env(n);
+    spec.nranks = n;
+    spec.timeout_s = timeout_s + 30;
+    const LaunchResult launched = launch_local_ranks(spec);
+    const bool ranks_ok = launched.ok;
+    if (!ranks_ok) fprintf(stderr, "FAIL: world size %d: %s\n", n, launched.error.c_str());
     std::vector<std::string> files;
-    for (int r = 0; r < n; ++r) {
-      files.push_back("/tmp/fp8wire_multirank_" + std::to_string(getpid()) + "_" + std::to_string(n) + "_" + std::to_string(r));
-      const pid_t pid = fork();
-      if (pid == 0) {
-        alarm(static_cast<unsigned>(timeout_s));  // a hang kills the rank, not the CI job
-        _exit(rank_main(r, n, id, files.back(), big && n == worlds.front(), per_gpu));
-      }
-      pids.push_back(pid);
-    }
-    bool ranks_ok = true;
-    for (pid_t pid : pids) {
-      int status = 0;
-      waitpid(pid, &status, 0);
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        ranks_ok = false;
-        fprintf(stderr, "FAIL: a rank of world size %d exited abnormally (status %d)\n", n, status);
-      }
-    }
+    for (int r = 0; r < n; ++r) files.push_back(prefix + std::to_string(r));
     std::map<std::string, CaseResult> results;
     std::vector<std::string> order;
     std::string fabric = "?";

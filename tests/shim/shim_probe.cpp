@@ -147,13 +147,27 @@ int main(int argc, char** argv) {
     auto step_begin = reinterpret_cast<void (*)(int64_t)>(dlsym(shim, "fp8wire_step_begin"));
     auto step_end = reinterpret_cast<void (*)(int64_t)>(dlsym(shim, "fp8wire_step_end"));
     auto flush = reinterpret_cast<void (*)()>(dlsym(shim, "fp8wire_profiler_flush"));
-    if (!version || !totals || !step_begin || !step_end || !flush) {
+    auto active = reinterpret_cast<int (*)()>(dlsym(shim, "fp8wire_active"));
+    auto path_name = reinterpret_cast<const char* (*)(int)>(dlsym(shim, "fp8wire_path_name"));
+    auto path_is_fp8 = reinterpret_cast<int (*)(int)>(dlsym(shim, "fp8wire_path_is_fp8"));
+    if (!version || !totals || !step_begin || !step_end || !flush || !active || !path_name || !path_is_fp8) {
       std::printf("capi missing\n");
       return 3;
     }
+    // Before any NCCL call the answer comes from the configuration alone (no set-up).
+    std::printf("capi active_before=%d\n", active());
     ncclComm_t comm = nullptr;
     api.CommInitRank(&comm, 2, probe::unique_id(1), 0);
     api.AllReduce(probe::ptr(probe::kSend), probe::ptr(probe::kRecv), 1000, ncclFloat32, ncclSum, comm, probe::stream());
+    std::printf("capi active_after=%d\n", active());
+    std::string names;
+    for (int i = -1; i <= FP8WIRE_MAX_PATHS; ++i) {
+      const char* n = path_name(i);
+      names += n ? (*n ? n : "-") : "null";
+      if (path_is_fp8(i)) names += "*";
+      names += i < FP8WIRE_MAX_PATHS ? "," : "";
+    }
+    std::printf("capi paths=%s\n", names.c_str());
     step_begin(1);
     step_end(1);
     flush();

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "probe_script.hpp"
+#include "sched/types.hpp"
+#include "shim/fp8wire.h"
 #include "shim/reentry_guard.hpp"
 
 namespace {
@@ -304,7 +306,28 @@ TEST_CASE("C API: version, totals, step marks and flush are safe without a profi
     CHECK(r.exit_code == 0);
     CHECK(count_of(r.output, "capi version=100 ") == 1);
     CHECK(count_of(r.output, "dropped=0") == 1);
+    const bool on = std::string(enable) == "FP8WIRE_ENABLE=1";
+    CHECK(count_of(r.output, on ? "capi active_before=1" : "capi active_before=0") == 1);
+    CHECK(count_of(r.output, on ? "capi active_after=1" : "capi active_after=0") == 1);
+    // Every path by its to_string name, FP8 ones starred; slots past the last path "", outside null.
+    std::string paths = "capi paths=null,";
+    for (int i = 0; i < FP8WIRE_MAX_PATHS; ++i) {
+      const auto p = static_cast<fp8wire::Path>(i);
+      paths += i < fp8wire::kPathCount ? std::string(fp8wire::to_string(p)) + (fp8wire::is_fp8(p) ? "*" : "") : "-";
+      paths += ",";
+    }
+    paths += "null";
+    CHECK(count_of(r.output, paths) == 1);
+    CHECK(count_of(r.output, "passthrough,two_shot*,") == 1);
   }
+}
+
+TEST_CASE("C API: fp8wire_active is 0 with a configuration error") {
+  const Run r = run_probe("noload", "capi", {"FP8WIRE_BLOCK_SIZE=7"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(count_of(r.output, "capi active_before=0") == 1);
+  CHECK(count_of(r.output, "capi active_after=0") == 1);
 }
 
 TEST_CASE("exported dynamic symbols: exactly the interposed NCCL functions and the C API") {
@@ -329,7 +352,8 @@ TEST_CASE("exported dynamic symbols: exactly the interposed NCCL functions and t
       "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd", "ncclGroupSimulateEnd", "ncclCommInitRank", "ncclCommInitRankConfig",
       "ncclCommInitAll", "ncclCommInitRankScalable", "ncclCommSplit", "ncclCommShrink", "ncclCommFinalize",
       "ncclCommDestroy", "ncclCommAbort", "fp8wire_version", "fp8wire_step_begin", "fp8wire_step_end",
-      "fp8wire_profiler_flush", "fp8wire_get_totals", "fp8wire_set_feedback_key"};
+      "fp8wire_profiler_flush", "fp8wire_get_totals", "fp8wire_set_feedback_key", "fp8wire_active",
+      "fp8wire_path_name", "fp8wire_path_is_fp8"};
   CHECK(exported == expected);
 }
 

@@ -76,9 +76,9 @@ def worker(rank: int, out_dir: str, store: str) -> None:
     totals = None
     try:  # present only when libfp8wire.so is preloaded
         lib = ctypes.CDLL(None)
-        class Totals(ctypes.Structure):
-            _fields_ = [("calls", ctypes.c_uint64 * 5), ("app_bytes", ctypes.c_uint64 * 5),
-                        ("wire_bytes", ctypes.c_uint64 * 5), ("dropped", ctypes.c_uint64)]
+        class Totals(ctypes.Structure):  # shim/fp8wire.h: FP8WIRE_MAX_PATHS slots per figure
+            _fields_ = [("calls", ctypes.c_uint64 * 16), ("app_bytes", ctypes.c_uint64 * 16),
+                        ("wire_bytes", ctypes.c_uint64 * 16), ("dropped", ctypes.c_uint64)]
         t = Totals()
         lib.fp8wire_get_totals(ctypes.byref(t))
         totals = {"calls": list(t.calls), "wire_bytes": list(t.wire_bytes), "version": lib.fp8wire_version()}

@@ -1,6 +1,8 @@
 // Rank launching and bootstrap, POSIX only (no CUDA, no NCCL), so CI tests it with plain processes.
+// The one launcher of fp8wire's programs: fp8wire-bench, the transport probe, the trainer and the
+// multi-rank GPU tests.
 //
-// Three ways a benchmark rank comes to exist:
+// Three ways a rank comes to exist:
 //   * local launch (default): the launcher forks one child per visible GPU, or N children on one GPU
 //     with --emulate-ranks N, and sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT for
 //     each, exactly as torchrun would;
@@ -16,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-namespace fp8wire::bench {
+namespace fp8wire {
 
 struct RankEnv {
   int rank = 0;
@@ -50,6 +52,12 @@ struct LaunchResult {
 // Starts nranks children with RANK etc. set (MASTER_PORT chosen free on 127.0.0.1) and waits.
 LaunchResult launch_local_ranks(const LaunchSpec& spec);
 
+// Ranks emulated on one GPU: each must look like a host of its own to NCCL (else it refuses two ranks
+// on one GPU), so each gets NCCL_HOSTID=emulated-host-<rank> before its communicator exists. The one
+// spelling of that name: per-rank environments for a launch, or set in the calling rank itself.
+std::vector<std::vector<std::pair<std::string, std::string>>> emulated_host_env(int nranks);
+void set_emulated_host(int rank);
+
 // A TCP port free on the loopback interface right now.
 int find_free_port();
 
@@ -58,4 +66,4 @@ int find_free_port();
 // the address and step that failed.
 bool exchange_bootstrap_blob(const RankEnv& env, void* data, size_t bytes, double timeout_s, std::string& error);
 
-}  // namespace fp8wire::bench
+}  // namespace fp8wire

@@ -1,4 +1,4 @@
-#include "bench/host/launcher.hpp"
+#include "common/rank_launcher.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -22,7 +22,7 @@
 
 extern char** environ;
 
-namespace fp8wire::bench {
+namespace fp8wire {
 
 namespace {
 
@@ -124,6 +124,14 @@ std::optional<RankEnv> rank_env_from_environment(std::string& error) {
   env.master_port = port ? static_cast<int>(*port) : 0;
   return env;
 }
+
+std::vector<std::vector<std::pair<std::string, std::string>>> emulated_host_env(int nranks) {
+  std::vector<std::vector<std::pair<std::string, std::string>>> env;
+  for (int r = 0; r < nranks; ++r) env.push_back({{"NCCL_HOSTID", fmt::format("emulated-host-{}", r)}});
+  return env;
+}
+
+void set_emulated_host(int rank) { ::setenv("NCCL_HOSTID", fmt::format("emulated-host-{}", rank).c_str(), 1); }
 
 int find_free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -314,4 +322,4 @@ bool exchange_bootstrap_blob(const RankEnv& env, void* data, size_t bytes, doubl
   return false;
 }
 
-}  // namespace fp8wire::bench
+}  // namespace fp8wire

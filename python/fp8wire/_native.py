@@ -1,0 +1,170 @@
+"""The C API of libfp8wire.so (shim/fp8wire.h), reached in this process through ctypes.
+
+The library is not loaded by this module: `fp8wire run` (or LD_PRELOAD) preloads it, and its
+symbols are then visible from the process's global scope. Without it every function here answers
+"not loaded" and does nothing, so a training script can call them unconditionally."""
+from __future__ import annotations
+
+import ctypes
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional
+
+# Fixed by the C API (FP8WIRE_MAX_PATHS in shim/fp8wire.h): the number of path slots in the totals.
+MAX_PATHS = 16
+# The two paths on which a call reached NCCL unchanged: not eligible, or eligible but the FP8 path
+# could not run. Only for a library without fp8wire_path_is_fp8, which says it itself.
+UNCARRIED_PATHS = ("passthrough", "fallback")
+
+
+class _Totals(ctypes.Structure):
+    _fields_ = [("calls", ctypes.c_uint64 * MAX_PATHS), ("app_bytes", ctypes.c_uint64 * MAX_PATHS),
+                ("wire_bytes", ctypes.c_uint64 * MAX_PATHS), ("dropped_records", ctypes.c_uint64)]
+
+
+_lock = threading.Lock()
+_cache: Dict[str, Optional[Callable]] = {}
+_warned = set()
+
+
+def _symbol(name: str, restype, argtypes) -> Optional[Callable]:
+    """The named function of the preloaded library, or None. Looked up again until found, since a
+    library can also be loaded after this module (ctypes.CDLL(path, mode=RTLD_GLOBAL))."""
+    with _lock:
+        fn = _cache.get(name)
+        if fn is None:
+            try:
+                fn = getattr(ctypes.CDLL(None), name)
+            except AttributeError:
+                return None
+            fn.restype, fn.argtypes = restype, argtypes
+            _cache[name] = fn
+        return fn
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def loaded() -> bool:
+    """True when libfp8wire.so is loaded in this process."""
+    return _symbol("fp8wire_version", ctypes.c_int, []) is not None
+
+
+def library_version() -> Optional[str]:
+    """The loaded library's version ("0.1.0"), or None when it is not loaded."""
+    fn = _symbol("fp8wire_version", ctypes.c_int, [])
+    if fn is None:
+        return None
+    v = fn()
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+
+def active() -> bool:
+    """True when libfp8wire.so is loaded and will carry eligible NCCL calls (its configuration is valid
+    and enables it; once the first NCCL call has set it up, NCCL was also found). Asking never sets
+    the library up, so it is safe before torch.distributed is initialised."""
+    fn = _symbol("fp8wire_active", ctypes.c_int, [])
+    if fn is None:
+        if loaded():
+            _warn_once("active", "the loaded libfp8wire.so predates fp8wire_active(); reporting inactive")
+        return False
+    return bool(fn())
+
+
+def path_names() -> Dict[int, str]:
+    """Slot index -> path name, as the loaded library names its paths ({} when not loaded)."""
+    fn = _symbol("fp8wire_path_name", ctypes.c_char_p, [ctypes.c_int])
+    if fn is None:
+        return {}
+    names = {}
+    for i in range(MAX_PATHS):
+        raw = fn(i)
+        if raw:
+            names[i] = raw.decode()
+    return names
+
+
+def fp8_paths() -> Optional[set]:
+    """Names of the paths fp8wire carries itself, as the library says (fp8wire_path_is_fp8); None
+    when the library is not loaded or predates that function."""
+    fn = _symbol("fp8wire_path_is_fp8", ctypes.c_int, [ctypes.c_int])
+    if fn is None:
+        return None
+    return {name for i, name in path_names().items() if fn(i)}
+
+
+@dataclass
+class Totals:
+    """Calls, caller bytes and wire bytes by path name, since the process started (or the library's
+    last reset). `loaded` is False, and every figure zero, when the library is not in the process."""
+
+    loaded: bool = False
+    calls: Dict[str, int] = field(default_factory=dict)
+    app_bytes: Dict[str, int] = field(default_factory=dict)
+    wire_bytes: Dict[str, int] = field(default_factory=dict)
+    dropped_records: int = 0
+    fp8_paths: Optional[set] = None  # from the library; None: every path but UNCARRIED_PATHS
+
+    @property
+    def fp8_calls(self) -> int:
+        """Calls fp8wire carried itself (FP8 on the wire)."""
+        if self.fp8_paths is not None:
+            return sum(n for path, n in self.calls.items() if path in self.fp8_paths)
+        return sum(n for path, n in self.calls.items() if path not in UNCARRIED_PATHS)
+
+    @property
+    def total_calls(self) -> int:
+        return sum(self.calls.values())
+
+    def to_dict(self) -> dict:
+        return {"loaded": self.loaded, "calls": dict(self.calls), "app_bytes": dict(self.app_bytes),
+                "wire_bytes": dict(self.wire_bytes), "dropped_records": self.dropped_records,
+                "fp8_paths": sorted(self.fp8_paths or []), "fp8_calls": self.fp8_calls}
+
+
+def totals() -> Totals:
+    """fp8wire_get_totals(), keyed by the library's own path names."""
+    get = _symbol("fp8wire_get_totals", None, [ctypes.POINTER(_Totals)])
+    if get is None:
+        return Totals()
+    names = path_names()
+    if not names:
+        # A library older than the 16-slot layout: its struct is smaller, so do not call it.
+        _warn_once("totals", "the loaded libfp8wire.so predates fp8wire_path_name(); totals unavailable")
+        return Totals(loaded=True)
+    raw = _Totals()
+    get(ctypes.byref(raw))
+    t = Totals(loaded=True, dropped_records=int(raw.dropped_records), fp8_paths=fp8_paths())
+    for i, name in names.items():
+        t.calls[name] = int(raw.calls[i])
+        t.app_bytes[name] = int(raw.app_bytes[i])
+        t.wire_bytes[name] = int(raw.wire_bytes[i])
+    return t
+
+
+def step_begin(n: int) -> None:
+    fn = _symbol("fp8wire_step_begin", None, [ctypes.c_int64])
+    if fn is not None:
+        fn(int(n))
+
+
+def step_end(n: int) -> None:
+    fn = _symbol("fp8wire_step_end", None, [ctypes.c_int64])
+    if fn is not None:
+        fn(int(n))
+
+
+def profiler_flush() -> None:
+    fn = _symbol("fp8wire_profiler_flush", None, [])
+    if fn is not None:
+        fn()
+
+
+def set_feedback_key(key: int) -> None:
+    fn = _symbol("fp8wire_set_feedback_key", None, [ctypes.c_uint64])
+    if fn is not None:
+        fn(int(key) & 0xFFFFFFFFFFFFFFFF)

@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""CPU tests of the fp8wire Python package (python/fp8wire): finding the libraries and tools, the
+environment `fp8wire run` gives a job, .deepspeed_env handling, the in-process helpers with and
+without the library, the CLI. Runs from the source tree with FP8WIRE_SHIM_LIB naming a built
+libfp8wire.so (ctest sets it), or against an installed package with --installed (the wheel test,
+scripts/test-package.sh), where the package's own lib/ and bin/ are used."""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALLED = "--installed" in sys.argv
+if INSTALLED:
+    sys.argv.remove("--installed")
+else:
+    sys.path.insert(0, str(REPO / "python"))
+
+import fp8wire  # noqa: E402
+from fp8wire import launch  # noqa: E402
+
+
+def env_without_library(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("FP8WIRE_")}
+    if not INSTALLED:
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        if os.environ.get("FP8WIRE_SHIM_LIB"):
+            env["FP8WIRE_SHIM_LIB"] = os.environ["FP8WIRE_SHIM_LIB"]
+    env.update(extra)
+    return env
+
+
+def fp8wire_cli(*args, env=None, cwd=None):
+    return subprocess.run([sys.executable, "-m", "fp8wire", *args], env=env or env_without_library(), cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+class Paths(unittest.TestCase):
+    def test_library_and_tools_are_found(self):
+        self.assertTrue(Path(fp8wire.lib_path()).is_file())
+        self.assertTrue(fp8wire.lib_path().endswith("libfp8wire.so"))
+        self.assertTrue(fp8wire.profiler_library().is_file())
+        for name in ("fp8wire-config", "fp8wire-bench", "fp8wire-prof"):
+            self.assertTrue(os.access(fp8wire.tool(name), os.X_OK), name)
+
+    def test_bad_override_is_a_clear_error(self):
+        old = os.environ.get("FP8WIRE_SHIM_LIB")
+        os.environ["FP8WIRE_SHIM_LIB"] = "/nonexistent/libfp8wire.so"
+        try:
+            with self.assertRaisesRegex(fp8wire.NotInstalled, "FP8WIRE_SHIM_LIB=/nonexistent/libfp8wire.so: no such file"):
+                fp8wire.lib_path()
+        finally:
+            if old is None:
+                del os.environ["FP8WIRE_SHIM_LIB"]
+            else:
+                os.environ["FP8WIRE_SHIM_LIB"] = old
+        with self.assertRaisesRegex(ValueError, "unknown tool"):
+            fp8wire.tool("rm")
+
+    def test_version_has_one_source(self):
+        cmake = (REPO / "CMakeLists.txt").read_text()
+        self.assertEqual(fp8wire.__version__, re.search(r"project\(fp8wire VERSION ([0-9.]+)", cmake).group(1))
+        r = fp8wire_cli("run", "--", sys.executable, "-c", "import fp8wire; print(fp8wire.library_version())")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), fp8wire.__version__)
+
+
+class Environment(unittest.TestCase):
+    def test_preload_first_and_once(self):
+        shim = fp8wire.lib_path()
+        env = launch.job_environment({"LD_PRELOAD": f"/x/libother.so {shim}"})
+        self.assertEqual(env["LD_PRELOAD"], f"{shim}:/x/libother.so")
+        self.assertNotIn("NVTX_INJECTION64_PATH", env)
+
+    def test_profiler_variables(self):
+        env = launch.job_environment({}, profile_dir=Path("/tmp/p"))
+        prof = str(fp8wire.profiler_library())
+        self.assertEqual(env["LD_PRELOAD"], f"{fp8wire.lib_path()}:{prof}")
+        self.assertEqual(env["NVTX_INJECTION64_PATH"], prof)
+        self.assertEqual(env["FP8WIRE_PROFILER_ENABLE"], "1")
+        self.assertEqual(env["FP8WIRE_PROFILER_OUTPUT"], "/tmp/p/")
+
+    def test_profiler_variables_match_fp8wire_prof(self):
+        """What .deepspeed_env carries for a profiled job is what fp8wire-prof gives local ranks."""
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "prof"
+            r = fp8wire_cli("run", "--profile", str(out), "--", "sh", "-c", f"env > {d}/env.txt")
+            self.assertIn("preloading", r.stderr)
+            seen = dict(line.split("=", 1) for line in Path(d, "env.txt").read_text().splitlines() if "=" in line)
+        mine = launch.job_environment({}, profile_dir=out.resolve())
+        for key in launch.PROFILER_VARIABLES:
+            self.assertEqual(seen.get(key), mine[key], key)
+        self.assertTrue(seen["LD_PRELOAD"].startswith(mine["LD_PRELOAD"]), seen["LD_PRELOAD"])
+
+
+class DeepSpeedEnv(unittest.TestCase):
+    def setUp(self):
+        self.dir = Path(tempfile.mkdtemp())
+        self.path = self.dir / ".deepspeed_env"
+
+    def test_detects_deepspeed_commands(self):
+        self.assertTrue(launch.is_deepspeed(["deepspeed", "--num_gpus", "8", "train.py"]))
+        self.assertTrue(launch.is_deepspeed(["/venv/bin/deepspeed", "train.py"]))
+        self.assertTrue(launch.is_deepspeed(["python3", "-m", "deepspeed.launcher.runner", "train.py"]))
+        self.assertFalse(launch.is_deepspeed(["torchrun", "train.py"]))
+        self.assertFalse(launch.is_deepspeed(["python", "deepspeed_train.py"]))
+
+    def test_writes_then_checks_then_updates(self):
+        wanted = {"LD_PRELOAD": "/a/libfp8wire.so", "FP8WIRE_LOG_LEVEL": "info"}
+        notes = launch.sync_deepspeed_env(self.path, wanted)
+        self.assertIn("wrote", notes[0])
+        self.assertEqual(self.path.read_text(), "LD_PRELOAD=/a/libfp8wire.so\nFP8WIRE_LOG_LEVEL=info\n")
+        notes = launch.sync_deepspeed_env(self.path, wanted)
+        self.assertIn("already carries", notes[0])
+        # The user's own lines stay; a stale FP8WIRE_* line goes; a changed value is rewritten.
+        self.path.write_text("NCCL_IB_HCA=mlx5\nFP8WIRE_FORMAT=e5m2\nLD_PRELOAD=/old/libfp8wire.so\n")
+        notes = launch.sync_deepspeed_env(self.path, wanted)
+        self.assertIn("updated", notes[0])
+        self.assertEqual(self.path.read_text(),
+                         "NCCL_IB_HCA=mlx5\nLD_PRELOAD=/a/libfp8wire.so\nFP8WIRE_LOG_LEVEL=info\n")
+
+    def test_lines_deepspeed_cannot_read_are_errors(self):
+        self.path.write_text("A=1\n\nB=2\n")
+        with self.assertRaisesRegex(launch.UsageError, r":2: '' is not KEY=VALUE"):
+            launch.sync_deepspeed_env(self.path, {"LD_PRELOAD": "/a.so"})
+
+    def test_home_file_with_other_settings_is_reported(self):
+        home = self.dir / "home_env"
+        home.write_text("FP8WIRE_ENABLE=0\nOTHER=1\n")
+        notes = launch.sync_deepspeed_env(self.path, {"LD_PRELOAD": "/a.so"}, home)
+        self.assertTrue(any("also sets FP8WIRE_ENABLE" in n for n in notes), notes)
+
+    def test_run_writes_the_file_for_deepspeed(self):
+        fake = self.dir / "deepspeed"  # stands in for deepspeed's runner: prints what it was given
+        fake.write_text("#!/bin/sh\necho \"LD_PRELOAD=$LD_PRELOAD\"\n")
+        fake.chmod(0o755)
+        env = env_without_library(FP8WIRE_LOG_LEVEL="warn")
+        env["PATH"] = f"{self.dir}:{env['PATH']}"
+        r = fp8wire_cli("run", "--", "deepspeed", "train.py", env=env, cwd=self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = self.path.read_text().splitlines()
+        self.assertIn(f"LD_PRELOAD={fp8wire.lib_path()}", lines)
+        self.assertIn("FP8WIRE_LOG_LEVEL=warn", lines)
+        self.assertIn(f"LD_PRELOAD={fp8wire.lib_path()}", r.stdout)
+        r = fp8wire_cli("run", "--no-deepspeed-env", "--", "deepspeed", env=env, cwd=self.dir)
+        self.assertNotIn(".deepspeed_env", r.stderr)
+
+
+class InProcess(unittest.TestCase):
+    def test_harmless_without_the_library(self):
+        self.assertFalse(fp8wire.loaded())
+        self.assertFalse(fp8wire.active())
+        t = fp8wire.totals()
+        self.assertFalse(t.loaded)
+        self.assertEqual((t.fp8_calls, t.total_calls, t.calls), (0, 0, {}))
+        with fp8wire.step(3):
+            pass
+        fp8wire.profiler_flush()
+
+    def test_with_the_library_preloaded(self):
+        code = textwrap.dedent("""
+            import json, fp8wire
+            with fp8wire.step(1):
+                pass
+            t = fp8wire.totals()
+            print(json.dumps({"loaded": fp8wire.loaded(), "active": fp8wire.active(),
+                              "paths": sorted(t.calls), "fp8": t.fp8_calls, "names": fp8wire.path_names(),
+                              "fp8_paths": sorted(fp8wire.fp8_paths())}))
+        """)
+        r = fp8wire_cli("run", "--", sys.executable, "-c", code)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        import json
+        got = json.loads(r.stdout)
+        self.assertTrue(got["loaded"] and got["active"])
+        # Names come from the library (fp8wire_path_name), slot by slot, none invented here.
+        self.assertEqual(sorted(got["names"].values()), got["paths"])
+        self.assertIn("passthrough", got["paths"])
+        self.assertIn("two_shot", got["fp8_paths"])
+        self.assertNotIn("passthrough", got["fp8_paths"])
+        self.assertNotIn("fallback", got["fp8_paths"])
+        self.assertEqual(got["fp8"], 0)
+        r = fp8wire_cli("run", "--", sys.executable, "-c", "import fp8wire; print(fp8wire.active())",
+                        env=env_without_library(FP8WIRE_ENABLE="0"))
+        self.assertEqual(r.stdout.strip(), "False", r.stderr)
+
+
+class Cli(unittest.TestCase):
+    def test_run_refuses_a_bad_configuration(self):
+        with tempfile.TemporaryDirectory() as d:
+            bad = Path(d) / "bad.toml"
+            bad.write_text("block_size = 7\n")
+            marker = Path(d) / "ran"
+            r = fp8wire_cli("run", "--config", str(bad), "--", "touch", str(marker))
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("block_size", r.stderr)
+            self.assertIn("the job was not started", r.stderr)
+            self.assertFalse(marker.exists())
+        r = fp8wire_cli("run", "--config", "/nonexistent.toml", "--", "true")
+        self.assertEqual((r.returncode, r.stderr.strip()), (2, "fp8wire: --config /nonexistent.toml: no such file"))
+        r = fp8wire_cli("run", "--", "no-such-command-here")
+        self.assertEqual((r.returncode, r.stderr.strip()), (2, "fp8wire: command not found: no-such-command-here"))
+        r = fp8wire_cli("run")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("give the command to run after --", r.stderr)
+
+    def test_run_passes_the_configuration_and_status(self):
+        with tempfile.TemporaryDirectory() as d:
+            good = Path(d) / "good.toml"
+            good.write_text("block_size = 64\n")
+            r = fp8wire_cli("run", "--config", str(good), "--", "sh", "-c", 'echo "$FP8WIRE_CONFIG"; exit 5')
+            self.assertEqual(r.returncode, 5)
+            self.assertEqual(r.stdout.strip(), str(good.resolve()))
+            self.assertIn(f"FP8WIRE_CONFIG={good.resolve()}", r.stderr)
+
+    def test_lib_config_version(self):
+        r = fp8wire_cli("lib")
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, fp8wire.lib_path()))
+        r = fp8wire_cli("lib", "--profiler")
+        self.assertEqual(r.stdout.strip(), str(fp8wire.profiler_library()))
+        r = fp8wire_cli("config", "--check")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("block_size = 128", r.stdout)
+        r = fp8wire_cli("config", "--check", env=env_without_library(FP8WIRE_FORMT="e4m3"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("FP8WIRE_FORMT", r.stderr)
+        self.assertEqual(fp8wire_cli("config", "--defaults").returncode, 0)
+        r = fp8wire_cli("version")
+        self.assertIn(f"fp8wire {fp8wire.__version__}", r.stdout)
+
+    def test_tools_pass_through(self):
+        self.assertIn("fp8wire-bench", fp8wire_cli("bench", "--help").stdout)
+        r = fp8wire_cli("prof", "report", "/nonexistent-dir")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("no per-rank reports", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -160,7 +160,8 @@ bool read_rank_reports(const std::vector<std::string>& files, std::vector<StepRe
 int merge_and_print(const fs::path& dir, const std::string& json_path, size_t top) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    fmt::print(stderr, "fp8wire-prof: '{}' is not a directory (expected the folder given to --out)\n", dir.string());
+    fmt::print(stderr, "fp8wire-prof: no per-rank reports: '{}' is not a directory (expected the folder given to --out)\n",
+               dir.string());
     return 1;
   }
   const std::vector<std::string> files = rank_files(dir);

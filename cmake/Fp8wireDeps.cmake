@@ -3,7 +3,7 @@
 #   fp8wire::nccl            headers + libnccl (only bench/tests link it; libfp8wire.so resolves NCCL at run time)
 #   fp8wire::nccl_headers    headers only (the shim and sched)
 #   fmt::fmt-header-only, tomlplusplus::tomlplusplus, doctest::doctest, CLI11::CLI11,
-#   nlohmann_json::nlohmann_json, benchmark::benchmark
+#   nlohmann_json::nlohmann_json, benchmark::benchmark, ZLIB::ZLIB
 # Small libraries are used header-only where they can be, so a binary built on one machine does not
 # need a matching shared fmt/toml++ on another.
 find_package(CUDAToolkit 12.0 REQUIRED)
@@ -67,6 +67,13 @@ if(NOT TARGET CLI11::CLI11)
 endif()
 
 find_package(nlohmann_json 3 REQUIRED)
+
+# zlib: fp8wire-prof reads gzip traces, the trainer checksums checkpoints (CRC-32). A machine with
+# only the run-time library (libz.so.1) and the headers carried in FP8WIRE_EXTRA_INCLUDE
+# (scripts/gpu/carry-deps.sh) builds too.
+find_path(ZLIB_INCLUDE_DIR zlib.h HINTS ${FP8WIRE_EXTRA_INCLUDE})
+find_library(ZLIB_LIBRARY NAMES z libz.so.1 NAMES_PER_DIR)
+find_package(ZLIB REQUIRED)
 find_package(benchmark QUIET)   # optional: only the host-side microbenchmarks use it
 
 # NVTX3 is header-only and ships with the toolkit.

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "common/toml.hpp"
+#include "common/toml_guard.hpp"
 
 extern char** environ;
 
@@ -633,6 +634,11 @@ void find_unknown_keys(const toml::table& table, const std::string& prefix, cons
 }
 
 void apply_toml(const std::string& text, const std::string& source_name, ConfigResult& result) {
+  // Before toml++ sees it: some non-ASCII placements send toml++ 3.3 into undefined behaviour.
+  if (const TomlTextProblem p = toml_check_text(text)) {
+    result.errors.push_back({fmt::format("file {}:{}:{}", source_name, p.line, p.column), "", p.what, "valid TOML"});
+    return;
+  }
   toml::table doc;
   try {
     doc = toml::parse(text, source_name);
@@ -666,7 +672,10 @@ void apply_env(const std::vector<std::string>& env, ConfigResult& result) {
     RawValue raw;
     raw.kind = RawValue::Kind::text;
     raw.text = it->second;
-    if (!spec.set(result.config, raw))
+    // As in a TOML file: text is UTF-8 (a value that is not could not be printed back by to_toml).
+    if (!detail::utf8_valid(raw.text))
+      result.errors.push_back({"env " + spec.env, spec.key, "<bytes that are not UTF-8>", "UTF-8 text"});
+    else if (!spec.set(result.config, raw))
       result.errors.push_back({"env " + spec.env, spec.key, raw.text, spec.expected});
     used.push_back(spec.env);
     vars.erase(it);

@@ -27,8 +27,10 @@ void log_set_level(LogLevel level);
 LogLevel log_level();
 // Rank shown in every line; -1 (the default) shows the process id instead.
 void log_set_rank(int rank);
-// Empty path: stderr. A path that cannot be opened logs an error to stderr and keeps stderr.
-// "%r" in the path is replaced by the rank (one file per rank), "%p" by the process id.
+// Empty path: stderr. The file is opened (appending) when the first line is written, so a process
+// that never logs leaves no file. A path that cannot be opened logs an error to stderr and keeps
+// stderr. "%r" in the path is replaced by the rank (one file per rank; lines before the rank is
+// known go to stderr), "%p" by the process id (a forked child opens its own file).
 void log_set_file(const std::string& path);
 void log_write(LogLevel level, const char* file, int line, std::string_view message);
 

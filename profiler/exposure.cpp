@@ -157,6 +157,53 @@ StepReport compute_step(const StepInput& in, StepTimeline* timeline) {
   return r;
 }
 
+std::vector<StepReport> compute_steps(std::span<const StepWindow> windows, std::span<const Activity> activities,
+                                      std::span<const CallInfo> calls, const NameTable* names, size_t top_n,
+                                      int rank) {
+  // Windows by start; the running maximum of their ends is monotone, so "the first window that
+  // could still contain time t" is a binary search even when windows overlap or nest.
+  std::vector<size_t> by_begin(windows.size());
+  for (size_t i = 0; i < by_begin.size(); ++i) by_begin[i] = i;
+  std::stable_sort(by_begin.begin(), by_begin.end(),
+                   [&](size_t a, size_t b) { return windows[a].time.begin < windows[b].time.begin; });
+  std::vector<int64_t> begins(windows.size()), max_end(windows.size());
+  int64_t running = std::numeric_limits<int64_t>::min();
+  for (size_t k = 0; k < by_begin.size(); ++k) {
+    const Interval w = windows[by_begin[k]].time;
+    begins[k] = w.begin;
+    running = std::max(running, w.end);
+    max_end[k] = running;
+  }
+  std::vector<std::vector<uint32_t>> members(windows.size());
+  for (size_t i = 0; i < activities.size(); ++i) {
+    const Interval t = activities[i].time;
+    if (t.empty()) continue;  // contributes to no window (compute_step clips it away)
+    const size_t hi = static_cast<size_t>(std::lower_bound(begins.begin(), begins.end(), t.end) - begins.begin());
+    size_t k = static_cast<size_t>(std::upper_bound(max_end.begin(), max_end.end(), t.begin) - max_end.begin());
+    for (; k < hi; ++k) {
+      const Interval w = windows[by_begin[k]].time;
+      if (w.end > t.begin && w.begin < t.end) members[by_begin[k]].push_back(static_cast<uint32_t>(i));
+    }
+  }
+  std::vector<StepReport> out;
+  out.reserve(windows.size());
+  std::vector<Activity> inside;
+  for (size_t w = 0; w < windows.size(); ++w) {
+    inside.clear();
+    for (uint32_t i : members[w]) inside.push_back(activities[i]);
+    std::vector<uint32_t>().swap(members[w]);
+    StepInput input;
+    input.window = windows[w];
+    input.activities = inside;
+    input.calls = calls;
+    input.names = names;
+    input.top_n = top_n;
+    input.rank = rank;
+    out.push_back(compute_step(input));
+  }
+  return out;
+}
+
 Collector::Collector(CollectorOptions options) : options_(options) {
   // Preallocated once, so the steady state never grows these vectors.
   activities_.reserve(options_.max_activities);

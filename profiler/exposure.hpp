@@ -128,6 +128,15 @@ struct StepInput {
 
 StepReport compute_step(const StepInput& input, StepTimeline* timeline = nullptr);
 
+// compute_step for many windows at once, in the order given. Each window sees only the activities
+// that overlap it (found by binary search over activities sorted by start and windows sorted by
+// start, with a running maximum of window ends), so the cost is O((A + W) log A + overlaps) rather
+// than A x W: a trace of thousands of steps and millions of kernels stays linear. The result is the
+// same as calling compute_step once per window with every activity.
+std::vector<StepReport> compute_steps(std::span<const StepWindow> windows, std::span<const Activity> activities,
+                                      std::span<const CallInfo> calls, const NameTable* names, size_t top_n,
+                                      int rank);
+
 struct CollectorOptions {
   size_t max_activities = 1 << 19;  // raw records kept at once (about 20 MiB); more are dropped
   size_t max_calls = 1 << 16;

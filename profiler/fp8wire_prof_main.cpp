@@ -5,7 +5,7 @@
 //       FP8WIRE_PROFILER_*, and LD_LIBRARY_PATH so libcupti is found; runs the command (every process
 //       it starts inherits this, so torchrun's ranks are profiled); then merges DIR/*.jsonl.
 //   fp8wire-prof report DIR [--json FILE]        merges an earlier run again
-//   fp8wire-prof analyze TRACE.json [--json FILE] the same figures from a PyTorch profiler trace
+//   fp8wire-prof analyze TRACE.json[.gz] [--json FILE] the same figures from a PyTorch profiler trace
 //
 // The merged report (max and mean over ranks per step) is printed as a table and written as JSON
 // (DIR/report.json, or --json); the per-rank traces are joined into DIR/trace.json.
@@ -29,6 +29,7 @@
 
 #include "profiler/classify.hpp"
 #include "profiler/kineto.hpp"
+#include "profiler/output_file.hpp"
 #include "profiler/report.hpp"
 
 namespace fs = std::filesystem;
@@ -101,7 +102,8 @@ std::vector<std::string> rank_files(const fs::path& dir) {
 
 // All ranks' traces in one file (one process per rank in Perfetto). Per-rank files are streamed
 // and unbounded in count; past a size where loading them whole would hurt, they stay separate.
-void merge_traces(const fs::path& dir) {
+// False (after printing why) when the merged trace cannot be written.
+bool merge_traces(const fs::path& dir) {
   constexpr uintmax_t kMaxMergedBytes = 512ull << 20;
   std::vector<fs::path> traces;
   uintmax_t total = 0;
@@ -113,7 +115,7 @@ void merge_traces(const fs::path& dir) {
       total += fs::file_size(entry.path(), ec);
     }
   }
-  if (traces.empty() || total > kMaxMergedBytes) return;
+  if (traces.empty() || total > kMaxMergedBytes) return true;
   std::sort(traces.begin(), traces.end());
   nlohmann::json all = nlohmann::json::array();
   for (const fs::path& t : traces) {
@@ -133,26 +135,52 @@ void merge_traces(const fs::path& dir) {
     for (auto& e : events) all.push_back(std::move(e));
   }
   const fs::path out = dir / "trace.json";
-  std::ofstream(out) << dump_json(all) << "\n";
+  std::string error;
+  if (!write_file_atomically(out.string(), dump_json(all) + "\n", error)) {
+    fmt::print(stderr, "fp8wire-prof: merged trace: {}\n", error);
+    return false;
+  }
   fmt::print("merged trace (chrome://tracing, ui.perfetto.dev): {}\n", out.string());
+  return true;
+}
+
+// Reads every rank's report; false (after printing every problem) when any report is damaged, so
+// no figures are shown or written from part of the data.
+bool read_rank_reports(const std::vector<std::string>& files, std::vector<StepReport>& steps) {
+  std::vector<std::string> errors, warnings;
+  steps = read_step_reports(files, errors, warnings);
+  for (const std::string& w : warnings) fmt::print(stderr, "fp8wire-prof: warning: {}\n", w);
+  for (const std::string& e : errors) fmt::print(stderr, "fp8wire-prof: {}\n", e);
+  if (!errors.empty())
+    fmt::print(stderr, "fp8wire-prof: no report written ({} damaged per-rank report line(s) or file(s) above)\n",
+               errors.size());
+  return errors.empty();
 }
 
 int merge_and_print(const fs::path& dir, const std::string& json_path, size_t top) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    fmt::print(stderr, "fp8wire-prof: no per-rank reports: '{}' is not a directory (expected the folder given to --out)\n",
+               dir.string());
+    return 1;
+  }
   const std::vector<std::string> files = rank_files(dir);
   if (files.empty()) {
     fmt::print(stderr, "fp8wire-prof: no per-rank reports (*.jsonl) in '{}'\n", dir.string());
     return 1;
   }
-  std::vector<std::string> errors;
-  const std::vector<StepReport> steps = read_step_reports(files, errors);
-  for (const std::string& e : errors) fmt::print(stderr, "fp8wire-prof: {}\n", e);
+  std::vector<StepReport> steps;
+  if (!read_rank_reports(files, steps)) return 1;
   const MergedReport merged = merge_ranks(steps, top);
   fmt::print("{}", format_table(merged));
   const std::string out = json_path.empty() ? (dir / "report.json").string() : json_path;
-  std::ofstream(out) << dump_json(to_json(merged), 2) << "\n";
+  std::string error;
+  if (!write_file_atomically(out, dump_json(to_json(merged), 2) + "\n", error)) {
+    fmt::print(stderr, "fp8wire-prof: merged report: {}\n", error);
+    return 1;
+  }
   fmt::print("merged report: {}\n", out);
-  merge_traces(dir);
-  return 0;
+  return merge_traces(dir) ? 0 : 1;
 }
 
 int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bool with_shim,
@@ -265,7 +293,10 @@ int analyze(const std::string& trace, const std::string& json_path, const std::s
     nlohmann::json j = to_json(merged);
     j["per_step"] = nlohmann::json::array();
     for (const StepReport& r : analysis.steps) j["per_step"].push_back(to_json(r));
-    std::ofstream(json_path) << dump_json(j, 2) << "\n";
+    if (!write_file_atomically(json_path, dump_json(j, 2) + "\n", error)) {
+      fmt::print(stderr, "fp8wire-prof analyze: --json: {}\n", error);
+      return 1;
+    }
     fmt::print("report: {}\n", json_path);
   }
   return 0;
@@ -297,7 +328,9 @@ int main(int argc, char** argv) {
   std::string trace;
   std::vector<std::string> prefixes;
   CLI::App* analyze_cmd = app.add_subcommand("analyze", "exposure per ProfilerStep from a PyTorch profiler trace");
-  analyze_cmd->add_option("trace", trace, "Kineto trace (JSON)")->required()->check(CLI::ExistingFile);
+  analyze_cmd->add_option("trace", trace, "Kineto trace (JSON, or gzip-compressed JSON such as .json.gz)")
+      ->required()
+      ->check(CLI::ExistingFile);
   analyze_cmd->add_option("--json", json_path, "write the report as JSON here");
   analyze_cmd->add_option("--step-prefix", prefixes, "user_annotation name prefixes of steps (default ProfilerStep#, step)");
   analyze_cmd->add_option("--comm-pattern", comm_pattern, "extra communication kernel-name substrings");

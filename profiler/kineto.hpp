@@ -5,6 +5,11 @@
 //   cat "user_annotation", name matching a step prefix ("ProfilerStep#N") -> step windows
 //   other "user_annotation"              -> the application's ranges, for per-collective attribution
 //   cat "cuda_runtime" / "cuda_driver"   -> launch time and thread of each kernel (args.correlation)
+//
+// The trace is read as a stream (a SAX parser; gzip or plain, trace_input.hpp), so memory grows with
+// the events kept (kernels, ranges, launches: tens of bytes each), not with the text; every later
+// stage is O(n log n) in those events. A field of the wrong JSON type, a time that does not fit the
+// nanosecond timeline, or a negative duration is an error naming the event, never a crash.
 #pragma once
 
 #include <string>
@@ -23,14 +28,21 @@ struct KinetoOptions {
 struct KinetoAnalysis {
   int rank = 0;                      // distributedInfo.rank when the trace has it
   std::vector<StepReport> steps;     // by step window start
+  size_t events = 0;                 // elements of traceEvents
   size_t kernels = 0;
   size_t comm_kernels = 0;
   size_t memory_ops = 0;
 };
 
-// On failure returns false and says why in `error` (with the offending field where there is one).
+// Largest |ts| and dur accepted, in microseconds: ts and ts + dur must fit int64 nanoseconds with
+// room to spare (4e15 us is 126 years after the epoch; Kineto's ts are epoch microseconds).
+inline constexpr double kMaxTraceMicroseconds = 4e15;
+
+// On failure returns false and says why in `error` (with the offending event and field where there
+// is one).
 bool analyze_kineto_text(const std::string& json_text, const KernelClassifier& classifier,
                          const KinetoOptions& options, KinetoAnalysis& out, std::string& error);
+// The file may be gzip-compressed (any name). Errors start with the path.
 bool analyze_kineto_file(const std::string& path, const KernelClassifier& classifier,
                          const KinetoOptions& options, KinetoAnalysis& out, std::string& error);
 

@@ -26,8 +26,11 @@
 // Application threads only post fixed-size events into lock-free rings; everything else runs on the
 // thread that delivers CUPTI buffers (or on flush/exit), under one mutex.
 #include <cupti.h>
+#include <dlfcn.h>
 #include <nvtx3/nvToolsExt.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,6 +54,7 @@
 #include "common/log.hpp"
 #include "profiler/classify.hpp"
 #include "profiler/event_ring.hpp"
+#include "profiler/exit_flush.hpp"
 #include "profiler/exposure.hpp"
 #include "profiler/kineto.hpp"
 #include "profiler/report.hpp"
@@ -293,6 +297,17 @@ void at_exit() {
   }
 }
 
+// SIGTERM / SIGINT / _exit (exit_flush.hpp): the process ends without atexit handlers. Final: as
+// at_exit. Otherwise the application's own signal handler runs next and may keep the process going:
+// report the closed steps now, without waiting for their settle time.
+void on_exit_flush(bool final) {
+  try {
+    if (Profiler* p = active_profiler()) p->flush(/*at_exit=*/final);
+  } catch (...) {
+    FP8WIRE_WARN_ONCE("fp8wire profiler: the report could not be written at the end of the process");
+  }
+}
+
 // API records only for the functions that launch kernels: they carry the external ids (NVTX range,
 // shim call) that CUPTI attaches to the launch. Runtime launches are listed as well as driver ones
 // because which of the two CUPTI reports for a runtime launch is its choice; a kernel's correlation
@@ -442,9 +457,20 @@ void Profiler::ensure_flush_thread() {
     FP8WIRE_WARN_ONCE("fp8wire profiler: no flush thread ({}); steps are reported at exit only", e.what());
   }
   flush_thread_pid_.store(pid, std::memory_order_release);
+  // Here, not at load: the first GPU activity comes after the runtime installed its own handlers
+  // (Python's SIGINT handler goes in only where it finds the default), so ours chains to theirs.
+  if (!install_exit_flush(on_exit_flush))
+    FP8WIRE_WARN_ONCE("fp8wire profiler: no exit-flush thread; SIGTERM, SIGINT and _exit lose the unreported steps");
 }
 
 void Profiler::flush_thread_main() {
+  // SIGTERM/SIGINT go to another thread: their handler waits for a flush that needs mutex_, which
+  // this thread may hold.
+  sigset_t block;
+  sigemptyset(&block);
+  sigaddset(&block, SIGTERM);
+  sigaddset(&block, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &block, nullptr);
   std::unique_lock lock(flush_thread_mutex_);
   while (!flush_thread_stop_) {
     flush_thread_wake_.wait_for(lock, std::chrono::milliseconds(kFlushIntervalMs));
@@ -870,6 +896,29 @@ FP8WIRE_PROF_EXPORT void fp8wire_prof_flush(void) {
 FP8WIRE_PROF_EXPORT void fp8wire_step_begin(int64_t step) { fp8wire_prof_step(step, 1); }
 FP8WIRE_PROF_EXPORT void fp8wire_step_end(int64_t step) { fp8wire_prof_step(step, 0); }
 FP8WIRE_PROF_EXPORT void fp8wire_profiler_flush(void) { fp8wire_prof_flush(); }
+
+// _exit and _Exit (Python's os._exit, and C programs that skip atexit): the final report first.
+// Interposed because LD_PRELOAD puts this library ahead of libc. A forked or vforked child calling
+// _exit after a failed exec does nothing extra (flush_before_exit checks the process).
+namespace {
+using ExitFn = void (*)(int);
+// Resolved when the library loads, never at exit: a vforked child shares the parent's memory, and
+// dlsym would take the loader's lock in it.
+ExitFn g_real_exit = nullptr;
+ExitFn g_real_Exit = nullptr;
+__attribute__((constructor)) void resolve_exit() {
+  g_real_exit = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
+  g_real_Exit = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_Exit"));
+}
+[[noreturn]] void exit_through(ExitFn real, int status) {
+  fp8wire::prof::flush_before_exit();
+  if (real) real(status);
+  syscall(SYS_exit_group, status);
+  __builtin_unreachable();
+}
+}  // namespace
+FP8WIRE_PROF_EXPORT void _exit(int status) { exit_through(g_real_exit, status); }
+FP8WIRE_PROF_EXPORT void _Exit(int status) { exit_through(g_real_Exit, status); }
 
 // NVTX injection entry point (NVTX_INJECTION64_PATH=libfp8wire_prof.so).
 FP8WIRE_PROF_EXPORT int InitializeInjectionNvtx2(NvtxGetExportTableFunc_t get_export_table) {

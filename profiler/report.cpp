@@ -1,7 +1,10 @@
 #include "profiler/report.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -55,66 +58,134 @@ json to_json(const CollectorCounters& c) {
               {"joined_activities", c.joined_activities},   {"unjoined_activities", c.unjoined_activities}};
 }
 
-StepReport step_report_from_json(const json& j) {
-  StepReport r;
-  r.rank = j.value("rank", 0);
-  r.step = j.value("step", int64_t{0});
-  r.begin_ns = j.value("begin_ns", int64_t{0});
-  r.end_ns = j.value("end_ns", int64_t{0});
-  r.step_ms = j.value("step_ms", 0.0);
-  r.compute_ms = j.value("compute_ms", 0.0);
-  r.comm_ms = j.value("comm_ms", 0.0);
-  r.exposed_comm_ms = j.value("exposed_comm_ms", 0.0);
-  r.exposed_memcpy_ms = j.value("exposed_memcpy_ms", 0.0);
-  r.idle_ms = j.value("idle_ms", 0.0);
-  r.overlap_pct = j.value("overlap_pct", 100.0);
-  r.app_bytes = j.value("app_bytes", uint64_t{0});
-  r.wire_bytes = j.value("wire_bytes", uint64_t{0});
-  r.calls = j.value("calls", uint64_t{0});
-  r.compute_kernels = j.value("compute_kernels", uint64_t{0});
-  r.comm_kernels = j.value("comm_kernels", uint64_t{0});
-  r.memory_ops = j.value("memory_ops", uint64_t{0});
-  if (auto it = j.find("top"); it != j.end() && it->is_array()) {
-    for (const json& t : *it) {
-      CollectiveReport c;
-      c.seq = t.value("seq", uint64_t{0});
-      c.ordinal = t.value("ordinal", uint32_t{0});
-      c.name = t.value("name", "");
-      c.kernel = t.value("kernel", "");
-      c.range = t.value("range", "");
-      c.dtype = t.value("dtype", "");
-      c.path = t.value("path", "");
-      c.app_bytes = t.value("app_bytes", uint64_t{0});
-      c.wire_bytes = t.value("wire_bytes", uint64_t{0});
-      c.kernels = t.value("kernels", uint32_t{0});
-      c.begin_ns = t.value("begin_ns", int64_t{0});
-      c.duration_ms = t.value("duration_ms", 0.0);
-      c.exposed_ms = t.value("exposed_ms", 0.0);
-      r.top.push_back(std::move(c));
-    }
-  }
-  return r;
+namespace {
+// Typed reads for step_report_from_json: absent keys keep the default, other types are errors.
+std::string shown(const json& v) {
+  std::string text = dump_json(v);
+  return text.size() > 40 ? text.substr(0, 40) + "..." : text;
 }
 
-std::vector<StepReport> read_step_reports(const std::vector<std::string>& paths,
-                                          std::vector<std::string>& errors) {
+template <class T>
+bool read_field(const json& j, const char* key, T& out, std::string& error) {
+  const auto it = j.find(key);
+  if (it == j.end()) return true;
+  const json& v = *it;
+  bool ok = false;
+  if constexpr (std::is_same_v<T, std::string>) {
+    ok = v.is_string();
+    if (ok) out = v.get<std::string>();
+    if (!ok) error = fmt::format("\"{}\" is {}, expected a string", key, shown(v));
+    return ok;
+  } else if constexpr (std::is_same_v<T, double>) {
+    ok = v.is_number();
+    if (ok) out = v.get<double>();
+    if (!ok) error = fmt::format("\"{}\" is {}, expected a number", key, shown(v));
+    return ok;
+  } else {
+    static_assert(std::is_integral_v<T>);
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      ok = u <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+      if (ok) out = static_cast<T>(u);
+    } else if (v.is_number_integer()) {
+      const int64_t i = v.get<int64_t>();
+      ok = i >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+           (i < 0 || static_cast<uint64_t>(i) <= static_cast<uint64_t>(std::numeric_limits<T>::max()));
+      if (ok) out = static_cast<T>(i);
+    }
+    if (!ok)
+      error = fmt::format("\"{}\" is {}, expected {}", key, shown(v),
+                          std::is_signed_v<T> ? "an integer" : "a non-negative integer");
+    return ok;
+  }
+}
+}  // namespace
+
+bool step_report_from_json(const json& j, StepReport& r, std::string& error) {
+  r = StepReport{};
+  if (!j.is_object()) {
+    error = fmt::format("a step report is {}, expected a JSON object", shown(j));
+    return false;
+  }
+  const bool ok = read_field(j, "rank", r.rank, error) && read_field(j, "step", r.step, error) &&
+                  read_field(j, "begin_ns", r.begin_ns, error) && read_field(j, "end_ns", r.end_ns, error) &&
+                  read_field(j, "step_ms", r.step_ms, error) && read_field(j, "compute_ms", r.compute_ms, error) &&
+                  read_field(j, "comm_ms", r.comm_ms, error) &&
+                  read_field(j, "exposed_comm_ms", r.exposed_comm_ms, error) &&
+                  read_field(j, "exposed_memcpy_ms", r.exposed_memcpy_ms, error) &&
+                  read_field(j, "idle_ms", r.idle_ms, error) && read_field(j, "overlap_pct", r.overlap_pct, error) &&
+                  read_field(j, "app_bytes", r.app_bytes, error) && read_field(j, "wire_bytes", r.wire_bytes, error) &&
+                  read_field(j, "calls", r.calls, error) &&
+                  read_field(j, "compute_kernels", r.compute_kernels, error) &&
+                  read_field(j, "comm_kernels", r.comm_kernels, error) &&
+                  read_field(j, "memory_ops", r.memory_ops, error);
+  if (!ok) return false;
+  const auto top = j.find("top");
+  if (top == j.end()) return true;
+  if (!top->is_array()) {
+    error = fmt::format("\"top\" is {}, expected an array", shown(*top));
+    return false;
+  }
+  for (size_t i = 0; i < top->size(); ++i) {
+    const json& t = (*top)[i];
+    CollectiveReport c;
+    std::string why;
+    const bool good = t.is_object() && read_field(t, "seq", c.seq, why) && read_field(t, "ordinal", c.ordinal, why) &&
+                      read_field(t, "name", c.name, why) && read_field(t, "kernel", c.kernel, why) &&
+                      read_field(t, "range", c.range, why) && read_field(t, "dtype", c.dtype, why) &&
+                      read_field(t, "path", c.path, why) && read_field(t, "app_bytes", c.app_bytes, why) &&
+                      read_field(t, "wire_bytes", c.wire_bytes, why) && read_field(t, "kernels", c.kernels, why) &&
+                      read_field(t, "begin_ns", c.begin_ns, why) && read_field(t, "duration_ms", c.duration_ms, why) &&
+                      read_field(t, "exposed_ms", c.exposed_ms, why);
+    if (!good) {
+      error = fmt::format("\"top\"[{}]: {}", i, why.empty() ? fmt::format("is {}, expected an object", shown(t)) : why);
+      return false;
+    }
+    r.top.push_back(std::move(c));
+  }
+  return true;
+}
+
+std::vector<StepReport> read_step_reports(const std::vector<std::string>& paths, std::vector<std::string>& errors,
+                                          std::vector<std::string>& warnings) {
   std::vector<StepReport> out;
   for (const std::string& path : paths) {
     std::ifstream in(path);
     if (!in) {
-      errors.push_back(fmt::format("{}: cannot open", path));
+      errors.push_back(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
       continue;
     }
     std::string line;
+    int pending_bad_line = 0;  // a line that did not parse; an error unless it turns out to be the last
     for (int number = 1; std::getline(in, line); ++number) {
       if (line.empty()) continue;
+      if (pending_bad_line) {
+        errors.push_back(fmt::format("{}:{}: not a JSON object", path, pending_bad_line));
+        pending_bad_line = 0;
+      }
       json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded() || !j.is_object()) {
-        errors.push_back(fmt::format("{}:{}: not a JSON object", path, number));
+        pending_bad_line = number;
         continue;
       }
-      if (j.value("type", "") == "step") out.push_back(step_report_from_json(j));
+      const auto type = j.find("type");
+      if (type != j.end() && !type->is_string()) {
+        errors.push_back(fmt::format("{}:{}: \"type\" is {}, expected a string", path, number, shown(*type)));
+        continue;
+      }
+      if (type == j.end() || type->get<std::string>() != "step") continue;
+      StepReport r;
+      std::string error;
+      if (!step_report_from_json(j, r, error)) {
+        errors.push_back(fmt::format("{}:{}: {}", path, number, error));
+        continue;
+      }
+      out.push_back(std::move(r));
     }
+    if (in.bad()) errors.push_back(fmt::format("{}: read error", path));
+    if (pending_bad_line)
+      warnings.push_back(fmt::format("{}:{}: incomplete last line skipped (the process was killed while writing it?)",
+                                     path, pending_bad_line));
   }
   return out;
 }

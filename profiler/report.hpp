@@ -23,13 +23,17 @@ std::string dump_json(const nlohmann::json& j, int indent = -1);
 nlohmann::json to_json(const CollectiveReport& c);
 nlohmann::json to_json(const StepReport& r);
 nlohmann::json to_json(const CollectorCounters& c);
-// Reads what to_json(StepReport) wrote. Missing keys keep their defaults.
-StepReport step_report_from_json(const nlohmann::json& j);
+// Reads what to_json(StepReport) wrote. Missing keys keep their defaults; a key of the wrong type
+// (a damaged or foreign file) is an error naming it ("\"step\" is \"abc\", expected an integer").
+bool step_report_from_json(const nlohmann::json& j, StepReport& out, std::string& error);
 
-// Reads the "type":"step" lines of one or more JSON-lines files. A line that is not valid JSON is
-// reported in `errors` ("file:line: reason") and skipped.
-std::vector<StepReport> read_step_reports(const std::vector<std::string>& paths,
-                                          std::vector<std::string>& errors);
+// Reads the "type":"step" lines of one or more JSON-lines files. Problems are "file:line: reason":
+//  - `warnings`: the last line of a file is not complete JSON (a rank killed while writing it; the
+//    steps before it are whole), skipped;
+//  - `errors`: a file that cannot be read, any other line that is not a JSON object, a field of the
+//    wrong type. The caller must not report figures when there are errors.
+std::vector<StepReport> read_step_reports(const std::vector<std::string>& paths, std::vector<std::string>& errors,
+                                          std::vector<std::string>& warnings);
 
 struct Stat {
   double max = 0;

@@ -35,8 +35,10 @@ import glob
 import io
 import json
 import os
+import shutil
 import struct
 import sys
+import tempfile
 
 # Names tried, in order, when the corresponding option is "auto".
 STATE_KEYS = ("observation.state", "state")
@@ -46,9 +48,15 @@ CAMERA_SETS = (("observation.images.image", "observation.images.wrist_image"),
                ("image", "wrist_image"))
 
 
+STAGING = []  # folders being written, removed unless published as --out
+
+
+class ConversionError(Exception):
+    """Bad input: reported as one line naming the input, exit status 2, nothing left in --out."""
+
+
 def fail(message):
-    print(f"convert_lerobot_libero: {message}", file=sys.stderr)
-    sys.exit(2)
+    raise ConversionError(message)
 
 
 def write_safetensors(path, tensors, metadata):
@@ -148,17 +156,105 @@ def decode_image(cell, size, dataset_dir, where):
     return array
 
 
-def column_matrix(table, name, where):
-    """A list<float> column as a float64 [rows, dim] array."""
+def column_matrix(table, name, where, frames):
+    """A list<float> column as a float64 [rows, dim] array of finite values. `frames` are the rows'
+    frame indices, for naming the frame of a bad value."""
     import numpy as np
     rows = table.column(name).to_pylist()
     try:
         matrix = np.asarray(rows, np.float64)
-    except ValueError:
-        fail(f"{where}: column '{name}' has rows of different lengths")
+    except (ValueError, TypeError):
+        fail(f"{where}: column '{name}' has rows of different lengths or empty cells, expected a vector per frame")
     if matrix.ndim != 2:
         fail(f"{where}: column '{name}' is not a vector per frame (shape {matrix.shape})")
+    bad = np.argwhere(~np.isfinite(matrix))
+    if len(bad):
+        row, k = bad[0]
+        fail(f"{where} frame {int(frames[row])}: column '{name}' value {int(k)} is {matrix[row, k]}, expected a finite "
+             f"number ({len(bad)} non-finite value(s) in this episode)")
     return matrix
+
+
+def integer_column(table, name, where):
+    """An integer column (episode_index, frame_index, task_index) as int64, refusing nulls and floats."""
+    import numpy as np
+    values = table.column(name).to_pylist()
+    if any(not isinstance(v, int) or isinstance(v, bool) for v in values):
+        bad = next(v for v in values if not isinstance(v, int) or isinstance(v, bool))
+        fail(f"{where}: column '{name}' holds {bad!r}, expected integers")
+    return np.asarray(values, np.int64)
+
+
+def read_json(path, what):
+    """A JSON file, or one line naming it and the problem."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as e:
+        fail(f"{path}: cannot read {what}: {e.strerror}")
+    except (ValueError, UnicodeDecodeError) as e:
+        fail(f"{path}: {what} is not valid JSON: {e}")
+
+
+def read_tasks(path):
+    """meta/tasks.jsonl: task_index -> task, every line checked."""
+    tasks = {}
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        fail(f"{path}: cannot read: {e.strerror}")
+    except UnicodeDecodeError as e:
+        fail(f"{path}: not UTF-8 text: {e}")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            t = json.loads(line)
+        except ValueError as e:
+            fail(f"{path}:{number}: not valid JSON: {e}")
+        index = t.get("task_index") if isinstance(t, dict) else None
+        text = t.get("task") if isinstance(t, dict) else None
+        if not isinstance(index, int) or isinstance(index, bool) or not isinstance(text, str):
+            fail(f"{path}:{number}: expected {{\"task_index\": <integer>, \"task\": <string>}}, got {line.strip()[:80]}")
+        tasks[index] = text
+    return tasks
+
+
+def read_parquet(pq, path, columns=None):
+    """One parquet file (the columns asked for), or one line naming the file and the problem."""
+    import pyarrow as pa
+    try:
+        return pq.read_table(path, columns=columns)
+    except (pa.ArrowException, OSError, KeyError, ValueError) as e:
+        fail(f"{path}: not a readable parquet file with columns {columns or 'all'}: {str(e).splitlines()[0]}")
+
+
+def prepare_output(out):
+    """A fresh staging folder beside --out; --out itself must not exist or be empty, so shards of an
+    earlier run are never read together with these. The staging folder becomes --out only when
+    everything was written (publish_output)."""
+    if os.path.lexists(out):
+        if not os.path.isdir(out):
+            fail(f"--out {out} exists and is not a directory")
+        entries = sorted(os.listdir(out))
+        if entries:
+            fail(f"--out {out} is not empty ({len(entries)} entries, e.g. {entries[0]}); give a new folder or remove "
+                 f"it: the trainer reads every shard in the folder")
+    parent = os.path.dirname(os.path.abspath(out))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=os.path.basename(os.path.abspath(out)) + ".partial-", dir=parent)
+        STAGING.append(staging)
+        return staging
+    except OSError as e:
+        fail(f"--out {out}: cannot create a folder beside it: {e.strerror}")
+
+
+def publish_output(staging, out):
+    if os.path.isdir(out):
+        os.rmdir(out)  # empty (checked before the conversion); rename cannot replace it otherwise
+    os.rename(staging, out)
 
 
 def resolve_columns(args, features, available):
@@ -206,9 +302,28 @@ def main():
     p.add_argument("--samples-per-shard", type=int, default=512)
     p.add_argument("--max-episodes", type=int, default=0, help="convert only the first N episodes (0 = all)")
     args = p.parse_args()
+    try:
+        convert(args)
+    except ConversionError as e:
+        print(f"convert_lerobot_libero: {e}", file=sys.stderr)
+        return 2
+    finally:
+        # Whatever stopped the conversion (bad input, Ctrl-C, a full disk), nothing half-written is
+        # left behind: the staging folder exists only until it is published as --out.
+        for staging in STAGING:
+            shutil.rmtree(staging, ignore_errors=True)
+    return 0
+
+
+def convert(args):
+    """The conversion (raises ConversionError on bad input)."""
     for name in ("camera_size", "max_token_len", "horizon", "samples_per_shard"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.max_episodes < 0:
+        fail(f"--max-episodes must be 0 (all) or more, got {args.max_episodes}")
+    if not os.path.isdir(args.dataset):
+        fail(f"--dataset {args.dataset} is not a directory")
 
     try:
         import numpy as np
@@ -222,18 +337,24 @@ def main():
             import sentencepiece
         except ImportError:
             fail("--tokenizer needs the sentencepiece package")
-        tokenizer = sentencepiece.SentencePieceProcessor(model_file=args.tokenizer)
+        try:
+            tokenizer = sentencepiece.SentencePieceProcessor(model_file=args.tokenizer)
+        except (OSError, RuntimeError) as e:
+            fail(f"--tokenizer {args.tokenizer}: not a readable SentencePiece model: {str(e).splitlines()[0]}")
 
     info = {}
     info_path = os.path.join(args.dataset, "meta", "info.json")
     if os.path.exists(info_path):
-        with open(info_path) as f:
-            info = json.load(f)
+        info = read_json(info_path, "meta/info.json")
+        if not isinstance(info, dict):
+            fail(f"{info_path}: expected a JSON object, got {type(info).__name__}")
     version = str(info.get("codebase_version", "v2"))
     if not version.startswith("v2"):
         fail(f"{info_path}: codebase_version {version}; this converter reads LeRobot v2.x datasets "
              f"(one parquet file per episode, meta/tasks.jsonl)")
     features = info.get("features", {})
+    if not isinstance(features, dict) or not all(isinstance(v, dict) for v in features.values()):
+        fail(f"{info_path}: \"features\" is not an object of feature objects")
 
     files = sorted(glob.glob(os.path.join(args.dataset, "data", "*", "*.parquet")))
     if not files:
@@ -241,12 +362,11 @@ def main():
     tasks = {}
     tasks_path = os.path.join(args.dataset, "meta", "tasks.jsonl")
     if os.path.exists(tasks_path):
-        with open(tasks_path) as f:
-            for line in f:
-                if line.strip():
-                    t = json.loads(line)
-                    tasks[int(t["task_index"])] = t["task"]
-    available = set(pq.read_schema(files[0]).names)
+        tasks = read_tasks(tasks_path)
+    try:
+        available = set(pq.read_schema(files[0]).names)
+    except Exception as e:  # pyarrow raises several types for a file that is not parquet
+        fail(f"{files[0]}: not a readable parquet file: {str(e).splitlines()[0]}")
     state_key, action_key, cameras = resolve_columns(args, features, available)
 
     def episodes(columns):
@@ -254,17 +374,17 @@ def main():
         --max-episodes episodes only."""
         seen = 0
         for path in files:
-            table = pq.read_table(path, columns=columns)
+            table = read_parquet(pq, path, columns)
             if "episode_index" in table.column_names:
-                ids = np.asarray(table.column("episode_index").to_pylist(), np.int64)
+                ids = integer_column(table, "episode_index", path)
             else:
                 ids = np.zeros(table.num_rows, np.int64)  # no column: the file is one episode
-            frame = (np.asarray(table.column("frame_index").to_pylist(), np.int64)
+            frame = (integer_column(table, "frame_index", path)
                      if "frame_index" in table.column_names else np.arange(table.num_rows))
             for episode in dict.fromkeys(ids.tolist()):  # in order of first appearance
                 rows = np.flatnonzero(ids == episode)
                 rows = rows[np.argsort(frame[rows], kind="stable")]
-                yield path, episode, table.take(rows)
+                yield path, episode, table.take(rows), frame[rows]
                 seen += 1
                 if args.max_episodes and seen >= args.max_episodes:
                     return
@@ -273,17 +393,23 @@ def main():
     # state once, and every element of every frame's action chunk.
     numeric = [c for c in (state_key, action_key, "episode_index", "frame_index") if c in available]
     states, actions, action_counts = [], [], []
-    for path, episode, table in episodes(numeric):
+    for path, episode, table, frames in episodes(numeric):
         where = f"{path} (episode {episode})"
-        state, act = column_matrix(table, state_key, where), column_matrix(table, action_key, where)
+        state = column_matrix(table, state_key, where, frames)
+        act = column_matrix(table, action_key, where, frames)
         states.append(state)
         actions.append(act)
         action_counts.append(np.bincount(chunk_indices(len(act), args.horizon).ravel(), minlength=len(act)))
+    if not states:
+        fail(f"no frames in the parquet files under {args.dataset}")
+    if len({s.shape[1] for s in states}) > 1 or len({a.shape[1] for a in actions}) > 1:
+        fail(f"episodes under {args.dataset} have different state or action widths "
+             f"(state {sorted({s.shape[1] for s in states})}, actions {sorted({a.shape[1] for a in actions})})")
     states, actions, action_counts = np.concatenate(states), np.concatenate(actions), np.concatenate(action_counts)
     stats = {"state": repeated_stats(states, np.ones(len(states), np.int64)),
              "actions": repeated_stats(actions, action_counts)}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "norm_stats.json"), "w") as f:
+    staging = prepare_output(args.out)
+    with open(os.path.join(staging, "norm_stats.json"), "w") as f:
         json.dump({"norm_stats": stats,
                    "normalisation": "quantile: (x - q01) / (q99 - q01 + 1e-6) * 2 - 1",
                    "columns": {"state": state_key, "actions": action_key, "cameras": cameras},
@@ -302,21 +428,22 @@ def main():
         if not buffer["images"]:
             return
         arrays = {k: np.stack(v) for k, v in buffer.items()}
-        write_safetensors(os.path.join(args.out, f"shard-{shard_index:05d}.safetensors"), arrays,
+        write_safetensors(os.path.join(staging, f"shard-{shard_index:05d}.safetensors"), arrays,
                           {"format": "fp8wire-libero-v1", "source": os.path.abspath(args.dataset)})
         shard_index += 1
         for v in buffer.values():
             v.clear()
 
-    for path, episode, table in episodes(None):
+    for path, episode, table, frames in episodes(None):
         where = f"{path} (episode {episode})"
         episode_count += 1
-        state = normalise(column_matrix(table, state_key, where), stats["state"])
-        act = normalise(column_matrix(table, action_key, where), stats["actions"]).astype(np.float32)
+        state = normalise(column_matrix(table, state_key, where, frames), stats["state"])
+        act = normalise(column_matrix(table, action_key, where, frames), stats["actions"]).astype(np.float32)
         n = len(state)
         if act.shape[1] != raw_action_dim:
             fail(f"{where}: {act.shape[1]} action values per frame, earlier episodes have {raw_action_dim}")
-        task_ids = (table.column("task_index").to_pylist() if "task_index" in table.column_names else [0] * n)
+        task_ids = (integer_column(table, "task_index", where).tolist() if "task_index" in table.column_names
+                    else [0] * n)
         image_cells = {c: table.column(c).to_pylist() for c in cameras}
         chunks = chunk_indices(n, args.horizon)
         for t in range(n):
@@ -342,6 +469,8 @@ def main():
             if len(buffer["images"]) == args.samples_per_shard:
                 flush()
     flush()
+    publish_output(staging, args.out)
+    STAGING.remove(staging)
     print(f"convert_lerobot_libero: {total} samples from {episode_count} episode(s) -> {shard_index} shard(s) in "
           f"{args.out}; set data.source=\"shards\", data.shard_dir, data.num_images={len(cameras)}, "
           f"data.camera_size={args.camera_size}, data.raw_action_dim={raw_action_dim}, "
@@ -349,4 +478,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

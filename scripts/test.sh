@@ -5,7 +5,8 @@
 #   BUILD_DIR=build-ci scripts/test.sh
 # Environment: BUILD_JOBS (parallel build jobs, default nproc), CMAKE_CUDA_ARCHITECTURES
 # (default: the project's 80-real;89-real;90), CTEST_ARGS (extra ctest arguments),
-# FP8WIRE_SKIP_PACKAGE=1 (no wheel test, scripts/test-package.sh).
+# FP8WIRE_SKIP_PACKAGE=1 (no wheel test, scripts/test-package.sh), SKIP_SANITIZE=1 (leave out the
+# sanitizer and fuzz tier, scripts/sanitize.sh; FUZZ_SECONDS sets its fuzz runs).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -34,5 +35,11 @@ if [[ "${FP8WIRE_SKIP_PACKAGE:-0}" != 1 ]]; then
   package_start=$(date +%s)
   bash scripts/test-package.sh "$build"
   echo "[test] package test took $(($(date +%s) - package_start)) s"
+fi
+# The sanitizer and fuzz tier: host code with ASan + UBSan, then the libFuzzer targets (own folders).
+if [[ "${SKIP_SANITIZE:-0}" != 1 ]]; then
+  sanitize_start=$(date +%s)
+  BUILD_JOBS="$jobs" bash scripts/sanitize.sh
+  echo "[test] sanitizer and fuzz tier took $(($(date +%s) - sanitize_start)) s"
 fi
 echo "[test] done in $(($(date +%s) - start)) s"

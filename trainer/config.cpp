@@ -1,13 +1,21 @@
 #include "trainer/config.hpp"
 
+#include <sys/stat.h>
+
 #include <charconv>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
 #include <functional>
 #include <sstream>
+#include <tuple>
 #include <variant>
 
 #include <fmt/format.h>
 
 #include "common/toml.hpp"
+#include "common/toml_guard.hpp"
 
 namespace fp8wire::trainer {
 namespace {
@@ -137,7 +145,9 @@ std::string load_table(const toml::table& root, Config& config) {
   for (auto&& [section_key, section] : root) {
     const std::string section_name(section_key.str());
     if (section_name == "preset") {
-      if (auto v = section.value<std::string>()) config.preset_name = *v;
+      auto v = section.value<std::string>();
+      if (!v) return fmt::format("preset: got {}, expected a string (the preset's name)", toml_kind(section));
+      config.preset_name = *v;
       continue;
     }
     const auto* table = section.as_table();
@@ -154,21 +164,37 @@ std::string load_table(const toml::table& root, Config& config) {
 
 }  // namespace
 
-std::string load_config_string(const std::string& toml_text, Config& config) {
+namespace {
+// toml_guard.hpp first: some non-ASCII placements send toml++ 3.3 into undefined behaviour.
+std::string parse_and_load(const std::string& text, const std::string& source, Config& config) {
+  if (const TomlTextProblem p = toml_check_text(text))
+    return fmt::format("TOML error at line {}, column {}: {}", p.line, p.column, p.what);
   try {
-    return load_table(toml::parse(toml_text), config);
+    return load_table(toml::parse(text, source), config);
   } catch (const toml::parse_error& e) {
     return fmt::format("TOML error at line {}: {}", e.source().begin.line, e.description());
   }
 }
+}  // namespace
+
+std::string load_config_string(const std::string& toml_text, Config& config) {
+  return parse_and_load(toml_text, "string", config);
+}
 
 std::string load_config_file(const std::string& path, Config& config) {
-  try {
-    if (auto err = load_table(toml::parse_file(path), config); !err.empty()) return path + ": " + err;
-    return "";
-  } catch (const toml::parse_error& e) {
-    return fmt::format("{}: TOML error at line {}: {}", path, e.source().begin.line, e.description());
-  }
+  // A directory opens like an empty file, which would silently mean "every default" (the full
+  // pi05 model), so the kind of path is checked before reading. POSIX stat rather than
+  // std::filesystem: in this binary the latter may resolve to LibTorch's copy.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return fmt::format("{}: cannot read: {}", path, std::strerror(errno));
+  if (S_ISDIR(st.st_mode))
+    return fmt::format("{}: is a directory, expected a TOML preset file (e.g. trainer/configs/pi05.toml)", path);
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || in.bad()) return fmt::format("{}: cannot read: {}", path, std::strerror(errno));
+  if (auto err = parse_and_load(text.str(), path, config); !err.empty()) return path + ": " + err;
+  return "";
 }
 
 std::string apply_override(const std::string& key_equals_value, Config& config) {
@@ -182,11 +208,30 @@ std::string apply_override(const std::string& key_equals_value, Config& config) 
   if (!f) return fmt::format("--set: unknown config key '{}'", key);
   if (!parse_into(f->ref, value))
     return fmt::format("--set {}: got '{}', expected {}", key, value, expected_type(f->ref));
-  return validate(config);
+  return "";
 }
 
 std::string validate(const Config& c) {
   const auto& m = c.model;
+  const auto& t = c.train;
+  // NaN passes every "<= 0" test and Inf most upper bounds, so every real-valued key is checked for
+  // finiteness first, then for its range.
+  for (auto [key, v, low, low_inclusive] : std::initializer_list<std::tuple<const char*, double, double, bool>>{
+           {"model.rope_base", m.rope_base, 0.0, false}, {"model.time_min_period", m.time_min_period, 0.0, false},
+           {"model.time_max_period", m.time_max_period, 0.0, false}, {"train.peak_lr", t.peak_lr, 0.0, true},
+           {"train.end_lr", t.end_lr, 0.0, true}, {"train.beta1", t.beta1, 0.0, true},
+           {"train.beta2", t.beta2, 0.0, true}, {"train.eps", t.eps, 0.0, false},
+           {"train.weight_decay", t.weight_decay, 0.0, true}, {"train.clip_norm", t.clip_norm, 0.0, true},
+           {"train.bucket_cap_mb", t.bucket_cap_mb, 0.0, false}, {"train.peak_tflops", t.peak_tflops, 0.0, false}}) {
+    if (!std::isfinite(v)) return fmt::format("{}: got {}, expected a finite number", key, v);
+    if (low_inclusive ? v < low : v <= low)
+      return fmt::format("{}: got {}, expected a {} number", key, v, low_inclusive ? "non-negative" : "positive");
+  }
+  if (t.beta1 >= 1 || t.beta2 >= 1)
+    return fmt::format("train.beta1/beta2: got {} and {}, expected numbers in [0, 1)", t.beta1, t.beta2);
+  if (m.time_min_period >= m.time_max_period)
+    return fmt::format("model.time_min_period {} must be below model.time_max_period {}", m.time_min_period,
+                       m.time_max_period);
   auto positive = [](const char* key, int64_t v) -> std::string {
     return v > 0 ? "" : fmt::format("{}: got {}, expected a positive integer", key, v);
   };
@@ -228,11 +273,11 @@ std::string validate(const Config& c) {
     return fmt::format("train.remat_every: got {}, expected 1 or more (1 = every layer)", c.train.remat_every);
   if (c.train.allreduce != "overlap" && c.train.allreduce != "after_backward")
     return fmt::format("train.allreduce: got '{}', expected \"overlap\" or \"after_backward\"", c.train.allreduce);
-  if (c.train.bucket_cap_mb <= 0)
-    return fmt::format("train.bucket_cap_mb: got {}, expected a positive number", c.train.bucket_cap_mb);
   if (c.train.steps < 0) return fmt::format("train.steps: got {}, expected 0 or more", c.train.steps);
   if (c.train.warmup_steps < 0 || c.train.decay_steps < 0)
-    return "train.warmup_steps/decay_steps: expected 0 or more";
+    return fmt::format("train.warmup_steps/decay_steps: got {} and {}, expected 0 or more", c.train.warmup_steps,
+                       c.train.decay_steps);
+  if (c.train.save_every < 0) return fmt::format("train.save_every: got {}, expected 0 or more", c.train.save_every);
   return "";
 }
 

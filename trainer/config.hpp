@@ -103,6 +103,9 @@ struct Config {
 };
 
 // Each returns "" on success or the error message (nothing here throws to the caller).
+// A preset (file or string) is validated as a whole; overrides are only parsed and typed, so that
+// several of them may move related keys together (data.raw_action_dim with model.action_dim): call
+// validate() once after the last one.
 std::string load_config_file(const std::string& path, Config& config);
 std::string load_config_string(const std::string& toml_text, Config& config);
 std::string apply_override(const std::string& key_equals_value, Config& config);

@@ -1,9 +1,12 @@
 #include "trainer/data.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -72,9 +75,103 @@ struct Fd {
 
 }  // namespace
 
+namespace {
+
+// The checksum this trainer writes into every safetensors file (__metadata__.fp8wire_crc32, 8 hex
+// digits) and verifies when it reads one back: CRC-32 (zlib) of the header in canonical form (keys
+// sorted, no spaces, the checksum entry left out), then of every tensor's bytes in file order. A
+// flipped bit anywhere in the header's names, shapes, offsets and metadata or in the tensor data
+// changes it.
+uint32_t header_crc(nlohmann::json header) {
+  if (auto m = header.find("__metadata__"); m != header.end() && m->is_object()) m->erase(kChecksumKey);
+  const std::string canonical = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return static_cast<uint32_t>(crc32_z(0, reinterpret_cast<const Bytef*>(canonical.data()), canonical.size()));
+}
+
+uint32_t data_crc(uint32_t crc, const void* data, uint64_t bytes) {
+  return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), static_cast<z_size_t>(bytes)));
+}
+
+std::string crc_text(uint32_t crc) { return fmt::format("{:08x}", crc); }
+
+// "a string", "an array", ... for messages about a header value of the wrong JSON type.
+std::string json_kind(const nlohmann::json& v) {
+  if (v.is_string()) return "the string " + v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (v.is_number()) return "the number " + v.dump();
+  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
+  if (v.is_null()) return "null";
+  return v.is_array() ? "an array" : "an object";
+}
+
+// The header, parsed and checked entry by entry; every error names the file and the entry. The
+// parsed JSON is returned for the checksum.
+std::string parse_header(const std::string& path, int fd, std::map<std::string, SafetensorsEntry>& entries,
+                         Metadata* metadata, nlohmann::json& header) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return fmt::format("{}: cannot stat: {}", path, std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return fmt::format("{}: not a regular file", path);
+  const uint64_t file_size = uint64_t(st.st_size);
+  unsigned char len[8];
+  if (file_size < 8 || !read_at(fd, len, 8, 0))
+    return fmt::format("{}: shorter than the 8-byte header length: not a safetensors file", path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
+  if (n > file_size - 8 || n > (100u << 20))
+    return fmt::format("{}: header length {} does not fit the file ({} bytes): not a safetensors file", path, n, file_size);
+  std::string text(n, '\0');
+  if (!read_at(fd, text.data(), n, 8)) return fmt::format("{}: cannot read the header", path);
+  header = nlohmann::json::parse(text, nullptr, false);
+  if (header.is_discarded() || !header.is_object()) return fmt::format("{}: header is not a JSON object", path);
+  const uint64_t data_start = 8 + n;
+  for (auto& [name, e] : header.items()) {
+    if (name == "__metadata__") {
+      if (!e.is_object()) return fmt::format("{}: __metadata__ is {}, expected an object", path, json_kind(e));
+      if (metadata)
+        for (auto& [k, v] : e.items()) (*metadata)[k] = v.is_string() ? v.get<std::string>() : v.dump();
+      continue;
+    }
+    const std::string& tensor = name;  // a structured binding cannot be captured before C++20 in clang 14
+    auto bad = [&](const std::string& what) { return fmt::format("{}: tensor '{}': {}", path, tensor, what); };
+    if (!e.is_object()) return bad(fmt::format("entry is {}, expected an object", json_kind(e)));
+    const auto dtype = e.find("dtype"), shape = e.find("shape"), offsets = e.find("data_offsets");
+    if (dtype == e.end() || shape == e.end() || offsets == e.end()) return bad("lacks dtype/shape/data_offsets");
+    SafetensorsEntry entry;
+    if (!dtype->is_string()) return bad(fmt::format("dtype is {}, expected a string", json_kind(*dtype)));
+    if (!dtype_from_name(dtype->get<std::string>(), entry.dtype))
+      return bad(fmt::format("unsupported dtype '{}'", dtype->get<std::string>()));
+    if (!shape->is_array()) return bad(fmt::format("shape is {}, expected an array", json_kind(*shape)));
+    // The element count, guarded against overflow: no tensor can hold more bytes than the file.
+    uint64_t numel = 1;
+    for (const auto& d : *shape) {
+      if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
+        return bad(fmt::format("shape {} holds {}, expected non-negative integers", shape->dump(), json_kind(d)));
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > uint64_t(INT64_MAX) || (dim != 0 && numel > file_size / dim))
+        return bad(fmt::format("shape {} is larger than the file ({} bytes)", shape->dump(), file_size));
+      numel *= dim;
+      entry.shape.push_back(int64_t(dim));
+    }
+    if (!offsets->is_array() || offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
+        !(*offsets)[1].is_number_unsigned())
+      return bad(fmt::format("data_offsets is {}, expected [begin, end] (two non-negative integers)",
+                             offsets->is_array() ? offsets->dump() : json_kind(*offsets)));
+    const uint64_t begin = (*offsets)[0].get<uint64_t>(), end = (*offsets)[1].get<uint64_t>();
+    const uint64_t element = c10::elementSize(entry.dtype);
+    if (begin > end || end > file_size - data_start || end - begin != numel * element)
+      return bad(fmt::format("data_offsets [{}, {}] inconsistent with its shape {} of {} ({} bytes) or the file size",
+                             begin, end, shape->dump(), dtype->get<std::string>(), numel * element));
+    entry.begin = data_start + begin;
+    entry.bytes = end - begin;
+    entries[name] = std::move(entry);
+  }
+  return "";
+}
+
+}  // namespace
+
 std::string write_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& metadata) {
   nlohmann::ordered_json header;
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  header["__metadata__"] = metadata;
   std::vector<Tensor> blobs;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
@@ -87,6 +184,9 @@ std::string write_safetensors(const std::string& path, const TensorMap& tensors,
     offset += bytes;
     blobs.push_back(cpu);
   }
+  uint32_t crc = header_crc(nlohmann::json::parse(header.dump()));
+  for (const auto& b : blobs) crc = data_crc(crc, b.data_ptr(), uint64_t(b.nbytes()));
+  header["__metadata__"][kChecksumKey] = crc_text(crc);
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the format pads the header with spaces to 8 bytes
   const std::string tmp = path + ".tmp";
@@ -99,6 +199,7 @@ std::string write_safetensors(const std::string& path, const TensorMap& tensors,
     out.write(reinterpret_cast<const char*>(len), 8);
     out.write(text.data(), std::streamsize(text.size()));
     for (const auto& b : blobs) out.write(static_cast<const char*>(b.data_ptr()), std::streamsize(b.nbytes()));
+    out.flush();
     if (!out) return fmt::format("{}: write failed (disk full?)", tmp);
   }
   // Written under a temporary name and renamed, so a crash never leaves a truncated checkpoint.
@@ -112,53 +213,41 @@ std::string read_safetensors_header(const std::string& path, std::map<std::strin
                                     Metadata* metadata) {
   Fd f(path);
   if (f.fd < 0) return fmt::format("{}: cannot open: {}", path, std::strerror(errno));
-  unsigned char len[8];
-  if (!read_at(f.fd, len, 8, 0)) return fmt::format("{}: shorter than the 8-byte header length", path);
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
-  const uint64_t file_size = fs::file_size(path);
-  if (n > file_size - 8 || n > (100u << 20))
-    return fmt::format("{}: header length {} does not fit the file ({} bytes): not a safetensors file", path, n, file_size);
-  std::string text(n, '\0');
-  if (!read_at(f.fd, text.data(), n, 8)) return fmt::format("{}: cannot read the header", path);
-  nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
-  if (header.is_discarded() || !header.is_object()) return fmt::format("{}: header is not a JSON object", path);
-  const uint64_t data_start = 8 + n;
-  for (auto& [name, e] : header.items()) {
-    if (name == "__metadata__") {
-      if (metadata)
-        for (auto& [k, v] : e.items()) (*metadata)[k] = v.is_string() ? v.get<std::string>() : v.dump();
-      continue;
-    }
-    SafetensorsEntry entry;
-    if (!e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
-      return fmt::format("{}: tensor '{}' lacks dtype/shape/data_offsets", path, name);
-    if (!dtype_from_name(e["dtype"].get<std::string>(), entry.dtype))
-      return fmt::format("{}: tensor '{}' has unsupported dtype '{}'", path, name, e["dtype"].get<std::string>());
-    entry.shape = e["shape"].get<std::vector<int64_t>>();
-    const auto offsets = e["data_offsets"].get<std::vector<uint64_t>>();
-    int64_t numel = 1;
-    for (auto d : entry.shape) numel *= d;
-    entry.begin = data_start + offsets.at(0);
-    entry.bytes = offsets.at(1) - offsets.at(0);
-    if (entry.bytes != uint64_t(numel) * c10::elementSize(entry.dtype) || data_start + offsets.at(1) > file_size)
-      return fmt::format("{}: tensor '{}' has data_offsets [{}, {}] inconsistent with its shape or the file size", path,
-                         name, offsets.at(0), offsets.at(1));
-    entries[name] = entry;
-  }
-  return "";
+  nlohmann::json header;
+  return parse_header(path, f.fd, entries, metadata, header);
 }
 
-std::string read_safetensors(const std::string& path, TensorMap& tensors, Metadata* metadata) {
-  std::map<std::string, SafetensorsEntry> entries;
-  if (auto err = read_safetensors_header(path, entries, metadata); !err.empty()) return err;
+std::string read_safetensors(const std::string& path, TensorMap& tensors, Metadata* metadata, bool* verified) {
+  if (verified) *verified = false;
   Fd f(path);
   if (f.fd < 0) return fmt::format("{}: cannot open: {}", path, std::strerror(errno));
+  std::map<std::string, SafetensorsEntry> entries;
+  Metadata meta;
+  nlohmann::json header;
+  if (auto err = parse_header(path, f.fd, entries, &meta, header); !err.empty()) return err;
+  TensorMap loaded;
   for (const auto& [name, e] : entries) {
     Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
     if (!read_at(f.fd, t.data_ptr(), e.bytes, e.begin)) return fmt::format("{}: cannot read tensor '{}'", path, name);
-    tensors[name] = t;
+    loaded[name] = t;
   }
+  if (auto stored = meta.find(kChecksumKey); stored != meta.end()) {
+    std::vector<std::pair<uint64_t, const std::string*>> order;  // tensors in file order
+    for (const auto& [name, e] : entries) order.emplace_back(e.begin, &name);
+    std::sort(order.begin(), order.end());
+    uint32_t crc = header_crc(header);
+    for (const auto& [begin, name] : order) {
+      const Tensor& t = loaded.at(*name);
+      crc = data_crc(crc, t.data_ptr(), uint64_t(t.nbytes()));
+    }
+    if (stored->second != crc_text(crc))
+      return fmt::format("{}: checksum mismatch ({} {}, computed {}): the file is damaged", path, kChecksumKey,
+                         stored->second, crc_text(crc));
+    if (verified) *verified = true;
+  }
+  for (auto& [name, t] : loaded) tensors[name] = std::move(t);
+  if (metadata)
+    for (auto& [k, v] : meta) (*metadata)[k] = std::move(v);
   return "";
 }
 
@@ -307,6 +396,9 @@ std::string make_shard_source(const Config& config, std::unique_ptr<DataSource>&
       {"token_mask", {d.max_token_len}},
       {"actions", {config.model.action_horizon, d.raw_action_dim}},
   };
+  const std::map<std::string, std::vector<at::ScalarType>> dtypes = {
+      {"images", {at::kByte}}, {"image_mask", {at::kBool}}, {"tokens", {at::kInt, at::kLong}},
+      {"token_mask", {at::kBool}}, {"actions", {at::kFloat}}};
   std::vector<ShardSource::Shard> shards;
   for (const auto& p : paths) {
     ShardSource::Shard s;
@@ -318,7 +410,18 @@ std::string make_shard_source(const Config& config, std::unique_ptr<DataSource>&
     for (const auto& [key, row_shape] : expected) {
       auto it = s.entries.find(key);
       if (it == s.entries.end()) return fmt::format("{}: missing tensor '{}'", p, key);
-      std::vector<int64_t> got(it->second.shape.begin() + 1, it->second.shape.end());
+      const std::vector<int64_t>& shape = it->second.shape;
+      // One leading sample dimension, then the row; anything else (a scalar, a missing dimension)
+      // would be read out of bounds.
+      if (shape.size() != row_shape.size() + 1)
+        return fmt::format("{}: tensor '{}' has shape [{}], expected [samples, {}] (data.num_images, data.camera_size, "
+                           "data.max_token_len, model.action_horizon, data.raw_action_dim)", p, key,
+                           fmt::join(shape, ", "), fmt::join(row_shape, ", "));
+      const auto allowed = dtypes.at(key);
+      if (std::find(allowed.begin(), allowed.end(), it->second.dtype) == allowed.end())
+        return fmt::format("{}: tensor '{}' has dtype {}, expected {}", p, key, dtype_name(it->second.dtype),
+                           key == "tokens" ? "I32 or I64" : dtype_name(allowed.front()));
+      std::vector<int64_t> got(shape.begin() + 1, shape.end());
       if (got != row_shape)
         return fmt::format("{}: tensor '{}' has rows of shape [{}], expected [{}] from the config (data.num_images, "
                            "data.camera_size, data.max_token_len, model.action_horizon, data.raw_action_dim)", p, key,

@@ -25,9 +25,15 @@ namespace fp8wire::trainer {
 // data_offsets}, "__metadata__": {str: str}}, then the raw little-endian tensor bytes. --------------
 using TensorMap = std::map<std::string, at::Tensor>;
 using Metadata = std::map<std::string, std::string>;
-// Returns "" or an error naming the file and what was wrong. Tensors are written contiguous from CPU.
+// Returns "" or an error naming the file and what was wrong. Tensors are written contiguous from CPU,
+// with a checksum in __metadata__[kChecksumKey] (CRC-32 of the canonical header and every tensor's
+// bytes, data.cpp); read_safetensors verifies it where present (files of other tools have none) and
+// sets *verified. A damaged header (wrong JSON types, sizes that overflow or overrun the file) is an
+// error naming the file and the entry.
+inline constexpr const char* kChecksumKey = "fp8wire_crc32";
 std::string write_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& metadata = {});
-std::string read_safetensors(const std::string& path, TensorMap& tensors, Metadata* metadata = nullptr);
+std::string read_safetensors(const std::string& path, TensorMap& tensors, Metadata* metadata = nullptr,
+                             bool* verified = nullptr);
 
 struct SafetensorsEntry {
   at::ScalarType dtype;

@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
   CLI::App app{"fp8wire-train: Pi0.5 reference trainer (LibTorch, data parallel over NCCL)"};
   std::string config_path;
   int ranks = 1;
-  int64_t steps = -1;
+  int64_t steps = 0;
   std::vector<std::string> overrides;
   bool print_config = false;
   app.add_option("--config", config_path, "TOML preset, e.g. trainer/configs/pi05.toml")->required();
@@ -133,7 +133,17 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "fp8wire-train: {}\n", err);
       return 2;
     }
-  if (steps >= 0) cfg.train.steps = steps;
+  if (app.count("--steps")) {
+    if (steps < 0) {
+      fmt::print(stderr, "fp8wire-train: --steps {}: expected 0 or more optimiser steps\n", steps);
+      return 2;
+    }
+    cfg.train.steps = steps;
+  }
+  if (auto err = fp8wire::trainer::validate(cfg); !err.empty()) {
+    fmt::print(stderr, "fp8wire-train: {}\n", err);
+    return 2;
+  }
   if (print_config) {
     fmt::print("{}", fp8wire::trainer::describe(cfg));
     return 0;

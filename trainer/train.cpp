@@ -38,6 +38,9 @@ bool parse_int(const std::string& text, int64_t& out) {
   return ec == std::errc() && end == text.data() + text.size();
 }
 
+// v2: v1 plus the checksum (data.hpp kChecksumKey), which resume() requires.
+constexpr const char* kCheckpointFormat = "fp8wire-trainer-v2";
+
 // The epoch length as checkpoints record it; unbounded sources have no epoch boundary.
 std::string epoch_samples_text(const SampleOrder& order) {
   return order.epoch_samples == kUnboundedSource ? "unbounded" : std::to_string(order.epoch_samples);
@@ -341,7 +344,7 @@ std::string Trainer::save(const std::string& path) const {
   nlohmann::json meta_json = {{"step", step_}, {"world", world_}, {"micro_batch", cfg_.train.micro_batch},
                               {"seed", cfg_.train.seed}};
   const DataPosition data = data_position();
-  Metadata meta = {{"format", "fp8wire-trainer-v1"},
+  Metadata meta = {{"format", kCheckpointFormat},
                    {"step", std::to_string(step_)},
                    {"data_position_samples", std::to_string(step_ * cfg_.train.micro_batch * world_)},
                    {"data_epoch", std::to_string(data.epoch)},
@@ -390,9 +393,22 @@ std::string Trainer::check_data_position(Metadata& meta, int64_t step) const {
 std::string Trainer::resume(const std::string& path) {
   TensorMap in;
   Metadata meta;
-  if (auto err = read_safetensors(path, in, &meta); !err.empty()) return err;
-  if (meta["format"] != "fp8wire-trainer-v1")
-    return fmt::format("{}: not an fp8wire trainer checkpoint (__metadata__.format '{}')", path, meta["format"]);
+  bool verified = false;
+  if (auto err = read_safetensors(path, in, &meta, &verified); !err.empty()) return err;
+  // v2 carries a checksum, verified by read_safetensors; one that lacks it has lost it to damage.
+  // v1 (written before checksums) still resumes, unverified, with a warning.
+  if (meta["format"] == kCheckpointFormat) {
+    if (!verified)
+      return fmt::format("{}: __metadata__.{} is missing from a {} checkpoint: the file is damaged", path,
+                         kChecksumKey, kCheckpointFormat);
+  } else if (meta["format"] == "fp8wire-trainer-v1") {
+    if (rank_ == 0)
+      fmt::print(stderr, "fp8wire-train: warning: {} was written before checkpoints carried a checksum; "
+                         "it cannot be verified\n", path);
+  } else {
+    return fmt::format("{}: not an fp8wire trainer checkpoint (__metadata__.format '{}', expected '{}')", path,
+                       meta["format"], kCheckpointFormat);
+  }
   if (meta["world"] != std::to_string(world_))
     return fmt::format("{}: written by a run of {} ranks, this run has {}: the data position would not "
                        "resume bit for bit", path, meta["world"], world_);
@@ -413,10 +429,20 @@ std::string Trainer::resume(const std::string& path) {
       if (it->second.sizes() != p.sizes())
         return fmt::format("{}: '{}{}' has shape {}, the model expects {}", path, prefix, params[k].name,
                            c10::str(it->second.sizes()), c10::str(p.sizes()));
+      if (!at::isFloatingType(it->second.scalar_type()))
+        return fmt::format("{}: '{}{}' has dtype {}, expected a floating-point type", path, prefix, params[k].name,
+                           c10::toString(it->second.scalar_type()));
       flat.narrow(0, b.offsets[j], p.numel()).copy_(it->second.reshape({-1}));
     }
   }
-  gen_.set_state(in.at("rng/noise_generator"));
+  const auto rng = in.find("rng/noise_generator");
+  if (rng == in.end()) return fmt::format("{}: missing 'rng/noise_generator'", path);
+  const Tensor expected_state = gen_.get_state();
+  if (rng->second.scalar_type() != at::kByte || rng->second.sizes() != expected_state.sizes())
+    return fmt::format("{}: 'rng/noise_generator' is {} {}, expected U8 {} (a CPU generator state)", path,
+                       c10::toString(rng->second.scalar_type()), c10::str(rng->second.sizes()),
+                       c10::str(expected_state.sizes()));
+  gen_.set_state(rng->second);
   step_ = step;
   sync_params_from_masters();
   return "";
@@ -441,6 +467,9 @@ std::string Trainer::load_weights(const std::string& path) {
     if (it->second.sizes() != p.sizes())
       return fmt::format("{}: '{}' has shape {}, the config expects {}", path, params[k].name,
                          c10::str(it->second.sizes()), c10::str(p.sizes()));
+    if (!at::isFloatingType(it->second.scalar_type()))
+      return fmt::format("{}: '{}' has dtype {}, expected a floating-point type", path, params[k].name,
+                         c10::toString(it->second.scalar_type()));
     auto [bi, j] = buckets_->owner(k);
     auto& b = *buckets_->buckets()[bi];
     b.master.narrow(0, b.offsets[j], p.numel()).copy_(it->second.reshape({-1}));

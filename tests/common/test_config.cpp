@@ -284,6 +284,58 @@ TEST_CASE("a TOML syntax error and a missing file are errors, not crashes") {
 
 // FP8WIRE_CONFIG=out/sweep (the benchmark's output folder, not the profile in it): a directory opens
 // and reads as an empty document, which used to give the defaults with no error at all.
+TEST_CASE("non-ASCII outside strings is an error with file:line:column, never toml++ 3.3's unreachable path") {
+  // Each of these sends toml++ 3.3.0 into TOML_UNREACHABLE (undefined behaviour) without the check.
+  const struct {
+    const char* text;
+    const char* source;
+    const char* what;
+  } cases[] = {
+      {"block_size = 128\n\xc2\xa7 = 2\n", "file t.toml:2:1", "non-ASCII character U+00A7 outside a quoted string"},
+      {"format = \"e4m3\" \xc3\xa9\n", "file t.toml:1:17", "non-ASCII character U+00E9"},
+      {"[log]\nfile = \"\"\"\\\n\xc2\xa7\"\"\"\n", "file t.toml:3:1", "write it as \\u00A7"},
+      {"[log]\nfile = \"\"\"\\\xd0\x96\"\"\"\n", "file t.toml:2:12", "right after a backslash"},
+      {"block_size = 128 \xff\n", "file t.toml:1:18", "a byte that is not UTF-8"},
+      // toml++ assumes a table header starts with a key (found by fuzz_config_toml).
+      {"format = \"e4m3\"\n[\x01ds.all_reduce]\n", "file t.toml:2:2", "a table header must begin with a key"},
+      {"[[[[[[[[[[[[)", "file t.toml:1:3", "a table header must begin with a key"},
+      {"  [ = ]\n", "file t.toml:1:5", "a table header must begin with a key"},
+      {"a = 1\n[\nb = 2\n", "file t.toml:2:2", "a table header must begin with a key"},
+      // A quote inside a bare value starts no string: toml++ reads on through the whitespace test.
+      {"s = 2024-01-01\"\xef\xbb\xb7x\n", "file t.toml:1:16", "non-ASCII character U+FEF7"},
+      {"block_size = 4\"\"\"\xc2\xa7\"\"\"\n", "file t.toml:1:18", "non-ASCII character U+00A7"},
+      {"block_size = 0506-ff['V;\xc5\xbf;1T\n", "file t.toml:1:25", "non-ASCII character U+017F"},
+      // toml++ trims U+FEFF after a line-ending backslash as whitespace and tests what follows.
+      {"[log]\nfile = \"\"\"\\\n \xef\xbb\xbf\n  \xc3\xa9\"\"\"\n", "file t.toml:4:3", "write it as \\u00E9"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    const ConfigResult r = parse_config_toml(c.text, "t.toml", Config{});
+    REQUIRE(r.errors.size() == 1);
+    CHECK(r.errors[0].source == c.source);
+    CHECK(contains(r.errors[0].message(), c.what));
+    CHECK(contains(r.errors[0].message(), "expected valid TOML"));
+  }
+  // Non-ASCII where TOML allows it: strings, comments (and a byte-order mark).
+  const ConfigResult ok = parse_config_toml("\xef\xbb\xbf# r\xc3\xa9sum\xc3\xa9 \xc2\xa7\n[log]\nfile = \"/tmp/\xc3\xa9t\xc3\xa9-%r.log\"\n",
+                                            "t.toml", Config{});
+  CHECK(ok.ok());
+  CHECK(ok.config.log_file == "/tmp/\xc3\xa9t\xc3\xa9-%r.log");
+  // Arrays (nested, on lines of their own) are not table headers.
+  const ConfigResult arrays = parse_config_toml("[profiler]\nstep_ranges = [\n  \"step\",\n  \"x\"]\n[ \"log\" ]\nlevel = \"info\"\n",
+                                                "t.toml", Config{});
+  CHECK(arrays.ok());
+  CHECK(arrays.config.profiler_step_ranges == std::vector<std::string>{"step", "x"});
+}
+
+TEST_CASE("an environment value that is not UTF-8 is an error (a TOML file could not hold it either)") {
+  const ConfigResult r = load_config("", {"FP8WIRE_PROFILER_STEP_RANGES=step,Profil\xff\xffStep"});
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].message() ==
+        "env FP8WIRE_PROFILER_STEP_RANGES: profiler.step_ranges = '<bytes that are not UTF-8>': expected UTF-8 text");
+  CHECK(load_config("", {"FP8WIRE_LOG_FILE=/tmp/\xc3\xa9t\xc3\xa9.log"}).ok());
+}
+
 TEST_CASE("a directory given as the config file is an error, not an empty configuration") {
   char dir[] = "/tmp/fp8wire_test_config_dir_XXXXXX";
   REQUIRE(mkdtemp(dir) != nullptr);

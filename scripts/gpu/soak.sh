@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Soak (scripts/gpu/all.sh soak): the main job's model for 2,000 steps, plain NCCL and under
+# libfp8wire.so, both under fp8wire-prof, at the same time on one GPU (2 emulated ranks each: NCCL
+# over sockets, as the main job on one GPU). Every 100 steps each rank's host memory (VmRSS) and GPU
+# memory are sampled (scripts/gpu/soak_monitor.py); at the end: memory flat after warm-up, no
+# profiler record dropped or late, the same loss curve as plain NCCL. Prints a summary table and
+# writes it as Markdown ($OUT/soak_table.md) for docs/PERF.md.
+#
+# Size: the main job's pi05_small moves 377 MiB of gradients per step, which this testbed's sockets
+# carry in ~300 ms (plain NCCL): 2,000 steps of it alone take ~10 min, two at once longer. The soak
+# keeps its structure (SigLIP tower, joint attention over prefix and 50 action tokens, adaRMS
+# expert, bucketed overlapped all-reduce, every bucket above the FP8 threshold) at depth 2 with a
+# 4096-token vocabulary (~58 M parameters, ~116 MiB per step), micro-batch 2: expected ~90-130 ms
+# per step with both runs sharing the GPU, i.e. 2,000 steps in ~4-5 min. SOAK_SET="" runs the
+# full pi05_small (allow ~15 min).
+# Environment: SOAK_STEPS (2000), SOAK_EVERY (100), SOAK_WARMUP (300), SOAK_SET (the overrides
+# above), SOAK_LIMIT_S (420: both runs are stopped, by SIGTERM, after this), SOAK_RANKS (2),
+# SOAK_DEVICE=cpu (a dry run of the script's logic on a machine without a GPU: tiny preset, one
+# rank, the shim passing through).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT="${OUT:-$PWD/out/soak}"
+mkdir -p "$OUT"
+build="${FP8WIRE_BUILD:-build}"
+PY="${PYTHON:-python3}"
+steps="${SOAK_STEPS:-2000}"
+every="${SOAK_EVERY:-100}"
+warmup="${SOAK_WARMUP:-300}"
+limit="${SOAK_LIMIT_S:-420}"
+prof="$build/profiler/fp8wire-prof"
+trainer="$build/trainer/fp8wire-train"
+for f in "$prof" "$trainer" "$build/shim/libfp8wire.so" "$build/profiler/libfp8wire_prof.so"; do
+  [[ -e "$f" ]] || { echo "FAIL: $f is missing (build first: scripts/build.sh $build)"; exit 1; }
+done
+
+if [[ "${SOAK_DEVICE:-cuda}" == cpu ]]; then
+  config=trainer/configs/tiny.toml
+  rank_args=()
+  overrides=(train.plot=false train.log_every=1)
+else
+  config=trainer/configs/pi05_small.toml
+  rank_args=(--ranks "${SOAK_RANKS:-2}")
+  overrides=(train.plot=false train.log_every=1 train.micro_batch=2)
+  # shellcheck disable=SC2206
+  overrides+=(${SOAK_SET-model.depth=2 model.vocab_size=4096})
+  # As the main job on one GPU (docs/TUNING.md): NCCL's point-to-point chunk for both runs, and
+  # fp8wire gathering by send/recv.
+  export NCCL_P2P_NET_CHUNKSIZE="${NCCL_P2P_NET_CHUNKSIZE:-524288}"
+fi
+echo "soak: $steps steps of $config (${overrides[*]}), ${rank_args[*]:-1 rank}, plain and fp8wire at once," \
+     "samples every $every steps, warm-up $warmup, limit ${limit}s"
+
+start_run() {  # start_run NAME [fp8wire-prof options]: in the background, pid in $run_pid
+  local name="$1"; shift
+  local dir="$OUT/$name"
+  rm -rf "$dir"; mkdir -p "$dir"
+  local set_args=(--set "train.out_dir=$dir/train")
+  for kv in "${overrides[@]}"; do set_args+=(--set "$kv"); done
+  timeout -k 20 "$limit" "$prof" --out "$dir/prof" "$@" -- \
+    "$trainer" --config "$config" "${rank_args[@]}" --steps "$steps" "${set_args[@]}" > "$dir/run.log" 2>&1 &
+  run_pid=$!
+}
+t0=$(date +%s)
+start_run plain
+plain_pid=$run_pid
+FP8WIRE_GATHER_TRANSPORT="${FP8WIRE_GATHER_TRANSPORT:-sendrecv}" start_run fp8wire --shim
+fp8_pid=$run_pid
+rm -f "$OUT/samples.jsonl"
+"$PY" scripts/gpu/soak_monitor.py watch --every "$every" --out "$OUT/samples.jsonl" \
+  --run "plain:$plain_pid:$OUT/plain/train/train_log.jsonl" \
+  --run "fp8wire:$fp8_pid:$OUT/fp8wire/train/train_log.jsonl" &
+monitor_pid=$!
+wait "$plain_pid"; plain_rc=$?
+wait "$fp8_pid"; fp8_rc=$?
+wait "$monitor_pid"
+elapsed=$(( $(date +%s) - t0 ))
+echo "soak: plain rc=$plain_rc, fp8wire rc=$fp8_rc, ${elapsed}s"
+for name in plain fp8wire; do
+  echo "---- $name: last lines"
+  grep -E "^summary:|ranks in sync|fp8wire profiler, rank [0-9]+: [0-9]+ steps|error|Error" "$OUT/$name/run.log" | tail -n 8
+  # The per-rank traces of 2,000 steps are large and not needed for the verdict; the reports stay.
+  rm -f "$OUT/$name"/prof/*.trace.json "$OUT/$name/prof/trace.json"
+done
+
+cpu_flag=()
+[[ "${SOAK_DEVICE:-cuda}" == cpu ]] && cpu_flag=(--cpu)
+"$PY" scripts/gpu/soak_monitor.py report --samples "$OUT/samples.jsonl" --steps "$steps" --warmup "$warmup" "${cpu_flag[@]}" \
+  --run "plain:$OUT/plain/train/train_log.jsonl:$OUT/plain/prof" \
+  --run "fp8wire:$OUT/fp8wire/train/train_log.jsonl:$OUT/fp8wire/prof" \
+  --parity plain fp8wire --markdown "$OUT/soak_table.md"
+verdict=$?
+for rc in "$plain_rc" "$fp8_rc"; do
+  # Without a GPU (dry run) CUPTI records nothing, so fp8wire-prof has no report to merge (status 1).
+  [[ "${SOAK_DEVICE:-cuda}" == cpu && "$rc" == 1 ]] && continue
+  if (( rc == 124 || rc == 137 )); then echo "soak: a run was stopped at the ${limit}s limit"; verdict=1
+  elif (( rc != 0 )); then echo "soak: a run exited with status $rc (see its run.log)"; verdict=1; fi
+done
+echo "---- Markdown for docs/PERF.md ($OUT/soak_table.md):"
+cat "$OUT/soak_table.md"
+exit "$verdict"

@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""Samples and judges the soak runs of scripts/gpu/soak.sh (plain python3, no numpy).
+
+    soak_monitor.py watch --run NAME:PID:TRAIN_LOG [--run ...] --every 100 --out samples.jsonl
+    soak_monitor.py report --samples samples.jsonl --run NAME:TRAIN_LOG:PROFILER_DIR [--run ...]
+                           --steps 2000 --warmup 300 [--parity A B] [--markdown FILE]
+
+watch: until every PID has exited, follows each run's train log (rank 0's JSON lines) and, each time
+the completed steps pass a multiple of --every, records every rank's resident host memory
+(/proc/<pid>/status VmRSS) and GPU memory (nvidia-smi's per-process used memory; where the machine
+does not report processes, the trainer's own allocator peak from the log). Ranks are the
+fp8wire-train processes under PID with no fp8wire-train child (the launcher forks them).
+
+report: per run, the steps reached, the median step time, and whether host and GPU memory stayed
+flat after --warmup steps: the growth from the first sample at or after --warmup to the last, per
+rank, must stay within max(64 MiB, 2 %) for host memory and max(32 MiB, 1 %) for GPU memory (a
+leak of a few KiB per step over 2,000 steps shows as several MiB, and the slope per 1,000 steps is
+printed too). Then every profiler counter of dropped or late records (the summary lines of the
+per-rank reports) must be 0, and the two runs named by --parity must have the same loss curve
+(scripts/loss_parity.py: Pearson >= 0.95, mean relative error <= 5 %, and the mean of the last 100
+losses within 3 %). Prints a table (and writes it as Markdown); exit 0 only if every check passed.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HOST_TOLERANCE = (64.0, 0.02)  # MiB, fraction
+GPU_TOLERANCE = (32.0, 0.01)
+DROP_COUNTERS = ("dropped_activities", "dropped_calls", "late_activities")
+SUMMARY_DROPS = ("dropped_nvtx_events", "dropped_call_events", "dropped_cupti_records", "dropped_trace_events")
+
+
+# ---- watch ----------------------------------------------------------------------------------------
+
+def children_of():
+    """pid -> [child pids], and pid -> command name, from /proc."""
+    kids, names = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses; it ends at the last ')'.
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        pid = int(entry)
+        names[pid] = name
+        kids.setdefault(ppid, []).append(pid)
+    return kids, names
+
+
+def ranks_under(root):
+    kids, names = children_of()
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        below = kids.get(pid, [])
+        stack.extend(below)
+        if names.get(pid, "").startswith("fp8wire-train") and not any(
+                names.get(c, "").startswith("fp8wire-train") for c in below):
+            found.append(pid)
+    return sorted(found)
+
+
+def rss_mib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
+def gpu_mib_by_pid():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    result = {}
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            try:
+                result[int(parts[0])] = float(parts[1])
+            except ValueError:
+                pass
+    return result
+
+
+class LogFollower:
+    """The last record of a growing JSON-lines file, read incrementally."""
+
+    def __init__(self, path):
+        self.path, self.offset, self.partial, self.last = path, 0, "", None
+
+    def poll(self):
+        try:
+            with open(self.path) as f:
+                f.seek(self.offset)
+                text = f.read()
+                self.offset = f.tell()
+        except OSError:
+            return self.last
+        text = self.partial + text
+        lines = text.split("\n")
+        self.partial = lines.pop()
+        for line in lines:
+            try:
+                self.last = json.loads(line)
+            except ValueError:
+                pass
+        return self.last
+
+
+def watch(args):
+    runs = []
+    for spec in args.run:
+        name, pid, log = spec.split(":", 2)
+        runs.append({"name": name, "pid": int(pid), "log": LogFollower(log), "next": args.every})
+    start = time.time()
+    with open(args.out, "a") as out:
+        while any(os.path.exists(f"/proc/{r['pid']}") for r in runs):
+            for r in runs:
+                record = r["log"].poll()
+                if not record:
+                    continue
+                done = int(record.get("step", -1)) + 1
+                if done < r["next"]:
+                    continue
+                ranks = ranks_under(r["pid"])
+                gpu = gpu_mib_by_pid()
+                sample = {"run": r["name"], "step": done, "t": round(time.time() - start, 1), "ranks": ranks,
+                          "rss_mib": [rss_mib(p) for p in ranks], "gpu_mib": [gpu.get(p) for p in ranks],
+                          "torch_peak_gib": record.get("peak_mem_gib")}
+                out.write(json.dumps(sample) + "\n")
+                out.flush()
+                while r["next"] <= done:
+                    r["next"] += args.every
+            time.sleep(args.poll)
+    return 0
+
+
+# ---- report ---------------------------------------------------------------------------------------
+
+def read_jsonl(path):
+    records = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return records
+
+
+def slope_per_1000(points):
+    """Least-squares slope of (step, value) points, per 1000 steps."""
+    if len(points) < 2:
+        return 0.0
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return 0.0 if var == 0 else 1000.0 * sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
+
+
+def flatness(samples, key, warmup, tolerance):
+    """Per rank index: (value at warm-up end, last value, growth MiB, slope MiB/1000 steps, ok)."""
+    after = [s for s in samples if s["step"] >= warmup]
+    if len(after) < 2:
+        return None
+    ranks = max(len(s[key]) for s in after)
+    result = []
+    for i in range(ranks):
+        points = [(s["step"], s[key][i]) for s in after if i < len(s[key]) and s[key][i] is not None]
+        if len(points) < 2:
+            return None
+        first, last = points[0][1], points[-1][1]
+        growth = last - first
+        ok = growth <= max(tolerance[0], tolerance[1] * first)
+        result.append((first, last, growth, slope_per_1000(points), ok))
+    return result
+
+
+def report(args):
+    samples = read_jsonl(args.samples)
+    rows, markdown, failures = [], [], 0
+    markdown.append("| run | steps | ms/step (median) | host RSS MiB per rank, step {} -> last | growth | "
+                    "GPU MiB per rank | growth | profiler records dropped/late | result |".format(args.warmup))
+    markdown.append("|---|---|---|---|---|---|---|---|---|")
+    logs = {}
+    for spec in args.run:
+        name, log, prof = spec.split(":", 2)
+        logs[name] = log
+        records = read_jsonl(log)
+        steps = max((int(r["step"]) + 1 for r in records if "step" in r), default=0)
+        times = [r["step_ms"] for r in records if r.get("step", 0) >= 10 and "step_ms" in r]
+        median_ms = statistics.median(times) if times else float("nan")
+        mine = [s for s in samples if s["run"] == name]
+        host = flatness(mine, "rss_mib", args.warmup, HOST_TOLERANCE)
+        gpu_source = "nvidia-smi"
+        gpu = flatness(mine, "gpu_mib", args.warmup, GPU_TOLERANCE)
+        if gpu is None:  # no per-process numbers from nvidia-smi here: the allocator's peak (rank 0)
+            gpu_source = "allocator peak, rank 0"
+            converted = [dict(s, peak=[(s["torch_peak_gib"] or 0) * 1024.0]) for s in mine
+                         if s.get("torch_peak_gib") is not None]
+            gpu = flatness(converted, "peak", args.warmup, GPU_TOLERANCE)
+        drops, reported_steps = 0, 0
+        for path in sorted(os.listdir(prof)) if os.path.isdir(prof) else []:
+            if not path.endswith(".jsonl"):
+                continue
+            for r in read_jsonl(os.path.join(prof, path)):
+                if r.get("type") == "summary":
+                    counters = r.get("counters", {})
+                    drops += sum(int(counters.get(k, 0)) for k in DROP_COUNTERS)
+                    drops += sum(int(r.get(k, 0)) for k in SUMMARY_DROPS)
+                elif r.get("type") == "step":
+                    reported_steps += 1
+        checks = []
+        checks.append(("steps", steps >= args.steps, f"{steps}/{args.steps}"))
+        checks.append(("host memory flat", host is not None and all(h[4] for h in host),
+                       "n/a" if host is None else "; ".join(f"{h[0]:.0f}->{h[1]:.0f} ({h[2]:+.1f} MiB, "
+                                                            f"{h[3]:+.1f}/1k steps)" for h in host)))
+        if not args.cpu:  # a dry run on a machine without a GPU has neither GPU memory nor CUPTI records
+            checks.append((f"GPU memory flat ({gpu_source})", gpu is not None and all(g[4] for g in gpu),
+                           "n/a" if gpu is None else "; ".join(f"{g[0]:.0f}->{g[1]:.0f} ({g[2]:+.1f} MiB, "
+                                                               f"{g[3]:+.1f}/1k steps)" for g in gpu)))
+            checks.append(("profiler records dropped or late", drops == 0 and reported_steps > 0,
+                           f"{drops} (steps reported over all ranks: {reported_steps})"))
+        ok = all(c[1] for c in checks)
+        failures += 0 if ok else 1
+        for label, good, detail in checks:
+            rows.append(f"{name:<9} {label:<40} {'PASS' if good else 'FAIL'}  {detail}")
+        rows.append(f"{name:<9} {'median step ms (steps >= 10)':<40} INFO  {median_ms:.1f}")
+        markdown.append("| {} | {} | {:.1f} | {} | {} | {} | {} | {} | {} |".format(
+            name, steps, median_ms,
+            " / ".join(f"{h[0]:.0f} -> {h[1]:.0f}" for h in host) if host else "n/a",
+            " / ".join(f"{h[2]:+.1f} MiB" for h in host) if host else "n/a",
+            " / ".join(f"{g[0]:.0f} -> {g[1]:.0f}" for g in gpu) if gpu else "n/a",
+            " / ".join(f"{g[2]:+.1f} MiB" for g in gpu) if gpu else "n/a", drops, "PASS" if ok else "FAIL"))
+    if args.parity:
+        a, b = args.parity
+        parity = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                                              "loss_parity.py"), logs[a], logs[b],
+                                 "--min-pearson", "0.95", "--max-rel-err", "0.05"], capture_output=True, text=True)
+        la = [r["loss"] for r in read_jsonl(logs[a]) if "loss" in r][-100:]
+        lb = [r["loss"] for r in read_jsonl(logs[b]) if "loss" in r][-100:]
+        tail_ok, tail = False, "n/a"
+        if la and lb:
+            ma, mb = sum(la) / len(la), sum(lb) / len(lb)
+            rel = abs(mb - ma) / max(abs(ma), 1e-12)
+            tail_ok, tail = rel <= 0.03, f"last {len(la)} losses: {ma:.4f} vs {mb:.4f} ({100 * rel:.2f} %)"
+        curve = (parity.stdout.strip().splitlines() or [parity.stderr.strip()])[-1]
+        rows.append(f"{'parity':<9} {'loss curve ' + a + ' vs ' + b:<40} {'PASS' if parity.returncode == 0 else 'FAIL'}"
+                    f"  {curve}")
+        rows.append(f"{'parity':<9} {'loss at the end':<40} {'PASS' if tail_ok else 'FAIL'}  {tail}")
+        markdown.append(f"\nLoss parity {a} vs {b}: {curve}; {tail}.")
+        failures += (parity.returncode != 0) + (not tail_ok)
+    print("==================== soak summary ====================")
+    for r in rows:
+        print(r)
+    print(f"soak: {'PASS' if failures == 0 else 'FAIL'}")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(markdown) + "\n")
+    return 1 if failures else 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("watch")
+    w.add_argument("--run", action="append", required=True, help="NAME:PID:TRAIN_LOG")
+    w.add_argument("--every", type=int, default=100)
+    w.add_argument("--poll", type=float, default=0.5)
+    w.add_argument("--out", required=True)
+    r = sub.add_parser("report")
+    r.add_argument("--samples", required=True)
+    r.add_argument("--run", action="append", required=True, help="NAME:TRAIN_LOG:PROFILER_DIR")
+    r.add_argument("--steps", type=int, required=True)
+    r.add_argument("--warmup", type=int, default=300)
+    r.add_argument("--parity", nargs=2, metavar=("A", "B"))
+    r.add_argument("--markdown")
+    r.add_argument("--cpu", action="store_true", help="dry run without a GPU: no GPU memory or profiler checks")
+    args = p.parse_args()
+    if args.command == "watch":
+        if args.every < 1:
+            p.error("--every must be at least 1")
+        return watch(args)
+    return report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -30,7 +30,8 @@ CallKind kind_of(Collective c) {
 }
 
 namespace {
-thread_local ThreadGroup* tl_group = nullptr;
+// Allocated at a thread's first group call and freed when the thread ends (threads of a job come and go).
+thread_local std::unique_ptr<ThreadGroup> tl_group;
 
 template <typename Fn>
 auto guarded(const char* what, Fn&& fn) noexcept -> decltype(fn()) {
@@ -46,7 +47,7 @@ auto guarded(const char* what, Fn&& fn) noexcept -> decltype(fn()) {
 }  // namespace
 
 ThreadGroup& thread_group() {
-  if (!tl_group) tl_group = new ThreadGroup();  // once per thread, outside any hot loop
+  if (!tl_group) tl_group = std::make_unique<ThreadGroup>();  // once per thread, outside any hot loop
   return *tl_group;
 }
 

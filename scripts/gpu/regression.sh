@@ -28,16 +28,19 @@ sweep() {  # sweep <label> <bench> <ranks> <min> <max>
     --timeout "$(( ${SWEEP_LIMIT:-110} - 5 ))" --out "$OUT/$label" > "$OUT/$label.log" 2> "$OUT/$label.err"
   echo "== sweep $label rc=$? ($(( $(date +%s) - s )) s)"
 }
+parts="${REGRESSION_PARTS:-sweeps passthrough creation}"
 for n in 2 4; do
+  [[ " $parts " == *" sweeps "* ]] || break
   min=1MiB; (( n == 4 )) && min=4MiB
   sweep "ar${n}_base" "$BASE/build/bench/fp8wire-bench" "$n" "$min" 256MiB
   sweep "ar${n}_new" build/bench/fp8wire-bench "$n" "$min" 256MiB
 done
 for v in base new; do
+  [[ " $parts " == *" passthrough "* ]] || break
   bin=build/tests/shim/test_shim; [[ $v == base ]] && bin="$BASE/build/tests/shim/test_shim"
   "$bin" -tc="pass-through cost*" > "$OUT/passthrough_$v.txt" 2>&1
 done
-timeout -k 5 "${CREATE_LIMIT:-150}" python3 tests/sched/comm_creation_cost.py --nproc 2 --groups 12 \
+[[ " $parts " == *" creation "* ]] && timeout -k 5 "${CREATE_LIMIT:-150}" python3 tests/sched/comm_creation_cost.py --nproc 2 --groups 12 \
   --lib "$BASE/build/shim/libfp8wire.so" --lib build/shim/libfp8wire.so > "$OUT/comm_creation.txt" 2>&1
 echo "==== regression tables"
 for n in 2 4; do

@@ -56,15 +56,16 @@ def main():
     ap = harness.parser(__doc__)
     ap.add_argument("--reduce-dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--hsdp", action="store_true", help="2-D mesh, 4 ranks")
+    ap.add_argument("--nproc", type=int, default=0, help="ranks (default 2, or 4 with --hsdp)")
     args = ap.parse_args()
     if args.worker:
         worker(args)
         return 0
-    name = "hsdp" if args.hsdp else f"fsdp2_reduce_{args.reduce_dtype}"
+    nproc = args.nproc or (4 if args.hsdp else 2)
+    name = "hsdp" if args.hsdp else f"fsdp2_reduce_{args.reduce_dtype}" + (f"_n{nproc}" if args.nproc else "")
     stop = harness.preflight(name, args)
     if stop is not None:
         return stop
-    nproc = 4 if args.hsdp else 2
     wargs = ["--reduce-dtype", args.reduce_dtype] + (["--hsdp"] if args.hsdp else [])
     return harness.run_pair(name, os.path.abspath(__file__), args, nproc, wargs)
 

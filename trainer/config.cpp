@@ -59,6 +59,7 @@ std::vector<Field> fields(Config& c) {
       {"train.save_path", &t.save_path}, {"train.save_every", &t.save_every},
       {"train.resume", &t.resume}, {"train.check_sync", &t.check_sync},
       {"train.peak_tflops", &t.peak_tflops}, {"train.plot", &t.plot},
+      {"train.profile_from", &t.profile_from}, {"train.profile_steps", &t.profile_steps},
   };
 }
 
@@ -278,6 +279,10 @@ std::string validate(const Config& c) {
     return fmt::format("train.warmup_steps/decay_steps: got {} and {}, expected 0 or more", c.train.warmup_steps,
                        c.train.decay_steps);
   if (c.train.save_every < 0) return fmt::format("train.save_every: got {}, expected 0 or more", c.train.save_every);
+  if (c.train.profile_from < -1)
+    return fmt::format("train.profile_from: got {}, expected a step index or -1 (off)", c.train.profile_from);
+  if (c.train.profile_steps < 1)
+    return fmt::format("train.profile_steps: got {}, expected 1 or more", c.train.profile_steps);
   return "";
 }
 

@@ -86,6 +86,11 @@ struct TrainConfig {
   bool check_sync = true;       // compare parameter checksums across ranks at the end
   double peak_tflops = 989.0;   // denominator of MFU (H200 dense bf16)
   bool plot = true;             // rank 0 draws <out_dir>/loss.png with scripts/plot_loss.py at the end
+  // Where the step's time goes: rank 0 records steps [profile_from, profile_from + profile_steps)
+  // with LibTorch's profiler (CPU ops and every GPU kernel) into <out_dir>/torch_trace.json, which
+  // scripts/kernel_breakdown.py sums by kernel family. -1 = off.
+  int64_t profile_from = -1;
+  int64_t profile_steps = 2;
 };
 
 struct Config {

@@ -10,10 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -609,6 +611,50 @@ void select_gpu(int index) {
 #endif
 }
 
+// train.profile_from / profile_steps: LibTorch's own profiler (Kineto: CPU ops and every GPU kernel)
+// around whole steps on rank 0, saved as a Chrome trace. Steps end with a device synchronisation,
+// so the window holds exactly the profiled steps' kernels.
+class StepProfiler {
+ public:
+  StepProfiler(const TrainConfig& t, int rank, const torch::Device& device)
+      : from_(rank == 0 ? t.profile_from : -1), steps_(t.profile_steps),
+        path_((fs::path(t.out_dir) / "torch_trace.json").string()), cuda_(device.is_cuda()) {}
+  ~StepProfiler() {
+    if (active_) stop();
+  }
+  StepProfiler(const StepProfiler&) = delete;
+  StepProfiler& operator=(const StepProfiler&) = delete;
+  void before_step(int64_t s) {
+    if (from_ < 0 || s != from_) return;
+    using torch::profiler::impl::ActivityType;
+    const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+    std::set<ActivityType> activities{ActivityType::CPU};
+    if (cuda_) activities.insert(ActivityType::CUDA);
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    torch::autograd::profiler::enableProfiler(config, activities);
+    active_ = true;
+  }
+  void after_step(int64_t s) {
+    if (active_ && s + 1 == from_ + steps_) stop();
+  }
+
+ private:
+  void stop() {
+    active_ = false;
+    std::unique_ptr<torch::autograd::profiler::ProfilerResult> result = torch::autograd::profiler::disableProfiler();
+    std::error_code ec;
+    fs::create_directories(fs::path(path_).parent_path(), ec);
+    result->save(path_);
+    fmt::print("profile: steps {}..{} written to {} (scripts/kernel_breakdown.py {})\n", from_, from_ + steps_ - 1,
+               path_, path_);
+  }
+  int64_t from_;
+  int64_t steps_;
+  std::string path_;
+  bool cuda_;
+  bool active_ = false;
+};
+
 int run_rank(const Config& cfg, int rank, int world, int local_rank) {
   (void)local_rank;
   try {
@@ -688,7 +734,9 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
     int64_t timed = 0;
     double first_loss = NAN, last_loss = NAN;
     const int64_t first_step = trainer.steps_done();
+    StepProfiler profiler(t, rank, trainer.device());
     for (int64_t s = trainer.steps_done(); s < t.steps; ++s) {
+      profiler.before_step(s);
       const auto start = std::chrono::steady_clock::now();
       StepStats st;
       {
@@ -702,6 +750,7 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
         device_synchronize(trainer.device());
       }
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      profiler.after_step(s);
       const double sps = double(t.micro_batch * world) * 1000.0 / ms;
       const double mfu = flops * double(t.micro_batch) / (ms / 1000.0) / (t.peak_tflops * 1e12);
       const double mem = peak_memory_gib(trainer.device());

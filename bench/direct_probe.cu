@@ -1,0 +1,452 @@
+// fp8wire-direct-probe: what the direct transports rely on, measured on this machine before any
+// transport code depends on it. Two processes share the first GPU (as emulated ranks do) and a
+// POSIX shared-memory segment registered with CUDA in both:
+//   caps       device attributes: stream memory operations, host-pointer use of registered memory
+//   pingpong   a flag round trip between the two processes through cuStreamWriteValue32 /
+//              cuStreamWaitValue32 on shared host memory (the barrier the transports use), and the
+//              same between two streams of one process
+//   starve     while one process's stream waits on a flag, does the other process's work still run
+//              at full speed (no SM is held by a wait), and does a host store release the wait
+//   graph      the wait / reset / signal sequence captured into a CUDA graph and replayed
+//   ipc        device memory of one process opened by the other (cudaIpc*), written and read back
+//   bandwidth  kernels storing to / loading from the shared host memory with 1..all SMs, against
+//              cudaMemcpyAsync of the same bytes (the pinned host-copy ceiling), same run
+// Prints one line per finding; exit status 0 when every functional check passed.
+//   nvcc -O3 -arch=sm_90 -o direct_probe bench/direct_probe.cu && ./direct_probe [MiB]
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+#define CK(call)                                                                              \
+  do {                                                                                        \
+    cudaError_t e_ = (call);                                                                  \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::printf("FAIL %s: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::fflush(stdout);                                                                    \
+      _exit(1);                                                                               \
+    }                                                                                         \
+  } while (0)
+#define CU(call)                                                                              \
+  do {                                                                                        \
+    CUresult r_ = (call);                                                                     \
+    if (r_ != CUDA_SUCCESS) {                                                                 \
+      std::printf("FAIL %s: CUresult %d (%s:%d)\n", #call, int(r_), __FILE__, __LINE__);      \
+      std::fflush(stdout);                                                                    \
+      _exit(1);                                                                               \
+    }                                                                                         \
+  } while (0)
+
+using WaitFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using WriteFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using AttrFn = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+WaitFn wait_value = nullptr;
+WriteFn write_value = nullptr;
+AttrFn device_attr = nullptr;
+
+void* entry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  CK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q));
+  if (!fn || q != cudaDriverEntryPointSuccess) {
+    std::printf("FAIL entry point %s not found\n", name);
+    _exit(1);
+  }
+  return fn;
+}
+
+// Shared segment: control words the two processes step through on the host, then the flags the
+// GPUs use, then the bulk region.
+struct Control {
+  std::atomic<int> phase[2];
+  std::atomic<int> go;
+  cudaIpcMemHandle_t ipc;
+  std::atomic<int> ipc_ok;
+  double numbers[16];
+};
+constexpr size_t kFlagsAt = 4096;
+constexpr size_t kBulkAt = 1 << 20;
+
+struct Shared {
+  char* base = nullptr;
+  size_t bytes = 0;
+  Control* ctl() const { return reinterpret_cast<Control*>(base); }
+  uint32_t* flag(int i) const { return reinterpret_cast<uint32_t*>(base + kFlagsAt) + 64 * i; }  // own cache lines
+  char* bulk() const { return base + kBulkAt; }
+};
+
+void step(Shared& s, int me, int phase) {  // host barrier between the two processes
+  s.ctl()->phase[me].store(phase);
+  while (s.ctl()->phase[1 - me].load() < phase) std::this_thread::yield();
+}
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+__global__ void count_kernel(unsigned* c) { atomicAdd(c, 1u); }
+
+// Streams bytes src -> dst with 16-byte accesses; either side may be mapped host memory.
+__global__ void copy16(const int4* __restrict__ src, int4* __restrict__ dst, size_t n) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    int4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    dst[i] = a;
+    dst[i + stride] = b;
+    dst[i + 2 * stride] = c;
+    dst[i + 3 * stride] = d;
+  }
+  for (; i < n; i += stride) dst[i] = src[i];
+}
+
+__global__ void fill(uint32_t* p, size_t n, uint32_t seed) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = uint32_t(i) * 2654435761u ^ seed;
+}
+__global__ void check(const uint32_t* p, size_t n, uint32_t seed, unsigned* bad) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    if (p[i] != (uint32_t(i) * 2654435761u ^ seed)) atomicAdd(bad, 1u);
+}
+
+CUdeviceptr dptr(void* host) {
+  void* d = nullptr;
+  CK(cudaHostGetDevicePointer(&d, host, 0));
+  return reinterpret_cast<CUdeviceptr>(d);
+}
+
+float time_ms(cudaStream_t st, const std::function<void()>& work, int reps = 5) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  work();  // warm-up
+  CK(cudaStreamSynchronize(st));
+  std::vector<float> t;
+  for (int r = 0; r < reps; ++r) {
+    CK(cudaEventRecord(a, st));
+    work();
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return t[t.size() / 2];
+}
+
+// The phase each process is in, for the watchdog: a phase that has not ended after its deadline is
+// reported (with how far it got) and the process exits, so a hang is a finding, not a lost call.
+std::atomic<int> g_phase{0};
+std::atomic<double> g_phase_start{0};
+const char* g_phase_name = "";
+void enter(const char* name, int phase) {
+  g_phase_name = name;
+  g_phase_start = now_us();
+  g_phase = phase;
+}
+void watchdog(int me, double deadline_s) {
+  std::thread([me, deadline_s] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (g_phase > 0 && now_us() - g_phase_start > deadline_s * 1e6) {
+        std::printf("HUNG: process %d stuck in phase '%s' for %.0f s\n", me, g_phase_name, deadline_s);
+        std::fflush(stdout);
+        _exit(3);
+      }
+    }
+  }).detach();
+}
+
+__global__ void touch_kernel(unsigned* c, int n) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(c, 1u);
+  for (int i = 0; i < n; ++i) __nanosleep(100);
+}
+// Spins until *flag != 0 (a peer's flag in host memory), the pattern the issue warns about.
+__global__ void spin_on_flag(const volatile uint32_t* flag) {
+  while (*flag == 0) __nanosleep(1000);
+}
+
+int child(Shared s, int me, size_t bulk_bytes) {
+  watchdog(me, 12);
+  CK(cudaSetDevice(0));
+  wait_value = reinterpret_cast<WaitFn>(entry("cuStreamWaitValue32"));
+  write_value = reinterpret_cast<WriteFn>(entry("cuStreamWriteValue32"));
+  device_attr = reinterpret_cast<AttrFn>(entry("cuDeviceGetAttribute"));
+  CK(cudaHostRegister(s.base, s.bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  int fails = 0;
+  int ph = 0;
+  auto sync_step = [&] {
+    g_phase = 0;
+    step(s, me, ++ph);
+  };
+
+  // caps ---------------------------------------------------------------------------------------
+  if (me == 0) {
+    int v = 0;
+    CK(cudaDeviceGetAttribute(&v, cudaDevAttrCanUseHostPointerForRegisteredMem, 0));
+    std::printf("caps: host pointer usable for registered memory: %d\n", v);
+    CU(device_attr(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, 0));
+    std::printf("caps: stream wait NOR: %d\n", v);
+    CU(device_attr(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, 0));
+    std::printf("caps: 64-bit stream mem ops: %d\n", v);
+    CK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0));
+    std::printf("caps: SMs %d\n", v);
+    std::fflush(stdout);
+  }
+  sync_step();
+
+  // pingpong across processes: memory operations only, then a kernel on each turn ---------------
+  for (int with_kernel = 0; with_kernel < 2; ++with_kernel) {
+    enter(with_kernel ? "pingpong with a kernel per turn" : "pingpong", 1);
+    const int iters = with_kernel ? 300 : 2000;
+    CUdeviceptr f_ab = dptr(s.flag(with_kernel * 2)), f_ba = dptr(s.flag(with_kernel * 2 + 1));
+    unsigned* counter = reinterpret_cast<unsigned*>(dptr(s.flag(20 + me)));
+    sync_step();
+    enter(with_kernel ? "pingpong with a kernel per turn" : "pingpong", 1);
+    const double t0 = now_us();
+    for (int i = 1; i <= iters; ++i) {
+      if (me == 0) {
+        if (with_kernel) touch_kernel<<<132, 128, 0, st>>>(counter, 10);
+        CU(write_value(st, f_ab, i, 0));
+        CU(wait_value(st, f_ba, i, CU_STREAM_WAIT_VALUE_GEQ));
+      } else {
+        CU(wait_value(st, f_ab, i, CU_STREAM_WAIT_VALUE_GEQ));
+        if (with_kernel) touch_kernel<<<132, 128, 0, st>>>(counter, 10);
+        CU(write_value(st, f_ba, i, 0));
+      }
+    }
+    CK(cudaStreamSynchronize(st));
+    const double us = (now_us() - t0) / iters;
+    if (me == 0)
+      std::printf("pingpong: two processes, one GPU, host-memory flags%s: %.2f us per round trip\n",
+                  with_kernel ? ", a 132-CTA kernel on each side per turn" : "", us);
+    std::fflush(stdout);
+    sync_step();
+  }
+
+  // graph: wait / reset / count captured and replayed, released by the host each time ------------
+  if (me == 0) {
+    enter("graph", 1);
+    uint32_t* f = s.flag(6);
+    unsigned* counter = reinterpret_cast<unsigned*>(s.flag(7));
+    *f = 0;
+    *counter = 0;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    bool ok = true;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    CUresult r1 = wait_value(st, dptr(f), 1, CU_STREAM_WAIT_VALUE_EQ);
+    CUresult r2 = write_value(st, dptr(f), 0, 0);
+    count_kernel<<<1, 1, 0, st>>>(reinterpret_cast<unsigned*>(dptr(counter)));
+    cudaError_t ce = cudaStreamEndCapture(st, &g);
+    if (r1 != CUDA_SUCCESS || r2 != CUDA_SUCCESS || ce != cudaSuccess) {
+      std::printf("graph: capture of stream memory operations FAILED (wait %d, write %d, end %s)\n", int(r1), int(r2),
+                  cudaGetErrorString(ce));
+      ok = false;
+      cudaGetLastError();
+    } else {
+      CK(cudaGraphInstantiate(&ge, g, 0));
+      for (int rep = 1; rep <= 3; ++rep) {
+        CK(cudaGraphLaunch(ge, st));
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        const bool pending = cudaStreamQuery(st) == cudaErrorNotReady;
+        __atomic_store_n(f, 1u, __ATOMIC_SEQ_CST);
+        CK(cudaStreamSynchronize(st));
+        const unsigned c = __atomic_load_n(counter, __ATOMIC_SEQ_CST);
+        const uint32_t fv = __atomic_load_n(f, __ATOMIC_SEQ_CST);
+        if (!pending || c != unsigned(rep) || fv != 0) ok = false;
+        std::printf("graph: replay %d: waited for the host %s, count %u, flag reset to %u\n", rep, pending ? "yes" : "NO", c, fv);
+      }
+    }
+    std::printf("graph: %s\n", ok ? "ok" : "FAILED");
+    fails += !ok;
+    std::fflush(stdout);
+  }
+  sync_step();
+
+  // ipc: process 0's device memory written by process 1 --------------------------------------------
+  {
+    enter("ipc", 1);
+    const size_t n = (64u << 20) / 4;
+    uint32_t* mine = nullptr;
+    unsigned* bad = nullptr;
+    CK(cudaMalloc(&bad, 4));
+    CK(cudaMemset(bad, 0, 4));
+    if (me == 0) {
+      CK(cudaMalloc(&mine, n * 4));
+      fill<<<264, 256, 0, st>>>(mine, n, 11);
+      CK(cudaStreamSynchronize(st));
+      CK(cudaIpcGetMemHandle(&s.ctl()->ipc, mine));
+    }
+    sync_step();
+    enter("ipc", 1);
+    if (me == 1) {
+      void* peer = nullptr;
+      cudaError_t e = cudaIpcOpenMemHandle(&peer, s.ctl()->ipc, cudaIpcMemLazyEnablePeerAccess);
+      if (e != cudaSuccess) {
+        std::printf("ipc: cudaIpcOpenMemHandle FAILED: %s\n", cudaGetErrorString(e));
+        s.ctl()->ipc_ok = 0;
+        fails++;
+      } else {
+        check<<<264, 256, 0, st>>>(static_cast<uint32_t*>(peer), n, 11, bad);
+        fill<<<264, 256, 0, st>>>(static_cast<uint32_t*>(peer), n, 22);
+        CK(cudaStreamSynchronize(st));
+        unsigned b = 0;
+        CK(cudaMemcpy(&b, bad, 4, cudaMemcpyDeviceToHost));
+        std::printf("ipc: peer's pattern read with %u mismatches\n", b);
+        s.ctl()->ipc_ok = b == 0 ? 1 : 0;
+        fails += b != 0;
+        CK(cudaIpcCloseMemHandle(peer));
+      }
+    }
+    sync_step();
+    enter("ipc", 1);
+    if (me == 0) {
+      check<<<264, 256, 0, st>>>(mine, n, 22, bad);
+      CK(cudaStreamSynchronize(st));
+      unsigned b = 0;
+      CK(cudaMemcpy(&b, bad, 4, cudaMemcpyDeviceToHost));
+      std::printf("ipc: the other process's writes seen with %u mismatches: %s\n", b,
+                  (b == 0 && s.ctl()->ipc_ok == 1) ? "ok" : "FAILED");
+      fails += b != 0;
+      CK(cudaFree(mine));
+    }
+    CK(cudaFree(bad));
+    std::fflush(stdout);
+    sync_step();
+  }
+
+  // bandwidth: process 0 alone, process 1 idle ---------------------------------------------------
+  if (me == 0) {
+    enter("bandwidth", 1);
+    char* host = s.bulk();
+    char* dev = nullptr;
+    CK(cudaMalloc(&dev, bulk_bytes));
+    CK(cudaMemset(dev, 1, bulk_bytes));
+    char* host_dev = reinterpret_cast<char*>(dptr(host));
+    const float d2h = time_ms(st, [&] { CK(cudaMemcpyAsync(host, dev, bulk_bytes, cudaMemcpyDeviceToHost, st)); });
+    const float h2d = time_ms(st, [&] { CK(cudaMemcpyAsync(dev, host, bulk_bytes, cudaMemcpyHostToDevice, st)); });
+    auto gbs = [&](float ms) { return bulk_bytes / (ms * 1e6); };
+    std::printf("bandwidth: %zu MiB, cudaMemcpyAsync D2H %.1f GB/s, H2D %.1f GB/s (the pinned host-copy ceiling)\n",
+                bulk_bytes >> 20, gbs(d2h), gbs(h2d));
+    const size_t n16 = bulk_bytes / 16;
+    for (int ctas : {1, 2, 4, 8, 16, 32, 66, 132}) {
+      for (int threads : {512, 1024}) {
+        const float st_ms = time_ms(st, [&] {
+          copy16<<<ctas, threads, 0, st>>>(reinterpret_cast<const int4*>(dev), reinterpret_cast<int4*>(host_dev), n16);
+        });
+        const float ld_ms = time_ms(st, [&] {
+          copy16<<<ctas, threads, 0, st>>>(reinterpret_cast<const int4*>(host_dev), reinterpret_cast<int4*>(dev), n16);
+        });
+        std::printf("bandwidth: %3d CTAs x %4d: kernel store to host %.1f GB/s (%.0f %% of D2H), load from host %.1f GB/s (%.0f %% of H2D)\n",
+                    ctas, threads, gbs(st_ms), 100 * d2h / st_ms, gbs(ld_ms), 100 * h2d / ld_ms);
+        std::fflush(stdout);
+      }
+    }
+    CK(cudaGetLastError());
+    CK(cudaFree(dev));
+  }
+  sync_step();
+
+  // starve: while process 1's stream waits (a memory-operation wait, then a spinning kernel) on a
+  // flag nobody sets, process 0 launches 20 kernels of ~2 ms: how many run before a 3 s deadline,
+  // and after the host releases process 1's wait. -------------------------------------------------
+  for (int spin = 0; spin < 2; ++spin) {
+    const char* how = spin ? "a kernel spinning on a host flag" : "a stream memory-operation wait";
+    uint32_t* f = s.flag(8 + spin);
+    unsigned* ran = reinterpret_cast<unsigned*>(s.flag(10 + spin));
+    std::atomic<int>& released = s.ctl()->go;
+    if (me == 1) {
+      *f = 0;
+      if (spin) spin_on_flag<<<1, 32, 0, st>>>(reinterpret_cast<const volatile uint32_t*>(dptr(f)));
+      else CU(wait_value(st, dptr(f), 1, CU_STREAM_WAIT_VALUE_EQ));
+      count_kernel<<<1, 1, 0, st>>>(reinterpret_cast<unsigned*>(dptr(s.flag(12 + spin))));
+    }
+    sync_step();
+    enter("starve", 1);
+    if (me == 0) {
+      *ran = 0;
+      released = 0;
+      const double t0 = now_us();
+      for (int k = 0; k < 20; ++k) touch_kernel<<<132, 128, 0, st>>>(reinterpret_cast<unsigned*>(dptr(ran)), 20000);
+      while (cudaStreamQuery(st) == cudaErrorNotReady && now_us() - t0 < 3e6) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const unsigned before = __atomic_load_n(ran, __ATOMIC_SEQ_CST);
+      const double t_before = (now_us() - t0) / 1000;
+      released = 1;  // process 1 now releases its wait
+      CK(cudaStreamSynchronize(st));
+      std::printf("starve: while the other process waits by %s: %u/20 kernels of ~2 ms ran in %.1f ms%s; all 20 done %.1f ms after start\n",
+                  how, before, t_before, before == 20 ? " (not starved)" : " (STARVED until released)", (now_us() - t0) / 1000);
+    } else {
+      while (released.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const bool still_waiting = cudaStreamQuery(st) == cudaErrorNotReady;
+      const double t0 = now_us();
+      __atomic_store_n(f, 1u, __ATOMIC_SEQ_CST);  // what an abort does: a host store releases the wait
+      CK(cudaStreamSynchronize(st));
+      const bool after = __atomic_load_n(s.flag(12 + spin), __ATOMIC_SEQ_CST) == 1;
+      std::printf("starve: %s still pending before release: %s; a host store released it in %.1f us; work after it ran: %s\n",
+                  how, still_waiting ? "yes" : "NO", now_us() - t0, after ? "yes" : "NO");
+      fails += !(still_waiting && after);
+    }
+    std::fflush(stdout);
+    sync_step();
+  }
+  CK(cudaHostUnregister(s.base));
+  return fails;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const size_t mib = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 256;
+  const size_t bulk = mib << 20;
+  Shared s;
+  s.bytes = kBulkAt + bulk;
+  char name[64];
+  std::snprintf(name, sizeof name, "/fp8wire-direct-probe-%d", int(getpid()));
+  const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(s.bytes)) != 0) {
+    std::printf("FAIL shm_open/ftruncate %s: %s\n", name, std::strerror(errno));
+    return 1;
+  }
+  s.base = static_cast<char*>(mmap(nullptr, s.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  shm_unlink(name);  // the mapping lives on; nothing is left behind if a process dies
+  if (s.base == MAP_FAILED) {
+    std::printf("FAIL mmap: %s\n", std::strerror(errno));
+    return 1;
+  }
+  std::memset(s.base, 0, kBulkAt);
+  // CUDA is first touched in the children (a CUDA context does not survive fork).
+  pid_t pids[2];
+  for (int me = 0; me < 2; ++me) {
+    pids[me] = fork();
+    if (pids[me] == 0) _exit(child(s, me, bulk));
+  }
+  int fails = 0;
+  for (pid_t p : pids) {
+    int status = 0;
+    waitpid(p, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++fails;
+  }
+  std::printf("direct-probe: %s\n", fails ? "FAILED" : "all functional checks passed");
+  return fails ? 1 : 0;
+}

@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const __grid_const
 }
 
 cudaError_t launch_dequantize_kernel(const DequantizeParams& p, ElemType out_type, Fp8Format fp8, bool native,
-                                     int sms, cudaStream_t stream) {
+                                     int sms, unsigned max_ctas, cudaStream_t stream) {
   FP8WIRE_DISPATCH_ELEM(out_type, T, FP8WIRE_DISPATCH_FP8(fp8, F, FP8WIRE_DISPATCH_BOOL(native, kNative, {
     // Resident CTAs per SM of this instance, read once (not a stream operation: capture-safe).
     static const int per_sm = [] {
@@ -151,7 +151,8 @@ cudaError_t launch_dequantize_kernel(const DequantizeParams& p, ElemType out_typ
     while (!forced && q.units > 1 && tiles_for(q.units) < 2 * wave) q.units /= 2;
     const size_t tiles = tiles_for(q.units);
     const size_t cap = 64 * wave;
-    const unsigned grid = unsigned(tiles < cap ? (tiles ? tiles : 1) : cap);
+    unsigned grid = unsigned(tiles < cap ? (tiles ? tiles : 1) : cap);
+    if (max_ctas > 0 && grid > max_ctas) grid = max_ctas;  // the kernel's tile loop covers the rest
     dequantize_kernel<T, F, kNative><<<grid, kThreads, 0, stream>>>(q);
   })));
   return cudaGetLastError();

@@ -78,7 +78,7 @@ cudaError_t launch_quantize_kernel(const QuantizeParams& p, ElemType in_type, Fp
                                    unsigned grid, cudaStream_t stream);
 // Sizes its own grid: one wave (sms x resident CTAs of the instance) looping over tiles.
 cudaError_t launch_dequantize_kernel(const DequantizeParams& p, ElemType out_type, Fp8Format fp8, bool native,
-                                     int sms, cudaStream_t stream);
+                                     int sms, unsigned max_ctas, cudaStream_t stream);
 cudaError_t launch_reduce_kernel(const ReduceParams& p, OutKind out, Fp8Format fp8, bool native, bool f32_inputs,
                                  unsigned grid, cudaStream_t stream);
 

@@ -107,6 +107,12 @@ unsigned grid_for(size_t count, uint32_t work_per_cta) {
   return unsigned(g ? g : 1);
 }
 
+// The same, within LaunchOptions::max_ctas.
+unsigned grid_for(size_t count, const LaunchOptions& opt) {
+  const unsigned g = grid_for(count, opt.work_per_cta);
+  return opt.max_ctas > 0 && g > opt.max_ctas ? opt.max_ctas : g;
+}
+
 const char* check_wire_pointer(const void* p) {
   if (!p) return "wire buffer is null";
   if (!is_aligned16(p)) return "wire buffer must be 16-byte aligned";
@@ -136,7 +142,7 @@ cudaError_t quantize_impl(const char* name, const void* in, ElemType in_type, si
   p.seed = wf.seed;
   p.sr_offset = opt.sr_offset;
   p.variant = opt.kernel_variant;
-  return launch_quantize_kernel(p, in_type, wf.fp8, native, grid_for(count, opt.work_per_cta), stream);
+  return launch_quantize_kernel(p, in_type, wf.fp8, native, grid_for(count, opt), stream);
 }
 
 OutKind out_kind(const ReduceOutput& out) {
@@ -196,7 +202,7 @@ cudaError_t reduce_impl(const char* name, const void* const* inputs, int k, cons
     p.plain_position = plain_position;
     p.plain_aligned = is_aligned16(plain);
   }
-  return launch_reduce_kernel(p, out_kind(out), wf.fp8, native, false, grid_for(count, opt.work_per_cta), stream);
+  return launch_reduce_kernel(p, out_kind(out), wf.fp8, native, false, grid_for(count, opt), stream);
 }
 
 }  // namespace
@@ -233,7 +239,7 @@ cudaError_t dequantize(const void* wire, Segmented layout, size_t count, void* o
   FP8WIRE_CUDA_RETURN(resolve_native(kName, opt.path, &native));
   const DequantizeParams p{static_cast<const uint8_t*>(wire), count, layout.seg_elems, layout.seg_stride,
                            ilog2(fmt.block), fmt.scale, out, address_alignment(out), opt.work_per_cta};
-  return launch_dequantize_kernel(p, out_type, fmt.fp8, native, sm_count(), stream);
+  return launch_dequantize_kernel(p, out_type, fmt.fp8, native, sm_count(), opt.max_ctas, stream);
 }
 
 cudaError_t dequantize_reduce(const void* const* inputs, int k, size_t count, float post_scale,
@@ -265,7 +271,7 @@ cudaError_t dequantize_then_reduce_naive(const void* const* inputs, int k, size_
                                    ElemType::f32, fmt, stream, opt))
       return e;
   p.f32_in = scratch_f32;
-  return launch_reduce_kernel(p, out_kind(out), fmt.fp8, native, true, grid_for(count, opt.work_per_cta), stream);
+  return launch_reduce_kernel(p, out_kind(out), fmt.fp8, native, true, grid_for(count, opt), stream);
 }
 
 }  // namespace fp8wire::quant

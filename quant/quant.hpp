@@ -28,6 +28,10 @@ struct LaunchOptions {
   // every production caller uses). quantize and the reduce: tiles of 4096 elements a CTA loops over
   // (1 = one CTA per tile); dequantize: 16-byte output units per thread per tile (1, 2 or 4).
   uint32_t work_per_cta = 0;
+  // At most this many CTAs (0 = no cap): kernels that load or store a peer's memory directly (the
+  // direct transports) leave the rest of the GPU to the job's compute. The kernels loop over tiles,
+  // so any grid covers the whole buffer.
+  uint32_t max_ctas = 0;
   // Tuning only (the kernel benchmark compares kernel versions in one run): 0 = the production
   // kernels; 1 = quantize with plain (cached) loads instead of streaming ones; 2 = quantize at 8
   // resident CTAs per SM (32 registers) instead of 6; 3 = quantize without the full-tile fast path

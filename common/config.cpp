@@ -74,6 +74,15 @@ const char* to_string(GatherTransport v) {
   }
   return "?";
 }
+const char* to_string(DirectMode v) {
+  switch (v) {
+    case DirectMode::off: return "off";
+    case DirectMode::automatic: return "auto";
+    case DirectMode::peer_memory: return "peer_memory";
+    case DirectMode::host_memory: return "host_memory";
+  }
+  return "?";
+}
 const char* to_string(Fabric v) {
   switch (v) {
     case Fabric::nvlink: return "nvlink";
@@ -469,6 +478,8 @@ std::vector<KeySpec> build_key_table() {
     t.push_back(cost_key(f, "allgather_bandwidth_gbps", &CostModel::allgather_bandwidth_gbps));
     t.push_back(cost_key(f, "reduce_scatter_bandwidth_gbps", &CostModel::reduce_scatter_bandwidth_gbps));
     t.push_back(cost_key(f, "alltoall_bandwidth_gbps", &CostModel::alltoall_bandwidth_gbps));
+    t.push_back(cost_key(f, "direct_latency_us", &CostModel::direct_latency_us));
+    t.push_back(cost_key(f, "direct_bandwidth_gbps", &CostModel::direct_bandwidth_gbps));
     t.push_back(cost_key(f, "hosts", &CostModel::hosts));
     t.push_back(cost_key(f, "ranks_per_host", &CostModel::ranks_per_host));
     t.push_back(bool_key(fmt::format("cost_model.{}.calibrated", to_string(static_cast<Fabric>(f))),
@@ -477,6 +488,15 @@ std::vector<KeySpec> build_key_table() {
 
   t.push_back(bool_key("hierarchy.enable", [](auto& c) -> auto& { return c.hierarchy_enable; }));
   t.push_back(uint_key("hierarchy.ranks_per_host", [](auto& c) -> auto& { return c.hierarchy_ranks_per_host; }, 0, 128));
+  t.push_back(choice_key<DirectMode>("direct.transport", [](auto& c) -> auto& { return c.direct_transport; },
+                                     {{"off", DirectMode::off},
+                                      {"auto", DirectMode::automatic},
+                                      {"peer_memory", DirectMode::peer_memory},
+                                      {"host_memory", DirectMode::host_memory}}));
+  t.push_back(bool_key("direct.assume_one_host", [](auto& c) -> auto& { return c.direct_assume_one_host; }));
+  t.push_back(size_key("direct.window_bytes", [](auto& c) -> auto& { return c.direct_window_bytes; }, 64ull << 10));
+  t.push_back(size_key("direct.stage_bytes", [](auto& c) -> auto& { return c.direct_stage_bytes; }, 4096));
+  t.push_back(uint_key("direct.ctas", [](auto& c) -> auto& { return c.direct_ctas; }, 1, 1024));
   t.push_back(bool_key("coalesce.enable", [](auto& c) -> auto& { return c.coalesce_enable; }));
   t.push_back(size_key("coalesce.max_bytes", [](auto& c) -> auto& { return c.coalesce_max_bytes; }, 1));
   t.push_back(uint_key("coalesce.max_calls", [](auto& c) -> auto& { return c.coalesce_max_calls; }, 1, 1u << 16));
@@ -523,7 +543,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 744 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 816 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

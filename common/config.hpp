@@ -33,6 +33,11 @@ enum class Algorithm : uint8_t { automatic, two_shot, one_shot, ring };
 // of the slot to every peer (one step deep, and NCCL's point-to-point channels). automatic: the
 // planner's cost model chooses (all_gather vs all_to_all figures; all-gather on a tie).
 enum class GatherTransport : uint8_t { automatic, allgather, sendrecv };
+// The direct transports (sched/direct_transport.hpp): FP8 slots in memory every rank of one machine
+// loads and stores directly. off: never; automatic: where the communicator's ranks share a machine,
+// peer GPU memory unless NCCL_P2P_DISABLE=1 (then host memory), per call where the cost model says it
+// is cheaper than NCCL's transports; peer_memory / host_memory: that one, for every FP8 call it can carry.
+enum class DirectMode : uint8_t { off, automatic, peer_memory, host_memory };
 // Fabric class of a communicator, decided once per communicator (sched/fabric.hpp).
 enum class Fabric : uint8_t { nvlink = 0, pcie = 1, net = 2 };
 inline constexpr int kFabricCount = 3;
@@ -46,6 +51,7 @@ const char* to_string(Rounding);
 const char* to_string(ConvertPath);
 const char* to_string(Algorithm);
 const char* to_string(GatherTransport);  // "auto" | "allgather" | "sendrecv"
+const char* to_string(DirectMode);       // "off" | "auto" | "peer_memory" | "host_memory"
 const char* to_string(Fabric);
 const char* to_string(Collective);
 
@@ -71,6 +77,12 @@ struct CostModel {
   double allgather_bandwidth_gbps = 0;
   double reduce_scatter_bandwidth_gbps = 0;
   double alltoall_bandwidth_gbps = 0;
+  // The direct transport on this fabric (peer GPU memory over NVLink or PCIe P2P, or shared host
+  // memory): fixed cost of one barrier among the ranks, and the bytes per second one rank's codec
+  // kernels move over its link. 0 = not measured: the planner then takes the direct transport only
+  // where the configuration forces it (direct.transport).
+  double direct_latency_us = 0;
+  double direct_bandwidth_gbps = 0;
   bool calibrated = false;      // false: the built-in defaults below are used
   // The job shape the figures were measured on (0 = not recorded): hosts and ranks per host. A flat
   // FP8 path on a communicator that spans hosts with several ranks each is only taken when a
@@ -134,6 +146,16 @@ struct Config {
   // Ranks per host, consecutive in rank order (0: the hosts NCCL sees, from NCCL_HOSTID or hostname).
   // For tests: ranks emulated on one GPU as 2 hosts x 2 ranks while NCCL joins all over sockets.
   uint32_t hierarchy_ranks_per_host = 0;    // hierarchy.ranks_per_host
+
+  // --- direct transports (sched/direct_transport.hpp) -------------------------------------------
+  DirectMode direct_transport = DirectMode::automatic;  // direct.transport "off"|"auto"|"peer_memory"|"host_memory"
+  // Treat all ranks of a communicator as ranks of this machine, whatever hosts NCCL sees (ranks
+  // emulated on one GPU with NCCL_HOSTID, containers that set it): the direct transport is then set up
+  // among them. Never on by default: ranks on different machines cannot map each other's memory.
+  bool direct_assume_one_host = false;      // direct.assume_one_host
+  uint64_t direct_window_bytes = 64ull << 20; // direct.window_bytes  per rank and communicator, two buffer sets
+  uint64_t direct_stage_bytes = 8ull << 20;   // direct.stage_bytes   caller bytes per pipeline stage (at most)
+  uint32_t direct_ctas = 16;                // direct.ctas  thread blocks per codec kernel over direct memory
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------
   bool coalesce_enable = true;              // coalesce.enable

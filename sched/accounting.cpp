@@ -25,6 +25,7 @@ struct Ring {
   std::atomic<uint64_t> app_bytes[kMaxPaths] = {};
   std::atomic<uint64_t> wire_bytes[kMaxPaths] = {};
   std::atomic<uint64_t> gather_calls[3] = {};
+  std::atomic<uint64_t> direct_calls{0};
 };
 
 Ring& ring() {
@@ -49,6 +50,7 @@ void Accounting::record(const CallRecord& r) {
   g.wire_bytes[p].fetch_add(r.wire_bytes, std::memory_order_relaxed);
   if (r.gather != GatherTransport::automatic && static_cast<int>(r.gather) < 3)
     g.gather_calls[static_cast<int>(r.gather)].fetch_add(1, std::memory_order_relaxed);
+  if (r.transport != TransportKind::nccl) g.direct_calls.fetch_add(1, std::memory_order_relaxed);
 
   const uint64_t index = g.written.fetch_add(1, std::memory_order_relaxed);
   Slot& slot = g.slots[index % kCapacity];
@@ -92,6 +94,7 @@ AccountingTotals Accounting::totals() const {
     t.wire_bytes[i] = g.wire_bytes[i].load(std::memory_order_relaxed);
   }
   for (int i = 0; i < 3; ++i) t.gather_calls[i] = g.gather_calls[i].load(std::memory_order_relaxed);
+  t.direct_calls = g.direct_calls.load(std::memory_order_relaxed);
   t.dropped_records = g.dropped.load(std::memory_order_relaxed);
   return t;
 }
@@ -104,6 +107,7 @@ void Accounting::reset() {
     g.wire_bytes[i].store(0);
   }
   for (auto& c : g.gather_calls) c.store(0);
+  g.direct_calls.store(0);
   g.dropped.store(0);
   g.read_horizon.store(seq_.load());
   // Records stay readable by seq; only the totals restart.

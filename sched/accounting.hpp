@@ -45,6 +45,8 @@ struct CallRecord {
   // FP8 paths with a gather step: how the quantized slots were gathered (allgather or sendrecv);
   // automatic for pass-through, fallback and the FP8 reduce-scatter.
   GatherTransport gather = GatherTransport::automatic;
+  // Which transport carried an FP8 call's bytes (NCCL's, or a direct transport's windows).
+  TransportKind transport = TransportKind::nccl;
   uint64_t issue_ns = 0;       // host CLOCK_MONOTONIC when the application issued the call
 };
 
@@ -65,6 +67,7 @@ struct AccountingTotals {
   uint64_t app_bytes[kMaxPaths] = {};
   uint64_t wire_bytes[kMaxPaths] = {};
   uint64_t gather_calls[3] = {};  // FP8 calls by CallRecord::gather (index = GatherTransport; [0] unused)
+  uint64_t direct_calls = 0;      // FP8 calls a direct transport carried (CallRecord::transport)
   uint64_t dropped_records = 0;
 };
 

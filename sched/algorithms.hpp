@@ -132,3 +132,55 @@ size_t hierarchical_stage_elems(const ScratchLayout& scratch, Collective collect
                                 int hosts, int ranks_per_host, Path inner, const quant::WireFormat& f);
 
 }  // namespace fp8wire::sched
+
+namespace fp8wire::sched {
+
+// The same four collectives over a direct transport (sched/direct_transport.hpp, algorithms/direct.cpp):
+// the codec kernels load and store the windows of the machine's ranks themselves. Same arithmetic,
+// same bytes on every rank as their NCCL twins above.
+class DirectOneShotAllReduce final : public StageProgram {
+ public:
+  explicit DirectOneShotAllReduce(const Fp8Args& a) : a_(a) {}
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+
+ private:
+  Fp8Args a_;
+};
+class DirectTwoShotAllReduce final : public StageProgram {
+ public:
+  explicit DirectTwoShotAllReduce(const Fp8Args& a) : a_(a) {}
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+
+ private:
+  Fp8Args a_;
+};
+class DirectReduceScatter final : public StageProgram {
+ public:
+  explicit DirectReduceScatter(const Fp8Args& a) : a_(a) {}
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+
+ private:
+  Fp8Args a_;
+};
+class DirectAllGather final : public StageProgram {
+ public:
+  explicit DirectAllGather(const Fp8Args& a) : a_(a) {}
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+
+ private:
+  Fp8Args a_;
+};
+
+// Bytes one buffer set of a direct window needs for a stage of `len` elements, and the stage size
+// of a call: one stage when the call fits a set and direct.stage_bytes, else the largest whole
+// number of units (stage_unit_elems) within both. 0 when not even one unit fits (the call then goes
+// over NCCL's transports, on every rank alike).
+size_t direct_set_bytes(Collective collective, Path path, size_t len, int nranks, const quant::WireFormat& f);
+size_t direct_stage_elems(const Config& config, size_t set_bytes, Collective collective, Path path, size_t count,
+                          size_t elem_bytes, int nranks, const quant::WireFormat& f);
+
+}  // namespace fp8wire::sched

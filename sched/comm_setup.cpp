@@ -9,6 +9,8 @@
 #include "common/log.hpp"
 #include "common/nvtx.hpp"
 #include "common/status.hpp"
+#include "sched/cost_model.hpp"
+#include "sched/direct_transport.hpp"
 #include "sched/hierarchy.hpp"
 
 namespace fp8wire::sched {
@@ -123,12 +125,50 @@ ncclResult_t wait_exchange(CommState& s, cudaStream_t stream) {
   }
 }
 
+// An all-gather of `bytes` per rank through the scratch (FP8 is on, so there is one), for the rounds
+// that follow the agreement. Every rank calls it with the same size; the result is every rank's
+// bytes in rank order, or an error (then on every rank: the all-gather either ran everywhere or the
+// communicator is broken).
+ncclResult_t gather_bytes(CommState& s, const void* mine, size_t bytes, std::vector<char>& all) {
+  const NcclApi& api = *s.platform->nccl;
+  const CudaApi& cuda = s.platform->cuda;
+  all.assign(bytes * static_cast<size_t>(s.nranks), 0);
+  if (!s.res.scratch || all.size() > s.res.layout.total_bytes) return ncclInternalError;
+  char* base = s.res.scratch;
+  char* mine_at = base + static_cast<size_t>(s.rank) * bytes;
+  ncclResult_t res = cuda.MemcpyAsync(mine_at, mine, bytes, cudaMemcpyHostToDevice, s.res.transfer) == cudaSuccess
+                         ? ncclSuccess
+                         : ncclUnhandledCudaError;
+  // Issued even when the copy failed: the peers are in it.
+  const ncclResult_t gathered = api.AllGather(mine_at, base, bytes, ncclUint8, s.comm, s.res.transfer);
+  if (nccl_ok(res)) res = gathered;
+  if (nccl_ok(gathered)) {
+    const ncclResult_t waited = wait_exchange(s, s.res.transfer);
+    if (nccl_ok(res)) res = waited;
+  }
+  if (nccl_ok(res) && cuda.Memcpy(all.data(), base, all.size(), cudaMemcpyDeviceToHost) != cudaSuccess)
+    res = ncclUnhandledCudaError;
+  return nccl_ok(res) ? ncclSuccess : res;
+}
+
+// Whether every rank answered yes (a 4-byte all-gather); false on any error too.
+bool all_agree(CommState& s, bool mine) {
+  const int32_t v = mine ? 1 : 0;
+  std::vector<char> all;
+  if (gather_bytes(s, &v, sizeof(v), all) != ncclSuccess) return false;
+  for (int r = 0; r < s.nranks; ++r) {
+    int32_t x = 0;
+    std::memcpy(&x, all.data() + static_cast<size_t>(r) * sizeof(x), sizeof(x));
+    if (x == 0) return false;
+  }
+  return true;
+}
+
 // The agreement's second round, for a communicator spanning hosts with several ranks on each: the
 // host and rail sub-communicators (collective over the parent, every rank in the same order), then a
 // 4-byte all-gather confirming that every rank has both. Without it nobody uses them.
 void split_hierarchy(CommState& s, const Agreement& a) {
   const NcclApi& api = *s.platform->nccl;
-  const CudaApi& cuda = s.platform->cuda;
   Hierarchy& h = s.hierarchy;
   h.hosts = a.topology.hosts;
   h.ranks_per_host = a.topology.ranks_per_host;
@@ -138,28 +178,10 @@ void split_hierarchy(CommState& s, const Agreement& a) {
   for (int r = 0; r < s.nranks; ++r)
     h.rank_at[static_cast<size_t>(a.hosts.host_of[static_cast<size_t>(r)] * h.ranks_per_host +
                                   a.hosts.local_rank[static_cast<size_t>(r)])] = r;
-  int32_t ok = api.CommSplit && api.CommSplit(s.comm, h.host_index, h.local_rank, &h.host, nullptr) == ncclSuccess &&
-               api.CommSplit(s.comm, h.local_rank, h.host_index, &h.rail, nullptr) == ncclSuccess && h.host &&
-               h.rail;
-  // Every rank's answer, through the scratch (FP8 is on, so there is one).
-  char* base = s.res.scratch;
-  std::vector<int32_t> all(static_cast<size_t>(s.nranks), 0);
-  ncclResult_t res = cuda.MemcpyAsync(base + s.rank * sizeof(int32_t), &ok, sizeof(ok), cudaMemcpyHostToDevice,
-                                      s.res.transfer) == cudaSuccess
-                         ? ncclSuccess
-                         : ncclUnhandledCudaError;
-  const ncclResult_t gathered = api.AllGather(base + s.rank * sizeof(int32_t), base, sizeof(int32_t), ncclUint8,
-                                              s.comm, s.res.transfer);
-  if (nccl_ok(res)) res = gathered;
-  if (nccl_ok(gathered)) {
-    const ncclResult_t waited = wait_exchange(s, s.res.transfer);
-    if (nccl_ok(res)) res = waited;
-  }
-  if (nccl_ok(res) && cuda.Memcpy(all.data(), base, all.size() * sizeof(int32_t), cudaMemcpyDeviceToHost) != cudaSuccess)
-    res = ncclUnhandledCudaError;
-  bool everywhere = nccl_ok(res);
-  for (int32_t v : all) everywhere &= v != 0;
-  if (everywhere) {
+  const bool ok = api.CommSplit && api.CommSplit(s.comm, h.host_index, h.local_rank, &h.host, nullptr) == ncclSuccess &&
+                  api.CommSplit(s.comm, h.local_rank, h.host_index, &h.rail, nullptr) == ncclSuccess && h.host &&
+                  h.rail;
+  if (all_agree(s, ok)) {
     h.ready = true;
     s.host_transport = NcclTransport(api, h.host, h.local_rank, h.ranks_per_host);
     s.rail_transport = NcclTransport(api, h.rail, h.host_index, h.hosts);
@@ -173,6 +195,112 @@ void split_hierarchy(CommState& s, const Agreement& a) {
       if (api.CommDestroy) api.CommDestroy(*c);
       *c = nullptr;
     }
+}
+
+// --- the direct transports' round (sched/direct_transport.hpp) ------------------------------------
+// What one rank offers: its flag page and data window, by handle.
+struct DirectOffer {
+  uint32_t ok = 0;
+  uint32_t pid = 0;
+  WindowHandle flags;
+  WindowHandle data;
+};
+
+// The kinds to try, in order: the configured one, or with auto peer memory unless some rank has P2P
+// disabled, then host memory.
+std::vector<TransportKind> direct_kinds(const Config& config, std::span<const RankFacts> facts) {
+  switch (config.direct_transport) {
+    case DirectMode::off: return {};
+    case DirectMode::peer_memory: return {TransportKind::peer_memory};
+    case DirectMode::host_memory: return {TransportKind::host_memory};
+    case DirectMode::automatic: break;
+  }
+  for (const RankFacts& f : facts)
+    if (f.p2p_disabled) return {TransportKind::host_memory};
+  return {TransportKind::peer_memory, TransportKind::host_memory};
+}
+
+// Whether the direct transport can exist on this communicator at all: every rank on this machine
+// (as NCCL sees hosts, or assumed by configuration) and few enough ranks for one fused reduce.
+bool direct_possible(const Config& config, const Agreement& a, std::span<const RankFacts> facts) {
+  if (config.direct_transport == DirectMode::off || facts.size() > static_cast<size_t>(kDirectMaxRanks)) return false;
+  // auto takes the direct transport only where the fabric's cost model has figures for it (measured,
+  // or the built-in host-memory ones): elsewhere its windows would be memory held for nothing.
+  if (config.direct_transport == DirectMode::automatic &&
+      effective_cost_model(config, a.fabric).direct_bandwidth_gbps <= 0)
+    return false;
+  if (config.direct_assume_one_host) return true;
+  for (const RankFacts& f : facts)
+    if (f.host_hash != facts[0].host_hash) return false;
+  return true;
+}
+
+// One attempt at one kind: create this rank's windows, exchange handles, open every peer's, confirm
+// on every rank. On any failure anywhere, everything made here is undone on every rank alike.
+bool try_direct(CommState& s, const Config& config, TransportKind kind) {
+  const DirectMemoryApi& m = s.platform->direct;
+  // A rank whose platform or driver has no windows or no stream memory operations still takes both
+  // exchanges of the round (its peers are in them) and says no.
+  const bool capable = m.available && m.available() && m.create && m.open && m.close && m.destroy && s.platform->cuda.StreamWaitValue32 &&
+                       s.platform->cuda.StreamWriteValue32;
+  const size_t n = static_cast<size_t>(s.nranks);
+  std::vector<DirectPeer> peers(n);
+  DirectPeer& own = peers[static_cast<size_t>(s.rank)];
+  DirectOffer offer;
+  const uint64_t tag = (s.id << 8) | static_cast<uint64_t>(s.rank);
+  bool ok = capable && m.create(WindowKind::host, sizeof(DirectFlags), tag, &own.flags, &offer.flags) == cudaSuccess;
+  if (ok) {
+    init_flags(*reinterpret_cast<DirectFlags*>(own.flags.host));
+    ok = m.create(window_kind(kind), config.direct_window_bytes, tag, &own.data, &offer.data) == cudaSuccess;
+  }
+  s.platform->cuda.GetLastError();
+  offer.ok = ok ? 1 : 0;
+  offer.pid = s.platform->host_facts ? s.platform->host_facts(s.device).process_id : 0;
+  own.pid = offer.pid;
+  std::vector<char> all;
+  const bool exchanged = gather_bytes(s, &offer, sizeof(offer), all) == ncclSuccess;
+  std::vector<DirectOffer> offers(n);
+  bool everyone = exchanged;
+  if (exchanged)
+    for (size_t r = 0; r < n; ++r) {
+      std::memcpy(&offers[r], all.data() + r * sizeof(DirectOffer), sizeof(DirectOffer));
+      everyone &= offers[r].ok == 1;
+    }
+  // Open every peer's windows (only if everyone could offer: the round's second exchange follows
+  // either way, so every rank takes the same number of all-gathers).
+  bool opened = everyone;
+  for (size_t r = 0; r < n && opened; ++r) {
+    if (static_cast<int>(r) == s.rank) continue;
+    peers[r].pid = offers[r].pid;
+    opened = m.open(offers[r].flags, &peers[r].flags) == cudaSuccess &&
+             m.open(offers[r].data, &peers[r].data) == cudaSuccess && peers[r].data.bytes == own.data.bytes;
+  }
+  s.platform->cuda.GetLastError();
+  if (all_agree(s, opened)) {
+    if (m.unlink) m.unlink(own.flags), m.unlink(own.data);
+    s.direct = std::make_unique<DirectTransport>(*s.platform, kind, s.rank, s.nranks, std::move(peers));
+    FP8WIRE_INFO("comm {}: direct transport {} ready: {} ranks, {} per window, {} per buffer set", s.id,
+                 to_string(kind), s.nranks, format_size(config.direct_window_bytes),
+                 format_size(s.direct->set_bytes()));
+    return true;
+  }
+  for (size_t r = 0; r < n; ++r) {
+    DirectPeer& p = peers[r];
+    const bool mine = static_cast<int>(r) == s.rank;
+    for (Window* w : {&p.data, &p.flags})
+      if (w->token) (mine ? m.destroy : m.close)(*w);
+  }
+  FP8WIRE_INFO("comm {}: direct transport {} not possible on every rank", s.id, to_string(kind));
+  return false;
+}
+
+void setup_direct(CommState& s, const Config& config, std::span<const RankFacts> facts) {
+  if (!direct_possible(config, s.agreement, facts)) return;
+  for (TransportKind kind : direct_kinds(config, facts))
+    if (try_direct(s, config, kind)) return;
+  if (config.direct_transport != DirectMode::automatic)
+    FP8WIRE_WARN("comm {}: direct.transport = {}, but not every rank could map every other's windows; FP8 goes "
+                 "over NCCL's transports", s.id, to_string(config.direct_transport));
 }
 
 void log_agreement(const CommState& s) {
@@ -297,6 +425,7 @@ void complete(Round& round, const Config& config) {
     return;
   }
   if (hierarchy_possible(config, s.agreement.topology)) split_hierarchy(s, s.agreement);
+  setup_direct(s, config, round.all);
 }
 
 }  // namespace
@@ -332,9 +461,18 @@ void agree_at_creation(std::span<CommState* const> comms, const Config& config, 
 
 void release_resources(CommState& s) {
   CommResources& r = s.res;
-  if (!r.produce && !r.transfer && !r.scratch && !r.fork) return;  // touch no device it never used
+  if (!r.produce && !r.transfer && !r.scratch && !r.fork && !s.direct) return;  // touch no device it never used
   const CudaApi& cuda = s.platform->cuda;
   DeviceGuard guard(cuda, s.device);
+  if (s.direct) {
+    // A lane may wait on a peer's flag: after an abort, or once that peer is gone, no signal comes,
+    // and this rank releases its own waits. Then the windows go once every peer has read what this
+    // rank wrote (their release flags), so that no peer's kernel reads freed memory.
+    const cudaStream_t lanes[] = {r.produce, r.transfer};
+    s.direct->drain(lanes, 2, s.aborting);
+    if (!s.direct->wait_peers_done(s.aborting)) s.direct->keep_own_window();
+    s.direct.reset();
+  }
   // The lanes may still run an FP8 call of this communicator (its last one, or one an abort cut
   // short): wait for them before freeing what they read.
   if (r.produce) cuda.StreamSynchronize(r.produce);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "sched/agreement.hpp"
+#include "sched/direct_transport.hpp"
 #include "sched/error_feedback.hpp"
 #include "sched/platform.hpp"
 #include "sched/stages.hpp"
@@ -97,6 +98,9 @@ struct CommState {
   Hierarchy hierarchy;
   NcclTransport host_transport;   // over hierarchy.host
   NcclTransport rail_transport;   // over hierarchy.rail
+  // Set up at the agreement when every rank is on this machine and every rank could map every
+  // other's windows (sched/direct_transport.hpp); null otherwise.
+  std::unique_ptr<DirectTransport> direct;
   FeedbackStore feedback;
   std::atomic<bool> dead{false};      // destroyed or aborted: queued calls return an error
   std::atomic<bool> aborting{false};  // an abort has begun: the agreement's wait gives up
@@ -104,7 +108,7 @@ struct CommState {
   // may still wait in that call's exchange until the application aborts it), so every later FP8
   // call on it returns this error instead of starting another exchange.
   std::atomic<int> failure{ncclSuccess};
-  uint32_t logged_choices = 0;  // bit (collective * 8 + path): first use of that choice logged
+  uint64_t logged_choices = 0;  // bit (collective * 16 + path * 2 + direct): first use of that choice logged
 
   CommIdentity identity() const { return {id, nranks, rank}; }
   bool fp8_allowed() const { return setup == CommSetup::agreed && agreement.fp8_ok; }

@@ -13,9 +13,17 @@ CostModel default_cost_model(Fabric fabric) {
                      .kernel_launch_us = 4.0};
   };
   switch (fabric) {
-    case Fabric::nvlink: return model(15.0, 150.0);
-    case Fabric::pcie: return model(25.0, 12.0);
-    case Fabric::net: return model(50.0, 5.0);
+    case Fabric::nvlink: return model(15.0, 150.0);  // the direct transport over NVLink: not measured yet
+    case Fabric::pcie: {
+      // The direct transport through host memory, measured on one H200 (PCIe Gen5 x16): codec kernels
+      // store to and load from mapped host memory at 51-52 GB/s (95 / 93 % of cudaMemcpyAsync's), a
+      // barrier round trip of stream memory operations between two processes 12.5 us (docs/PERF.md).
+      CostModel m = model(25.0, 12.0);
+      m.direct_latency_us = 15.0;
+      m.direct_bandwidth_gbps = 45.0;
+      return m;
+    }
+    case Fabric::net: return model(50.0, 5.0);  // ranks on different machines share no memory
   }
   return model(50.0, 5.0);
 }
@@ -39,6 +47,8 @@ CostModel effective_cost_model(const Config& config, Fabric fabric) {
   take(model.allgather_bandwidth_gbps, given.allgather_bandwidth_gbps);
   take(model.reduce_scatter_bandwidth_gbps, given.reduce_scatter_bandwidth_gbps);
   take(model.alltoall_bandwidth_gbps, given.alltoall_bandwidth_gbps);
+  take(model.direct_latency_us, given.direct_latency_us);
+  take(model.direct_bandwidth_gbps, given.direct_bandwidth_gbps);
   model.hosts = given.hosts;
   model.ranks_per_host = given.ranks_per_host;
   model.calibrated = given.calibrated;
@@ -122,6 +132,65 @@ double predicted_us(const CostModel& m, Collective collective, Path path, uint64
       return op(g, part * w) + (s / n + s) / codec + 2 * launch;
   }
   return 1e30;  // a path this model cannot price is never the cheapest
+}
+
+DirectCost direct_cost_parts(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes, int nranks,
+                             const quant::WireFormat& format, TransportKind kind) {
+  const double n = nranks;
+  const double s = static_cast<double>(caller_bytes);
+  const double elems = s / 2.0;  // bf16 assumed, as predicted_us
+  const double w = elems * (1.0 + static_cast<double>(quant::scale_bytes(format.scale)) / format.block);
+  const double part = (n - 1) / n;
+  const bool host = kind == TransportKind::host_memory;
+  const double codec = m.codec_gbps * 1e3;
+  DirectCost d;
+  double launches = 2, codec_us = 0;
+  switch (collective) {
+    case Collective::all_reduce:
+      if (path == Path::two_shot) {
+        d.link_bytes = host ? 2.0 * w : part * w;  // shards out, reduced shards in
+        d.barriers = 2;
+        codec_us = 3.0 * s / codec;
+        launches = 2 * n + 1;
+      } else {
+        d.link_bytes = host ? n * w : (n - 1) * w;  // every rank's slot read
+        codec_us = (1.0 + n) * s / codec;
+      }
+      break;
+    case Collective::reduce_scatter:
+      d.link_bytes = host ? w : part * w;
+      codec_us = 2.0 * s / codec;
+      launches = n + 1;
+      break;
+    case Collective::all_gather:
+      d.link_bytes = host ? w : part * w;
+      codec_us = (s / n + s) / codec;
+      launches = n + 1;
+      break;
+  }
+  d.other_us = codec_us + launches * m.kernel_launch_us;
+  return d;
+}
+
+double predicted_direct_us(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes, int nranks,
+                           const quant::WireFormat& format, TransportKind kind) {
+  if (m.direct_bandwidth_gbps <= 0 || !is_fp8(path) || path == Path::ring || path == Path::hierarchical) return 1e30;
+  const DirectCost d = direct_cost_parts(m, collective, path, caller_bytes, nranks, format, kind);
+  return d.barriers * m.direct_latency_us + d.link_bytes / (m.direct_bandwidth_gbps * 1e3) + d.other_us;
+}
+
+TransportKind transport_for(const Config& config, Collective collective, Path path, uint64_t caller_bytes,
+                            int nranks, Fabric fabric, TransportKind available) {
+  if (available == TransportKind::nccl || !is_fp8(path) || path == Path::ring || path == Path::hierarchical)
+    return TransportKind::nccl;
+  if (config.direct_transport == DirectMode::off) return TransportKind::nccl;
+  if (config.direct_transport != DirectMode::automatic) return available;  // set up as configured
+  const CostModel model = effective_cost_model(config, fabric);
+  const quant::WireFormat format = quant::WireFormat::from(config);
+  const double direct = predicted_direct_us(model, collective, path, caller_bytes, nranks, format, available);
+  const GatherTransport gather = gather_transport_for(config, collective, path, caller_bytes, nranks, fabric);
+  const double nccl = predicted_us(model, collective, path, caller_bytes, nranks, format, gather);
+  return direct < nccl ? available : TransportKind::nccl;
 }
 
 }  // namespace fp8wire::sched

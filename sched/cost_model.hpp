@@ -27,6 +27,30 @@ double predicted_us(const CostModel& model, Collective collective, Path path, ui
                     int nranks, const quant::WireFormat& format,
                     GatherTransport gather = GatherTransport::allgather);
 
+// Predicted microseconds of one FP8 call over a direct transport of `kind`: each stage's barriers at
+// direct_latency_us, the bytes this rank's kernels move over its link (the busier direction; peer
+// memory: what crosses to other GPUs; host memory: everything, its own slots included) at
+// direct_bandwidth_gbps, and the same codec work as over NCCL. 1e30 when the fabric's direct figures
+// are not measured (0).
+double predicted_direct_us(const CostModel& model, Collective collective, Path path, uint64_t caller_bytes,
+                           int nranks, const quant::WireFormat& format, TransportKind kind);
+// Its parts, for the benchmark's calibration: barriers per stage, the bytes one rank's kernels move
+// over its link, and the codec and launch time (everything but the link).
+struct DirectCost {
+  double barriers = 1;
+  double link_bytes = 0;
+  double other_us = 0;
+};
+DirectCost direct_cost_parts(const CostModel& model, Collective collective, Path path, uint64_t caller_bytes,
+                             int nranks, const quant::WireFormat& format, TransportKind kind);
+// The transport of one FP8 call, when the communicator has a direct transport of kind `available`
+// (TransportKind::nccl: none): a direct.transport the configuration names is taken for every path it
+// carries (one-shot, two-shot, the reduce-scatter and the all-gather; not the ring or the
+// hierarchical path); with auto, the direct transport where the cost model of `fabric` predicts it
+// cheaper than NCCL's. A function of the config and the call's shape only: every rank picks the same.
+TransportKind transport_for(const Config& config, Collective collective, Path path, uint64_t caller_bytes,
+                            int nranks, Fabric fabric, TransportKind available);
+
 // The transport of the gather step for one call: Config::gather_transport when set, else the
 // cheaper of the two by the cost model of `fabric` (all-gather on a tie, which the built-in figures
 // always are). A function of the config and the call's shape only, so every rank picks the same.

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 namespace fp8wire {
 
 struct CudaApi {
@@ -29,6 +31,12 @@ struct CudaApi {
   cudaError_t (*MemsetAsync)(void*, int, size_t, cudaStream_t) = nullptr;
   cudaError_t (*GetLastError)() = nullptr;
   const char* (*GetErrorString)(cudaError_t) = nullptr;
+  // Stream memory operations, the direct transports' barrier (no SM is held while a stream waits):
+  // the stream waits until the 32-bit word at `addr` (an address GPU work of this process reaches)
+  // equals `value`; or, once its earlier work is done and visible system-wide, writes `value` there.
+  // Null where the driver offers none.
+  cudaError_t (*StreamWaitValue32)(cudaStream_t, void* addr, uint32_t value) = nullptr;
+  cudaError_t (*StreamWriteValue32)(cudaStream_t, void* addr, uint32_t value) = nullptr;
 };
 
 }  // namespace fp8wire

@@ -126,10 +126,22 @@ ncclResult_t Engine::comm_abort(ncclComm_t comm) {
   guarded("comm_abort", [&] {
     state = impl_->registry.detach(comm);
     if (state) state->aborting.store(true, std::memory_order_release);
+    // A direct transport's lanes may wait on a peer that will never signal (NCCL's own kernels are
+    // released by its abort; ours by this rank's host stores into its own flags).
+    if (state && state->direct) state->direct->release_waits();
   });
   const ncclResult_t result = impl_->api->CommAbort ? impl_->api->CommAbort(comm) : ncclInternalError;
   guarded("comm_abort", [&] { state.reset(); });
   return result;
+}
+
+bool Engine::comm_peer_lost(ncclComm_t comm) const {
+  bool lost = false;
+  guarded("comm_peer_lost", [&] {
+    const CommRef s = impl_->registry.find(comm);
+    lost = s && s->direct && !s->direct->peers_alive();
+  });
+  return lost;
 }
 
 CommInfo Engine::comm_info(ncclComm_t comm) const {
@@ -144,6 +156,8 @@ CommInfo Engine::comm_info(ncclComm_t comm) const {
   info.hosts = s->agreement.hosts.hosts;
   info.reason = s->setup == CommSetup::pass_through ? s->pass_reason : s->agreement.reason;
   info.failure = s->failed();
+  info.direct = s->direct != nullptr;
+  if (s->direct) info.direct_kind = s->direct->kind();
   return info;
 }
 

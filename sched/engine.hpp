@@ -37,6 +37,9 @@ struct CommInfo {
   int hosts = 0;
   std::string reason;    // why FP8 is off
   ncclResult_t failure = ncclSuccess;  // the first error of an FP8 call on it (sticky)
+  // The direct transport set up on it (sched/direct_transport.hpp), false when none.
+  bool direct = false;
+  TransportKind direct_kind = TransportKind::nccl;
 };
 
 class Engine {
@@ -64,6 +67,10 @@ class Engine {
   // waiting on it, runs the real abort, and only then releases its resources. The abort is what
   // stops a collective that will never finish; freeing first would wait for it and hang the abort.
   ncclResult_t comm_abort(ncclComm_t comm);
+  // True when the communicator carries calls over a direct transport and one of its peer processes
+  // on this machine is gone: its lanes may then wait on flags nobody will set. The shim reports it
+  // through ncclCommGetAsyncError as ncclRemoteError, so the application's watchdog aborts.
+  bool comm_peer_lost(ncclComm_t comm) const;
   CommInfo comm_info(ncclComm_t comm) const;
 
   // --- collectives with an FP8 path ------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include "common/status.hpp"
 #include "sched/algorithms.hpp"
 #include "sched/cost_model.hpp"
+#include "sched/direct_transport.hpp"
 #include "sched/engine_impl.hpp"
 #include "sched/hierarchy.hpp"
 #include "sched/plan.hpp"
@@ -105,13 +106,28 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, Path path
           ? gather_transport_for(config, c.collective, path, threshold_bytes(shape), s.nranks, s.agreement.fabric)
           : GatherTransport::automatic;
   rec.gather = gather;
+  // The transport: a direct transport's windows where the communicator has one and the config or the
+  // cost model takes it (cost_model.hpp), else NCCL's. A call that does not fit one buffer set of the
+  // window goes over NCCL's (again a function of the shape only).
+  TransportKind transport =
+      s.direct ? transport_for(config, c.collective, path, threshold_bytes(shape), s.nranks, s.agreement.fabric,
+                               s.direct->kind())
+               : TransportKind::nccl;
+  size_t direct_stage = 0;
+  if (transport != TransportKind::nccl) {
+    direct_stage = direct_stage_elems(config, s.direct->set_bytes(), c.collective, path, rec.count, es, s.nranks, format);
+    if (direct_stage == 0) transport = TransportKind::nccl;
+  }
+  rec.transport = transport;
+  if (transport != TransportKind::nccl) rec.gather = GatherTransport::automatic;  // no NCCL gather step
   const CallHooks* hooks = call_hooks();
   if (hooks && hooks->begin) hooks->begin(rec);
   NvtxRange range(range_name(c.collective, path));
 
   const Path inner = path == Path::hierarchical ? inner_path(config, shape, s.agreement.topology) : path;
   const size_t stage =
-      path == Path::hierarchical
+      transport != TransportKind::nccl ? direct_stage
+      : path == Path::hierarchical
           ? hierarchical_stage_elems(s.res.layout, c.collective, rec.count, es, s.hierarchy.hosts,
                                      s.hierarchy.ranks_per_host, inner, format)
           : stage_elems(config, s.res.layout, c.collective, path, rec.count, es, s.nranks, format, s.agreement.fabric);
@@ -144,28 +160,40 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, Path path
     AllGatherFp8 all_gather(a);
     HierarchicalAllReduce hierarchical(a, s, inner);
     HierarchicalReduceScatter hierarchical_rs(a, s);
+    DirectTwoShotAllReduce direct_two_shot(a);
+    DirectOneShotAllReduce direct_one_shot(a);
+    DirectReduceScatter direct_reduce_scatter(a);
+    DirectAllGather direct_all_gather(a);
     StageProgram* program = &two_shot;
     if (path == Path::hierarchical) program = c.collective == Collective::reduce_scatter ? static_cast<StageProgram*>(&hierarchical_rs) : &hierarchical;
     else if (c.collective == Collective::reduce_scatter) program = &reduce_scatter;
     else if (c.collective == Collective::all_gather) program = &all_gather;
     else if (path == Path::one_shot) program = &one_shot;
     else if (path == Path::ring) program = &ring;
+    if (transport != TransportKind::nccl) {
+      program = c.collective == Collective::reduce_scatter ? static_cast<StageProgram*>(&direct_reduce_scatter)
+                : c.collective == Collective::all_gather   ? static_cast<StageProgram*>(&direct_all_gather)
+                : path == Path::one_shot                   ? static_cast<StageProgram*>(&direct_one_shot)
+                                                           : static_cast<StageProgram*>(&direct_two_shot);
+    }
     CoalescedAllReduce coalesced(*program, items, batch, s.res.scratch, es);
     if (batch > 1) program = &coalesced;
 
     StageOps ops(s, type, format, launch);
+    if (transport != TransportKind::nccl) ops.use_direct(s.direct.get(), config.direct_ctas);
     PipelineRun run(sref, c.stream, capturing, joins);
     res = run.finish(run.run(*program, ops, rec.count, stage));
     rec.wire_bytes = ops.wire_bytes();
     if (res != ncclSuccess) s.fail(res);
   }
 
-  const uint32_t choice = 1u << (static_cast<int>(c.collective) * 8 + static_cast<int>(rec.path));
+  const uint64_t choice = 1ull << (static_cast<int>(c.collective) * 16 + static_cast<int>(rec.path) * 2 +
+                                    (rec.transport == TransportKind::nccl ? 0 : 1));
   if (!(s.logged_choices & choice)) {
     s.logged_choices |= choice;
-    FP8WIRE_INFO("comm {} ({} ranks, fabric {}): first {} on path {}{}{} ({} B of caller data, {} calls)", s.id,
-                 s.nranks, to_string(s.agreement.fabric), to_string(c.collective), to_string(rec.path),
-                 rec.gather == GatherTransport::automatic ? "" : ", gather by ",
+    FP8WIRE_INFO("comm {} ({} ranks, fabric {}): first {} on path {} over {}{}{} ({} B of caller data, {} calls)",
+                 s.id, s.nranks, to_string(s.agreement.fabric), to_string(c.collective), to_string(rec.path),
+                 to_string(rec.transport), rec.gather == GatherTransport::automatic ? "" : ", gather by ",
                  rec.gather == GatherTransport::automatic ? "" : to_string(rec.gather), rec.app_bytes,
                  rec.coalesced_calls);
   }

@@ -91,6 +91,7 @@ Platform gpu_platform(const NcclApi& nccl) {
   q.dequantize_reduce = quant::dequantize_reduce;
   q.dequantize_reduce_mixed = quant::dequantize_reduce_mixed;
   p.host_facts = gpu_host_facts;
+  fill_direct_platform(p);
   return p;
 }
 

@@ -12,5 +12,8 @@ Platform gpu_platform(const NcclApi& nccl);
 // NCCL's own notion of this host (NCCL_HOSTID, else hostname + boot id), NCCL_P2P_DISABLE, and NVLink
 // from `device` to every other GPU this process sees.
 HostFacts gpu_host_facts(int device);
+// The direct transports' part (sched/direct_memory_gpu.cpp): shared host memory and CUDA IPC windows,
+// the driver's stream memory operations.
+void fill_direct_platform(Platform& p);
 
 }  // namespace fp8wire

@@ -73,6 +73,7 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
     st.offset = i * stage_elems;
     st.length = std::min(stage_elems, count - st.offset);
     st.set = r.scratch + r.layout.set_offset(static_cast<int>(i % 2));
+    st.set_index = static_cast<int>(i % 2);
     st.only = stages == 1;
     st.last = i + 1 == stages;
     const size_t set = i % 2;

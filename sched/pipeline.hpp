@@ -30,6 +30,7 @@ struct Stage {
   size_t offset = 0;
   size_t length = 0;
   char* set = nullptr;
+  int set_index = 0;  // which of the two buffer sets (the direct transports' windows have two as well)
   bool only = false;  // the call's single stage (it may use both buffer sets)
   bool last = false;
 };

@@ -7,6 +7,7 @@
 
 #include "sched/codec_api.hpp"
 #include "sched/cuda_api.hpp"
+#include "sched/direct_memory.hpp"
 #include "sched/nccl_api.hpp"
 
 namespace fp8wire {
@@ -23,6 +24,7 @@ struct Platform {
   const NcclApi* nccl = nullptr;  // must outlive the engine
   CudaApi cuda;
   CodecApi codec;
+  DirectMemoryApi direct;  // windows of the direct transports (empty: none on this platform)
   HostFacts (*host_facts)(int device) = nullptr;
 };
 

@@ -1,6 +1,7 @@
 #include "sched/stage_ops.hpp"
 
 #include "common/log.hpp"
+#include "sched/direct_transport.hpp"
 
 namespace fp8wire::sched {
 
@@ -76,5 +77,10 @@ ncclResult_t StageOps::gather(Transport& over, int nranks, char* base, size_t sl
   if (res == ncclSuccess) wire_bytes_ += slot_bytes * static_cast<uint64_t>(nranks - 1);
   return res;
 }
+
+ncclResult_t StageOps::reclaim(int set) { return direct_->reclaim(lane_, set); }
+ncclResult_t StageOps::publish(int set, int phase) { return direct_->publish(lane_, set, phase); }
+ncclResult_t StageOps::acquire(int set, int phase) { return direct_->acquire(lane_, set, phase); }
+ncclResult_t StageOps::release(int set) { return direct_->release(lane_, set); }
 
 }  // namespace fp8wire::sched

@@ -16,6 +16,10 @@
 #include "sched/transport.hpp"
 
 namespace fp8wire::sched {
+class DirectTransport;
+}
+
+namespace fp8wire::sched {
 
 class StageOps {
  public:
@@ -34,6 +38,14 @@ class StageOps {
     return sub;
   }
   void add_wire_bytes(uint64_t bytes) { wire_bytes_ += bytes; }
+
+  // The call runs over a direct transport (sched/direct_transport.hpp): the direct programs reach
+  // the windows through it, and every codec launch keeps to `max_ctas` thread blocks.
+  void use_direct(const DirectTransport* direct, uint32_t max_ctas) {
+    direct_ = direct;
+    launch_.max_ctas = max_ctas;
+  }
+  const DirectTransport* direct() const { return direct_; }
 
   void set_lane(cudaStream_t lane) { lane_ = lane; }
   cudaStream_t lane() const { return lane_; }
@@ -65,6 +77,12 @@ class StageOps {
   ncclResult_t reduce_scatter_plain(Transport& over, int nranks, const void* send, void* recv, size_t recvcount);
   ncclResult_t all_gather_plain(Transport& over, int nranks, const void* send, void* recv, size_t sendcount);
 
+  // --- direct transport: the flag handshakes (direct_transport.hpp), on the current lane -------------
+  ncclResult_t reclaim(int set);
+  ncclResult_t publish(int set, int phase);
+  ncclResult_t acquire(int set, int phase);
+  ncclResult_t release(int set);
+
   // --- wire --------------------------------------------------------------------------------------
   ncclResult_t exchange(std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) {
     return exchange(*transport_, sends, recvs);
@@ -93,6 +111,7 @@ class StageOps {
   quant::LaunchOptions launch_;
   cudaStream_t lane_ = nullptr;
   uint64_t wire_bytes_ = 0;
+  const DirectTransport* direct_ = nullptr;
 };
 
 }  // namespace fp8wire::sched

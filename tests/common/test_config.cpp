@@ -389,6 +389,13 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.hierarchy_ranks_per_host = 4;
   c.cost_model[2].hosts = 2;
   c.cost_model[2].ranks_per_host = 8;
+  c.cost_model[1].direct_latency_us = 12.5;
+  c.cost_model[1].direct_bandwidth_gbps = 51.25;
+  c.direct_transport = DirectMode::host_memory;
+  c.direct_assume_one_host = true;
+  c.direct_window_bytes = 3ull << 20;
+  c.direct_stage_bytes = 1ull << 20;
+  c.direct_ctas = 9;
   c.log_level = "trace";
   c.log_file = "/tmp/with \"quotes\" and \\ back\tslash-%r.log";
   c.nccl_library = "/opt/nccl/lib/libnccl.so.2";
@@ -444,6 +451,13 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.hierarchy_ranks_per_host == c.hierarchy_ranks_per_host);
   CHECK(p.cost_model[2].hosts == 2);
   CHECK(p.cost_model[2].ranks_per_host == 8);
+  CHECK(p.cost_model[1].direct_latency_us == 12.5);
+  CHECK(p.cost_model[1].direct_bandwidth_gbps == 51.25);
+  CHECK(p.direct_transport == DirectMode::host_memory);
+  CHECK(p.direct_assume_one_host);
+  CHECK(p.direct_window_bytes == 3ull << 20);
+  CHECK(p.direct_stage_bytes == 1ull << 20);
+  CHECK(p.direct_ctas == 9);
   CHECK(p.log_level == c.log_level);
   CHECK(p.log_file == c.log_file);
   CHECK(p.nccl_library == c.nccl_library);

@@ -16,7 +16,7 @@
 // the output dtype's rounding (2^-8 relative for bf16, 2^-11 fp16, 2^-24 fp32) of the result.
 // The test reports err / bound and fails above 1.
 //
-// Usage: multirank_collectives [--ranks 2,3,4] [--big] [--timeout S] [--per-gpu]
+// Usage: multirank_collectives [--ranks 2,3,4] [--big] [--timeout S] [--per-gpu] [--direct peer_memory|host_memory]
 //   --per-gpu: rank r runs on GPU r % (visible GPUs) with no NCCL_HOSTID, so NCCL joins real GPUs by
 //   its own transports (NVLink/P2P, or host memory under NCCL_P2P_DISABLE=1) instead of sockets.
 //   --big: the big all-reduce case moves 256 MiB (64 Mi fp32) instead of 64 MiB, at the first world
@@ -115,6 +115,9 @@ GatherTransport g_gather = GatherTransport::allgather;
 // --ranks-per-host R: fp8wire's host map forced to blocks of R ranks (hierarchy.ranks_per_host), and
 // the hierarchical path among the cases (only the step between "hosts" quantized).
 int g_ranks_per_host = 0;
+// --direct peer_memory|host_memory: every FP8 call the direct transport can carry goes over it (the
+// ranks share this machine's GPU, so direct.assume_one_host), and a case checks that they did.
+DirectMode g_direct = DirectMode::off;
 
 void report(Rank& R, const std::string& name, bool ok, double ratio, uint64_t hash, bool identical_required) {
   fprintf(R.out, "%s%s %s %.4f %016llx %d\n", R.tag.c_str(), name.c_str(), ok ? "PASS" : "FAIL", ratio,
@@ -208,7 +211,29 @@ Config test_config() {
   c.collective_enable.fill(true);
   c.gather_transport = g_gather;
   c.hierarchy_ranks_per_host = static_cast<uint32_t>(g_ranks_per_host);
+  c.direct_transport = g_direct;
+  c.direct_assume_one_host = g_direct != DirectMode::off;
   return c;
+}
+
+// With --direct: the calls this process made over the direct transport, against the FP8 calls it
+// could carry (one-shot, two-shot, reduce-scatter, all-gather; not the ring or the fallbacks).
+void report_direct_usage(Rank& R) {
+  if (g_direct == DirectMode::off) return;
+  const TransportKind want = g_direct == DirectMode::peer_memory ? TransportKind::peer_memory : TransportKind::host_memory;
+  std::vector<CallRecord> records(Accounting::kCapacity);
+  const size_t got = Accounting::instance().snapshot(records.data(), records.size(), 0);
+  size_t carried = 0, eligible = 0;
+  for (size_t i = 0; i < got; ++i) {
+    const CallRecord& c = records[i];
+    if (!is_fp8(c.path) || c.path == Path::ring || c.path == Path::hierarchical) continue;
+    ++eligible;
+    carried += c.transport == want;
+  }
+  char name[160];
+  snprintf(name, sizeof(name), "direct/%s-carried-%zu-of-%zu-fp8-calls", to_string(want), carried, eligible);
+  // Calls too large for one buffer set of the window go over NCCL by design: the big cases.
+  report(R, name, eligible > 0 && carried * 10 >= eligible * 9, 0, 0, false);
 }
 
 void run_all_reduce_cases(Rank& R, sched::Engine& eng) {
@@ -644,13 +669,14 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
     run_graph_case(R, eng);
     run_error_feedback_case(R);
     run_big_cases(R, eng);
+    report_direct_usage(R);
     fprintf(R.out, "fabric %s\n", to_string(eng.fabric_of(R.comm)));
     FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
     eng.comm_destroyed(R.comm);
   }
-  {
+  if (g_direct == DirectMode::off) {
     // The same FP8 paths with their gather step done by grouped send/recv (no pass-through or
-    // reduce-scatter cases: those have no gather step).
+    // reduce-scatter cases: those have no gather step). The direct transports have no gather step.
     g_gather = GatherTransport::sendrecv;
     R.tag = "sr/";
     sched::Engine eng(test_config(), R.platform);
@@ -699,10 +725,18 @@ int main(int argc, char** argv) {
       timeout_s = std::atoi(argv[++i]);
     } else if (a == "--ranks-per-host" && i + 1 < argc) {
       g_ranks_per_host = std::atoi(argv[++i]);
+    } else if (a == "--direct" && i + 1 < argc) {
+      const std::string m = argv[++i];
+      if (m == "peer_memory") g_direct = DirectMode::peer_memory;
+      else if (m == "host_memory") g_direct = DirectMode::host_memory;
+      else {
+        fprintf(stderr, "--direct: got '%s', expected peer_memory or host_memory\n", m.c_str());
+        return 2;
+      }
     } else if (a == "--rank-output" && i + 1 < argc) {
       child_out = argv[++i];
     } else {
-      fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu | --ranks-per-host R\n", a.c_str());
+      fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu | --ranks-per-host R | --direct peer_memory|host_memory\n", a.c_str());
       return 2;
     }
   }
@@ -750,6 +784,7 @@ int main(int argc, char** argv) {
     LaunchSpec spec;
     spec.argv = {"/proc/self/exe", "--rank-output", prefix, "--timeout", std::to_string(timeout_s)};
     if (g_ranks_per_host) spec.argv.insert(spec.argv.end(), {"--ranks-per-host", std::to_string(g_ranks_per_host)});
+    if (g_direct != DirectMode::off) spec.argv.insert(spec.argv.end(), {"--direct", to_string(g_direct)});
     if (big && n == worlds.front()) spec.argv.push_back("--big");
     if (per_gpu) spec.argv.push_back("--per-gpu");
     else spec.env_per_rank = emulated_host_env(n);

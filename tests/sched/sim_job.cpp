@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "quant/reference.hpp"
+#include "sched/accounting.hpp"
 #include "sched/nccl_types.hpp"
 #include "sched/stages.hpp"
 
@@ -217,8 +220,6 @@ Config sim_config(size_t scratch) {
 
 namespace fp8wire::simtest {
 
-namespace {
-
 ncclResult_t issue(sched::Engine& eng, const Spec& s, bool forced, const void* in, void* out, ncclComm_t comm,
                    cudaStream_t stream) {
   const ncclDataType_t t = nccl_dtype(s.dtype);
@@ -236,6 +237,8 @@ ncclResult_t issue(sched::Engine& eng, const Spec& s, bool forced, const void* i
   }
   return ncclInvalidArgument;
 }
+
+namespace {
 
 SiteCounts counts(const sim::World& w, int rank) {
   SiteCounts c{};
@@ -263,6 +266,11 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
   auto watchdog = [&](ncclComm_t c) {
     if (!aborted.exchange(true)) world.abort_comm(c);
   };
+  o.transports.assign(static_cast<size_t>(n), TransportKind::nccl);
+  // Every rank has issued its calls (cfg.abort_all): then each knows whether one failed.
+  std::mutex issued_mu;
+  std::condition_variable issued_cv;
+  int issued = 0;
   world.run_ranks([&](int r) {
     const size_t es = dtype_size(spec.dtype);
     const size_t in_call = in_elems(spec, n) * es, out_call = out_elems(spec, n) * es;
@@ -300,9 +308,23 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
       };
       RankResult& a = o.first[static_cast<size_t>(r)];
       RankResult& b = o.second[static_cast<size_t>(r)];
+      const uint64_t seq_before = Accounting::instance().next_seq();
       a.result = round(out1);
       o.after_calls[static_cast<size_t>(r)] = counts(world, r);
+      {
+        std::vector<CallRecord> records(256);
+        const size_t got = Accounting::instance().snapshot(records.data(), records.size(), seq_before);
+        for (size_t i = 0; i < got; ++i)
+          if (records[i].rank == r && records[i].nranks == n) o.transports[static_cast<size_t>(r)] = records[i].transport;
+      }
       if (cfg.second_call) b.result = round(out2);
+      if (cfg.abort_all) {
+        std::unique_lock lock(issued_mu);
+        ++issued;
+        issued_cv.notify_all();
+        issued_cv.wait(lock, [&] { return issued == n; });
+      }
+      if (cfg.abort_all && aborted.load()) eng.comm_abort(comm);
       world.synchronize_rank();
       p.nccl->CommGetAsyncError(comm, &a.async);
       b.async = a.async;
@@ -321,6 +343,7 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
   o.races = world.races();
   o.protocol = world.protocol_errors();
   o.deadlocked = world.deadlocked();
+  o.live_windows = world.live_windows();
   return o;
 }
 
@@ -341,10 +364,11 @@ size_t stage_for(const Config& c, const Spec& s, int n) {
 }
 
 std::string describe(const Spec& s, int n, const Config& c) {
-  return fmt::format("{} {} {} {} n={} count={} scratch={} gather={} fmt={}/{}/{}/b{}", to_string(s.collective),
-                     to_string(s.path), static_cast<int>(s.dtype), s.op == ReduceOp::avg ? "avg" : "sum", n, s.count,
-                     c.scratch_max_bytes, to_string(c.gather_transport), to_string(c.format), to_string(c.scale_type),
-                     to_string(c.rounding), c.block_size);
+  return fmt::format("{} {} {} {} n={} count={} scratch={} gather={} direct={}/{} fmt={}/{}/{}/b{}",
+                     to_string(s.collective), to_string(s.path), static_cast<int>(s.dtype),
+                     s.op == ReduceOp::avg ? "avg" : "sum", n, s.count, c.scratch_max_bytes,
+                     to_string(c.gather_transport), to_string(c.direct_transport), c.direct_window_bytes,
+                     to_string(c.format), to_string(c.scale_type), to_string(c.rounding), c.block_size);
 }
 
 std::string check_clean(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs, const Outcome& o) {
@@ -354,6 +378,7 @@ std::string check_clean(const Run& cfg, const Spec& spec, const std::vector<Byte
   if (!o.protocol.empty()) return what + ": " + o.protocol.front();
   if (o.deadlocked) return what + ": deadlock";
   if (!o.leaks.empty()) return what + ": " + o.leaks.front();
+  if (o.live_windows) return fmt::format("{}: {} direct-transport window(s) left", what, o.live_windows);
   const quant::WireFormat f = quant::WireFormat::from(cfg.config);
   // Grouped calls are checked as the one buffer they were packed into (cut-independent paths only).
   Spec whole = spec;

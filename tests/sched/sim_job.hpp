@@ -45,6 +45,10 @@ Bytes expected_output(const Spec& s, const std::vector<Bytes>& inputs, int rank,
 std::string check_bound(const Spec& s, const std::vector<Bytes>& inputs, const Bytes& out, int rank,
                         const quant::WireFormat& f);
 
+// One rank's call of `s` on the engine (the forced entry, as the benchmark's, or the planner's route).
+ncclResult_t issue(sched::Engine& eng, const Spec& s, bool forced, const void* in, void* out, ncclComm_t comm,
+                   cudaStream_t stream);
+
 // Everything one rank saw of one run.
 struct RankResult {
   ncclResult_t result = ncclSuccess;   // what the collective returned
@@ -66,6 +70,10 @@ struct Run {
   bool second_call = false;  // issue the call(s) again right after the first, unsynchronised
   int group = 0;             // > 0: that many calls (slices of one buffer) inside one application group
   uint64_t feedback_key = 0; // set before each call (error feedback)
+  // When a rank's call fails, every rank aborts the communicator through the engine once all have
+  // issued their calls, as PyTorch's watchdog does on each rank (with a direct transport the peers'
+  // lanes wait on flags that only their own abort releases).
+  bool abort_all = false;
 };
 
 // Calls at every fault site a rank has made, snapshotted after the agreement and after its calls.
@@ -76,6 +84,8 @@ struct Outcome {
   std::vector<SiteCounts> after_setup, after_calls;
   std::vector<std::string> races, protocol, leaks;
   bool deadlocked = false;
+  size_t live_windows = 0;                  // direct-transport windows left after every rank is gone
+  std::vector<TransportKind> transports;    // per rank: what carried its first call's last record
 };
 
 // Runs `spec` (spec.count elements per call; `group` calls when grouped) on every rank of a fresh

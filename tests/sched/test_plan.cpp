@@ -609,3 +609,40 @@ TEST_CASE("below every threshold: no agreement needed") {
   CHECK(below_every_threshold(c, ar(32 * MiB)));          // 64 MiB of bf16
   CHECK_FALSE(below_every_threshold(c, ar(128 * MiB)));   // 256 MiB
 }
+
+TEST_CASE("the transport per call: the direct transport where configured or cheaper, NCCL's otherwise") {
+  Config c;
+  const uint64_t big = 64 * MiB, small = 64 * 1024;
+  using TK = TransportKind;
+  // No direct transport on the communicator: always NCCL's.
+  for (Fabric f : {Fabric::nvlink, Fabric::pcie, Fabric::net})
+    CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, big, 4, f, TK::nccl) == TK::nccl);
+  // Paths it does not carry: the ring (a comparison), the hierarchical path, pass-through.
+  for (Path p : {Path::ring, Path::hierarchical, Path::passthrough, Path::fallback})
+    CHECK(transport_for(c, Collective::all_reduce, p, big, 4, Fabric::pcie, TK::host_memory) == TK::nccl);
+  // auto over PCIe (built-in host-memory figures, measured on one H200): the direct transport.
+  CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::pcie, TK::host_memory) == TK::host_memory);
+  CHECK(transport_for(c, Collective::all_reduce, Path::one_shot, big, 2, Fabric::pcie, TK::peer_memory) == TK::peer_memory);
+  CHECK(transport_for(c, Collective::reduce_scatter, Path::two_shot, big, 8, Fabric::pcie, TK::host_memory) == TK::host_memory);
+  // auto over NVLink: no measured figures, so NCCL's until a profile gives them.
+  CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::nvlink, TK::peer_memory) == TK::nccl);
+  c.cost_model[static_cast<int>(Fabric::nvlink)].direct_latency_us = 10;
+  c.cost_model[static_cast<int>(Fabric::nvlink)].direct_bandwidth_gbps = 400;
+  CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::nvlink, TK::peer_memory) == TK::peer_memory);
+  // A slow measured direct link loses to NCCL's figures.
+  c.cost_model[static_cast<int>(Fabric::nvlink)].direct_bandwidth_gbps = 1;
+  CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::nvlink, TK::peer_memory) == TK::nccl);
+  // Configured: taken for every path it carries, whatever the model says; off: never.
+  c.direct_transport = DirectMode::host_memory;
+  CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, small, 4, Fabric::net, TK::host_memory) == TK::host_memory);
+  CHECK(transport_for(c, Collective::all_gather, Path::one_shot, small, 4, Fabric::nvlink, TK::host_memory) == TK::host_memory);
+  c.direct_transport = DirectMode::off;
+  CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::pcie, TK::host_memory) == TK::nccl);
+  // Unmeasured figures price it out of reach; host memory moves every slot, its own included.
+  const CostModel pcie = default_cost_model(Fabric::pcie);
+  const quant::WireFormat fmt = quant::WireFormat::from(Config{});
+  CHECK(predicted_direct_us(default_cost_model(Fabric::nvlink), Collective::all_reduce, Path::two_shot, big, 4, fmt,
+                            TK::peer_memory) >= 1e30);
+  CHECK(predicted_direct_us(pcie, Collective::all_reduce, Path::one_shot, big, 4, fmt, TK::host_memory) >
+        predicted_direct_us(pcie, Collective::all_reduce, Path::one_shot, big, 4, fmt, TK::peer_memory));
+}

@@ -35,6 +35,10 @@ const char* to_string(Site s) {
     case Site::malloc: return "malloc";
     case Site::host_alloc: return "host_alloc";
     case Site::stream_create: return "stream_create";
+    case Site::wait_value: return "wait_value";
+    case Site::write_value: return "write_value";
+    case Site::window_create: return "window_create";
+    case Site::window_open: return "window_open";
   }
   return "?";
 }
@@ -113,6 +117,7 @@ struct RankState {
   Stream* legacy = nullptr;
   std::vector<Access> log;
   std::map<uintptr_t, size_t> allocs;
+  std::map<uintptr_t, size_t> mapped;  // direct-transport windows this rank has mapped (its own too)
   size_t live = 0;
   std::array<int, kSiteCount> calls{};
   int group_depth = 0;
@@ -146,6 +151,8 @@ struct World::State {
   int active = 1;   // threads acting as ranks (the main thread outside run_ranks)
   int waiting = 0;  // of those, blocked in a simulated wait
   std::mt19937_64 rng;
+  // Direct-transport windows: base -> (bytes, mappings left).
+  std::map<uintptr_t, std::pair<size_t, int>> windows;
 };
 
 namespace {
@@ -169,11 +176,14 @@ bool fail_here(World::State& w, Site site) {
 }
 
 // --- races ----------------------------------------------------------------------------------------
-bool inside_allocation(const RankState& r, uintptr_t b, uintptr_t e) {
-  auto it = r.allocs.upper_bound(b);
-  if (it == r.allocs.begin()) return false;
+bool inside(const std::map<uintptr_t, size_t>& ranges, uintptr_t b, uintptr_t e) {
+  auto it = ranges.upper_bound(b);
+  if (it == ranges.begin()) return false;
   --it;
   return e <= it->first + it->second;
+}
+bool inside_allocation(const RankState& r, uintptr_t b, uintptr_t e) {
+  return inside(r.allocs, b, e) || inside(r.mapped, b, e);
 }
 
 void record_access(World::State& w, int rank, int lane, const Clock& clock, const void* p, size_t bytes,
@@ -704,6 +714,121 @@ cudaError_t s_memset_async(void* p, int value, size_t bytes, cudaStream_t s) {
 
 cudaError_t s_get_last_error() { return cudaSuccess; }
 
+// --- stream memory operations and windows (the direct transports) ------------------------------------
+// Flags are stored and loaded atomically: the host of a rank (its abort) stores into them outside
+// the simulator's lock.
+struct WaitValueOp final : Op {
+  const uint32_t* addr;
+  uint32_t value;
+  bool step(World::State&, Stream& s) override {
+    if (__atomic_load_n(addr, __ATOMIC_ACQUIRE) != value) return false;
+    ++s.clock[static_cast<size_t>(s.lane)];
+    return true;
+  }
+};
+struct WriteValueOp final : Op {
+  uint32_t* addr;
+  uint32_t value;
+  bool step(World::State&, Stream& s) override {
+    ++s.clock[static_cast<size_t>(s.lane)];
+    __atomic_store_n(addr, value, __ATOMIC_RELEASE);
+    return true;
+  }
+};
+
+bool is_mapped_word(const RankState& r, const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  return inside(r.mapped, a, a + sizeof(uint32_t));
+}
+
+cudaError_t s_wait_value(cudaStream_t s, void* addr, uint32_t value) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (fail_here(w, Site::wait_value)) return cudaErrorLaunchFailure;
+  if (!is_mapped_word(R(w), addr)) protocol_error(w, "memory-operation wait on a word of no window this rank mapped");
+  auto op = std::make_unique<WaitValueOp>();
+  op->what = "wait value";
+  op->addr = static_cast<const uint32_t*>(addr);
+  op->value = value;
+  enqueue(w, *stream_of(w, s), std::move(op));
+  return cudaSuccess;
+}
+
+cudaError_t s_write_value(cudaStream_t s, void* addr, uint32_t value) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (fail_here(w, Site::write_value)) return cudaErrorLaunchFailure;
+  if (!is_mapped_word(R(w), addr)) protocol_error(w, "memory-operation write to a word of no window this rank mapped");
+  auto op = std::make_unique<WriteValueOp>();
+  op->what = "write value";
+  op->addr = static_cast<uint32_t*>(addr);
+  op->value = value;
+  enqueue(w, *stream_of(w, s), std::move(op));
+  return cudaSuccess;
+}
+
+bool d_available() { return true; }
+
+void drop_mapping(World::State& w, Window& win) {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(win.device);
+  R(w).mapped.erase(base);
+  auto it = w.windows.find(base);
+  if (it == w.windows.end()) {
+    protocol_error(w, "a window closed twice or never opened");
+  } else if (--it->second.second == 0) {
+    std::free(win.device);
+    w.windows.erase(it);
+  }
+  win = Window{};
+}
+
+cudaError_t d_create(WindowKind, size_t bytes, uint64_t, Window* out, WindowHandle* handle) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (fail_here(w, Site::window_create)) return cudaErrorMemoryAllocation;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded);
+  if (!p) return cudaErrorMemoryAllocation;
+  std::memset(p, 0, rounded);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(p);
+  w.windows[base] = {rounded, 1};
+  R(w).mapped[base] = rounded;
+  out->device = out->host = static_cast<char*>(p);
+  out->bytes = bytes;
+  out->token = p;
+  *handle = WindowHandle{};
+  handle->bytes = bytes;
+  std::memcpy(handle->ipc, &base, sizeof(base));
+  return cudaSuccess;
+}
+
+cudaError_t d_open(const WindowHandle& h, Window* out) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (fail_here(w, Site::window_open)) return cudaErrorInvalidValue;
+  uintptr_t base = 0;
+  std::memcpy(&base, h.ipc, sizeof(base));
+  auto it = w.windows.find(base);
+  if (it == w.windows.end()) {
+    protocol_error(w, "open of a window that does not exist");
+    return cudaErrorInvalidValue;
+  }
+  ++it->second.second;
+  R(w).mapped[base] = it->second.first;
+  out->device = out->host = reinterpret_cast<char*>(base);
+  out->bytes = h.bytes;
+  out->token = out->device;
+  return cudaSuccess;
+}
+
+void d_unlink(Window&) {}
+void d_release(Window& win) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  drop_mapping(w, win);
+}
+bool d_process_alive(uint32_t) { return true; }
+
 // --- NCCL ---------------------------------------------------------------------------------------
 Handle* handle_of(ncclComm_t c) { return reinterpret_cast<Handle*>(c); }
 
@@ -1082,6 +1207,16 @@ World::World(Options options) : state_(new State) {
   c.MemsetAsync = s_memset_async;
   c.GetLastError = s_get_last_error;
   c.GetErrorString = sim_error_string;
+  c.StreamWaitValue32 = s_wait_value;
+  c.StreamWriteValue32 = s_write_value;
+  DirectMemoryApi& d = p.direct;
+  d.available = d_available;
+  d.create = d_create;
+  d.open = d_open;
+  d.unlink = d_unlink;
+  d.close = d_release;
+  d.destroy = d_release;
+  d.process_alive = d_process_alive;
   CodecApi& q = p.codec;
   q.quantize = c_quantize;
   q.quantize_with_residual = c_quantize_residual;
@@ -1096,6 +1231,7 @@ World::~World() {
   State& w = *state_;
   for (RankState& r : w.ranks)
     for (auto& [p, size] : r.allocs) std::free(reinterpret_cast<void*>(p));
+  for (auto& [p, entry] : w.windows) std::free(reinterpret_cast<void*>(p));
   g_world = nullptr;
 }
 
@@ -1186,6 +1322,11 @@ cudaError_t World::synchronize_rank() {
 size_t World::live_bytes(int rank) const {
   std::lock_guard lock(state_->mu);
   return state_->ranks.at(static_cast<size_t>(rank)).live;
+}
+
+size_t World::live_windows() const {
+  std::lock_guard lock(state_->mu);
+  return state_->windows.size();
 }
 
 std::vector<std::string> World::races() const {

@@ -42,8 +42,12 @@ enum class Site : uint8_t {
   malloc,         // cudaMalloc
   host_alloc,     // cudaHostAlloc
   stream_create,  // cudaStreamCreateWithFlags
+  wait_value,     // a stream memory-operation wait (the direct transports' barrier)
+  write_value,    // a stream memory-operation write
+  window_create,  // a direct transport's window of this rank
+  window_open,    // a peer's window mapped by this rank
 };
-inline constexpr int kSiteCount = 12;
+inline constexpr int kSiteCount = 16;
 const char* to_string(Site s);
 
 struct Fault {
@@ -92,6 +96,9 @@ class World {
   void app_access(cudaStream_t stream, const void* ptr, size_t bytes, bool write);
   cudaError_t synchronize_rank();
   size_t live_bytes(int rank) const;
+  // Direct-transport windows not yet freed: a window lives until its owner destroyed it and every
+  // rank that mapped it has closed it (as POSIX shared memory does).
+  size_t live_windows() const;
 
   // What the checkers found (empty when all is well).
   std::vector<std::string> races() const;

@@ -1,0 +1,160 @@
+// The direct transports when a peer fails, on one GPU with two processes (distinct NCCL_HOSTID, the
+// transport forced with direct.assume_one_host, as the emulated testbed allows):
+//   killed   rank 1's process ends abruptly between two collectives (_exit: no clean-up, which is what a
+//            kill looks like to its peers; a death by signal would make the launcher stop rank 0
+//            too); rank 0's next FP8 all-reduce waits on its
+//            flags; its watchdog thread sees the peer gone (Engine::comm_peer_lost, what the shim's
+//            ncclCommGetAsyncError reports as ncclRemoteError) and aborts the communicator: rank 0's
+//            stream completes, nothing hangs;
+//   absent   rank 1 stays alive but never issues the collective; rank 0's watchdog aborts after 2 s
+//            from another thread: its stream completes.
+// Each case also checks that a healthy collective went over the direct transport first. A case that
+// hangs is killed by the launcher's deadline and fails. Exit 0 all passed, 1 a failure, 77 no GPU.
+//   direct_faults_gpu [host_memory|peer_memory]
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/rank_launcher.hpp"
+#include "common/status.hpp"
+#include "sched/accounting.hpp"
+#include "sched/engine.hpp"
+#include "sched/gpu_platform.hpp"
+#include "sched/nccl_api_linked.hpp"
+
+using namespace fp8wire;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// One rank of one case. Exit status: 0 passed; 1 failed (printed).
+int rank_main(const std::string& scenario, DirectMode mode, int rank, const ncclUniqueId& id) {
+  FP8WIRE_CUDA_OR(cudaSetDevice(0), return 1);
+  cudaStream_t stream;
+  FP8WIRE_CUDA_OR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), return 1);
+  ncclComm_t comm = nullptr;
+  FP8WIRE_NCCL_OR(ncclCommInitRank(&comm, 2, id, rank), return 1);
+  NcclApi api = nccl_api_from_linked();
+  Platform platform = gpu_platform(api);
+  Config config;
+  config.direct_transport = mode;
+  config.direct_assume_one_host = true;
+  sched::Engine eng(config, platform);
+  eng.comm_created(comm);
+  const size_t count = size_t{4} << 20;  // 8 MiB of bf16
+  void *in = nullptr, *out = nullptr;
+  FP8WIRE_CUDA_OR(cudaMalloc(&in, count * 2), return 1);
+  FP8WIRE_CUDA_OR(cudaMalloc(&out, count * 2), return 1);
+  FP8WIRE_CUDA_OR(cudaMemset(in, 0x3C, count * 2), return 1);
+  // A healthy call first: it must go over the direct transport.
+  FP8WIRE_NCCL_OR(eng.all_reduce_forced(Path::two_shot, in, out, count, ncclBfloat16, ncclSum, comm, stream), return 1);
+  FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream), return 1);
+  CallRecord rec[8];
+  const size_t n = Accounting::instance().snapshot(rec, 8, 0);
+  const TransportKind want = mode == DirectMode::peer_memory ? TransportKind::peer_memory : TransportKind::host_memory;
+  if (n == 0 || rec[n - 1].transport != want) {
+    std::printf("FAIL %s rank %d: the healthy call went over %s, expected %s\n", scenario.c_str(), rank,
+                n ? to_string(rec[n - 1].transport) : "nothing", to_string(want));
+    return 1;
+  }
+  // Both ranks are past the healthy call before rank 1 fails (a 4-byte NCCL all-reduce as barrier).
+  FP8WIRE_NCCL_OR(ncclAllReduce(in, out, 1, ncclFloat32, ncclSum, comm, stream), return 1);
+  FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream), return 1);
+  if (rank == 1) {
+    if (scenario == "killed") _exit(0);
+    std::this_thread::sleep_for(std::chrono::seconds(6));  // "absent": alive, never issues the call
+    eng.comm_abort(comm);
+    return 0;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  FP8WIRE_NCCL_OR(eng.all_reduce_forced(Path::two_shot, in, out, count, ncclBfloat16, ncclSum, comm, stream), return 1);
+  // The application's watchdog, on another thread: PyTorch's polls ncclCommGetAsyncError (which the
+  // shim answers with ncclRemoteError once a local peer of a direct transport is gone) and aborts.
+  std::atomic<bool> aborted{false};
+  std::string why;
+  std::thread watchdog([&] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (cudaStreamQuery(stream) == cudaSuccess) return;
+      const bool lost = eng.comm_peer_lost(comm);
+      if (lost || seconds_since(t0) > 2.0) {
+        why = lost ? "peer lost" : "timeout";
+        eng.comm_abort(comm);
+        aborted = true;
+        return;
+      }
+    }
+  });
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  watchdog.join();
+  const double took = seconds_since(t0);
+  const bool want_lost = scenario == "killed";
+  const bool ok = synced == cudaSuccess && aborted.load() && took < 20 && (why == "peer lost") == want_lost;
+  std::printf("%s %s (%s): rank 0's stream released after %.2f s (%s, abort from the watchdog thread: %s)\n",
+              ok ? "PASS" : "FAIL", scenario.c_str(), to_string(mode), took, why.empty() ? "finished" : why.c_str(),
+              aborted.load() ? "yes" : "no");
+  std::fflush(stdout);
+  cudaFree(in);
+  cudaFree(out);
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIPPED: no CUDA device\n");
+    return 77;
+  }
+  std::string error;
+  if (auto env = rank_env_from_environment(error)) {
+    const std::string scenario = std::getenv("DIRECT_FAULT_SCENARIO");
+    const DirectMode mode = std::strcmp(std::getenv("DIRECT_FAULT_MODE"), "peer_memory") == 0 ? DirectMode::peer_memory
+                                                                                              : DirectMode::host_memory;
+    ncclUniqueId id{};
+    if (env->rank == 0) FP8WIRE_NCCL_OR(ncclGetUniqueId(&id), return 1);
+    if (!exchange_bootstrap_blob(*env, &id, sizeof(id), 60, error)) {
+      std::printf("FAIL: bootstrap: %s\n", error.c_str());
+      return 1;
+    }
+    return rank_main(scenario, mode, env->rank, id);
+  }
+  const std::vector<std::string> modes =
+      argc > 1 ? std::vector<std::string>{argv[1]} : std::vector<std::string>{"host_memory", "peer_memory"};
+  int failures = 0;
+  for (const std::string& mode : modes) {
+    for (const char* scenario : {"killed", "absent"}) {
+      LaunchSpec spec;
+      spec.argv = {"/proc/self/exe"};
+      spec.nranks = 2;
+      spec.env = {{"DIRECT_FAULT_SCENARIO", scenario}, {"DIRECT_FAULT_MODE", mode}};
+      spec.env_per_rank = emulated_host_env(2);
+      spec.timeout_s = 60;
+      const LaunchResult r = launch_local_ranks(spec);
+      const bool rank0_ok = !r.exit_codes.empty() && r.exit_codes[0] == 0;
+      const bool rank1_ok = r.exit_codes.size() > 1 && r.exit_codes[1] == 0;
+      if (!rank0_ok || !rank1_ok) {
+        ++failures;
+        std::printf("FAIL %s (%s): exit codes %d, %d (%s)\n", scenario, mode.c_str(),
+                    r.exit_codes.empty() ? -1 : r.exit_codes[0], r.exit_codes.size() > 1 ? r.exit_codes[1] : -1,
+                    r.error.c_str());
+      }
+    }
+  }
+  std::printf("direct faults: %s\n", failures ? "FAIL" : "PASS");
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,373 @@
+// The CPU tier of the direct transports (sched/direct_transport.hpp): the engine, unchanged, over the
+// simulated machine, with windows every simulated rank maps and the flag handshakes as simulated
+// stream memory operations.
+//   - every direct algorithm (one-shot, two-shot, reduce-scatter, all-gather), both kinds (peer
+//     memory, host memory): bit for bit the reference algorithm (so the same bytes as over NCCL),
+//     identical on every rank, within the bound, for 2..16 ranks, every dtype, sum/avg, odd counts,
+//     one stage and many, back-to-back calls (the flags must be back in their initial state);
+//   - faults: each flag operation, codec launch and window operation fails in turn on the first and
+//     last rank: every rank returns an error, sees the communicator's error, or holds the right
+//     result; nothing hangs once the application aborts (the abort releases the waits); nothing
+//     leaks, windows included;
+//   - a rank that never arrives: the others' lanes wait on its flags until an abort from another
+//     thread releases them.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/log.hpp"
+#include "sched/algorithms.hpp"
+#include "sched/direct_transport.hpp"
+#include "sched/engine.hpp"
+#include "tests/sched/sim_job.hpp"
+
+using namespace fp8wire;
+using namespace fp8wire::simtest;
+
+namespace {
+
+struct Variant {
+  Collective collective;
+  Path path;
+};
+const Variant kVariants[] = {{Collective::all_reduce, Path::two_shot},
+                             {Collective::all_reduce, Path::one_shot},
+                             {Collective::reduce_scatter, Path::two_shot},
+                             {Collective::all_gather, Path::one_shot}};
+
+Config direct_config(DirectMode kind, size_t window, size_t stage_bytes = 8 << 20) {
+  Config c = sim_config();
+  c.direct_transport = kind;
+  c.direct_assume_one_host = true;  // the simulated ranks are separate hosts to NCCL, as emulated ranks are
+  c.direct_window_bytes = window;
+  c.direct_stage_bytes = stage_bytes;
+  return c;
+}
+
+TransportKind kind_of(DirectMode m) {
+  return m == DirectMode::peer_memory ? TransportKind::peer_memory : TransportKind::host_memory;
+}
+
+}  // namespace
+
+TEST_CASE("every algorithm over both direct transports: the reference bit for bit, alike on every rank, in bound") {
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  size_t runs = 0, pipelined = 0;
+  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
+    for (int n : {2, 3, 4, 5, 8, 16}) {
+      for (const Variant& v : kVariants) {
+        for (DataType t : {DataType::f32, DataType::f16, DataType::bf16}) {
+          for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+            if (v.collective == Collective::all_gather && op == ReduceOp::avg) continue;
+            if (n == 16 && t != DataType::bf16) continue;
+            for (size_t count : {size_t{1}, size_t{127}, size_t(3 * n * 128 + 5), size_t{4099}}) {
+              // A window of 1 MiB takes each call in one stage; 24 KiB (and a 2 KiB stage cap) cuts
+              // the larger ones into many, both buffer sets in turn.
+              for (auto [window, stage] : {std::pair<size_t, size_t>{1 << 20, 8 << 20}, {24 << 10, 2 << 10}}) {
+                Run cfg;
+                cfg.config = direct_config(mode, window, stage);
+                cfg.abort_all = true;
+                cfg.second_call = count == 4099;  // back to back, unsynchronised: the flags are reused
+                Spec spec{v.collective, v.path, t, op, count, 7u + count};
+                const quant::WireFormat f = quant::WireFormat::from(cfg.config);
+                const size_t set = cfg.config.direct_window_bytes / sched::kDirectSets / 256 * 256;
+                const size_t st = sched::direct_stage_elems(cfg.config, set, v.collective, v.path, count,
+                                                            dtype_size(t), n, f);
+                if (st == 0) continue;  // does not fit one buffer set: over NCCL (tested below)
+                if (st < count) ++pipelined;
+                const auto inputs = inputs_for(spec, n);
+                const Outcome o = run(cfg, spec, inputs);
+                ++runs;
+                std::string e = check_clean(cfg, spec, inputs, o);
+                for (int r = 0; r < n && e.empty(); ++r)
+                  if (o.transports[static_cast<size_t>(r)] != kind_of(mode))
+                    e = fmt::format("{}: rank {} went over {}", describe(spec, n, cfg.config), r,
+                                    to_string(o.transports[static_cast<size_t>(r)]));
+                if (e.empty() && cfg.second_call)
+                  for (int r = 0; r < n && e.empty(); ++r)
+                    if (o.second[static_cast<size_t>(r)].out != o.first[static_cast<size_t>(r)].out)
+                      e = fmt::format("{}: rank {}: the second call differs from the first", describe(spec, n, cfg.config), r);
+                if (!e.empty()) failures.push_back(e);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+  CHECK(pipelined > 100);
+  MESSAGE(runs << " runs over the direct transports (" << pipelined << " pipelined): bit-exact, alike, in bound");
+}
+
+TEST_CASE("a call whose unit does not fit one buffer set of the window goes over NCCL, on every rank alike") {
+  log_set_level(LogLevel::error);
+  // Blocks of 4096 elements, 8 ranks: one two-shot unit needs 9 shard slots of 4100 bytes, more
+  // than a buffer set of the smallest window (32 KiB).
+  Run cfg;
+  cfg.config = direct_config(DirectMode::host_memory, 64 << 10);
+  cfg.config.block_size = 4096;
+  cfg.abort_all = true;
+  const int n = 8;
+  const Spec spec{Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, size_t{n} * 4096 + 17, 5};
+  const quant::WireFormat f = quant::WireFormat::from(cfg.config);
+  REQUIRE(sched::direct_stage_elems(cfg.config, 32 << 10, spec.collective, spec.path, spec.count, 2, n, f) == 0);
+  const auto inputs = inputs_for(spec, n);
+  const Outcome o = run(cfg, spec, inputs);
+  CHECK(check_clean(cfg, spec, inputs, o) == "");
+  for (int r = 0; r < n; ++r) CHECK(o.transports[static_cast<size_t>(r)] == TransportKind::nccl);
+}
+
+TEST_CASE("direct transport sizes: one stage when the call fits, whole units otherwise") {
+  const Config c = direct_config(DirectMode::host_memory, 1 << 20, 64 << 10);
+  const quant::WireFormat f = quant::WireFormat::from(c);
+  // 4 ranks, bf16, two-shot: a unit is 4 x 128 elements.
+  CHECK(sched::direct_stage_elems(c, 512 << 10, Collective::all_reduce, Path::two_shot, 1000, 2, 4, f) == 1000);
+  const size_t big = sched::direct_stage_elems(c, 512 << 10, Collective::all_reduce, Path::two_shot, 1 << 20, 2, 4, f);
+  CHECK(big % 512 == 0);
+  CHECK(big * 2 <= (64u << 10));  // the stage cap in caller bytes
+  CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::two_shot, big, 4, f) <= (512u << 10));
+  // One-shot: only this rank's chunk lives in its window.
+  CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, 128, 8, f) == quant::chunk_bytes(128, f));
+  CHECK(sched::direct_set_bytes(Collective::reduce_scatter, Path::two_shot, 128, 8, f) == 8 * quant::chunk_bytes(128, f));
+}
+
+TEST_CASE("every fault of a direct collective, on the first and the last rank: an error or the right result, no hang") {
+  log_set_level(LogLevel::off);
+  const sim::Site sites[] = {sim::Site::codec,        sim::Site::wait_value, sim::Site::write_value,
+                             sim::Site::event_record, sim::Site::stream_wait, sim::Site::is_capturing};
+  struct Scenario {
+    const char* name;
+    Spec spec;
+    DirectMode mode;
+  };
+  const Scenario scenarios[] = {
+      {"two-shot, host memory, pipelined", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory},
+      {"one-shot, peer memory, pipelined", {Collective::all_reduce, Path::one_shot, DataType::f32, ReduceOp::sum, 5000, 4}, DirectMode::peer_memory},
+      {"reduce-scatter, host memory", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 2000, 6}, DirectMode::host_memory},
+      {"all-gather, peer memory", {Collective::all_gather, Path::one_shot, DataType::bf16, ReduceOp::sum, 3000, 7}, DirectMode::peer_memory},
+  };
+  std::vector<std::string> failures;
+  size_t runs = 0;
+  std::array<std::array<size_t, 3>, sim::kSiteCount> tally{};  // other ranks: error, async error, right
+  for (const Scenario& sc : scenarios) {
+    const int n = 3;
+    Run base;
+    base.config = direct_config(sc.mode, 24 << 10, 4 << 10);
+    base.abort_all = true;
+    const auto inputs = inputs_for(sc.spec, n);
+    const Outcome clean = run(base, sc.spec, inputs);
+    REQUIRE_MESSAGE(check_clean(base, sc.spec, inputs, clean).empty(), check_clean(base, sc.spec, inputs, clean));
+    for (int r = 0; r < n; ++r) REQUIRE(clean.transports[static_cast<size_t>(r)] == kind_of(sc.mode));
+    for (int rank : {0, n - 1}) {
+      for (sim::Site site : sites) {
+        const size_t i = static_cast<size_t>(site);
+        for (int k = clean.after_setup[static_cast<size_t>(rank)][i]; k < clean.after_calls[static_cast<size_t>(rank)][i]; ++k) {
+          Run faulty = base;
+          faulty.second_call = true;
+          faulty.fault = sim::Fault{rank, site, k};
+          const Outcome o = run(faulty, sc.spec, inputs);
+          ++runs;
+          const std::string where = fmt::format("{}: {} #{} failing on rank {}", sc.name, sim::to_string(site), k, rank);
+          if (o.deadlocked) { failures.push_back(where + ": deadlock"); continue; }
+          if (!o.protocol.empty()) { failures.push_back(where + ": " + o.protocol.front()); continue; }
+          if (!o.leaks.empty()) { failures.push_back(where + ": " + o.leaks.front()); continue; }
+          // A peer's device window stays allocated after an abort (it may still be read); host windows go.
+          if (sc.mode == DirectMode::host_memory && o.live_windows) {
+            failures.push_back(where + ": windows left");
+            continue;
+          }
+          if (o.first[static_cast<size_t>(rank)].result == ncclSuccess) {
+            failures.push_back(where + ": the failing rank returned success");
+            continue;
+          }
+          if (o.second[static_cast<size_t>(rank)].result == ncclSuccess) {
+            failures.push_back(where + ": the next call on the failed communicator returned success");
+            continue;
+          }
+          for (int r = 0; r < n; ++r) {
+            if (r == rank) continue;
+            const RankResult& got = o.first[static_cast<size_t>(r)];
+            auto& t = tally[i];
+            if (got.result != ncclSuccess) { ++t[0]; continue; }
+            if (got.async != ncclSuccess) { ++t[1]; continue; }
+            ++t[2];
+            if (got.out != clean.first[static_cast<size_t>(r)].out)
+              failures.push_back(fmt::format("{}: rank {} returned success with a wrong result", where, r));
+          }
+        }
+      }
+    }
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+  CHECK(runs > 100);
+  std::string table = fmt::format("{} faulty runs over the direct transports\n{:<12} | other ranks: {:>6} {:>12} {:>13}\n",
+                                  runs, "site", "error", "async error", "right result");
+  for (sim::Site site : sites) {
+    const auto& t = tally[static_cast<size_t>(site)];
+    table += fmt::format("{:<12} | {:>19} {:>12} {:>13}\n", sim::to_string(site), t[0], t[1], t[2]);
+  }
+  MESSAGE(table);
+}
+
+TEST_CASE("a window that cannot be made or mapped on one rank: every rank goes over NCCL, the results right") {
+  log_set_level(LogLevel::off);
+  const Spec spec{Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 3000, 4};
+  const int n = 3;
+  const auto inputs = inputs_for(spec, n);
+  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
+    for (sim::Site site : {sim::Site::window_create, sim::Site::window_open}) {
+      for (int index : {0, 1}) {
+        for (int rank : {0, n - 1}) {
+          Run r;
+          r.config = direct_config(mode, 1 << 20);
+          r.abort_all = true;
+          r.fault = sim::Fault{rank, site, index};
+          const Outcome o = run(r, spec, inputs);
+          INFO(to_string(mode) << ": " << sim::to_string(site) << " #" << index << " fails on rank " << rank);
+          CHECK(check_clean(r, spec, inputs, o) == "");
+          for (int k = 0; k < n; ++k) CHECK(o.transports[static_cast<size_t>(k)] == TransportKind::nccl);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a rank that never arrives: the others wait on its flags until an abort from another thread releases them") {
+  log_set_level(LogLevel::off);
+  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
+    sim::Options machine;
+    machine.nranks = 2;
+    sim::World world(machine);
+    const Platform& p = world.platform();
+    const std::vector<ncclComm_t> comms = world.create_comm();
+    const Config config = direct_config(mode, 1 << 20);
+    std::atomic<bool> abort_done{false};
+    std::atomic<int> ready{0};
+    ncclResult_t call = ncclInternalError;
+    cudaError_t synced = cudaErrorUnknown;
+    world.run_ranks([&](int r) {
+      sched::Engine eng(config, p);
+      eng.comm_created(comms[static_cast<size_t>(r)]);
+      ++ready;
+      while (ready.load() < 2) std::this_thread::yield();
+      if (r == 0) {
+        cudaStream_t stream = nullptr;
+        p.cuda.StreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+        void *in = nullptr, *out = nullptr;
+        p.cuda.Malloc(&in, 4096 * 2);
+        p.cuda.Malloc(&out, 4096 * 2);
+        std::memset(in, 0, 4096 * 2);
+        call = eng.all_reduce_forced(Path::one_shot, in, out, 4096, ncclBfloat16, ncclSum, comms[0], stream);
+        // The application's watchdog, on another thread, after a while.
+        std::thread watchdog([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          sim::set_thread_rank(0);
+          eng.comm_abort(comms[0]);
+          abort_done = true;
+        });
+        synced = p.cuda.StreamSynchronize(stream);  // waits until the abort released the lanes
+        watchdog.join();
+        p.cuda.Free(in);
+        p.cuda.Free(out);
+        p.cuda.StreamDestroy(stream);
+      } else {
+        // Rank 1 never issues the collective; it leaves once rank 0 is done.
+        while (!abort_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        eng.comm_abort(comms[1]);
+      }
+    });
+    INFO(to_string(mode));
+    CHECK(call == ncclSuccess);   // issued; the abort came later
+    CHECK(abort_done.load());
+    CHECK(synced == cudaSuccess);  // released, not deadlocked
+    CHECK_FALSE(world.deadlocked());
+    CHECK(world.protocol_errors().empty());
+  }
+}
+
+TEST_CASE("collectives of different kinds and sizes back to back on one communicator: each the reference bit for bit") {
+  // The buffer sets are laid out differently by each collective and stage length; a write into a set
+  // must wait for every earlier read of it, whatever lay there.
+  log_set_level(LogLevel::error);
+  const Spec sequence[] = {
+      {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 3000, 21},
+      {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 9001, 22},
+      {Collective::all_gather, Path::one_shot, DataType::bf16, ReduceOp::sum, 777, 23},
+      {Collective::all_reduce, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 24},
+      {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 131, 25},
+      {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::avg, 64, 26},
+      {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 12000, 27},
+  };
+  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
+    for (uint64_t seed : {1u, 2u, 3u}) {
+      const int n = 3;
+      sim::Options machine;
+      machine.nranks = n;
+      machine.schedule_seed = seed;
+      sim::World world(machine);
+      const Platform& p = world.platform();
+      const std::vector<ncclComm_t> comms = world.create_comm();
+      const Config config = direct_config(mode, 64 << 10, 6 << 10);  // several stages per call
+      const quant::WireFormat f = quant::WireFormat::from(config);
+      std::vector<std::vector<Bytes>> inputs;
+      for (const Spec& sp : sequence) inputs.push_back(inputs_for(sp, n));
+      std::vector<std::string> failures;
+      std::mutex mu;
+      world.run_ranks([&](int r) {
+        sched::Engine eng(config, p);
+        ncclComm_t comm = comms[static_cast<size_t>(r)];
+        eng.comm_created(comm);
+        cudaStream_t stream = nullptr;
+        p.cuda.StreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+        std::vector<void*> ins, outs;
+        for (size_t k = 0; k < std::size(sequence); ++k) {
+          const Spec& sp = sequence[k];
+          const size_t es = dtype_size(sp.dtype);
+          void *in = nullptr, *out = nullptr;
+          p.cuda.Malloc(&in, in_elems(sp, n) * es);
+          p.cuda.Malloc(&out, out_elems(sp, n) * es);
+          std::memcpy(in, inputs[k][static_cast<size_t>(r)].data(), in_elems(sp, n) * es);
+          ins.push_back(in);
+          outs.push_back(out);
+        }
+        for (size_t k = 0; k < std::size(sequence); ++k)  // no synchronisation between the calls
+          if (issue(eng, sequence[k], true, ins[k], outs[k], comm, stream) != ncclSuccess) {
+            std::lock_guard lock(mu);
+            failures.push_back(fmt::format("rank {} call {} failed", r, k));
+          }
+        p.cuda.StreamSynchronize(stream);
+        for (size_t k = 0; k < std::size(sequence); ++k) {
+          const Spec& sp = sequence[k];
+          const size_t bytes = out_elems(sp, n) * dtype_size(sp.dtype);
+          const Bytes got(static_cast<char*>(outs[k]), static_cast<char*>(outs[k]) + bytes);
+          if (got != expected_output(sp, inputs[k], r, f, 0)) {
+            std::lock_guard lock(mu);
+            failures.push_back(fmt::format("{} seed {}: rank {}: call {} ({}) differs from the reference",
+                                           to_string(mode), seed, r, k, to_string(sp.collective)));
+          }
+          p.cuda.Free(ins[k]);
+          p.cuda.Free(outs[k]);
+        }
+        eng.comm_destroyed(comm);
+        p.cuda.StreamDestroy(stream);
+      });
+      CHECK_MESSAGE(failures.empty(), first_failures(failures));
+      CHECK_FALSE(world.deadlocked());
+      CHECK(world.protocol_errors().empty());
+      CHECK(world.races().empty());
+      CHECK(world.live_windows() == 0);
+    }
+  }
+}

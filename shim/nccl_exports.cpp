@@ -242,6 +242,23 @@ FP8WIRE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return shim::destroy<&NcclApi::CommDestroy>("ncclCommDestroy", FP8WIRE_CALLER, comm);
 }
 
+// The real answer, but for a communicator whose direct transport lost a peer process: NCCL cannot
+// know (its own transports may be idle), so the error comes from fp8wire, and PyTorch's watchdog,
+// which polls this, aborts the communicator instead of waiting for its timeout.
+FP8WIRE_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  return shim::intercept<&NcclApi::CommGetAsyncError, shim::Route::when_engine>(
+      "ncclCommGetAsyncError", FP8WIRE_CALLER,
+      [&](Runtime& rt) {
+        const ncclResult_t result = rt.real.api.CommGetAsyncError(comm, asyncError);
+        if (result == ncclSuccess && asyncError && *asyncError == ncclSuccess && rt.engine->comm_peer_lost(comm)) {
+          FP8WIRE_WARN_ONCE("a peer process of a communicator's direct transport is gone: ncclRemoteError");
+          *asyncError = ncclRemoteError;
+        }
+        return result;
+      },
+      comm, asyncError);
+}
+
 // The real abort runs before fp8wire frees anything (Engine::comm_abort): it is what stops a
 // collective that will never finish, which freeing the scratch first would wait for.
 FP8WIRE_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {

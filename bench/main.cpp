@@ -44,6 +44,7 @@ struct SweepArgs {
   std::string min = "4KiB", max = "1GiB";
   std::string out_dir = ".", json, profile;
   std::string gather_transport = "auto";
+  std::string transport = "nccl";
   bool no_check = false;
 };
 
@@ -93,6 +94,10 @@ std::string parse_sweep(const SweepArgs& a, fb::SweepOptions& o) {
   if (!gather)
     return fmt::format("--gather-transport '{}': expected auto, allgather, sendrecv or both", a.gather_transport);
   o.gather_transports = *gather;
+  if (a.transport != "nccl" && a.transport != "direct" && a.transport != "peer_memory" && a.transport != "host_memory" &&
+      a.transport != "both")
+    return fmt::format("--transport '{}': expected nccl, direct, peer_memory, host_memory or both", a.transport);
+  o.transport = a.transport;
   if (!(o.timeout_s >= 0)) return fmt::format("--timeout {}: expected seconds >= 0", o.timeout_s);
   if (!(o.bootstrap_timeout_s > 0)) return fmt::format("--bootstrap-timeout {}: expected seconds > 0", o.bootstrap_timeout_s);
   o.check = !a.no_check;
@@ -311,6 +316,10 @@ int main(int argc, char** argv) {
   s->add_option("--emulate-ranks", sweep.emulate_ranks, "N ranks on one GPU (NCCL_HOSTID per rank, sockets); 0 = one rank per GPU")->capture_default_str();
   s->add_option("--fabric", sweep.fabric, "auto | nvlink | pcie (NCCL_P2P_DISABLE=1) | net | both (auto, then pcie)")
       ->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  s->add_option("--transport", sa.transport,
+                "what carries the FP8 paths: nccl | direct (peer GPU memory, or host memory under "
+                "NCCL_P2P_DISABLE=1) | peer_memory | host_memory | both (NCCL's and the direct one)")
+      ->capture_default_str();
   s->add_option("--gather-transport", sa.gather_transport,
                 "FP8 gather step: auto (configuration as loaded: FP8WIRE_GATHER_TRANSPORT, else the planner's "
                 "choice) | allgather (ncclAllGather) | sendrecv (grouped ncclSend/ncclRecv) | both (every path "

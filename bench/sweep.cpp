@@ -61,6 +61,7 @@ struct RankReport {
   uint64_t recorded_calls; // calls Accounting saw during the timed region
   uint64_t fallback_calls; // of those, calls an FP8 request ran as plain NCCL (fallback)
   uint64_t gather_calls[3];// of those, by the transport of their gather step (index = GatherTransport)
+  uint64_t direct_calls;   // of those, calls a direct transport carried
   int32_t checked;
 };
 
@@ -96,6 +97,7 @@ struct Worker {
   struct Variant {
     std::optional<GatherTransport> transport;  // nullopt: gather_transport as loaded ("auto")
     std::unique_ptr<sched::Engine> engine;
+    std::optional<TransportKind> direct;       // a direct transport carries this variant's FP8 calls
   };
   std::vector<Variant> variants;
   Config config;  // as loaded, with the benchmark's overrides (the variants' differ in gather_transport)
@@ -172,6 +174,7 @@ struct Worker {
       const int fb = static_cast<int>(Path::fallback);
       mine.fallback_calls = after.calls[fb] - before.calls[fb];
       for (int g = 0; g < 3; ++g) mine.gather_calls[g] = after.gather_calls[g] - before.gather_calls[g];
+      mine.direct_calls = after.direct_calls - before.direct_calls;
       // Per application call: sched may record a pipelined call as several records.
       mine.wire_bytes = wire / static_cast<uint64_t>(opt.repeats * opt.iters);
 
@@ -245,7 +248,19 @@ struct Worker {
       point.wire_bytes = static_cast<uint64_t>(per_byte * static_cast<double>(bytes));
       point.wire_source = "nominal";
     }
-    if (has_gather_step(c, path)) {
+    if (variant.direct && path != Path::passthrough) {
+      // Every timed call of every rank over the direct transport, or the point is NCCL's (a call too
+      // large for the window goes over NCCL's transports, which the curve must not hide).
+      bool all_direct = true;
+      for (const auto& r : all) all_direct &= r.recorded_calls > 0 && r.direct_calls == r.recorded_calls;
+      if (all_direct) point.transport = to_string(*variant.direct);
+      else {
+        point.supported = false;
+        point.error = "not every call went over the direct transport (too large for one buffer set of "
+                      "direct.window_bytes?)";
+        return 0;
+      }
+    } else if (has_gather_step(c, path)) {
       // Summed over ranks, so a rank that gathered differently from the others shows as mixed.
       uint64_t by_allgather = 0, by_sendrecv = 0;
       for (const auto& r : all) {
@@ -413,11 +428,30 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   w.platform = gpu_platform(w.api);
   std::vector<std::optional<GatherTransport>> transports(opt.gather_transports.begin(), opt.gather_transports.end());
   if (transports.empty()) transports.push_back(std::nullopt);
+  // NCCL's transports: one engine per gather transport (with --transport direct only the first, for
+  // the plain-NCCL baseline). The direct transport: one engine more, with it forced.
+  const bool over_nccl = opt.transport == "nccl" || opt.transport == "both";
   for (const auto& t : transports) {
     Config c = w.config;
     if (t) c.gather_transport = *t;
-    w.variants.push_back({t, std::make_unique<sched::Engine>(c, w.platform)});
+    c.direct_transport = DirectMode::off;
+    w.variants.push_back({t, std::make_unique<sched::Engine>(c, w.platform), std::nullopt});
     w.variants.back().engine->comm_created(w.comm);
+    if (!over_nccl) break;
+  }
+  if (opt.transport != "nccl") {
+    Config c = w.config;
+    const char* p2p_env = std::getenv("NCCL_P2P_DISABLE");
+    const bool no_p2p = p2p_disabled || (p2p_env && std::strcmp(p2p_env, "1") == 0);
+    const bool host = opt.transport == "host_memory" || (opt.transport != "peer_memory" && no_p2p);
+    c.direct_transport = host ? DirectMode::host_memory : DirectMode::peer_memory;
+    c.direct_assume_one_host = c.direct_assume_one_host || opt.emulate_ranks > 0;
+    const TransportKind kind = host ? TransportKind::host_memory : TransportKind::peer_memory;
+    w.variants.push_back({std::nullopt, std::make_unique<sched::Engine>(c, w.platform), kind});
+    w.variants.back().engine->comm_created(w.comm);
+    if (!w.variants.back().engine->comm_info(w.comm).direct && env.rank == 0)
+      std::fprintf(stderr, "fp8wire-bench: the direct transport (%s) could not be set up on every rank; its points "
+                           "will be marked unsupported\n", to_string(kind));
   }
   struct CommGuard {
     Worker& w;
@@ -482,16 +516,29 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     std::vector<Path> paths;
   };
   std::vector<Job> jobs;
-  // The variants a path is timed on: every one when it has a gather step, else the first.
-  auto variants_of = [&w](Collective c, Path path) {
-    return has_gather_step(c, path) ? w.variants.size() : size_t{1};
+  // The variants a path is timed on: plain NCCL on the first; an FP8 path on every NCCL variant when
+  // it has a gather step (else the first), unless --transport direct, and on the direct variant
+  // where the direct transport has its program (not the ring).
+  const bool fp8_over_nccl = opt.transport == "nccl" || opt.transport == "both";
+  auto variants_of = [&w, fp8_over_nccl](Collective c, Path path) {
+    std::vector<size_t> v;
+    if (path == Path::passthrough) return std::vector<size_t>{0};
+    for (size_t i = 0; i < w.variants.size(); ++i) {
+      const Worker::Variant& var = w.variants[i];
+      if (var.direct) {
+        if (path != Path::ring && path != Path::hierarchical) v.push_back(i);
+      } else if (fp8_over_nccl && (has_gather_step(c, path) || i == 0)) {
+        v.push_back(i);
+      }
+    }
+    return v;
   };
   size_t total_points = 0;
   for (Collective c : opt.collectives)
     for (DType d : opt.dtypes) {
       Job job{c, d, size_series(opt.min_bytes, opt.max_bytes, opt.step, static_cast<uint64_t>(env.world_size) * dtype_size(d)),
               paths_for(c, opt.paths)};
-      for (Path path : job.paths) total_points += job.sizes.size() * variants_of(c, path);
+      for (Path path : job.paths) total_points += job.sizes.size() * variants_of(c, path).size();
       jobs.push_back(std::move(job));
     }
   size_t done = 0;
@@ -522,9 +569,10 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
       // Pageable cudaMemcpy may return before its DMA lands; the collectives run on another stream.
       FP8WIRE_CUDA_OR(cudaDeviceSynchronize(), return 2);
       for (Path path : job.paths)
-        for (size_t v = 0; v < variants_of(job.c, path); ++v) {
+        for (size_t v : variants_of(job.c, path)) {
           const Worker::Variant& variant = w.variants[v];
-          const std::string over = w.variants.size() > 1 && has_gather_step(job.c, path) && variant.transport
+          const std::string over = variant.direct ? fmt::format(" over {}", to_string(*variant.direct))
+                                   : w.variants.size() > 1 && has_gather_step(job.c, path) && variant.transport
                                        ? fmt::format(" over {}", gather_transport_name(*variant.transport))
                                        : "";
           w.progress(fmt::format("{} {} {} {}{}", collective_name(job.c), to_string(job.d), format_bytes(bytes),

@@ -105,7 +105,9 @@ std::string render_profile_toml(const std::vector<FabricProfile>& fabrics) {
                                                      {"allreduce_bandwidth_gbps", m.allreduce_bandwidth_gbps},
                                                      {"allgather_bandwidth_gbps", m.allgather_bandwidth_gbps},
                                                      {"reduce_scatter_bandwidth_gbps", m.reduce_scatter_bandwidth_gbps},
-                                                     {"alltoall_bandwidth_gbps", m.alltoall_bandwidth_gbps}};
+                                                     {"alltoall_bandwidth_gbps", m.alltoall_bandwidth_gbps},
+                                                     {"direct_latency_us", m.direct_latency_us},
+                                                     {"direct_bandwidth_gbps", m.direct_bandwidth_gbps}};
     for (const auto& [key, us] : per_op)
       if (us > 0) out += fmt::format("{} = {:.3f}\n", key, us);
     if (m.hosts > 0) out += fmt::format("hosts = {:.0f}\nranks_per_host = {:.0f}\n", m.hosts, m.ranks_per_host);

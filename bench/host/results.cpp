@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "sched/cost_model.hpp"
+
 namespace fp8wire::bench {
 
 using nlohmann::json;
@@ -24,10 +26,15 @@ bool usable(const SweepPoint& p) { return p.supported && p.time.n > 0 && p.time.
 
 // The point of one curve at one size: a path and the gather transport its points ran with
 // (SweepPoint::gather_transport; "" for the paths without a gather step).
-const SweepPoint* find_point(const SweepResult& r, Collective c, DType d, Path path, const std::string& transport,
+// A curve's key besides its path: the gather transport, and the direct transport when one carried it.
+std::string curve_key(const SweepPoint& p) {
+  return p.transport.empty() ? p.gather_transport : p.gather_transport + "@" + p.transport;
+}
+
+const SweepPoint* find_point(const SweepResult& r, Collective c, DType d, Path path, const std::string& curve,
                              uint64_t bytes) {
   for (const auto& p : r.points)
-    if (p.collective == c && p.dtype == d && p.path == path && p.gather_transport == transport && p.bytes == bytes)
+    if (p.collective == c && p.dtype == d && p.path == path && curve_key(p) == curve && p.bytes == bytes)
       return &p;
   return nullptr;
 }
@@ -38,8 +45,8 @@ const SweepPoint* find_baseline(const SweepResult& r, Collective c, DType d, uin
   return nullptr;
 }
 
-// SweepPoint::gather_transport values in the order tables list a path's curves.
-constexpr const char* kTransportOrder[] = {"", "allgather", "sendrecv", "mixed"};
+// Curve keys in the order tables list a path's curves: NCCL's gather transports, then the direct ones.
+constexpr const char* kTransportOrder[] = {"", "allgather", "sendrecv", "mixed", "@peer_memory", "@host_memory"};
 
 std::vector<std::pair<Collective, DType>> measured_pairs(const SweepResult& r) {
   std::vector<std::pair<Collective, DType>> out;
@@ -78,7 +85,7 @@ const SweepPoint* candidate_point(const SweepResult& r, Collective c, DType d, s
 }  // namespace
 
 std::optional<GatherTransport> modeled_transport(const SweepPoint& p) {
-  if (p.gather_transport == "mixed") return std::nullopt;
+  if (p.gather_transport == "mixed" || !p.transport.empty()) return std::nullopt;
   return p.gather_transport == "sendrecv" ? GatherTransport::sendrecv : GatherTransport::allgather;
 }
 
@@ -86,6 +93,7 @@ std::string path_label(const SweepPoint& p) {
   std::string label = path_name(p.path);
   if (p.gather_transport == "sendrecv") label += "/sr";
   if (p.gather_transport == "mixed") label += "/mix";
+  if (!p.transport.empty()) label += "/direct";
   return label;
 }
 
@@ -112,7 +120,7 @@ std::vector<CrossoverReport> analyze_crossovers(const SweepResult& result, const
     for (Path path : {Path::two_shot, Path::one_shot, Path::ring, Path::hierarchical})
       for (const char* transport : kTransportOrder)
         for (const auto& p : result.points)
-          if (p.collective == c && p.dtype == d && p.path == path && p.gather_transport == transport && usable(p)) {
+          if (p.collective == c && p.dtype == d && p.path == path && curve_key(p) == transport && usable(p)) {
             candidates.push_back({path_label(p), path, transport});
             break;
           }
@@ -314,7 +322,7 @@ Calibration calibrate(const SweepResult& result) {
     std::vector<double> x, t;
     const DType d = result.points.empty() ? DType::bf16 : result.points.front().dtype;
     for (const auto& p : result.points)
-      if (p.collective == *fitted && p.dtype == d && p.path == Path::two_shot && usable(p)) {
+      if (p.collective == *fitted && p.dtype == d && p.path == Path::two_shot && p.transport.empty() && usable(p)) {
         x.push_back(static_cast<double>(p.bytes));
         t.push_back(p.time.median);
       }
@@ -354,7 +362,43 @@ Calibration calibrate(const SweepResult& result) {
   cal.model.reduce_scatter_bandwidth_gbps = cal.link.reduce_scatter_gbps;
   cal.model.alltoall_bandwidth_gbps = cal.link.alltoall_gbps;
   cal.model.calibrated = fitted.has_value();
+  if (fit_direct_transport(result, cal)) cal.model.calibrated = true;
   return cal;
+}
+
+bool fit_direct_transport(const SweepResult& result, Calibration& cal) {
+  std::vector<double> x, y, t;
+  std::string kind;
+  CostModel m = cal.model;
+  m.codec_gbps = cal.codec.gbps > 0 ? cal.codec.gbps : 1000.0;
+  m.kernel_launch_us = cal.codec.launch_us > 0 ? cal.codec.launch_us : 4.0;
+  quant::WireFormat format;
+  format.fp8 = result.fp8_format == "e5m2" ? Fp8Format::e5m2 : Fp8Format::e4m3;
+  format.block = result.wire.block;
+  format.scale = result.wire.scale_bytes == 4   ? ScaleType::fp32
+                 : result.wire.scale_bytes == 2 ? ScaleType::bf16
+                                                : ScaleType::e8m0;
+  for (const auto& p : result.points) {
+    if (p.transport.empty() || !usable(p)) continue;
+    kind = p.transport;
+    const TransportKind tk = p.transport == "peer_memory" ? TransportKind::peer_memory : TransportKind::host_memory;
+    const sched::DirectCost d =
+        sched::direct_cost_parts(m, p.collective, p.path, p.bytes, result.machine.nranks, format, tk);
+    x.push_back(d.link_bytes / d.barriers);
+    y.push_back((p.time.median - d.other_us) / d.barriers);
+    t.push_back(p.time.median / d.barriers);
+  }
+  if (x.empty()) return false;
+  const LinearFit fit = fit_linear_relative_to(x, y, t);
+  if (!fit.ok || !(fit.us_per_byte > 0)) {
+    cal.notes.push_back("direct transport timed, but its times do not grow with the bytes: not calibrated");
+    return false;
+  }
+  cal.model.direct_latency_us = std::max(fit.alpha_us, 1.0);
+  cal.model.direct_bandwidth_gbps = 1e-3 / fit.us_per_byte;
+  cal.link.basis += fmt::format("; direct transport ({}, {} points): {:.0f} us per barrier + {:.3g} GB/s per rank's link",
+                                kind, x.size(), cal.model.direct_latency_us, cal.model.direct_bandwidth_gbps);
+  return true;
 }
 
 // --- JSON -------------------------------------------------------------------------------------
@@ -402,6 +446,7 @@ json to_json(const SweepResult& r, const std::vector<CrossoverReport>& crossover
                       {"time_us", summary_json(p.time)}, {"algbw_gbps", p.algbw_gbps},
                       {"busbw_gbps", p.busbw_gbps}, {"wire_bytes", p.wire_bytes},
                       {"wire_source", p.wire_source}, {"gather_transport", p.gather_transport},
+                      {"transport", p.transport},
                       {"speedup", p.speedup}, {"check", c}});
   }
   j["points"] = points;
@@ -495,6 +540,11 @@ std::optional<SweepResult> sweep_from_json(const json& j, std::string& error) {
       p.wire_source = pj.value("wire_source", "");
       // Sweeps from before the transport was selectable always gathered with ncclAllGather.
       p.gather_transport = pj.value("gather_transport", has_gather_step(p.collective, p.path) ? "allgather" : "");
+      p.transport = pj.value("transport", "");
+      if (!p.transport.empty() && p.transport != "peer_memory" && p.transport != "host_memory") {
+        error = fmt::format("points[{}].transport '{}': expected \"\", peer_memory or host_memory", index, p.transport);
+        return std::nullopt;
+      }
       if (p.gather_transport != "" && p.gather_transport != "allgather" && p.gather_transport != "sendrecv" &&
           p.gather_transport != "mixed") {
         error = fmt::format("points[{}].gather_transport '{}': expected allgather, sendrecv, mixed or \"\"", index,

@@ -45,6 +45,9 @@ struct SweepPoint {
   // "sendrecv", "mixed" (both, e.g. the planner chose per call) or "" (plain NCCL, FP8
   // reduce-scatter: no gather step). Files written before it was recorded read as "allgather".
   std::string gather_transport;
+  // "" when NCCL's transports carried the calls, else the direct transport that did ("peer_memory",
+  // "host_memory"; sched/direct_transport.hpp). A path over a direct transport is a curve of its own.
+  std::string transport;
   double speedup = 0;            // passthrough median / this median at the same size (0 = n/a)
   CheckResult check;
 };
@@ -75,10 +78,10 @@ struct SweepResult {
 
 // The transport the model costs a point's gather step with: sendrecv for "sendrecv", allgather
 // otherwise (paths without a gather step have no use for it); nullopt for "mixed", which no one shape
-// describes.
+// describes, and for the points of a direct transport, which issue no NCCL operation.
 std::optional<GatherTransport> modeled_transport(const SweepPoint& p);
 // The point's path as tables show it: the path name, with "/sr" when its gather step went over
-// send/recv and "/mix" when mixed. A path measured over two transports (`sweep --gather-transport
+// send/recv, "/mix" when mixed, "/direct" over a direct transport. A path measured over two transports (`sweep --gather-transport
 // both`) is two curves, told apart by this label ("one_shot" and "one_shot/sr").
 std::string path_label(const SweepPoint& p);
 
@@ -128,6 +131,10 @@ Calibration calibrate(const SweepResult& result);
 // Operations the sweep did not exercise stay 0 (= the generic figures). calibrate() calls it and
 // copies them into cal.model.
 void fit_operation_latencies(const SweepResult& result, Calibration& cal);
+// The direct transport's barrier latency and link bandwidth (CostModel::direct_*), one relative-error
+// line fit over every point it carried: per barrier, the time less the codec and launches against the
+// link bytes (sched/cost_model.hpp direct_cost_parts). False when the sweep timed none.
+bool fit_direct_transport(const SweepResult& result, Calibration& cal);
 
 nlohmann::json to_json(const SweepResult& result, const std::vector<CrossoverReport>& crossovers,
                        const Calibration& calibration);

@@ -3,6 +3,7 @@
 #include "bench/host/model_report.hpp"
 #include "bench/host/profile.hpp"
 #include "bench/host/results.hpp"
+#include "sched/cost_model.hpp"
 
 using namespace fp8wire;
 using namespace fp8wire::bench;
@@ -440,4 +441,55 @@ TEST_CASE("both gather transports: the model report checks each curve with its o
   for (const auto& c : rep.json["choices"])
     if (c["bytes"] == 4096) small_best_sr = c["measured_best"] == "one_shot/sr" && c["chosen"] == "one_shot/sr";
   CHECK(small_best_sr);
+}
+
+TEST_CASE("the direct transport: its own curves, JSON round trip, and its barrier latency and link bandwidth fitted") {
+  SweepResult r = synthetic_sweep();
+  // Direct points generated from the model itself: 20 us per barrier, a 45 GB/s link.
+  CostModel m;
+  m.codec_gbps = 1200.0;
+  m.kernel_launch_us = 3.0;
+  quant::WireFormat f;
+  for (uint64_t bytes = 4096; bytes <= (64u << 20); bytes *= 4)
+    for (Path p : {Path::two_shot, Path::one_shot}) {
+      const sched::DirectCost d =
+          sched::direct_cost_parts(m, Collective::all_reduce, p, bytes, 2, f, TransportKind::host_memory);
+      const double us = d.barriers * 20.0 + d.link_bytes / 45e3 + d.other_us;
+      SweepPoint pt;
+      pt.collective = Collective::all_reduce;
+      pt.dtype = DType::bf16;
+      pt.path = p;
+      pt.bytes = bytes;
+      pt.count = bytes / 2;
+      pt.times_us = {us, us, us};
+      pt.time = summarize(pt.times_us);
+      pt.transport = "host_memory";
+      r.points.push_back(pt);
+    }
+  compute_speedups(r);
+  const Calibration cal = calibrate(r);
+  CHECK(cal.model.direct_latency_us == doctest::Approx(20.0).epsilon(1e-3));
+  CHECK(cal.model.direct_bandwidth_gbps == doctest::Approx(45.0).epsilon(1e-3));
+  // NCCL's figures are fitted from NCCL's points alone: unchanged by the direct ones.
+  CHECK(cal.model.op_latency_us == doctest::Approx(30.0).epsilon(1e-6));
+  CHECK(cal.model.bus_bandwidth_gbps == doctest::Approx(10.0).epsilon(1e-6));
+  // Curves of their own, labelled.
+  std::vector<std::string> names;
+  for (const auto& x : analyze_crossovers(r, {}))
+    if (x.collective == Collective::all_reduce) names.push_back(x.candidate);
+  CHECK(names == std::vector<std::string>{"two_shot", "two_shot/direct", "one_shot", "one_shot/direct", "best"});
+  // The profile carries the direct figures; the JSON keeps each point's transport.
+  const std::string toml = render_profile_toml({profile_from_sweep(r, analyze_crossovers(r, {}), cal)});
+  CHECK(toml.find("direct_latency_us = 20.0") != std::string::npos);
+  CHECK(toml.find("direct_bandwidth_gbps = 45.0") != std::string::npos);
+  std::string error;
+  const auto back = sweep_from_json(to_json(r, analyze_crossovers(r, {}), cal), error);
+  REQUIRE_MESSAGE(back, error);
+  size_t direct = 0;
+  for (const auto& p : back->points) direct += p.transport == "host_memory";
+  CHECK(direct == 16);
+  nlohmann::json bad = to_json(r, analyze_crossovers(r, {}), cal);
+  bad["points"][0]["transport"] = "carrier pigeon";
+  CHECK_FALSE(sweep_from_json(bad, error));
+  CHECK(error.find("carrier pigeon") != std::string::npos);
 }

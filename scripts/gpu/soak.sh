@@ -51,6 +51,13 @@ fi
 echo "soak: $steps steps of $config (${overrides[*]}), ${rank_args[*]:-1 rank}, plain and fp8wire at once," \
      "samples every $every steps, warm-up $warmup, limit ${limit}s"
 
+# A run that crashes leaves a core file and its backtrace in the log (cuda-gdb reads host-only cores
+# too; the machine has no gdb). Build with CXXFLAGS=-g1 for line numbers.
+ulimit -c unlimited 2>/dev/null
+cores="$OUT/cores"
+rm -rf "$cores"; mkdir -p "$cores"
+echo "$cores/core.%e.%p" > /proc/sys/kernel/core_pattern 2>/dev/null || true
+
 start_run() {  # start_run NAME [fp8wire-prof options]: in the background, pid in $run_pid
   local name="$1"; shift
   local dir="$OUT/$name"
@@ -81,6 +88,16 @@ for name in plain fp8wire; do
   grep -E "^summary:|ranks in sync|fp8wire profiler, rank [0-9]+: [0-9]+ steps|error|Error" "$OUT/$name/run.log" | tail -n 8
   # The per-rank traces of 2,000 steps are large and not needed for the verdict; the reports stay.
   rm -f "$OUT/$name"/prof/*.trace.json "$OUT/$name/prof/trace.json"
+done
+
+for c in "$cores"/core.*; do
+  [[ -e "$c" ]] || continue
+  echo "---- a process crashed: $c"
+  if command -v cuda-gdb >/dev/null; then
+    cuda-gdb -batch -ex "set pagination off" -ex "bt 30" -ex "thread apply all bt 12" "$trainer" "$c" > "$c.bt.txt" 2>&1
+    sed -n '1,60p' "$c.bt.txt"
+  fi
+  rm -f "$c"  # the backtrace stays, the core (gigabytes) does not
 done
 
 cpu_flag=()

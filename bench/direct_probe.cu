@@ -3,10 +3,11 @@
 // POSIX shared-memory segment registered with CUDA in both:
 //   caps       device attributes: stream memory operations, host-pointer use of registered memory
 //   pingpong   a flag round trip between the two processes through cuStreamWriteValue32 /
-//              cuStreamWaitValue32 on shared host memory (the barrier the transports use), and the
-//              same between two streams of one process
-//   starve     while one process's stream waits on a flag, does the other process's work still run
-//              at full speed (no SM is held by a wait), and does a host store release the wait
+//              cuStreamWaitValue32 on shared host memory (the barrier the transports use), with memory
+//              operations only and with a 132-CTA kernel on each side per turn
+//   starve     while one process's stream waits on a flag (a memory-operation wait, then a kernel
+//              spinning on it), do the other process's kernels still run, and does a host store
+//              release the wait
 //   graph      the wait / reset / signal sequence captured into a CUDA graph and replayed
 //   ipc        device memory of one process opened by the other (cudaIpc*), written and read back
 //   bandwidth  kernels storing to / loading from the shared host memory with 1..all SMs, against

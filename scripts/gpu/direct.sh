@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# GPU checks of the direct transports on one GPU (scripts/gpu/all.sh direct; build in build/):
+#   1. tests/sched/direct_kernels_gpu: the direct algorithms' kernels with N = 2..8 simulated peers in
+#      one process (device and host windows), bit for bit the CPU reference; graph replay; the
+#      host-memory link's bandwidth against pinned cudaMemcpyAsync, per CTA cap;
+#   2. tests/sched/multirank_collectives --direct host_memory | peer_memory: the collectives matrix with
+#      every FP8 call the direct transport carries over it, between processes sharing the GPU
+#      (direct.assume_one_host), and a case checking that they went over it;
+#   3. tests/sched/direct_faults_gpu: a peer gone, a peer absent: released by an abort, no hang;
+#   4. PyTorch DDP parity and CUDA-graph capture under the shim with the host-memory transport forced;
+#   5. fp8wire-bench sweep --transport both at 2 emulated ranks (NCCL's sockets against the direct
+#      transport through host memory on this one machine), and the profile it calibrates.
+# Env: DIRECT_MULTIRANK_HOST (world sizes, default 2,4), DIRECT_MULTIRANK_PEER (default 2), DIRECT_PARTS
+# (default "kernels multirank faults torch bench").
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT="${OUT:-$PWD/out/direct}"; mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+parts="${DIRECT_PARTS:-kernels multirank faults torch bench}"
+summary=()
+failed=0
+t0=$(date +%s)
+run() {  # run <label> <limit s> <command...>
+  local label="$1" limit="$2"; shift 2
+  local s=$(date +%s)
+  timeout -k 5 "$limit" "$@" > "$OUT/$label.log" 2>&1
+  local rc=$?
+  grep -E "^(PASS|FAIL|SKIPPED|bandwidth|direct)" "$OUT/$label.log" | grep -vE "^PASS n=" | tail -n 30
+  summary+=("$(printf '%-34s rc=%-3s %4ss' "$label" "$rc" "$(( $(date +%s) - s ))")")
+  if (( rc != 0 )); then failed=1; echo "---- $label rc=$rc, log tail:"; tail -n 20 "$OUT/$label.log"; fi
+}
+has() { [[ " $parts " == *" $1 "* ]]; }
+direct_env=(FP8WIRE_DIRECT_TRANSPORT=host_memory FP8WIRE_DIRECT_ASSUME_ONE_HOST=1)
+
+if has kernels; then
+  run direct_kernels 150 build/tests/sched/direct_kernels_gpu
+fi
+if has multirank; then
+  run multirank_host_memory 150 build/tests/sched/multirank_collectives --direct host_memory \
+    --ranks "${DIRECT_MULTIRANK_HOST:-2,4}" --timeout 140
+  run multirank_peer_memory 100 build/tests/sched/multirank_collectives --direct peer_memory \
+    --ranks "${DIRECT_MULTIRANK_PEER:-2}" --timeout 90
+  grep -hE "direct/|^(PASS|FAIL) multirank" "$OUT"/multirank_*.log | sort | uniq -c | head -20
+fi
+if has faults; then
+  run direct_faults 120 build/tests/sched/direct_faults_gpu
+fi
+if has torch; then
+  run ddp_parity_host_memory 120 env "${direct_env[@]}" "$PY" tests/sched/ddp_parity.py --nproc 2 --out "$OUT"
+  echo "ddp: $(grep -ohE 'first all_reduce on path [a-z_]+ over [a-z_]+' "$OUT/ddp_parity_host_memory.log" | sort | uniq -c | head -3)"
+  run graph_capture_host_memory 175 env "${direct_env[@]}" "$PY" tests/sched/graph_capture.py --nproc 2 --out "$OUT" \
+    --step-timeout 30
+  echo "graph: $(grep -ohE 'first all_reduce on path [a-z_]+ over [a-z_]+' "$OUT/graph_capture_host_memory.log" | sort | uniq -c | head -3)"
+fi
+if has bench; then
+  run bench_direct 150 build/bench/fp8wire-bench sweep --emulate-ranks 2 --transport both --collectives all_reduce \
+    --dtypes bf16 --paths passthrough,two_shot,one_shot --min 4MiB --max 64MiB --step 4 --warmup 2 --repeats 5 \
+    --buffers 2 --out "$OUT" --json "$OUT/sweep_direct_2ranks.json" --profile "$OUT/profile_direct_2ranks.toml"
+  grep -E "^#|MiB|direct" "$OUT/bench_direct.log" | tail -n 30
+fi
+echo "================ direct summary ($(( $(date +%s) - t0 )) s) ================"
+for line in "${summary[@]}"; do echo "$line"; done
+if (( failed )); then echo "DIRECT: FAIL"; exit 1; fi
+echo "DIRECT: PASS"

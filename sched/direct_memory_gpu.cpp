@@ -134,6 +134,8 @@ cudaError_t map_host(const char* name, size_t bytes, bool create, Window* out, M
 }
 
 cudaError_t create_window(WindowKind kind, size_t bytes, uint64_t tag, Window* out, WindowHandle* handle) {
+  // Whole pages: what mmap maps and cudaHostRegister pins either way.
+  if (kind == WindowKind::host) bytes = (bytes + 4095) / 4096 * 4096;
   auto* m = new Mapping();
   cudaError_t err = cudaSuccess;
   *handle = WindowHandle{};

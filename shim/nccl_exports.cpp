@@ -249,7 +249,8 @@ FP8WIRE_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t*
   return shim::intercept<&NcclApi::CommGetAsyncError, shim::Route::when_engine>(
       "ncclCommGetAsyncError", FP8WIRE_CALLER,
       [&](Runtime& rt) {
-        const ncclResult_t result = rt.real.api.CommGetAsyncError(comm, asyncError);
+        const ncclResult_t result =
+            shim::call_real<&NcclApi::CommGetAsyncError>(rt, "ncclCommGetAsyncError", comm, asyncError);
         if (result == ncclSuccess && asyncError && *asyncError == ncclSuccess && rt.engine->comm_peer_lost(comm)) {
           FP8WIRE_WARN_ONCE("a peer process of a communicator's direct transport is gone: ncclRemoteError");
           *asyncError = ncclRemoteError;

@@ -324,7 +324,7 @@ int main(int argc, char** argv) {
           for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
             if (collectives[v] == Collective::all_gather && op == ReduceOp::avg) continue;
             std::vector<size_t> counts = {1, 127, 4099, size_t(3 * n * 128 + 5)};
-            if (!quick) counts.push_back((size_t{1} << 18) + 3);
+            if (!quick) counts.push_back((size_t{1} << 16) + 1);
             for (size_t count : counts)
               for (bool in_place : {false, true}) {
                 if (in_place && collectives[v] != Collective::all_reduce) continue;

@@ -146,7 +146,8 @@ void run_direct(const Job& job, Windows& w, const std::vector<char*>& in, const 
   }
 }
 
-void check_job(const Job& job, Kind kind, cudaStream_t st, quant::LaunchOptions opt) {
+void check_job(const Job& job, Windows& w, cudaStream_t st, quant::LaunchOptions opt) {
+  const Kind kind = w.kind;
   const Spec& s = job.spec;
   const int n = job.n;
   const quant::WireFormat f = quant::WireFormat::from(Config{});
@@ -165,8 +166,6 @@ void check_job(const Job& job, Kind kind, cudaStream_t st, quant::LaunchOptions 
       CK(cudaMemset(out[r], 0xFF, out_bytes));  // poisoned: every element must be written
     }
   }
-  const size_t window = sched::direct_set_bytes(s.collective, s.path, s.count, n, f);
-  Windows w(kind, n, window);
   run_direct(job, w, in, out, f, st, opt);
   CK(cudaStreamSynchronize(st));
   CK(cudaGetLastError());
@@ -318,6 +317,11 @@ int main(int argc, char** argv) {
   const Path paths[] = {Path::one_shot, Path::two_shot, Path::two_shot, Path::one_shot};
   for (Kind kind : {Kind::device, Kind::host}) {
     const int before = g_checks, failed_before = g_failures;
+    // Eight windows, each large enough for the largest job below (8 ranks, a reduce-scatter of
+    // 65537 elements per rank in fp32), made once: pinned host allocations are slow.
+    const quant::WireFormat f = quant::WireFormat::from(Config{});
+    Windows w(kind, 8, sched::direct_set_bytes(Collective::reduce_scatter, Path::two_shot, 65537, 8, f) +
+                           sched::direct_set_bytes(Collective::all_reduce, Path::two_shot, 65537, 8, f));
     for (int n = 2; n <= 8; ++n) {
       for (int v = 0; v < 4; ++v) {
         for (DataType t : {DataType::bf16, DataType::f16, DataType::f32}) {
@@ -328,7 +332,7 @@ int main(int argc, char** argv) {
             for (size_t count : counts)
               for (bool in_place : {false, true}) {
                 if (in_place && collectives[v] != Collective::all_reduce) continue;
-                check_job({{collectives[v], paths[v], t, op, count, 40u + count}, n, in_place}, kind, st, opt);
+                check_job({{collectives[v], paths[v], t, op, count, 40u + count}, n, in_place}, w, st, opt);
               }
           }
         }

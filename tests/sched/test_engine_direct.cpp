@@ -3,7 +3,7 @@
 // stream memory operations.
 //   - every direct algorithm (one-shot, two-shot, reduce-scatter, all-gather), both kinds (peer
 //     memory, host memory): bit for bit the reference algorithm (so the same bytes as over NCCL),
-//     identical on every rank, within the bound, for 2..16 ranks, every dtype, sum/avg, odd counts,
+//     identical on every rank, within the bound, for 2, 3, 4, 8 and 16 ranks, every dtype, sum/avg, odd counts,
 //     one stage and many, back-to-back calls (the flags must be back in their initial state);
 //   - faults: each flag operation, codec launch and window operation fails in turn on the first and
 //     last rank: every rank returns an error, sees the communicator's error, or holds the right
@@ -65,7 +65,7 @@ TEST_CASE("every algorithm over both direct transports: the reference bit for bi
   std::vector<std::string> failures;
   size_t runs = 0, pipelined = 0;
   for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
-    for (int n : {2, 3, 4, 5, 8, 16}) {
+    for (int n : {2, 3, 4, 8, 16}) {
       for (const Variant& v : kVariants) {
         for (DataType t : {DataType::f32, DataType::f16, DataType::bf16}) {
           for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
@@ -75,6 +75,7 @@ TEST_CASE("every algorithm over both direct transports: the reference bit for bi
               // A window of 1 MiB takes each call in one stage; 24 KiB (and a 2 KiB stage cap) cuts
               // the larger ones into many, both buffer sets in turn.
               for (auto [window, stage] : {std::pair<size_t, size_t>{1 << 20, 8 << 20}, {24 << 10, 2 << 10}}) {
+                if (count < 1000 && window < (1 << 20)) continue;  // one stage either way
                 Run cfg;
                 cfg.config = direct_config(mode, window, stage);
                 cfg.abort_all = true;

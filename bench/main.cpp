@@ -87,6 +87,10 @@ std::string parse_sweep(const SweepArgs& a, fb::SweepOptions& o) {
   if (o.buffers < 1 || o.buffers > 64) return fmt::format("--buffers {}: expected 1..64", o.buffers);
   if (o.emulate_ranks < 0 || o.emulate_ranks == 1 || o.emulate_ranks > 64)
     return fmt::format("--emulate-ranks {}: expected 2..64 (0 = one rank per GPU)", o.emulate_ranks);
+  if (o.ranks_per_host < 0 || (o.ranks_per_host > 0 && o.emulate_ranks > 0))
+    return fmt::format("--ranks-per-host {}: expected a positive number of GPUs per host, with one rank per GPU "
+                       "(not --emulate-ranks; there FP8WIRE_HIERARCHY_RANKS_PER_HOST forces fp8wire's map)",
+                       o.ranks_per_host);
   if (o.fabric != "auto" && o.fabric != "both" && !fb::parse_fabric(o.fabric))
     return fmt::format("--fabric '{}': expected auto, nvlink, pcie, net or both", o.fabric);
   // auto leaves the loaded configuration alone (FP8WIRE_GATHER_TRANSPORT, or the planner's choice).
@@ -180,6 +184,14 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
     if (fabric == "pcie") spec.env.push_back({"NCCL_P2P_DISABLE", "1"});
     if (o.emulate_ranks > 0)
       spec.env_per_rank = fp8wire::emulated_host_env(nranks);
+    if (o.ranks_per_host > 0) {
+      if (nranks % o.ranks_per_host != 0) {
+        std::fprintf(stderr, "fp8wire-bench sweep: --ranks-per-host %d does not divide the %d ranks\n", o.ranks_per_host,
+                     nranks);
+        return 2;
+      }
+      spec.env_per_rank = fp8wire::host_blocks_env(nranks, o.ranks_per_host);
+    }
     std::fprintf(stderr, "fp8wire-bench sweep: %d ranks%s, fabric %s\n", nranks, o.emulate_ranks ? " on one GPU" : "", fabric.c_str());
     const fp8wire::LaunchResult res = fp8wire::launch_local_ranks(spec);
     if (!res.ok) {
@@ -305,7 +317,8 @@ int main(int argc, char** argv) {
   auto* s = app.add_subcommand("sweep", "time plain NCCL against fp8wire's paths over a range of sizes");
   s->add_option("--collectives", sa.collectives, "all_reduce,reduce_scatter,all_gather or all")->capture_default_str();
   s->add_option("--dtypes", sa.dtypes, "bf16,fp16,fp32")->capture_default_str();
-  s->add_option("--paths", sa.paths, "FP8 paths to time besides passthrough: two_shot,one_shot,ring")->capture_default_str();
+  s->add_option("--paths", sa.paths, "FP8 paths to time besides passthrough: two_shot,one_shot,ring")
+      ->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   s->add_option("--min", sa.min, "smallest full-buffer size (4KiB, 64MiB, 1GiB, bytes)")->capture_default_str();
   s->add_option("--max", sa.max, "largest full-buffer size")->capture_default_str();
   s->add_option("--step", sweep.step, "size growth factor per step")->capture_default_str();
@@ -313,6 +326,10 @@ int main(int argc, char** argv) {
   s->add_option("--repeats", sweep.repeats, "timed samples per point (median, spread)")->capture_default_str();
   s->add_option("--iters", sweep.iters, "operations per timed sample")->capture_default_str();
   s->add_option("--buffers", sweep.buffers, "input/output buffers rotated across operations")->capture_default_str();
+  s->add_option("--ranks-per-host", sweep.ranks_per_host,
+                "one rank per GPU, NCCL told the GPUs form hosts of N (NCCL_HOSTID per block: a stand-in for a "
+                "job spanning hosts); 0 = one host")
+      ->capture_default_str();
   s->add_option("--emulate-ranks", sweep.emulate_ranks, "N ranks on one GPU (NCCL_HOSTID per rank, sockets); 0 = one rank per GPU")->capture_default_str();
   s->add_option("--fabric", sweep.fabric, "auto | nvlink | pcie (NCCL_P2P_DISABLE=1) | net | both (auto, then pcie)")
       ->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

@@ -29,6 +29,9 @@ struct SweepOptions {
   int iters = 1;           // operations per sample (the sample is their mean)
   int buffers = 4;         // rotation: consecutive operations use different buffers
   int emulate_ranks = 0;   // 0: one rank per visible GPU
+  // One rank per GPU, NCCL told the GPUs form hosts of this many (NCCL_HOSTID per block): a 4- or
+  // 8-GPU machine standing in for a job spanning hosts. 0: one host.
+  int ranks_per_host = 0;
   std::string fabric = "auto";  // auto | nvlink | pcie | net (a "both" run launches one round each)
   // --gather-transport: how the FP8 paths' gather step moves the slots (Config::gather_transport).
   // Empty ("auto"): the configuration as loaded, i.e. FP8WIRE_GATHER_TRANSPORT or the planner's

@@ -131,6 +131,13 @@ std::vector<std::vector<std::pair<std::string, std::string>>> emulated_host_env(
   return env;
 }
 
+std::vector<std::vector<std::pair<std::string, std::string>>> host_blocks_env(int nranks, int ranks_per_host) {
+  std::vector<std::vector<std::pair<std::string, std::string>>> env;
+  for (int r = 0; r < nranks; ++r)
+    env.push_back({{"NCCL_HOSTID", fmt::format("standin-host-{}", r / (ranks_per_host > 0 ? ranks_per_host : 1))}});
+  return env;
+}
+
 void set_emulated_host(int rank) { ::setenv("NCCL_HOSTID", fmt::format("emulated-host-{}", rank).c_str(), 1); }
 
 int find_free_port() {

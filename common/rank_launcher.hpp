@@ -57,6 +57,10 @@ LaunchResult launch_local_ranks(const LaunchSpec& spec);
 // spelling of that name: per-rank environments for a launch, or set in the calling rank itself.
 std::vector<std::vector<std::pair<std::string, std::string>>> emulated_host_env(int nranks);
 void set_emulated_host(int rank);
+// Hosts of `ranks_per_host` consecutive ranks each, one GPU per rank (NCCL_HOSTID=standin-host-<k>):
+// one machine with 4 or 8 GPUs standing in for a job spanning 2 hosts, NCCL inside each "host" over
+// its own transports (NVLink, P2P), between them over sockets.
+std::vector<std::vector<std::pair<std::string, std::string>>> host_blocks_env(int nranks, int ranks_per_host);
 
 // A TCP port free on the loopback interface right now.
 int find_free_port();

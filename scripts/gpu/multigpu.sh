@@ -14,6 +14,15 @@
 #   sockets   the socket path (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1), all-reduce 16..256 MiB
 #   fine      pcie mode, reduce-scatter and all-gather 192 KiB..1.5 MiB in x1.25 steps (not by default)
 #   model     fp8wire-bench model against every fabric measured
+#   direct    the direct transports across real GPUs: the collectives matrix over peer memory (NVLink)
+#             and over host memory (NCCL_P2P_DISABLE=1), then sweeps with --transport both --fabric both
+#             (NCCL's transports and the direct one, NVLink then pcie mode): all-reduce 256 KiB..256 MiB,
+#             reduce-scatter and all-gather 256 KiB..64 MiB, and the all-reduce at 64 / 256 MiB with 8, 16,
+#             32 and 64 CTAs per codec kernel (direct.ctas): SMs used against bandwidth
+#   standin   4+ GPUs as two hosts (NCCL_HOSTID per block of MULTI_RANKS_PER_HOST GPUs: NVLink inside,
+#             sockets between): the matrix with the hierarchical path across real GPUs, the all-reduce
+#             and reduce-scatter sweeps with plain NCCL, flat FP8 and hierarchical FP8 side by side, and
+#             the model's check against them (on 8 GPUs run it twice: MULTI_RANKS_PER_HOST=2 and 4)
 # MULTI_PARTS selects (default "correct fabrics sockets model"); MULTI_RANKS = GPUs used (default: all);
 # MULTI_FABRIC = the fabrics sweeps' --fabric (default both).
 set -uo pipefail
@@ -78,6 +87,44 @@ has sockets && sweep sockets all_reduce 16MiB 256MiB NCCL_P2P_DISABLE=1 NCCL_SHM
 # The pcie-mode crossovers of reduce-scatter and all-gather between the x2 steps (published all-gather
 # figure to beat: 767 KiB).
 has fine && sweep fine_pcie reduce_scatter,all_gather 192KiB 1536KiB -- --fabric pcie --step 1.25
+
+if has direct; then
+  for fab in nvlink pcie; do
+    kind=peer_memory; envs=()
+    [[ $fab == pcie ]] && kind=host_memory && envs=(NCCL_P2P_DISABLE=1)
+    s=$(date +%s)
+    env ${envs[@]+"${envs[@]}"} timeout -k 5 "${MULTI_CORRECT_LIMIT:-150}" build/tests/sched/multirank_collectives \
+      --per-gpu --ranks "$ranks" --direct "$kind" --big --timeout "$(( ${MULTI_CORRECT_LIMIT:-150} - 10 ))" \
+      > "$OUT/direct_correct_$fab.log" 2>&1
+    rc=$?; (( rc == 0 )) || status=1
+    echo "==== direct transport correctness, $ranks GPUs, $kind ${envs[*]-}: rc=$rc ($(( $(date +%s) - s )) s)"
+    grep -E "^FAIL|direct/|^(PASS|FAIL) multirank world" "$OUT/direct_correct_$fab.log" | head -12
+  done
+  sweep direct_ar all_reduce 256KiB 256MiB -- --fabric "${MULTI_FABRIC:-both}" --step 4 --transport both
+  sweep direct_rsag reduce_scatter,all_gather 256KiB 64MiB -- --fabric "${MULTI_FABRIC:-both}" --step 4 --transport both
+  for ctas in 8 16 32 64; do
+    sweep "direct_ctas$ctas" all_reduce 64MiB 256MiB FP8WIRE_DIRECT_CTAS=$ctas -- --fabric "${MULTI_FABRIC:-both}" \
+      --step 4 --transport direct
+  done
+fi
+
+if has standin; then
+  rph="${MULTI_RANKS_PER_HOST:-2}"
+  if (( ranks < 2 * rph || ranks % rph != 0 )); then
+    echo "standin: $ranks GPUs cannot make 2+ hosts of $rph; skipped"
+  else
+    s=$(date +%s)
+    timeout -k 5 "${MULTI_CORRECT_LIMIT:-150}" build/tests/sched/multirank_collectives --per-gpu --ranks "$ranks" \
+      --ranks-per-host "$rph" --timeout "$(( ${MULTI_CORRECT_LIMIT:-150} - 10 ))" > "$OUT/standin_correct.log" 2>&1
+    rc=$?; (( rc == 0 )) || status=1
+    echo "==== stand-in $((ranks / rph)) hosts x $rph GPUs, correctness: rc=$rc ($(( $(date +%s) - s )) s)"
+    grep -E "^FAIL|hierarchical|^(PASS|FAIL) multirank world" "$OUT/standin_correct.log" | head -12
+    sweep "standin_${rph}" all_reduce,reduce_scatter 1MiB 256MiB -- --ranks-per-host "$rph" --fabric net --step 4 \
+      --paths passthrough,two_shot,one_shot,hierarchical
+    "$BIN" model --hierarchy "$OUT/standin_${rph}"/fp8wire-sweep*.json > "$OUT/standin_model.log" 2>&1
+    echo "==== stand-in model check rc=$?"; tail -n 30 "$OUT/standin_model.log"
+  fi
+fi
 
 if has model; then
   jsons=$(ls "$OUT"/*/fp8wire-sweep*.json 2>/dev/null)

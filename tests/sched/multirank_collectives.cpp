@@ -788,6 +788,9 @@ int main(int argc, char** argv) {
     if (big && n == worlds.front()) spec.argv.push_back("--big");
     if (per_gpu) spec.argv.push_back("--per-gpu");
     else spec.env_per_rank = emulated_host_env(n);
+    // One rank per GPU with --ranks-per-host: NCCL too sees hosts of that many GPUs (a stand-in for a
+    // job spanning hosts: its own transports inside a "host", sockets between them).
+    if (per_gpu && g_ranks_per_host) spec.env_per_rank = host_blocks_env(n, g_ranks_per_host);
     spec.nranks = n;
     spec.timeout_s = timeout_s + 30;
     const LaunchResult launched = launch_local_ranks(spec);

@@ -6,7 +6,7 @@ profiler (fp8wire-train's train.profile_from, or torch.profiler's export_chrome_
 
 Families are matched on the kernel name, first match wins (FAMILIES below). Times are the sum of
 kernel durations per step (kernels of one stream never overlap; across streams they may, so the sum
-can exceed the step's wall time when communication overlaps compute). Exit status 2 with one line
+can exceed the step's wall time when communication overlaps compute). Exit status 1 with one line
 naming the problem for a file that is not such a trace.
 """
 import argparse
@@ -20,12 +20,13 @@ from collections import defaultdict
 FAMILIES = [
     ("nccl", r"nccl"),
     ("fp8wire codec", r"fp8wire|quantize|dequantize"),
-    ("attention", r"fmha|flash|attention|attn|efficient_attention|cudnn.*sdpa|softmax"),
-    ("matmul", r"gemm|sm90_xmma|sm80_xmma|cutlass|nvjet|wgmma|cublas|splitKreduce"),
-    ("optimizer", r"adam|multi_tensor|foreach|fused_adamw"),
+    ("attention", r"fmha|flash|attention|attn|sdpa|softmax"),
+    ("matmul", r"gemm|sm90_xmma|sm80_xmma|cutlass|nvjet|wgmma|cublas|splitkreduce"),
+    ("optimizer", r"adam|multi_tensor|foreach"),
     ("norm / reduction", r"norm|reduce_kernel|reduction|welford"),
-    ("copy / cast", r"copy|cast|memcpy|memset|fill|index|cat|gather|scatter|to_dtype|convert"),
-    ("elementwise", r"elementwise|vectorized|unrolled|pointwise|triton"),
+    # Copies and dtype casts by their functor's name ("nocast" in a binary op's name is not a cast).
+    ("copy / cast", r"direct_copy|copy_kernel|_copy|memcpy|memset|fillfunctor|index|cat_|gather|scatter"),
+    ("elementwise", r"elementwise|vectorized|unrolled|pointwise|triton|functor"),
 ]
 
 

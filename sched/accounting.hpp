@@ -77,6 +77,8 @@ class Accounting {
   static constexpr size_t kCapacity = 1 << 16;
   static Accounting& instance();
   uint64_t next_seq() { return seq_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  // The last sequence number handed out (snapshot(..., since = this) then returns only later calls).
+  uint64_t last_seq() const { return seq_.load(std::memory_order_relaxed); }
   void record(const CallRecord& r);
   // Copies records with seq > since (oldest first) into out; returns how many.
   size_t snapshot(CallRecord* out, size_t max, uint64_t since) const;

@@ -22,61 +22,55 @@ struct Fp8Args {
   GatherTransport gather = GatherTransport::allgather;
 };
 
+// A flat FP8 algorithm: a stage program over the arguments of one call.
+class Fp8Program : public StageProgram {
+ public:
+  explicit Fp8Program(const Fp8Args& a) : a_(a) {}
+
+ protected:
+  Fp8Args a_;
+};
+
 // All-reduce by all-to-all decomposition: quantize N shards, send shard j to rank j, rank j reduces
 // its N copies in rank order and requantizes, then every rank gathers and decodes the same bytes.
-class TwoShotAllReduce final : public StageProgram {
+class TwoShotAllReduce final : public Fp8Program {
  public:
-  explicit TwoShotAllReduce(const Fp8Args& a) : a_(a) {}
+  using Fp8Program::Fp8Program;
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
   ncclResult_t finish(StageOps& ops, const Stage& st) override;
-
- private:
-  Fp8Args a_;
 };
 
 // All-reduce by one all-gather of the quantized inputs; every rank reduces all N in rank order.
-class OneShotAllReduce final : public StageProgram {
+class OneShotAllReduce final : public Fp8Program {
  public:
-  explicit OneShotAllReduce(const Fp8Args& a) : a_(a) {}
+  using Fp8Program::Fp8Program;
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
   ncclResult_t finish(StageOps& ops, const Stage& st) override;
-
- private:
-  Fp8Args a_;
 };
 
 // Ring all-reduce, requantizing at each of the N-1 hops (kept as the benchmark's comparison).
-class RingAllReduce final : public StageProgram {
+class RingAllReduce final : public Fp8Program {
  public:
-  explicit RingAllReduce(const Fp8Args& a) : a_(a) {}
+  using Fp8Program::Fp8Program;
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
   ncclResult_t finish(StageOps& ops, const Stage& st) override;
-
- private:
-  Fp8Args a_;
 };
 
 // Reduce-scatter: quantize the N blocks of the send buffer, all-to-all, reduce in rank order into
 // the caller's dtype.
-class ReduceScatterFp8 final : public StageProgram {
+class ReduceScatterFp8 final : public Fp8Program {
  public:
-  explicit ReduceScatterFp8(const Fp8Args& a) : a_(a) {}
+  using Fp8Program::Fp8Program;
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
   ncclResult_t finish(StageOps& ops, const Stage& st) override;
-
- private:
-  Fp8Args a_;
 };
 
 // All-gather: quantize, gather the chunks, decode every rank's chunk.
-class AllGatherFp8 final : public StageProgram {
+class AllGatherFp8 final : public Fp8Program {
  public:
-  explicit AllGatherFp8(const Fp8Args& a) : a_(a) {}
+  using Fp8Program::Fp8Program;
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
   ncclResult_t finish(StageOps& ops, const Stage& st) override;
-
- private:
-  Fp8Args a_;
 };
 
 }  // namespace fp8wire::sched
@@ -138,41 +132,29 @@ namespace fp8wire::sched {
 // The same four collectives over a direct transport (sched/direct_transport.hpp, algorithms/direct.cpp):
 // the codec kernels load and store the windows of the machine's ranks themselves. Same arithmetic,
 // same bytes on every rank as their NCCL twins above.
-class DirectOneShotAllReduce final : public StageProgram {
+class DirectOneShotAllReduce final : public Fp8Program {
  public:
-  explicit DirectOneShotAllReduce(const Fp8Args& a) : a_(a) {}
+  using Fp8Program::Fp8Program;
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
   ncclResult_t finish(StageOps& ops, const Stage& st) override;
-
- private:
-  Fp8Args a_;
 };
-class DirectTwoShotAllReduce final : public StageProgram {
+class DirectTwoShotAllReduce final : public Fp8Program {
  public:
-  explicit DirectTwoShotAllReduce(const Fp8Args& a) : a_(a) {}
+  using Fp8Program::Fp8Program;
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
   ncclResult_t finish(StageOps& ops, const Stage& st) override;
-
- private:
-  Fp8Args a_;
 };
-class DirectReduceScatter final : public StageProgram {
+class DirectReduceScatter final : public Fp8Program {
  public:
-  explicit DirectReduceScatter(const Fp8Args& a) : a_(a) {}
+  using Fp8Program::Fp8Program;
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
   ncclResult_t finish(StageOps& ops, const Stage& st) override;
-
- private:
-  Fp8Args a_;
 };
-class DirectAllGather final : public StageProgram {
+class DirectAllGather final : public Fp8Program {
  public:
-  explicit DirectAllGather(const Fp8Args& a) : a_(a) {}
+  using Fp8Program::Fp8Program;
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
   ncclResult_t finish(StageOps& ops, const Stage& st) override;
-
- private:
-  Fp8Args a_;
 };
 
 // Bytes one buffer set of a direct window needs for a stage of `len` elements, and the stage size

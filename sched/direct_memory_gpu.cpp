@@ -25,7 +25,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
+#include <memory>
 
 #include <cuda_runtime.h>
 
@@ -133,10 +133,31 @@ cudaError_t map_host(const char* name, size_t bytes, bool create, Window* out, M
   return cudaSuccess;
 }
 
+// A device window's record and view (created here or opened from a peer).
+void set_device_window(void* p, size_t bytes, bool owner, Mapping* m, Window* out) {
+  m->kind = WindowKind::device;
+  m->base = p;
+  m->bytes = bytes;
+  m->owner = owner;
+  out->device = static_cast<char*>(p);
+  out->host = nullptr;
+  out->bytes = bytes;
+}
+
+// The end of create/open: the window keeps its record, or the error is cleared and returned.
+cudaError_t finish_window(cudaError_t err, std::unique_ptr<Mapping> m, Window* out) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return err;
+  }
+  out->token = m.release();
+  return cudaSuccess;
+}
+
 cudaError_t create_window(WindowKind kind, size_t bytes, uint64_t tag, Window* out, WindowHandle* handle) {
   // Whole pages: what mmap maps and cudaHostRegister pins either way.
   if (kind == WindowKind::host) bytes = (bytes + 4095) / 4096 * 4096;
-  auto* m = new Mapping();
+  auto m = std::make_unique<Mapping>();
   cudaError_t err = cudaSuccess;
   *handle = WindowHandle{};
   handle->kind = static_cast<uint32_t>(kind);
@@ -145,7 +166,7 @@ cudaError_t create_window(WindowKind kind, size_t bytes, uint64_t tag, Window* o
     char name[48];
     std::snprintf(name, sizeof name, "/fp8wire-%d-%llx-%llu", static_cast<int>(getpid()),
                   static_cast<unsigned long long>(tag), static_cast<unsigned long long>(g_windows.fetch_add(1)));
-    err = map_host(name, bytes, true, out, m);
+    err = map_host(name, bytes, true, out, m.get());
     if (err == cudaSuccess) {
       std::memset(out->host, 0, bytes);
       std::snprintf(handle->name, sizeof handle->name, "%s", name);
@@ -159,58 +180,32 @@ cudaError_t create_window(WindowKind kind, size_t bytes, uint64_t tag, Window* o
     if (err == cudaSuccess) {
       static_assert(sizeof(ipc) <= sizeof(handle->ipc));
       std::memcpy(handle->ipc, &ipc, sizeof(ipc));
-      m->kind = WindowKind::device;
-      m->base = p;
-      m->bytes = bytes;
-      m->owner = true;
-      out->device = static_cast<char*>(p);
-      out->host = nullptr;
-      out->bytes = bytes;
+      set_device_window(p, bytes, true, m.get(), out);
     } else if (p) {
       cudaFree(p);
     }
   }
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    delete m;
-    return err;
-  }
-  out->token = m;
-  return cudaSuccess;
+  return finish_window(err, std::move(m), out);
 }
 
 cudaError_t open_window(const WindowHandle& h, Window* out) {
-  auto* m = new Mapping();
+  auto m = std::make_unique<Mapping>();
   cudaError_t err = cudaSuccess;
   if (h.kind == static_cast<uint32_t>(WindowKind::host)) {
     char name[sizeof h.name + 1] = {};
     std::memcpy(name, h.name, sizeof h.name);
-    err = map_host(name, h.bytes, false, out, m);
+    err = map_host(name, h.bytes, false, out, m.get());
   } else if (h.kind == static_cast<uint32_t>(WindowKind::device)) {
     cudaIpcMemHandle_t ipc{};
     std::memcpy(&ipc, h.ipc, sizeof(ipc));
     void* p = nullptr;
     err = cudaIpcOpenMemHandle(&p, ipc, cudaIpcMemLazyEnablePeerAccess);
-    if (err == cudaSuccess) {
-      m->kind = WindowKind::device;
-      m->base = p;
-      m->bytes = h.bytes;
-      out->device = static_cast<char*>(p);
-      out->host = nullptr;
-      out->bytes = h.bytes;
-    } else {
-      FP8WIRE_INFO("direct transport: cudaIpcOpenMemHandle failed: {}", cudaGetErrorString(err));
-    }
+    if (err == cudaSuccess) set_device_window(p, h.bytes, false, m.get(), out);
+    else FP8WIRE_INFO("direct transport: cudaIpcOpenMemHandle failed: {}", cudaGetErrorString(err));
   } else {
     err = cudaErrorInvalidValue;
   }
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    delete m;
-    return err;
-  }
-  out->token = m;
-  return cudaSuccess;
+  return finish_window(err, std::move(m), out);
 }
 
 void unlink_window(Window& own) {

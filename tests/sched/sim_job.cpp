@@ -267,10 +267,10 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
     if (!aborted.exchange(true)) world.abort_comm(c);
   };
   o.transports.assign(static_cast<size_t>(n), TransportKind::nccl);
-  // Every rank has issued its calls (cfg.abort_all): then each knows whether one failed.
-  std::mutex issued_mu;
-  std::condition_variable issued_cv;
-  int issued = 0;
+  // Every rank has made its calls (cfg.abort_all): then each knows whether one failed.
+  std::mutex called_mu;
+  std::condition_variable called_cv;
+  int called = 0;
   world.run_ranks([&](int r) {
     const size_t es = dtype_size(spec.dtype);
     const size_t in_call = in_elems(spec, n) * es, out_call = out_elems(spec, n) * es;
@@ -308,7 +308,7 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
       };
       RankResult& a = o.first[static_cast<size_t>(r)];
       RankResult& b = o.second[static_cast<size_t>(r)];
-      const uint64_t seq_before = Accounting::instance().next_seq();
+      const uint64_t seq_before = Accounting::instance().last_seq();
       a.result = round(out1);
       o.after_calls[static_cast<size_t>(r)] = counts(world, r);
       {
@@ -319,10 +319,10 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
       }
       if (cfg.second_call) b.result = round(out2);
       if (cfg.abort_all) {
-        std::unique_lock lock(issued_mu);
-        ++issued;
-        issued_cv.notify_all();
-        issued_cv.wait(lock, [&] { return issued == n; });
+        std::unique_lock lock(called_mu);
+        ++called;
+        called_cv.notify_all();
+        called_cv.wait(lock, [&] { return called == n; });
       }
       if (cfg.abort_all && aborted.load()) eng.comm_abort(comm);
       world.synchronize_rank();

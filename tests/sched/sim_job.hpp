@@ -28,6 +28,12 @@ struct Spec {
   uint64_t seed = 1;
 };
 
+// A collective and the FP8 path a test forces for it.
+struct Variant {
+  Collective collective;
+  Path path;
+};
+
 quant::ElemType elem_type(DataType t);
 size_t in_elems(const Spec& s, int nranks);
 size_t out_elems(const Spec& s, int nranks);

@@ -36,10 +36,6 @@ using namespace fp8wire::simtest;
 
 namespace {
 
-struct Variant {
-  Collective collective;
-  Path path;
-};
 const Variant kVariants[] = {{Collective::all_reduce, Path::two_shot},
                              {Collective::all_reduce, Path::one_shot},
                              {Collective::reduce_scatter, Path::two_shot},

@@ -35,10 +35,6 @@ using namespace fp8wire::simtest;
 
 namespace {
 
-struct Variant {
-  Collective collective;
-  Path path;
-};
 const Variant kVariants[] = {{Collective::all_reduce, Path::two_shot}, {Collective::all_reduce, Path::one_shot},
                              {Collective::all_reduce, Path::ring},     {Collective::reduce_scatter, Path::two_shot},
                              {Collective::all_gather, Path::one_shot}};

@@ -7,10 +7,10 @@
 #      every FP8 call the direct transport carries over it, between processes sharing the GPU
 #      (direct.assume_one_host), and a case checking that they went over it;
 #   3. tests/sched/direct_faults_gpu: a peer gone, a peer absent: released by an abort, no hang;
-#   4. PyTorch DDP parity and CUDA-graph capture under the shim with the host-memory transport forced;
-#   5. fp8wire-bench sweep --transport both at 2 emulated ranks (NCCL's sockets against the direct
-#      transport through host memory on this one machine), and the profile it calibrates.
-# Env: DIRECT_MULTIRANK_HOST (world sizes, default 2,4), DIRECT_MULTIRANK_PEER (default 2), DIRECT_PARTS
+#   4. PyTorch DDP parity under the shim with each transport forced, CUDA-graph capture with host memory;
+#   5. fp8wire-bench sweep at 2 emulated ranks: --transport both (NCCL's sockets and the direct transport,
+#      peer memory here) and --transport host_memory, and the profiles they calibrate.
+# Env: DIRECT_MULTIRANK_HOST (world sizes, default 2,3,4), DIRECT_MULTIRANK_PEER (default 2,3,4), DIRECT_PARTS
 # (default "kernels multirank faults torch bench").
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
@@ -38,26 +38,35 @@ if has kernels; then
 fi
 if has multirank; then
   run multirank_host_memory 150 build/tests/sched/multirank_collectives --direct host_memory \
-    --ranks "${DIRECT_MULTIRANK_HOST:-2,4}" --timeout 140
-  run multirank_peer_memory 100 build/tests/sched/multirank_collectives --direct peer_memory \
-    --ranks "${DIRECT_MULTIRANK_PEER:-2}" --timeout 90
+    --ranks "${DIRECT_MULTIRANK_HOST:-2,3,4}" --timeout 140
+  run multirank_peer_memory 150 build/tests/sched/multirank_collectives --direct peer_memory \
+    --ranks "${DIRECT_MULTIRANK_PEER:-2,3,4}" --timeout 140
   grep -hE "direct/|^(PASS|FAIL) multirank" "$OUT"/multirank_*.log | sort | uniq -c | head -20
 fi
 if has faults; then
   run direct_faults 120 build/tests/sched/direct_faults_gpu
 fi
 if has torch; then
-  run ddp_parity_host_memory 120 env "${direct_env[@]}" "$PY" tests/sched/ddp_parity.py --nproc 2 --out "$OUT"
-  echo "ddp: $(grep -ohE 'first all_reduce on path [a-z_]+ over [a-z_]+' "$OUT/ddp_parity_host_memory.log" | sort | uniq -c | head -3)"
+  for kind in host_memory peer_memory; do
+    mkdir -p "$OUT/ddp_$kind"
+    run "ddp_parity_$kind" 120 env FP8WIRE_DIRECT_TRANSPORT=$kind FP8WIRE_DIRECT_ASSUME_ONE_HOST=1 \
+      "$PY" tests/sched/ddp_parity.py --nproc 2 --out "$OUT/ddp_$kind"
+    echo "ddp ($kind): $(grep -ohE 'first all_reduce on path [a-z_]+ over [a-z_]+' "$OUT/ddp_$kind"/ddp_fp8_*.log | sort -u)"
+  done
   run graph_capture_host_memory 175 env "${direct_env[@]}" "$PY" tests/sched/graph_capture.py --nproc 2 --out "$OUT" \
     --step-timeout 30
-  echo "graph: $(grep -ohE 'first all_reduce on path [a-z_]+ over [a-z_]+' "$OUT/graph_capture_host_memory.log" | sort | uniq -c | head -3)"
+  echo "graph: $(grep -ohE 'first all_reduce on path [a-z_]+ over [a-z_]+' "$OUT"/graph_n2.rank*.log | sort -u)"
 fi
 if has bench; then
   run bench_direct 150 build/bench/fp8wire-bench sweep --emulate-ranks 2 --transport both --collectives all_reduce \
     --dtypes bf16 --paths passthrough,two_shot,one_shot --min 4MiB --max 64MiB --step 4 --warmup 2 --repeats 5 \
     --buffers 2 --out "$OUT" --json "$OUT/sweep_direct_2ranks.json" --profile "$OUT/profile_direct_2ranks.toml"
   grep -E "^#|MiB|direct" "$OUT/bench_direct.log" | tail -n 30
+  run bench_host_memory 120 build/bench/fp8wire-bench sweep --emulate-ranks 2 --transport host_memory \
+    --collectives all_reduce --dtypes bf16 --paths passthrough,two_shot,one_shot --min 4MiB --max 64MiB --step 4 \
+    --warmup 2 --repeats 5 --buffers 2 --out "$OUT" --json "$OUT/sweep_host_memory_2ranks.json" \
+    --profile "$OUT/profile_host_memory_2ranks.toml"
+  grep -E "^#|MiB|direct" "$OUT/bench_host_memory.log" | tail -n 16
 fi
 echo "================ direct summary ($(( $(date +%s) - t0 )) s) ================"
 for line in "${summary[@]}"; do echo "$line"; done

@@ -52,7 +52,7 @@ std::vector<Field> fields(Config& c) {
       {"train.decay_steps", &t.decay_steps}, {"train.beta1", &t.beta1}, {"train.beta2", &t.beta2},
       {"train.eps", &t.eps}, {"train.weight_decay", &t.weight_decay},
       {"train.clip_norm", &t.clip_norm}, {"train.remat", &t.remat},
-      {"train.remat_every", &t.remat_every},
+      {"train.remat_every", &t.remat_every}, {"train.fused_kernels", &t.fused_kernels},
       {"train.allreduce", &t.allreduce}, {"train.bucket_cap_mb", &t.bucket_cap_mb},
       {"train.log_jsonl", &t.log_jsonl}, {"train.out_dir", &t.out_dir},
       {"train.log_every", &t.log_every}, {"train.init_weights", &t.init_weights},

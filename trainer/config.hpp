@@ -69,6 +69,10 @@ struct TrainConfig {
   double clip_norm = 1.0;
   // Activation checkpointing: "none", "vision" (vision tower layers) or "layers" (every layer).
   std::string remat = "none";
+  // The trainer's CUDA kernels for RMSNorm/adaRMS, RoPE and the gated GELU (trainer/fused_ops.hpp)
+  // instead of ATen's element-wise ops through fp32 temporaries; bf16 on CUDA only (elsewhere the
+  // ATen path runs whatever this says). false = the ATen reference path.
+  bool fused_kernels = true;
   // 1 = checkpoint every layer the policy covers; k = only layers 0, k, 2k, ... (less recompute,
   // more activation memory: pi05 at micro-batch 32 fits k = 2 on an H200, trainer/README.md).
   int64_t remat_every = 1;

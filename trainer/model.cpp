@@ -1,5 +1,7 @@
 #include "trainer/model.hpp"
 
+#include "trainer/fused_ops.hpp"
+
 #include <cmath>
 #include <functional>
 #include <stdexcept>
@@ -19,6 +21,7 @@ namespace {
 // slot, language padding) then gets a uniform softmax instead of NaN, and the bias stays finite in
 // bf16 even after logits are added to it.
 constexpr double kMaskBias = -1e30;
+constexpr double kNormEps = 1e-6;
 
 // Activation checkpointing by recomputation (the "reentrant" scheme): forward runs the segment
 // without saving activations; backward reruns it with grad enabled and back-propagates through the
@@ -79,15 +82,6 @@ variable_list run_segment(bool checkpoint, Segment fn, const variable_list& inpu
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) { return at::linear(x, w, b); }
 
-Tensor apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
-  // x [B, H, S, D]; cos/sin [B, 1, S, D/2]; rotation in fp32 as openpi does, on the two halves.
-  const int64_t half = x.size(-1) / 2;
-  Tensor xf = x.to(at::kFloat);
-  Tensor x1 = xf.narrow(-1, 0, half);
-  Tensor x2 = xf.narrow(-1, half, half);
-  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).to(x.scalar_type());
-}
-
 }  // namespace
 
 Batch Batch::to(at::Device device, bool non_blocking) const {
@@ -104,9 +98,18 @@ Tensor attention_allowed(const Tensor& ar, const Tensor& valid) {
 
 Tensor joint_positions(const Tensor& valid) { return valid.to(at::kLong).cumsum(1) - 1; }
 
+Tensor apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  // x [B, H, S, D]; cos/sin [B, 1, S, D/2]; rotation in fp32 as openpi does, on the two halves.
+  const int64_t half = x.size(-1) / 2;
+  Tensor xf = x.to(at::kFloat);
+  Tensor x1 = xf.narrow(-1, 0, half);
+  Tensor x2 = xf.narrow(-1, half, half);
+  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).to(x.scalar_type());
+}
+
 Tensor rms_normalize(const Tensor& x) {
   Tensor xf = x.to(at::kFloat);
-  return xf * at::rsqrt(xf.pow(2).mean(-1, true) + 1e-6);
+  return xf * at::rsqrt(xf.pow(2).mean(-1, true) + kNormEps);
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight) {
@@ -293,6 +296,29 @@ double Pi05Model::forward_flops_per_sample() const {
 
 // --- forward -----------------------------------------------------------------------------------
 
+Tensor Pi05Model::norm(const Tensor& x, const Tensor& weight) const {
+  if (fused_ && fused_norm_applies(x)) return fused_rms_modulate(x, weight, Tensor(), kNormEps);
+  return rms_norm(x, weight);
+}
+
+AdaNormOut Pi05Model::ada_norm(const Tensor& x, const Tensor& cond, const Linear& dense) const {
+  if (!(fused_ && fused_norm_applies(x))) return ada_rms_norm(x, cond, dense.w, dense.b);
+  Tensor modulation = at::linear(cond, dense.w, dense.b).unsqueeze(1).to(at::kFloat);  // [B, 1, 3D]
+  auto parts = modulation.chunk(3, -1);
+  return {fused_rms_modulate(x, parts[0], parts[1], kNormEps), parts[2].to(x.scalar_type())};
+}
+
+Tensor Pi05Model::rope(const Tensor& x, const Tensor& cos, const Tensor& sin) const {
+  if (fused_ && fused_rope_applies(x, cos, sin)) return fused_rope(x, cos, sin);
+  return apply_rope(x, cos, sin);
+}
+
+Tensor Pi05Model::gated_mlp(const ExpertWeights& e, const Tensor& h) const {
+  Tensor gate = at::linear(h, e.gate.w), up = at::linear(h, e.up.w);
+  Tensor z = fused_ && fused_gelu_mul_applies(gate, up) ? fused_gelu_mul(gate, up) : at::gelu(gate, "tanh") * up;
+  return at::linear(z, e.down.w);
+}
+
 Tensor Pi05Model::vision_layer(const VisionLayer& l, const Tensor& x) const {
   const auto& c = cfg_;
   const int64_t n = x.size(0), s = x.size(1), hd = c.vision_width / c.vision_heads;
@@ -340,18 +366,18 @@ std::vector<Tensor> Pi05Model::joint_layer(const JointLayer& l, const Tensor& xp
                                            const Tensor& mask, const Tensor& cos, const Tensor& sin) const {
   const auto& c = cfg_;
   const int64_t b = xp.size(0), p = xp.size(1), a = xs.size(1), s = p + a;
-  Tensor hp = rms_norm(xp, l.prefix.ln1);
-  AdaNormOut hs = ada_rms_norm(xs, cond, l.suffix.ada1.w, l.suffix.ada1.b);
+  Tensor hp = norm(xp, l.prefix.ln1);
+  AdaNormOut hs = ada_norm(xs, cond, l.suffix.ada1);
   auto project = [&](const Linear& wp, const Linear& ws, int64_t heads) {
     Tensor t = at::cat({linear(hp, wp.w, wp.b), linear(hs.y, ws.w, ws.b)}, 1);
     return t.view({b, s, heads, c.head_dim}).transpose(1, 2);
   };
   // In the last layer only the action tokens query (their outputs are all the loss reads); the
   // prefix still provides keys and values.
-  Tensor q = l.prefix_tail ? apply_rope(project(l.prefix.q, l.suffix.q, c.heads), cos, sin)
-                           : apply_rope(linear(hs.y, l.suffix.q.w, l.suffix.q.b).view({b, a, c.heads, c.head_dim}).transpose(1, 2),
-                                        cos.narrow(2, p, a), sin.narrow(2, p, a));
-  Tensor k = apply_rope(project(l.prefix.k, l.suffix.k, c.kv_heads), cos, sin);
+  Tensor q = l.prefix_tail ? rope(project(l.prefix.q, l.suffix.q, c.heads), cos, sin)
+                           : rope(linear(hs.y, l.suffix.q.w, l.suffix.q.b).view({b, a, c.heads, c.head_dim}).transpose(1, 2),
+                                  cos.narrow(2, p, a), sin.narrow(2, p, a));
+  Tensor k = rope(project(l.prefix.k, l.suffix.k, c.kv_heads), cos, sin);
   Tensor v = project(l.prefix.v, l.suffix.v, c.kv_heads);
   // Grouped-query attention: expanding K/V keeps SDPA on its fused kernels with an arbitrary mask.
   const int64_t group = c.heads / c.kv_heads;
@@ -364,15 +390,12 @@ std::vector<Tensor> Pi05Model::joint_layer(const JointLayer& l, const Tensor& xp
   o = o.transpose(1, 2).reshape({b, q.size(2), c.heads * c.head_dim});
   Tensor os = l.prefix_tail ? o.narrow(1, p, a) : o;
   Tensor ys = xs + linear(os, l.suffix.o.w, l.suffix.o.b) * hs.gate;
-  AdaNormOut h2 = ada_rms_norm(ys, cond, l.suffix.ada2.w, l.suffix.ada2.b);
-  auto mlp = [](const ExpertWeights& e, const Tensor& h) {
-    return at::linear(at::gelu(at::linear(h, e.gate.w), "tanh") * at::linear(h, e.up.w), e.down.w);
-  };
-  ys = ys + mlp(l.suffix, h2.y) * h2.gate;
+  AdaNormOut h2 = ada_norm(ys, cond, l.suffix.ada2);
+  ys = ys + gated_mlp(l.suffix, h2.y) * h2.gate;
   Tensor yp = xp;
   if (l.prefix_tail) {
     yp = xp + linear(o.narrow(1, 0, p), l.prefix.o.w, l.prefix.o.b);
-    yp = yp + mlp(l.prefix, rms_norm(yp, l.prefix.ln2));
+    yp = yp + gated_mlp(l.prefix, norm(yp, l.prefix.ln2));
   }
   return {yp, ys};
 }
@@ -409,7 +432,7 @@ Tensor Pi05Model::velocity(const Batch& batch, const Tensor& x_t, const Tensor& 
     xp = out[0];
     xs = out[1];
   }
-  AdaNormOut fin = ada_rms_norm(xs, cond, expert_final_ada_.w, expert_final_ada_.b);
+  AdaNormOut fin = ada_norm(xs, cond, expert_final_ada_);
   return linear(fin.y, action_out_.w, action_out_.b).to(at::kFloat);
 }
 

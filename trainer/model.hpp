@@ -44,6 +44,8 @@ struct AdaNormOut {
 at::Tensor rms_normalize(const at::Tensor& x);  // no weight
 AdaNormOut ada_rms_norm(const at::Tensor& x, const at::Tensor& cond, const at::Tensor& dense_w,
                         const at::Tensor& dense_b);
+// Rotary embedding of x [B, H, S, D] by cos/sin [B, 1, S, D/2] on the two halves, in fp32 as openpi.
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 // sincos(t, dim, min_period, max_period) as openpi's posemb_sincos: [B, dim], fp32.
 at::Tensor sincos_time_embedding(const at::Tensor& t, int64_t dim, double min_period, double max_period);
 // mean((v - (noise - actions))^2) in fp32.
@@ -76,6 +78,9 @@ class Pi05Model {
     remat_every_ = every < 1 ? 1 : every;
   }
 
+  // The fused CUDA kernels (trainer/fused_ops.hpp) where they apply; false = ATen throughout.
+  void set_fused_kernels(bool on) { fused_ = on; }
+
   // v_t for noisy actions x_t at flow time t. Batch tensors must be on the model's device.
   at::Tensor velocity(const Batch& batch, const at::Tensor& x_t, const at::Tensor& time) const;
   // The training loss for given noise [B, H, action_dim] and time [B].
@@ -94,6 +99,11 @@ class Pi05Model {
   at::Tensor add(const std::string& name, std::vector<int64_t> shape, const std::string& init, double scale = 0);
   Linear add_linear(const std::string& name, int64_t in, int64_t out, bool bias, const std::string& init);
   at::Tensor vision_layer(const VisionLayer& l, const at::Tensor& x) const;
+  // The element-wise pieces, fused or ATen (see set_fused_kernels).
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& weight) const;
+  AdaNormOut ada_norm(const at::Tensor& x, const at::Tensor& cond, const Linear& dense) const;
+  at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  at::Tensor gated_mlp(const ExpertWeights& e, const at::Tensor& h) const;
   std::vector<at::Tensor> joint_layer(const JointLayer& l, const at::Tensor& x_prefix, const at::Tensor& x_suffix,
                                       const at::Tensor& cond, const at::Tensor& mask, const at::Tensor& cos,
                                       const at::Tensor& sin) const;
@@ -105,6 +115,7 @@ class Pi05Model {
   at::Device device_;
   Remat remat_ = Remat::none;
   int64_t remat_every_ = 1;
+  bool fused_ = true;
   std::vector<NamedParam> params_;
   // vision
   at::Tensor patch_w_, patch_b_, pos_emb_, post_ln_w_, post_ln_b_;

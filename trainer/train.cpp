@@ -2,6 +2,8 @@
 
 #include <nvtx3/nvToolsExt.h>
 
+#include <dlfcn.h>
+
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -77,6 +79,31 @@ std::string canonical_name(std::string name) {
   for (const auto& [from, to] : kAliases)
     if (name.rfind(from, 0) == 0) return to + name.substr(std::strlen(from));
   return name;
+}
+
+// Under an LD_PRELOADed libfp8wire.so: how many collectives took each of its paths (its C API,
+// shim/fp8wire.h, resolved at run time), so a run that meant to use FP8 shows that it did.
+void print_fp8wire_totals() {
+  constexpr int kMaxPaths = 16;  // FP8WIRE_MAX_PATHS
+  struct Totals {
+    uint64_t calls[kMaxPaths], app_bytes[kMaxPaths], wire_bytes[kMaxPaths];
+    uint64_t dropped_records;
+  };
+  auto get = reinterpret_cast<void (*)(Totals*)>(dlsym(RTLD_DEFAULT, "fp8wire_get_totals"));
+  auto name = reinterpret_cast<const char* (*)(int)>(dlsym(RTLD_DEFAULT, "fp8wire_path_name"));
+  auto is_fp8 = reinterpret_cast<int (*)(int)>(dlsym(RTLD_DEFAULT, "fp8wire_path_is_fp8"));
+  if (!get || !name || !is_fp8) return;
+  Totals totals{};
+  get(&totals);
+  uint64_t all = 0, fp8 = 0;
+  std::string by_path;
+  for (int i = 0; i < kMaxPaths; ++i) {
+    if (!totals.calls[i]) continue;
+    all += totals.calls[i];
+    if (is_fp8(i)) fp8 += totals.calls[i];
+    by_path += fmt::format("{}{} {}", by_path.empty() ? "" : ", ", name(i), totals.calls[i]);
+  }
+  fmt::print("fp8wire: rank 0: {} collectives, {} on FP8 paths ({})\n", all, fp8, by_path.empty() ? "none" : by_path);
 }
 
 }  // namespace
@@ -235,9 +262,19 @@ class GradientBuckets {
       if (from_hook) ++launched_in_backward_;
       if (world_ > 1 && pg_) {
         std::vector<Tensor> tensors{b.grad_flat};
+        name_next_allreduce(next_launch_);  // bucket index + 1: the same tensor every step
         b.work = pg_->allreduce(tensors, c10d::AllreduceOptions{});
       }
     }
+  }
+
+  // Names the tensor of the next all-reduce on this thread for an LD_PRELOADed libfp8wire.so's
+  // error feedback (its C API, shim/fp8wire.h; resolved at run time: the trainer links no fp8wire
+  // code). Without the library, or with error feedback off, it does nothing.
+  static void name_next_allreduce(uint64_t key) {
+    using SetKey = void (*)(uint64_t);
+    static const SetKey set_key = reinterpret_cast<SetKey>(dlsym(RTLD_DEFAULT, "fp8wire_set_feedback_key"));
+    if (set_key) set_key(key);
   }
 
   const std::vector<NamedParam>& params_;
@@ -265,6 +302,7 @@ Trainer::Trainer(const Config& config, int rank, int world, c10::intrusive_ptr<c
   model_ = std::make_unique<Pi05Model>(cfg_.model, cfg_.data.num_images, cfg_.data.max_token_len, dtype, device_,
                                        cfg_.train.seed);
   model_->set_remat(parse_remat(cfg_.train.remat), cfg_.train.remat_every);
+  model_->set_fused_kernels(cfg_.train.fused_kernels);
   buckets_ = std::make_unique<GradientBuckets>(model_->parameters(), cfg_.train, world_, std::move(pg));
 }
 
@@ -803,6 +841,7 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
                  ok ? "PASS" : "FAIL");
       if (!ok) rc = 4;
     }
+    if (rank == 0) print_fp8wire_totals();
     if (rank == 0 && t.plot) plot_loss_curve(log_path, (fs::path(t.out_dir) / "loss.png").string());
     if (pg) pg->shutdown();  // orderly NCCL teardown instead of the destructor's warning
     return rc;

@@ -14,6 +14,7 @@
 
 #include "trainer/config.hpp"
 #include "trainer/data.hpp"
+#include "trainer/fused_ops.hpp"
 #include "trainer/model.hpp"
 #include "trainer/train.hpp"
 
@@ -65,6 +66,25 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 }
 
 }  // namespace
+
+TEST_CASE("the fused kernels apply only to bf16 CUDA tensors: on the CPU the ATen path runs either way") {
+  Config c = tiny_config();
+  CHECK(c.train.fused_kernels);  // on by default
+  CHECK(apply_override("train.fused_kernels=false", c) == "");
+  CHECK_FALSE(c.train.fused_kernels);
+  CHECK(apply_override("train.fused_kernels=sometimes", c).find("train.fused_kernels") != std::string::npos);
+  CHECK_FALSE(fused_norm_applies(at::zeros({2, 3, 64}, at::kBFloat16)));
+  Batch b = tiny_batch(c);
+  Tensor n = at::randn({4, 6, 8});
+  Tensor t = at::full({4}, 0.45);
+  Tensor losses[2];
+  for (int k = 0; k < 2; ++k) {
+    Pi05Model m(c.model, c.data.num_images, c.data.max_token_len, at::kFloat, at::kCPU, 5);
+    m.set_fused_kernels(k == 1);
+    losses[k] = m.loss(b, n, t);
+  }
+  CHECK(at::equal(losses[0], losses[1]));
+}
 
 TEST_CASE("config: presets load, unknown keys and bad values are errors naming the key") {
   Config c = tiny_config();

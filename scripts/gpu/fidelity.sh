@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# FP8-wire training fidelity (scripts/gpu/all.sh fidelity): pi05_small on 2 emulated ranks (one GPU,
+# NCCL over sockets, as the main job) for FIDELITY_STEPS (1000) steps, same seed and data, plain NCCL
+# and under libfp8wire.so three ways: e4m3 (the default), e4m3 with error feedback (the trainer
+# names every gradient bucket: fp8wire_set_feedback_key), e5m2. Then scripts/fidelity.py: loss
+# Pearson and mean relative error against plain NCCL, gradient-norm curves, the plot.
+# Environment: FIDELITY_STEPS, FIDELITY_RUNS ("plain fp8wire fp8wire_ef fp8wire_e5m2"),
+# FIDELITY_PARALLEL (2: runs at once; the GPU and the sockets are shared), FIDELITY_LIMIT_S (per
+# wave), FIDELITY_SET (extra --set overrides for every run).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT="${OUT:-$PWD/out/fidelity}"; mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+steps="${FIDELITY_STEPS:-1000}"
+runs=(${FIDELITY_RUNS:-plain fp8wire fp8wire_ef fp8wire_e5m2})
+parallel="${FIDELITY_PARALLEL:-2}"
+limit="${FIDELITY_LIMIT_S:-540}"
+BIN=build/trainer/fp8wire-train
+SHIM="$PWD/build/shim/libfp8wire.so"
+for f in "$BIN" "$SHIM"; do [[ -e "$f" ]] || { echo "FAIL: $f is missing"; exit 1; }; done
+# As the main job on one GPU (docs/TUNING.md): NCCL's point-to-point chunk for every run, fp8wire
+# gathering by send/recv.
+export NCCL_P2P_NET_CHUNKSIZE="${NCCL_P2P_NET_CHUNKSIZE:-524288}"
+
+start() {  # start NAME: in the background, pid appended to pids
+  local name="$1" dir="$OUT/$1"
+  rm -rf "$dir"; mkdir -p "$dir"
+  local sets=(--set train.out_dir="$dir" --set train.log_every=1 --set train.plot=false --set train.decay_steps="$steps")
+  for kv in ${FIDELITY_SET:-}; do sets+=(--set "$kv"); done
+  local env_args=()
+  case "$name" in
+    plain) ;;
+    fp8wire) env_args=(LD_PRELOAD="$SHIM" FP8WIRE_GATHER_TRANSPORT=sendrecv) ;;
+    fp8wire_ef) env_args=(LD_PRELOAD="$SHIM" FP8WIRE_GATHER_TRANSPORT=sendrecv FP8WIRE_ERROR_FEEDBACK_ENABLE=1) ;;
+    fp8wire_e5m2) env_args=(LD_PRELOAD="$SHIM" FP8WIRE_GATHER_TRANSPORT=sendrecv FP8WIRE_FORMAT=e5m2) ;;
+    *) echo "FAIL: unknown run $name"; return 1 ;;
+  esac
+  echo "fidelity: $name: ${env_args[*]:-plain NCCL}"
+  env ${env_args[@]+"${env_args[@]}"} timeout -k 20 "$limit" "$BIN" --config trainer/configs/pi05_small.toml --ranks 2 --steps "$steps" "${sets[@]}" \
+    > "$dir/run.log" 2>&1 &
+  pids+=($!)
+}
+
+t0=$(date +%s)
+i=0
+while (( i < ${#runs[@]} )); do
+  pids=()
+  wave=("${runs[@]:i:parallel}")
+  for r in "${wave[@]}"; do start "$r"; done
+  for k in "${!pids[@]}"; do
+    wait "${pids[$k]}"; rc=$?
+    echo "fidelity: ${wave[$k]} rc=$rc ($(( $(date +%s) - t0 )) s); $(grep '^summary' "$OUT/${wave[$k]}/run.log" | tail -1)"
+    (( rc == 0 )) || tail -n 8 "$OUT/${wave[$k]}/run.log"
+    grep -h -E "ranks in sync|^fp8wire: rank 0" "$OUT/${wave[$k]}/run.log" | head -3
+  done
+  i=$(( i + parallel ))
+done
+
+cands=()
+for r in "${runs[@]}"; do
+  [[ "$r" == plain ]] && continue
+  [[ -s "$OUT/$r/train_log.jsonl" ]] && cands+=("$r=$OUT/$r/train_log.jsonl")
+done
+# The collectives each FP8 run carried on FP8 paths (fp8wire-train prints libfp8wire.so's totals),
+# so a run that silently passed through shows.
+for r in "${runs[@]}"; do
+  [[ "$r" == plain ]] && continue
+  echo "$r: $(grep -m1 '^fp8wire: rank 0' "$OUT/$r/run.log" || echo 'FAIL: no fp8wire totals (was the library loaded?)')"
+done
+if [[ -s "$OUT/plain/train_log.jsonl" && ${#cands[@]} -gt 0 ]]; then
+  "$PY" scripts/fidelity.py "$OUT/plain/train_log.jsonl" "${cands[@]}" --plot "$OUT/fidelity.png" | tee "$OUT/fidelity.md"
+  echo "fidelity rc=${PIPESTATUS[0]}"
+else
+  echo "FAIL: no plain run or no FP8 run to compare"
+  exit 1
+fi

@@ -35,21 +35,23 @@ Tensor aligned_contiguous(const Tensor& t) {
   return aligned16(c) ? c : c.clone();
 }
 
-// x [rows, D] bf16; scale [G, D] fp32; shift [G, D] fp32 or undefined. Rows of one group are
-// consecutive (a sample's tokens), rows / G per group.
+// x [rows, D] bf16; scale [G, D] fp32; shift [G, D] fp32 or empty (no shift: autograd's custom
+// functions take no undefined tensor inputs). Rows of one group are consecutive (a sample's
+// tokens), rows / G per group.
 struct NormFunction : public torch::autograd::Function<NormFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x_in, const Tensor& scale_in, const Tensor& shift_in,
                         double eps) {
     Tensor x = aligned_contiguous(x_in), scale = aligned_contiguous(scale_in);
-    Tensor shift = shift_in.defined() ? aligned_contiguous(shift_in) : shift_in;
+    const bool has_shift = shift_in.numel() > 0;
+    Tensor shift = has_shift ? aligned_contiguous(shift_in) : shift_in;
     const fused::NormShape s{x.size(0), x.size(1), x.size(0) / scale.size(0)};
     Tensor y = at::empty_like(x);
     Tensor rstd = at::empty({s.rows}, x.options().dtype(at::kFloat));
-    check(fused::norm_forward(x.data_ptr(), scale.data_ptr<float>(), shift.defined() ? shift.data_ptr<float>() : nullptr,
+    check(fused::norm_forward(x.data_ptr(), scale.data_ptr<float>(), has_shift ? shift.data_ptr<float>() : nullptr,
                               float(eps), s, y.data_ptr(), rstd.data_ptr<float>(), current_stream()),
           "RMSNorm forward");
     ctx->save_for_backward({x, scale, rstd});
-    ctx->saved_data["shift"] = shift.defined();
+    ctx->saved_data["shift"] = has_shift;
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -155,7 +157,8 @@ Tensor fused_rms_modulate(const Tensor& x, const Tensor& scale, const Tensor& sh
                                             "with scale [B, 1, D] or [D]",
                                             fmt::join(x.sizes(), "x"), fmt::join(scale.sizes(), "x")));
   Tensor s = scale.to(at::kFloat).reshape({per_sample ? b : 1, d});
-  Tensor sh = shift.defined() ? shift.to(at::kFloat).reshape({per_sample ? b : 1, d}) : Tensor();
+  Tensor sh = shift.defined() ? shift.to(at::kFloat).reshape({per_sample ? b : 1, d})
+                              : at::empty({0}, x.options().dtype(at::kFloat));
   Tensor y = NormFunction::apply(x.reshape({b * t, d}), s, sh, eps);
   return y.view({b, t, d});
 }

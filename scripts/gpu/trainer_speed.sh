@@ -7,7 +7,8 @@
 #   4. the loss over SPEED_LOSS_STEPS (200) steps with and without the fused kernels, same seed and
 #      data (scripts/loss_parity.py), and with SPEED_NOISE_RUN=1 the ATen run repeated: how far two
 #      identical runs drift apart (cuDNN's attention backward is not deterministic) is the noise the
-#      comparison is judged against.
+#      comparison is judged against. SPEED_LOSS_BASELINE=<train_log.jsonl> of an earlier ATen run of
+#      the same settings skips the ATen run.
 # Tables under $OUT (throughput.md, loss_parity.txt); the summary is printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
@@ -84,23 +85,27 @@ if (( steps > 0 )); then
   loss_sets=(--set train.micro_batch=16 --set train.remat=none --set train.warmup_steps=20 --set train.peak_lr=1e-4
              --set train.log_every=1 --set train.seed=7)
   limit=$(( steps * 6 / 10 + 60 ))
-  run "$OUT/loss_aten" "$steps" "$limit" "${loss_sets[@]}" --set train.fused_kernels=false; rc_a=$?
+  base="${SPEED_LOSS_BASELINE:-$OUT/loss_aten/train_log.jsonl}"
+  rc_a="given ($base)"
+  if [[ -z "${SPEED_LOSS_BASELINE:-}" ]]; then
+    run "$OUT/loss_aten" "$steps" "$limit" "${loss_sets[@]}" --set train.fused_kernels=false; rc_a=$?
+  fi
   run "$OUT/loss_fused" "$steps" "$limit" "${loss_sets[@]}" --set train.fused_kernels=true; rc_f=$?
   note "loss runs: ATen rc=$rc_a, fused rc=$rc_f"
   : > "$OUT/loss_parity.txt"
-  parity=$("$PY" scripts/loss_parity.py "$OUT/loss_aten/train_log.jsonl" "$OUT/loss_fused/train_log.jsonl" \
+  parity=$("$PY" scripts/loss_parity.py "$base" "$OUT/loss_fused/train_log.jsonl" \
     --min-pearson 0.99 --max-rel-err 0.02 2>&1)
   echo "ATen vs fused, $steps steps: $parity" | tee -a "$OUT/loss_parity.txt"
   if [[ "${SPEED_NOISE_RUN:-0}" == 1 ]]; then
     run "$OUT/loss_aten2" "$steps" "$limit" "${loss_sets[@]}" --set train.fused_kernels=false
-    parity2=$("$PY" scripts/loss_parity.py "$OUT/loss_aten/train_log.jsonl" "$OUT/loss_aten2/train_log.jsonl" \
+    parity2=$("$PY" scripts/loss_parity.py "$base" "$OUT/loss_aten2/train_log.jsonl" \
       --min-pearson 0.99 --max-rel-err 0.02 2>&1)
     echo "ATen vs ATen (the noise), $steps steps: $parity2" | tee -a "$OUT/loss_parity.txt"
   fi
   for d in loss_aten loss_fused loss_aten2; do
     [[ -f "$OUT/$d/run.log" ]] && grep '^summary' "$OUT/$d/run.log" | sed "s/^/$d: /" | tee -a "$OUT/loss_parity.txt"
   done
-  "$PY" scripts/plot_loss.py "$OUT/loss_aten/train_log.jsonl" "$OUT/loss_fused/train_log.jsonl" \
+  "$PY" scripts/plot_loss.py "$base" "$OUT/loss_fused/train_log.jsonl" \
     -o "$OUT/loss_fused_vs_aten.png" > /dev/null 2>&1 || true
   note "$(head -n 1 "$OUT/loss_parity.txt")"
 fi

@@ -19,6 +19,7 @@ from collections import defaultdict
 # (family, pattern on the kernel name), first match wins.
 FAMILIES = [
     ("nccl", r"nccl"),
+    ("trainer fused", r"fp8wire::trainer::fused"),  # the trainer's RMSNorm/adaRMS, RoPE, gated GELU
     ("fp8wire codec", r"fp8wire|quantize|dequantize"),
     ("attention", r"fmha|flash|attention|attn|sdpa|softmax"),
     ("matmul", r"gemm|sm90_xmma|sm80_xmma|cutlass|nvjet|wgmma|cublas|splitkreduce"),

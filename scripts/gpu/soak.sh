@@ -37,10 +37,12 @@ done
 if [[ "${SOAK_DEVICE:-cuda}" == cpu ]]; then
   config=trainer/configs/tiny.toml
   rank_args=()
+  ranks=1
   overrides=(train.plot=false train.log_every=1)
 else
   config=trainer/configs/pi05_small.toml
-  rank_args=(--ranks "${SOAK_RANKS:-2}")
+  ranks="${SOAK_RANKS:-2}"
+  rank_args=(--ranks "$ranks")
   overrides=(train.plot=false train.log_every=1 train.micro_batch=2)
   # shellcheck disable=SC2206
   overrides+=(${SOAK_SET-model.depth=2 model.vocab_size=4096})
@@ -74,7 +76,7 @@ plain_pid=$run_pid
 FP8WIRE_GATHER_TRANSPORT="${FP8WIRE_GATHER_TRANSPORT:-sendrecv}" start_run fp8wire --shim
 fp8_pid=$run_pid
 rm -f "$OUT/samples.jsonl"
-"$PY" scripts/gpu/soak_monitor.py watch --every "$every" --out "$OUT/samples.jsonl" \
+"$PY" scripts/gpu/soak_monitor.py watch --every "$every" --out "$OUT/samples.jsonl" --ranks "$ranks" \
   --run "plain:$plain_pid:$OUT/plain/train/train_log.jsonl" \
   --run "fp8wire:$fp8_pid:$OUT/fp8wire/train/train_log.jsonl" &
 monitor_pid=$!
@@ -103,6 +105,7 @@ done
 cpu_flag=()
 [[ "${SOAK_DEVICE:-cuda}" == cpu ]] && cpu_flag=(--cpu)
 "$PY" scripts/gpu/soak_monitor.py report --samples "$OUT/samples.jsonl" --steps "$steps" --warmup "$warmup" "${cpu_flag[@]}" \
+  --ranks "$ranks" \
   --run "plain:$OUT/plain/train/train_log.jsonl:$OUT/plain/prof" \
   --run "fp8wire:$OUT/fp8wire/train/train_log.jsonl:$OUT/fp8wire/prof" \
   --parity plain fp8wire --markdown "$OUT/soak_table.md"

@@ -9,7 +9,10 @@ watch: until every PID has exited, follows each run's train log (rank 0's JSON l
 the completed steps pass a multiple of --every, records every rank's resident host memory
 (/proc/<pid>/status VmRSS) and GPU memory (nvidia-smi's per-process used memory; where the machine
 does not report processes, the trainer's own allocator peak from the log). Ranks are the
-fp8wire-train processes under PID with no fp8wire-train child (the launcher forks them).
+fp8wire-train processes under PID with no fp8wire-train child (the launcher forks them), known by
+their argv[0]: the launcher starts each rank by exec'ing /proc/self/exe, which names the process
+"exe" in /proc/<pid>/comm. --ranks N: the ranks each run must have; report fails a run whose samples
+found fewer (a monitor that measured the launcher instead of the ranks says so).
 
 report: per run, the steps reached, the median step time, and whether host and GPU memory stayed
 flat after --warmup steps: the growth from the first sample at or after --warmup to the last, per
@@ -36,8 +39,18 @@ SUMMARY_DROPS = ("dropped_nvtx_events", "dropped_call_events", "dropped_cupti_re
 
 # ---- watch ----------------------------------------------------------------------------------------
 
+def program_name(pid, comm):
+    """The basename of argv[0] (what the process was started as), else the kernel's comm."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0", 1)[0].decode(errors="replace")
+    except OSError:
+        argv0 = ""
+    return os.path.basename(argv0) or comm
+
+
 def children_of():
-    """pid -> [child pids], and pid -> command name, from /proc."""
+    """pid -> [child pids], and pid -> program name (program_name), from /proc."""
     kids, names = {}, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -51,7 +64,7 @@ def children_of():
         name = stat[stat.index("(") + 1:stat.rindex(")")]
         ppid = int(stat[stat.rindex(")") + 2:].split()[1])
         pid = int(entry)
-        names[pid] = name
+        names[pid] = program_name(pid, name)
         kids.setdefault(ppid, []).append(pid)
     return kids, names
 
@@ -140,6 +153,7 @@ def watch(args):
                 ranks = ranks_under(r["pid"])
                 gpu = gpu_mib_by_pid()
                 sample = {"run": r["name"], "step": done, "t": round(time.time() - start, 1), "ranks": ranks,
+                          "expected_ranks": args.ranks,
                           "rss_mib": [rss_mib(p) for p in ranks], "gpu_mib": [gpu.get(p) for p in ranks],
                           "torch_peak_gib": record.get("peak_mem_gib")}
                 out.write(json.dumps(sample) + "\n")
@@ -230,6 +244,9 @@ def report(args):
                     reported_steps += 1
         checks = []
         checks.append(("steps", steps >= args.steps, f"{steps}/{args.steps}"))
+        sampled = min((len(s["ranks"]) for s in mine), default=0)
+        checks.append(("ranks sampled", sampled >= args.ranks and bool(mine),
+                       f"{sampled} of {args.ranks} in every sample ({len(mine)} samples)"))
         checks.append(("host memory flat", host is not None and all(h[4] for h in host),
                        "n/a" if host is None else "; ".join(f"{h[0]:.0f}->{h[1]:.0f} ({h[2]:+.1f} MiB, "
                                                             f"{h[3]:+.1f}/1k steps)" for h in host)))
@@ -286,6 +303,7 @@ def main():
     w.add_argument("--every", type=int, default=100)
     w.add_argument("--poll", type=float, default=0.5)
     w.add_argument("--out", required=True)
+    w.add_argument("--ranks", type=int, default=1, help="ranks each run has (recorded with every sample)")
     r = sub.add_parser("report")
     r.add_argument("--samples", required=True)
     r.add_argument("--run", action="append", required=True, help="NAME:TRAIN_LOG:PROFILER_DIR")
@@ -293,6 +311,7 @@ def main():
     r.add_argument("--warmup", type=int, default=300)
     r.add_argument("--parity", nargs=2, metavar=("A", "B"))
     r.add_argument("--markdown")
+    r.add_argument("--ranks", type=int, default=1, help="ranks each run must have been sampled with")
     r.add_argument("--cpu", action="store_true", help="dry run without a GPU: no GPU memory or profiler checks")
     args = p.parse_args()
     if args.command == "watch":

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""CPU tests of the GPU scripts' helpers: the soak monitor finds the ranks the trainer's launcher
+starts (each by exec'ing /proc/self/exe, so the kernel names it "exe") and fails a run sampled with
+fewer ranks than it has; scripts/fidelity.py judges and reports the curves and rejects bad input."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "gpu"))
+import soak_monitor  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import kernel_breakdown  # noqa: E402
+
+# A process tree like `fp8wire-train --ranks 2`: a launcher that forks two ranks, each re-exec'ing
+# the same program; argv[0] stays "fp8wire-train" throughout, /proc/<pid>/comm becomes "exe".
+TREE = r"""
+import os, sys, time
+if len(sys.argv) > 1 and sys.argv[1] == "rank":
+    time.sleep(30)
+    sys.exit(0)
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        os.execv("/proc/self/exe", ["fp8wire-train", "-c", open(sys.argv[0]).read(), "rank"])
+    kids.append(pid)
+print(" ".join(map(str, kids)), flush=True)
+for k in kids:
+    os.waitpid(k, 0)
+"""
+
+
+class RankDiscovery(unittest.TestCase):
+    def test_ranks_are_the_launchers_children_though_named_exe(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+            f.write(TREE)
+            script = f.name
+        # The launcher itself also runs as "fp8wire-train" (argv[0]) from an exec of /proc/self/exe.
+        launcher = subprocess.Popen(["fp8wire-train", script], executable=sys.executable, stdout=subprocess.PIPE,
+                                    text=True)
+        try:
+            kids = sorted(int(p) for p in launcher.stdout.readline().split())
+            deadline = time.time() + 10
+            found = []
+            while time.time() < deadline:
+                found = soak_monitor.ranks_under(launcher.pid)
+                if found == kids:
+                    break
+                time.sleep(0.1)
+            self.assertEqual(found, kids)
+            with open(f"/proc/{kids[0]}/comm") as c:
+                self.assertEqual(c.read().strip(), "exe")  # what the monitor must not rely on
+        finally:
+            for k in soak_monitor.ranks_under(launcher.pid):
+                os.kill(k, 9)
+            launcher.wait(timeout=20)
+            os.unlink(script)
+
+    def test_report_fails_a_run_sampled_with_fewer_ranks(self):
+        with tempfile.TemporaryDirectory() as d:
+            log = os.path.join(d, "train_log.jsonl")
+            with open(log, "w") as f:
+                for s in range(40):
+                    f.write(json.dumps({"step": s, "loss": 1.0 / (s + 1), "step_ms": 10.0}) + "\n")
+            samples = os.path.join(d, "samples.jsonl")
+            with open(samples, "w") as f:
+                for step in (10, 20, 30, 40):
+                    f.write(json.dumps({"run": "plain", "step": step, "ranks": [100], "rss_mib": [300.0],
+                                        "gpu_mib": [None], "torch_peak_gib": None}) + "\n")
+            cmd = [sys.executable, os.path.join(ROOT, "scripts", "gpu", "soak_monitor.py"), "report",
+                   "--samples", samples, "--steps", "40", "--warmup", "10", "--cpu",
+                   "--run", f"plain:{log}:{d}/prof"]
+            one = subprocess.run(cmd + ["--ranks", "1"], capture_output=True, text=True)
+            self.assertEqual(one.returncode, 0, one.stdout + one.stderr)
+            two = subprocess.run(cmd + ["--ranks", "2"], capture_output=True, text=True)
+            self.assertEqual(two.returncode, 1)
+            self.assertRegex(two.stdout, r"ranks sampled\s+FAIL\s+1 of 2")
+
+
+def write_log(path, losses, grads):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        for s, (l, g) in enumerate(zip(losses, grads)):
+            f.write(json.dumps({"step": s, "loss": l, "grad_norm": g}) + "\n")
+
+
+class Fidelity(unittest.TestCase):
+    SCRIPT = os.path.join(ROOT, "scripts", "fidelity.py")
+
+    def run_script(self, *args):
+        return subprocess.run([sys.executable, self.SCRIPT, *args], capture_output=True, text=True)
+
+    def test_table_and_thresholds(self):
+        with tempfile.TemporaryDirectory() as d:
+            base = [2.0 / (1 + 0.05 * s) for s in range(200)]
+            grads = [1.0 + 0.5 / (1 + s) for s in range(200)]
+            write_log(f"{d}/plain/train_log.jsonl", base, grads)
+            write_log(f"{d}/close/train_log.jsonl", [x * 1.001 for x in base], grads)
+            write_log(f"{d}/far/train_log.jsonl", [x * (1.02 if s % 2 else 0.98) for s, x in enumerate(base)], grads)
+            good = self.run_script(f"{d}/plain/train_log.jsonl", f"close={d}/close/train_log.jsonl")
+            self.assertEqual(good.returncode, 0, good.stdout + good.stderr)
+            self.assertIn("| close | 200 | 1.00000 | 0.100 % | +0.100 % | 1.00000 | 0.000 % | PASS |", good.stdout)
+            bad = self.run_script(f"{d}/plain/train_log.jsonl", f"close={d}/close/train_log.jsonl",
+                                  f"far={d}/far/train_log.jsonl")
+            self.assertEqual(bad.returncode, 1)
+            self.assertRegex(bad.stdout, r"\| far \| 200 \|.*\| FAIL \|")
+
+    def test_bad_input_is_named(self):
+        with tempfile.TemporaryDirectory() as d:
+            write_log(f"{d}/plain/train_log.jsonl", [1.0, 0.5], [1.0, 1.0])
+            r = self.run_script(f"{d}/plain/train_log.jsonl", f"{d}/plain/train_log.jsonl")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("expected LABEL=path", r.stderr)
+            with open(f"{d}/nograd.jsonl", "w") as f:
+                f.write('{"step": 0, "loss": 1.0}\n')
+            r = self.run_script(f"{d}/plain/train_log.jsonl", f"x={d}/nograd.jsonl")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("nograd.jsonl:1", r.stderr)
+            self.assertIn("grad_norm", r.stderr)
+
+
+class KernelFamilies(unittest.TestCase):
+    def test_the_trainers_fused_kernels_are_not_the_codec(self):
+        fused = "void fp8wire::trainer::fused::(anonymous namespace)::norm_backward_kernel<1>(__nv_bfloat16 const*)"
+        self.assertEqual(kernel_breakdown.family(fused), "trainer fused")
+        self.assertEqual(kernel_breakdown.family("void fp8wire::quant::quantize_blocks<float>(...)"), "fp8wire codec")
+        self.assertEqual(kernel_breakdown.family("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN"), "matmul")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -6,14 +6,23 @@
 # Pearson and mean relative error against plain NCCL, gradient-norm curves, the plot.
 # Environment: FIDELITY_STEPS, FIDELITY_RUNS ("plain fp8wire fp8wire_ef fp8wire_e5m2"),
 # FIDELITY_PARALLEL (2: runs at once; the GPU and the sockets are shared), FIDELITY_LIMIT_S (per
-# wave), FIDELITY_SET (extra --set overrides for every run).
+# wave), FIDELITY_SET (extra --set overrides for every run), FIDELITY_BASELINE (the train_log.jsonl
+# of a plain run of the same settings from an earlier call: no plain run then).
+# One device call holds ~600 s: four runs at once crawl (one H200, 2026-12-02: plain 1.9 s/step, the
+# FP8 runs 0.9 s/step), so 1,000 steps take two calls of two runs each:
+#   FIDELITY_RUNS="plain fp8wire" scripts/gpu/all.sh fidelity     (keep plain/train_log.jsonl)
+#   FIDELITY_RUNS="fp8wire_ef fp8wire_e5m2" FIDELITY_BASELINE=<that log> scripts/gpu/all.sh fidelity
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT="${OUT:-$PWD/out/fidelity}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 steps="${FIDELITY_STEPS:-1000}"
-runs=(${FIDELITY_RUNS:-plain fp8wire fp8wire_ef fp8wire_e5m2})
+runs=()
+for r in ${FIDELITY_RUNS:-plain fp8wire fp8wire_ef fp8wire_e5m2}; do
+  [[ -n "${FIDELITY_BASELINE:-}" && "$r" == plain ]] || runs+=("$r")
+done
+baseline="${FIDELITY_BASELINE:-$OUT/plain/train_log.jsonl}"
 parallel="${FIDELITY_PARALLEL:-2}"
 limit="${FIDELITY_LIMIT_S:-540}"
 BIN=build/trainer/fp8wire-train
@@ -68,8 +77,8 @@ for r in "${runs[@]}"; do
   [[ "$r" == plain ]] && continue
   echo "$r: $(grep -m1 '^fp8wire: rank 0' "$OUT/$r/run.log" || echo 'FAIL: no fp8wire totals (was the library loaded?)')"
 done
-if [[ -s "$OUT/plain/train_log.jsonl" && ${#cands[@]} -gt 0 ]]; then
-  "$PY" scripts/fidelity.py "$OUT/plain/train_log.jsonl" "${cands[@]}" --plot "$OUT/fidelity.png" | tee "$OUT/fidelity.md"
+if [[ -s "$baseline" && ${#cands[@]} -gt 0 ]]; then
+  "$PY" scripts/fidelity.py "$baseline" "${cands[@]}" --plot "$OUT/fidelity.png" | tee "$OUT/fidelity.md"
   echo "fidelity rc=${PIPESTATUS[0]}"
 else
   echo "FAIL: no plain run or no FP8 run to compare"

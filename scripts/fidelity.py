@@ -10,9 +10,10 @@ optional). Exits 1 when a candidate misses --min-pearson or --max-rel-err, 2 on 
 """
 import argparse
 import json
-import math
 import os
 import sys
+
+from loss_parity import pearson  # the same correlation the two-run check uses
 
 
 def read_log(path):
@@ -27,17 +28,6 @@ def read_log(path):
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{path}:{number}: expected a JSON object with 'step', 'loss' and 'grad_norm' ({e})")
     return rows
-
-
-def pearson(a, b):
-    n = len(a)
-    ma, mb = sum(a) / n, sum(b) / n
-    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
-    va = sum((x - ma) ** 2 for x in a)
-    vb = sum((y - mb) ** 2 for y in b)
-    if va == 0 or vb == 0:
-        return 1.0 if a == b else 0.0
-    return cov / math.sqrt(va * vb)
 
 
 def compare(base, cand, window):

@@ -275,6 +275,13 @@ TEST_CASE("a TOML syntax error and a missing file are errors, not crashes") {
   CHECK(syntax.errors[0].source == "file " + bad.path + ":2");
   CHECK(syntax.errors[0].expected == "valid TOML");
 
+  // A time that starts with no digit broke an assumption inside toml++ 3.3 (found by
+  // fuzz_config_toml; the assumptions are compiled out): now an ordinary syntax error.
+  const ConfigResult time = parse_config_toml("s =2026-01-01T-01T05:\"\"\"text\"", "t.toml", Config{});
+  REQUIRE(time.errors.size() == 1);
+  CHECK(time.errors[0].source.rfind("file t.toml:1", 0) == 0);
+  CHECK(time.errors[0].expected == "valid TOML");
+
   const ConfigResult missing = load_config("/nonexistent/fp8wire.toml", {});
   REQUIRE(missing.errors.size() == 1);
   CHECK(missing.errors[0].source == "file /nonexistent/fp8wire.toml");

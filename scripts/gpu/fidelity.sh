@@ -5,12 +5,13 @@
 # names every gradient bucket: fp8wire_set_feedback_key), e5m2. Then scripts/fidelity.py: loss
 # Pearson and mean relative error against plain NCCL, gradient-norm curves, the plot.
 # Environment: FIDELITY_STEPS, FIDELITY_RUNS ("plain fp8wire fp8wire_ef fp8wire_e5m2"),
-# FIDELITY_PARALLEL (2: runs at once; the GPU and the sockets are shared), FIDELITY_LIMIT_S (per
+# FIDELITY_PARALLEL (1: runs at once; they share the GPU and the sockets), FIDELITY_LIMIT_S (per
 # wave), FIDELITY_SET (extra --set overrides for every run), FIDELITY_BASELINE (the train_log.jsonl
 # of a plain run of the same settings from an earlier call: no plain run then).
-# One device call holds ~600 s: four runs at once crawl (one H200, 2026-12-02: plain 1.9 s/step, the
-# FP8 runs 0.9 s/step), so 1,000 steps take two calls of two runs each:
-#   FIDELITY_RUNS="plain fp8wire" scripts/gpu/all.sh fidelity     (keep plain/train_log.jsonl)
+# Runs at once are slower than one after the other on this testbed (one H200, 2026-12-02: four at
+# once made 2,058 steps in 545 s, plain 1.9 s/step and the FP8 runs 0.9; alone the main job runs
+# plain 310 ms/step and fp8wire 173). One device call holds ~600 s, so 1,000 steps take two calls:
+#   FIDELITY_RUNS="plain fp8wire" scripts/gpu/all.sh fidelity     (~500 s; keep plain/train_log.jsonl)
 #   FIDELITY_RUNS="fp8wire_ef fp8wire_e5m2" FIDELITY_BASELINE=<that log> scripts/gpu/all.sh fidelity
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
@@ -23,7 +24,7 @@ for r in ${FIDELITY_RUNS:-plain fp8wire fp8wire_ef fp8wire_e5m2}; do
   [[ -n "${FIDELITY_BASELINE:-}" && "$r" == plain ]] || runs+=("$r")
 done
 baseline="${FIDELITY_BASELINE:-$OUT/plain/train_log.jsonl}"
-parallel="${FIDELITY_PARALLEL:-2}"
+parallel="${FIDELITY_PARALLEL:-1}"
 limit="${FIDELITY_LIMIT_S:-540}"
 BIN=build/trainer/fp8wire-train
 SHIM="$PWD/build/shim/libfp8wire.so"

@@ -59,6 +59,28 @@ struct CallHooks {
 void set_call_hooks(const CallHooks* hooks);   // nullptr removes them
 const CallHooks* call_hooks();                 // one acquire load; nullptr when none
 
+// One call's hooks: begin now, end exactly once, at end() or when the scope closes on an early exit
+// (an exception): a begin without its end would leave the profiler's per-thread state (a pushed
+// correlation id) open for every later launch of the thread. `rec` is read again at the end.
+class CallHookScope {
+ public:
+  explicit CallHookScope(const CallRecord& rec) : hooks_(call_hooks()), rec_(rec) {
+    if (hooks_ && hooks_->begin) hooks_->begin(rec_);
+  }
+  ~CallHookScope() { end(); }
+  CallHookScope(const CallHookScope&) = delete;
+  CallHookScope& operator=(const CallHookScope&) = delete;
+  void end() {
+    if (!ended_ && hooks_ && hooks_->end) hooks_->end(rec_);
+    ended_ = true;
+  }
+
+ private:
+  const CallHooks* hooks_;
+  const CallRecord& rec_;
+  bool ended_ = false;
+};
+
 // Slots per path in the totals: room for paths added later without changing the C API's layout.
 inline constexpr int kMaxPaths = 16;
 static_assert(kPathCount <= kMaxPaths);

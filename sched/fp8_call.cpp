@@ -120,8 +120,7 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, Path path
   }
   rec.transport = transport;
   if (transport != TransportKind::nccl) rec.gather = GatherTransport::automatic;  // no NCCL gather step
-  const CallHooks* hooks = call_hooks();
-  if (hooks && hooks->begin) hooks->begin(rec);
+  CallHookScope hooks(rec);
   NvtxRange range(range_name(c.collective, path));
 
   const Path inner = path == Path::hierarchical ? inner_path(config, shape, s.agreement.topology) : path;
@@ -200,7 +199,7 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, Path path
   FP8WIRE_DEBUG("seq {} {} {} x{} {} comm {} -> {} ({} calls), wire {} B{}", seq, to_string(c.collective), rec.count,
                 es, to_string(s.agreement.fabric), s.id, to_string(rec.path), rec.coalesced_calls, rec.wire_bytes,
                 res == ncclSuccess ? "" : " FAILED");
-  if (hooks && hooks->end) hooks->end(rec);
+  hooks.end();
   Accounting::instance().record(rec);
   return res;
 }

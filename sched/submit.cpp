@@ -65,11 +65,10 @@ ncclResult_t Engine::Impl::run_plain(const Call& c, const CommIdentity* s, Path 
   r.count = c.count;
   r.app_bytes = c.count * dtype_size(dtype_of(c.dtype));
   r.issue_ns = issue;
-  const CallHooks* hooks = call_hooks();
-  if (hooks && hooks->begin) hooks->begin(r);
+  CallHookScope hooks(r);
   const ncclResult_t res = issue_plain(c);
   r.wire_bytes = plain_wire_bytes(c, s);
-  if (hooks && hooks->end) hooks->end(r);
+  hooks.end();
   Accounting::instance().record(r);
   return res;
 }

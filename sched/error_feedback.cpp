@@ -17,6 +17,7 @@ uint64_t take_thread_feedback_key() {
 
 FeedbackStore::~FeedbackStore() {
   for (auto& [key, r] : residuals_) drop(r);
+  for (auto& r : retired_) drop(r);
 }
 
 void FeedbackStore::drop(Residual& r) {
@@ -40,15 +41,22 @@ float* FeedbackStore::residual_for(uint64_t key, size_t count, DataType dtype, c
   }
   std::lock_guard lock(mutex_);
   Residual& r = residuals_[key];
-  if (r.data && r.count == count && r.dtype == dtype) return r.data;
+  if (r.data && r.count == count && r.dtype == dtype) {
+    r.captured |= capturing;
+    return r.data;
+  }
+  // Nothing is allocated or freed under capture (cudaFree would end the application's capture).
+  if (capturing) return nullptr;
   if (r.data) {
     FP8WIRE_WARN_ONCE("feedback key {} came back with {} elements of another shape than its residual ({}); "
                       "starting it over from zero", key, count, r.count);
-    drop(r);
+    // cudaFree waits for the device, so eager work is done with it; a graph may replay it later.
+    if (r.captured) retired_.push_back(r);
+    else drop(r);
+    r = Residual{};
   }
-  // No allocation under capture; beyond the budget the call simply goes without feedback.
+  // Beyond the budget the call simply goes without feedback.
   const int64_t need = static_cast<int64_t>(count * sizeof(float));
-  if (capturing) return nullptr;
   if (budget_->fetch_sub(need, std::memory_order_relaxed) < need) {
     budget_->fetch_add(need, std::memory_order_relaxed);
     FP8WIRE_WARN_ONCE("error_feedback.max_bytes reached: further tensors go without feedback");

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "sched/cuda_api.hpp"
 #include "sched/types.hpp"
@@ -32,7 +33,9 @@ class FeedbackStore {
 
   // The fp32 residual of `key` for a call of `count` elements of `dtype`, zeroed on `stream` when
   // new. nullptr (no feedback for this call) when the key is 0, the budget is spent, or the stream
-  // is being captured (nothing is allocated under capture).
+  // is being captured and the key has no residual of this shape (nothing is allocated or freed
+  // under capture). A residual a captured graph was given is never freed while the store lives,
+  // even when its key comes back with another shape: the graph may be replayed later.
   float* residual_for(uint64_t key, size_t count, DataType dtype, cudaStream_t stream, bool capturing);
   size_t size() const;
 
@@ -41,12 +44,14 @@ class FeedbackStore {
     float* data = nullptr;
     size_t count = 0;
     DataType dtype = DataType::f32;
+    bool captured = false;  // handed to a call under capture: a graph holds the address
   };
   void drop(Residual& r);
   const CudaApi* cuda_;
   std::atomic<int64_t>* budget_;
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Residual> residuals_;
+  std::vector<Residual> retired_;  // replaced residuals a captured graph may still use; freed with the store
 };
 
 }  // namespace fp8wire::sched

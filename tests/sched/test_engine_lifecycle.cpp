@@ -6,8 +6,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -19,6 +21,7 @@
 #include "quant/reference.hpp"
 #include "sched/accounting.hpp"
 #include "sched/engine.hpp"
+#include "sched/error_feedback.hpp"
 #include "sched/nccl_types.hpp"
 #include "tests/sched/sim_job.hpp"
 
@@ -405,4 +408,63 @@ TEST_CASE("error feedback follows the identity the application gives, never the 
   CHECK(world.races().empty());
   CHECK_MESSAGE(world.protocol_errors().empty(), first_failures(world.protocol_errors()));
   CHECK_FALSE(world.deadlocked());
+}
+
+// A host stand-in for the CUDA calls the residual store makes: every allocation and free recorded.
+namespace store_cuda {
+std::vector<void*> freed;
+int allocations = 0;
+cudaError_t malloc_fn(void** p, size_t n) {
+  *p = std::malloc(n);
+  ++allocations;
+  return cudaSuccess;
+}
+cudaError_t free_fn(void* p) {
+  freed.push_back(p);
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t memset_fn(void* p, int v, size_t n, cudaStream_t) {
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
+cudaError_t last_error_fn() { return cudaSuccess; }
+}  // namespace store_cuda
+
+TEST_CASE("error feedback: nothing allocated or freed under capture; a residual a graph holds outlives its key's new shape") {
+  log_set_level(LogLevel::off);
+  CudaApi api;
+  api.Malloc = store_cuda::malloc_fn;
+  api.Free = store_cuda::free_fn;
+  api.MemsetAsync = store_cuda::memset_fn;
+  api.GetLastError = store_cuda::last_error_fn;
+  store_cuda::freed.clear();
+  store_cuda::allocations = 0;
+  const int64_t budget_bytes = 1 << 20;
+  std::atomic<int64_t> budget{budget_bytes};
+  float *a = nullptr, *b = nullptr, *c = nullptr;
+  {
+    sched::FeedbackStore store(api, budget);
+    CHECK(store.residual_for(6, 10, DataType::f32, nullptr, /*capturing=*/true) == nullptr);  // a new key under capture
+    a = store.residual_for(5, 100, DataType::f32, nullptr, false);
+    REQUIRE(a != nullptr);
+    CHECK(a[0] == 0.0f);
+    CHECK(store.residual_for(5, 100, DataType::f32, nullptr, true) == a);  // captured: a graph now holds it
+    CHECK(store.residual_for(5, 200, DataType::f32, nullptr, true) == nullptr);  // another shape under capture
+    CHECK(store_cuda::freed.empty());
+    CHECK(store_cuda::allocations == 1);
+    b = store.residual_for(5, 200, DataType::f32, nullptr, false);  // eager: a new residual, the captured one kept
+    REQUIRE(b != nullptr);
+    CHECK(b != a);
+    CHECK(store_cuda::freed.empty());
+    c = store.residual_for(5, 300, DataType::f32, nullptr, false);  // b was never captured: freed at once
+    REQUIRE(c != nullptr);
+    CHECK(store_cuda::freed == std::vector<void*>{b});
+    CHECK(budget.load() == budget_bytes - int64_t((100 + 300) * sizeof(float)));  // a is still held
+  }
+  // With the store (the communicator) gone, everything is freed and the budget is whole again.
+  CHECK(store_cuda::freed.size() == 3);
+  CHECK(std::count(store_cuda::freed.begin(), store_cuda::freed.end(), static_cast<void*>(a)) == 1);
+  CHECK(std::count(store_cuda::freed.begin(), store_cuda::freed.end(), static_cast<void*>(c)) == 1);
+  CHECK(budget.load() == budget_bytes);
 }

@@ -66,7 +66,9 @@ start_run() {  # start_run NAME [fp8wire-prof options]: in the background, pid i
   rm -rf "$dir"; mkdir -p "$dir"
   local set_args=(--set "train.out_dir=$dir/train")
   for kv in "${overrides[@]}"; do set_args+=(--set "$kv"); done
-  timeout -k 20 "$limit" "$prof" --out "$dir/prof" "$@" -- \
+  # NCCL's warnings, one file per process: a crash in one of its threads leaves its last words there.
+  NCCL_DEBUG="${NCCL_DEBUG:-WARN}" NCCL_DEBUG_FILE="${NCCL_DEBUG_FILE:-$dir/nccl.%h.%p.log}" \
+    timeout -k 20 "$limit" "$prof" --out "$dir/prof" "$@" -- \
     "$trainer" --config "$config" "${rank_args[@]}" --steps "$steps" "${set_args[@]}" > "$dir/run.log" 2>&1 &
   run_pid=$!
 }
@@ -92,6 +94,16 @@ for name in plain fp8wire; do
   rm -f "$OUT/$name"/prof/*.trace.json "$OUT/$name/prof/trace.json"
 done
 
+# The kernel's line for a crashed process names the faulting library and offset, which a lost core
+# does not (dmesg may be closed to containers).
+if grep -qE "exited with status 139|signal 11|Segmentation" "$OUT"/plain/run.log "$OUT"/fp8wire/run.log 2>/dev/null ||
+   [[ "$plain_rc" == 139 || "$fp8_rc" == 139 ]]; then
+  echo "---- kernel log (segfault lines)"
+  dmesg 2>/dev/null | grep -iE "segfault|general protection|trap" | tail -n 10 || echo "(dmesg not readable here)"
+  for name in plain fp8wire; do
+    for f in "$OUT/$name"/nccl.*.log; do [[ -s "$f" ]] && { echo "---- $f (last lines)"; tail -n 5 "$f"; }; done
+  done
+fi
 for c in "$cores"/core.*; do
   [[ -e "$c" ]] || continue
   echo "---- a process crashed: $c"

@@ -28,6 +28,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include "shim/fp8wire.h"
 #include "trainer/data.hpp"
 
 namespace fp8wire::trainer {
@@ -81,23 +82,26 @@ std::string canonical_name(std::string name) {
   return name;
 }
 
-// Under an LD_PRELOADed libfp8wire.so: how many collectives took each of its paths (its C API,
-// shim/fp8wire.h, resolved at run time), so a run that meant to use FP8 shows that it did.
+// The C API of an LD_PRELOADed libfp8wire.so (shim/fp8wire.h: its declarations only; the trainer
+// links none of its code, so decltype names a function's type without using it), resolved at run
+// time: null without the library.
+template <class Fn>
+Fn* fp8wire_symbol(const char* name) {
+  return reinterpret_cast<Fn*>(dlsym(RTLD_DEFAULT, name));
+}
+
+// Under libfp8wire.so: how many collectives took each of its paths, so a run that meant to use FP8
+// shows that it did.
 void print_fp8wire_totals() {
-  constexpr int kMaxPaths = 16;  // FP8WIRE_MAX_PATHS
-  struct Totals {
-    uint64_t calls[kMaxPaths], app_bytes[kMaxPaths], wire_bytes[kMaxPaths];
-    uint64_t dropped_records;
-  };
-  auto get = reinterpret_cast<void (*)(Totals*)>(dlsym(RTLD_DEFAULT, "fp8wire_get_totals"));
-  auto name = reinterpret_cast<const char* (*)(int)>(dlsym(RTLD_DEFAULT, "fp8wire_path_name"));
-  auto is_fp8 = reinterpret_cast<int (*)(int)>(dlsym(RTLD_DEFAULT, "fp8wire_path_is_fp8"));
+  auto* get = fp8wire_symbol<decltype(fp8wire_get_totals)>("fp8wire_get_totals");
+  auto* name = fp8wire_symbol<decltype(fp8wire_path_name)>("fp8wire_path_name");
+  auto* is_fp8 = fp8wire_symbol<decltype(fp8wire_path_is_fp8)>("fp8wire_path_is_fp8");
   if (!get || !name || !is_fp8) return;
-  Totals totals{};
+  fp8wire_totals totals{};
   get(&totals);
   uint64_t all = 0, fp8 = 0;
   std::string by_path;
-  for (int i = 0; i < kMaxPaths; ++i) {
+  for (int i = 0; i < FP8WIRE_MAX_PATHS; ++i) {
     if (!totals.calls[i]) continue;
     all += totals.calls[i];
     if (is_fp8(i)) fp8 += totals.calls[i];
@@ -268,12 +272,10 @@ class GradientBuckets {
     }
   }
 
-  // Names the tensor of the next all-reduce on this thread for an LD_PRELOADed libfp8wire.so's
-  // error feedback (its C API, shim/fp8wire.h; resolved at run time: the trainer links no fp8wire
-  // code). Without the library, or with error feedback off, it does nothing.
+  // Names the tensor of the next all-reduce on this thread for libfp8wire.so's error feedback
+  // (fp8wire_set_feedback_key). Without the library, or with error feedback off, it does nothing.
   static void name_next_allreduce(uint64_t key) {
-    using SetKey = void (*)(uint64_t);
-    static const SetKey set_key = reinterpret_cast<SetKey>(dlsym(RTLD_DEFAULT, "fp8wire_set_feedback_key"));
+    static auto* const set_key = fp8wire_symbol<decltype(fp8wire_set_feedback_key)>("fp8wire_set_feedback_key");
     if (set_key) set_key(key);
   }
 

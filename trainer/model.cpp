@@ -116,9 +116,12 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight) {
   return (rms_normalize(x) * (1.0 + weight.to(at::kFloat))).to(x.scalar_type());
 }
 
+std::vector<Tensor> ada_modulation(const Tensor& cond, const Tensor& dense_w, const Tensor& dense_b) {
+  return at::linear(cond, dense_w, dense_b).unsqueeze(1).to(at::kFloat).chunk(3, -1);  // 3 x [B, 1, D]
+}
+
 AdaNormOut ada_rms_norm(const Tensor& x, const Tensor& cond, const Tensor& dense_w, const Tensor& dense_b) {
-  Tensor modulation = at::linear(cond, dense_w, dense_b).unsqueeze(1).to(at::kFloat);  // [B, 1, 3D]
-  auto parts = modulation.chunk(3, -1);
+  auto parts = ada_modulation(cond, dense_w, dense_b);
   Tensor y = rms_normalize(x) * (1.0 + parts[0]) + parts[1];
   return {y.to(x.scalar_type()), parts[2].to(x.scalar_type())};
 }
@@ -303,8 +306,7 @@ Tensor Pi05Model::norm(const Tensor& x, const Tensor& weight) const {
 
 AdaNormOut Pi05Model::ada_norm(const Tensor& x, const Tensor& cond, const Linear& dense) const {
   if (!(fused_ && fused_norm_applies(x))) return ada_rms_norm(x, cond, dense.w, dense.b);
-  Tensor modulation = at::linear(cond, dense.w, dense.b).unsqueeze(1).to(at::kFloat);  // [B, 1, 3D]
-  auto parts = modulation.chunk(3, -1);
+  auto parts = ada_modulation(cond, dense.w, dense.b);
   return {fused_rms_modulate(x, parts[0], parts[1], kNormEps), parts[2].to(x.scalar_type())};
 }
 

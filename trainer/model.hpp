@@ -42,6 +42,8 @@ struct AdaNormOut {
   at::Tensor gate;  // [B, 1, D], multiplies the residual branch
 };
 at::Tensor rms_normalize(const at::Tensor& x);  // no weight
+// adaRMS's [scale, shift, gate], each fp32 [B, 1, D], from the condition through the dense layer.
+std::vector<at::Tensor> ada_modulation(const at::Tensor& cond, const at::Tensor& dense_w, const at::Tensor& dense_b);
 AdaNormOut ada_rms_norm(const at::Tensor& x, const at::Tensor& cond, const at::Tensor& dense_w,
                         const at::Tensor& dense_b);
 // Rotary embedding of x [B, H, S, D] by cos/sin [B, 1, S, D/2] on the two halves, in fp32 as openpi.

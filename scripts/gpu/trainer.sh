@@ -88,7 +88,7 @@ if (( rc == 0 )); then
   params=$(grep -o "| [0-9]* parameters" "$A/run.log" | head -1 | awk '{print $2}')
   row "pi05 mb32 10 steps runs" PASS "params=$params ($remat_used)"
   row "pi05 loss falls" "$([[ $fell == yes ]] && echo PASS || echo FAIL)" "$first -> $last"
-  row "pi05 throughput mb32" INFO "$(throughput "$A/run.log") (H200, 2026-12-02: 50.0 samples/s; community 29.5 at mb16)"
+  row "pi05 throughput mb32" INFO "$(throughput "$A/run.log") (LeRobot's pi05 on an H200: 29.5 at mb16)"
 else
   row "pi05 mb32 10 steps runs" FAIL "rc=$rc (see $A/run.log)"
   grep -iE "error|out of memory|what\(\)" "$A/run.log" | head -5

@@ -83,6 +83,44 @@ class RankDiscovery(unittest.TestCase):
             self.assertRegex(two.stdout, r"ranks sampled\s+FAIL\s+1 of 2")
 
 
+class MemoryJudgement(unittest.TestCase):
+    """The soak's memory verdict: the sample taken at the last step (the teardown) is left out, and a
+    steady late leak fails though its total stays inside the growth tolerance."""
+
+    def judge(self, host_by_step):
+        with tempfile.TemporaryDirectory() as d:
+            log = os.path.join(d, "train_log.jsonl")
+            with open(log, "w") as f:
+                for s in range(2000):
+                    f.write(json.dumps({"step": s, "loss": 1.0, "step_ms": 10.0}) + "\n")
+            samples = os.path.join(d, "samples.jsonl")
+            with open(samples, "w") as f:
+                for step, rss in host_by_step:
+                    f.write(json.dumps({"run": "r", "step": step, "ranks": [1, 2], "rss_mib": [1000.0, rss],
+                                        "gpu_mib": [None, None], "torch_peak_gib": None}) + "\n")
+            return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu", "soak_monitor.py"), "report",
+                                   "--samples", samples, "--steps", "2000", "--warmup", "300", "--cpu", "--ranks", "2",
+                                   "--run", f"r:{log}:{d}/prof"], capture_output=True, text=True)
+
+    def test_teardown_sample_is_left_out(self):
+        flat = [(s, 1000.0) for s in range(100, 2000, 100)] + [(2000, 1500.0)]  # +500 MiB at teardown only
+        r = self.judge(flat)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"host memory flat\s+PASS\s+1000->1000 \(\+0\.0 MiB")
+
+    def test_a_late_steady_leak_fails_inside_the_growth_tolerance(self):
+        # Flat to step 1000, then 3.5 MiB per 100 steps: +31.5 MiB in all (under the 64 MiB tolerance).
+        leak = [(s, 1000.0 + max(0, s - 1000) * 0.035) for s in range(100, 2000, 100)]
+        r = self.judge(leak)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"host memory flat\s+FAIL\s+1000->1000 .*; 1000->1032 \(\+31\.5 MiB.*later half \+35\.0/1k\)")
+
+    def test_page_noise_passes(self):
+        noisy = [(s, 1000.0 + (2.0 if s in (700, 1500) else 0.0) + (2.0 if s >= 1600 else 0.0)) for s in range(100, 2000, 100)]
+        r = self.judge(noisy)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+
 def write_log(path, losses, grads):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:

@@ -10,7 +10,6 @@ optional). Exits 1 when a candidate misses --min-pearson or --max-rel-err, 2 on 
 """
 import argparse
 import json
-import os
 import sys
 
 from loss_parity import pearson  # the same correlation the two-run check uses
@@ -88,6 +87,7 @@ def main():
     p.add_argument("--max-rel-err", type=float, default=0.005)
     p.add_argument("--window", type=int, default=100, help="final steps averaged for the end gap (default 100)")
     p.add_argument("--plot", help="PNG to draw")
+    p.add_argument("--baseline-label", default="plain NCCL", help="legend name of the baseline (default 'plain NCCL')")
     p.add_argument("--smooth", type=int, default=10, help="moving average of the plot (default 10)")
     args = p.parse_args()
     try:
@@ -114,8 +114,7 @@ def main():
               f"{'PASS' if ok else 'FAIL'} |")
     print(f"(thresholds: loss Pearson >= {args.min_pearson}, mean relative error <= {100 * args.max_rel_err:.2f} %)")
     if args.plot:
-        plot(args.plot, os.path.basename(os.path.dirname(os.path.abspath(args.baseline))) or "baseline", base, cands,
-             args.smooth)
+        plot(args.plot, args.baseline_label, base, cands, args.smooth)
     return 1 if failed else 0
 
 

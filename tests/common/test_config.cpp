@@ -216,6 +216,10 @@ TEST_CASE("a failed key keeps its default and the others still apply") {
 TEST_CASE("an unknown FP8WIRE_ variable is an error with a suggestion; build variables are not") {
   const ConfigResult r = load_config("", {"FP8WIRE_BLOCKSIZE=256", "FP8WIRE_NCCL_ROOT=/opt/nccl",
                                           "FP8WIRE_EXTRA_INCLUDE=/x", "FP8WIRE_CONFIG=",
+                                          // the project's scripts' own (scripts/gpu/soak.sh: FP8WIRE_BUILD)
+                                          "FP8WIRE_BUILD=build", "FP8WIRE_BUILD_TRAINER=0",
+                                          "FP8WIRE_TORCH_PYTHON=/p", "FP8WIRE_SANITIZE=1", "FP8WIRE_FUZZ=1",
+                                          "FP8WIRE_FUZZ_SECONDS=15", "FP8WIRE_SKIP_PACKAGE=1",
                                           // set by fp8wire-train / fp8wire-prof for their children
                                           "FP8WIRE_TRAIN_STORE=/tmp/s", "FP8WIRE_PROF_LIB=/l.so",
                                           "FP8WIRE_SHIM_LIB=/s.so", "FP8WIRE_CUPTI_DIR=/c"});

@@ -199,7 +199,7 @@ class Profiler {
 
   // --- CUPTI callbacks ---
   void buffer_requested(uint8_t** buffer, size_t* size);
-  void buffer_completed(uint8_t* buffer, size_t valid);
+  void buffer_completed(CUcontext context, uint32_t stream_id, uint8_t* buffer, size_t valid);
 
   void flush(bool at_exit);
 
@@ -243,6 +243,8 @@ class Profiler {
     double step_ms = 0, compute_ms = 0, comm_ms = 0, exposed_comm_ms = 0, exposed_memcpy_ms = 0, idle_ms = 0;
     uint64_t app_bytes = 0, wire_bytes = 0;
   } totals_;
+  uint64_t cupti_dropped_per_context_ = 0;  // drops reported with a context's buffers
+  uint64_t incomplete_records_ = 0;         // kernel/memory records without a valid start and end
   bool finished_ = false;
   bool all_api_records_ = false;  // RUNTIME + DRIVER kinds on (fallback), not only launch functions
 
@@ -272,9 +274,9 @@ void CUPTIAPI on_buffer_requested(uint8_t** buffer, size_t* size, size_t* max_re
 }
 
 // Nothing may unwind into CUPTI (a C library calling us) or out of an atexit handler.
-void CUPTIAPI on_buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+void CUPTIAPI on_buffer_completed(CUcontext context, uint32_t stream_id, uint8_t* buffer, size_t, size_t valid) {
   try {
-    if (g_profiler) g_profiler->buffer_completed(buffer, valid);
+    if (g_profiler) g_profiler->buffer_completed(context, stream_id, buffer, valid);
   } catch (const std::exception& e) {
     FP8WIRE_WARN_ONCE("fp8wire profiler: dropped a CUPTI buffer: {}", e.what());
   } catch (...) {
@@ -433,8 +435,13 @@ void Profiler::buffer_requested(uint8_t** buffer, size_t* size) {
   *size = buffer_bytes_;
 }
 
-void Profiler::buffer_completed(uint8_t* buffer, size_t valid) {
+void Profiler::buffer_completed(CUcontext context, uint32_t stream_id, uint8_t* buffer, size_t valid) {
   std::lock_guard lock(mutex_);
+  // Records CUPTI could not store for this buffer's queue (a context's, or the global one): the
+  // count the summary reads at the end covers only the global queue.
+  size_t dropped = 0;
+  if (context && cuptiActivityGetNumDroppedRecords(context, stream_id, &dropped) == CUPTI_SUCCESS)
+    cupti_dropped_per_context_ += dropped;
   if (buffer) {
     if (!finished_) ingest_locked(buffer, valid);
     std::lock_guard pool_lock(pool_mutex_);
@@ -540,7 +547,10 @@ void Profiler::ingest_locked(uint8_t* buffer, size_t valid) {
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        if (k->end <= k->start) continue;
+        if (k->end <= k->start) {
+          incomplete_records_ += k->start == 0 || k->end < k->start;  // an empty kernel is no loss
+          continue;
+        }
         auto [it, inserted] = kernel_names_.try_emplace(k->name, KernelName{});
         if (inserted) {
           const std::string_view name = k->name ? k->name : "?";
@@ -555,14 +565,20 @@ void Profiler::ingest_locked(uint8_t* buffer, size_t valid) {
       // Memory activity needs no attribution (only its time counts).
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        if (m->end <= m->start) continue;
+        if (m->end <= m->start) {
+          incomplete_records_ += m->start == 0 || m->end < m->start;
+          continue;
+        }
         a.time = {static_cast<int64_t>(m->start), static_cast<int64_t>(m->end)};
         a.cls = ActivityClass::memory;
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        if (m->end <= m->start) continue;
+        if (m->end <= m->start) {
+          incomplete_records_ += m->start == 0 || m->end < m->start;
+          continue;
+        }
         a.time = {static_cast<int64_t>(m->start), static_cast<int64_t>(m->end)};
         a.cls = ActivityClass::memory;
         break;
@@ -660,8 +676,9 @@ void Profiler::write_summary_locked() {
     return;
   }
   const CollectorCounters& c = collector_.counters();
-  size_t cupti_dropped = 0;
-  cuptiActivityGetNumDroppedRecords(nullptr, 0, &cupti_dropped);
+  size_t global_dropped = 0;
+  cuptiActivityGetNumDroppedRecords(nullptr, 0, &global_dropped);
+  const uint64_t cupti_dropped = global_dropped + cupti_dropped_per_context_;
   const double n = totals_.steps ? static_cast<double>(totals_.steps) : 1.0;
   nlohmann::json summary{{"type", "summary"},
                          {"rank", collector_.options().rank},
@@ -678,6 +695,7 @@ void Profiler::write_summary_locked() {
                          {"dropped_nvtx_events", nvtx_events_.dropped()},
                          {"dropped_call_events", call_events_.dropped()},
                          {"dropped_cupti_records", cupti_dropped},
+                         {"incomplete_cupti_records", incomplete_records_},
                          {"dropped_trace_events", trace_.dropped_events()}};
   if (jsonl_) std::fprintf(jsonl_, "%s\n", dump_json(summary).c_str());
   if (!recent_.empty()) {
@@ -687,16 +705,17 @@ void Profiler::write_summary_locked() {
   }
   fmt::print(stderr,
              "fp8wire profiler, rank {}: {} steps, mean step {:.3f} ms, compute {:.3f}, exposed comm {:.3f}, "
-             "exposed memcpy {:.3f}, idle {:.3f}; dropped: {} activities, {} late, {} CUPTI records; "
+             "exposed memcpy {:.3f}, idle {:.3f}; dropped: {} activities, {} late, {} CUPTI records, {} incomplete; "
              "launch ids: {} received, {} kernels joined, {} not\n",
              collector_.options().rank, totals_.steps, totals_.step_ms / n, totals_.compute_ms / n,
              totals_.exposed_comm_ms / n, totals_.exposed_memcpy_ms / n, totals_.idle_ms / n,
-             c.dropped_activities, c.late_activities, cupti_dropped, c.external_records, c.joined_activities,
-             c.unjoined_activities);
-  if (c.late_activities > 0 || cupti_dropped > 0)
-    FP8WIRE_WARN("fp8wire profiler, rank {}: {} records came after their step was reported and {} were dropped by "
-                 "CUPTI (no free buffer); the figures above undercount GPU activity",
-                 collector_.options().rank, c.late_activities, cupti_dropped);
+             c.dropped_activities, c.late_activities, cupti_dropped, incomplete_records_, c.external_records,
+             c.joined_activities, c.unjoined_activities);
+  if (c.late_activities > 0 || cupti_dropped > 0 || incomplete_records_ > 0)
+    FP8WIRE_WARN("fp8wire profiler, rank {}: {} records came after their step was reported, {} were dropped by "
+                 "CUPTI (no free buffer) and {} had no valid start and end; the figures above undercount GPU "
+                 "activity",
+                 collector_.options().rank, c.late_activities, cupti_dropped, incomplete_records_);
 }
 
 void Profiler::flush(bool at_exit) {

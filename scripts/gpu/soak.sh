@@ -16,7 +16,13 @@
 # Environment: SOAK_STEPS (2000), SOAK_EVERY (100), SOAK_WARMUP (300), SOAK_SET (the overrides
 # above), SOAK_LIMIT_S (420: both runs are stopped, by SIGTERM, after this), SOAK_RANKS (2),
 # SOAK_DEVICE=cpu (a dry run of the script's logic on a machine without a GPU: tiny preset, one
-# rank, the shim passing through).
+# rank, the shim passing through), SOAK_RUNS (the runs side by side, default "plain fp8wire"):
+#   plain              plain NCCL under fp8wire-prof
+#   fp8wire            libfp8wire.so under fp8wire-prof (gathering by FP8WIRE_GATHER_TRANSPORT, sendrecv)
+#   fp8wire_noprof     libfp8wire.so alone, no profiler (its profiler check is left out)
+#   fp8wire_allgather  libfp8wire.so under fp8wire-prof, gathering by NCCL's all-gather
+# The variants tell a growth's owner apart: the library, the profiler (CUPTI's buffers), or NCCL's
+# point-to-point path. Loss parity is judged between plain and fp8wire when both run.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -50,7 +56,13 @@ else
   # fp8wire gathering by send/recv.
   export NCCL_P2P_NET_CHUNKSIZE="${NCCL_P2P_NET_CHUNKSIZE:-524288}"
 fi
-echo "soak: $steps steps of $config (${overrides[*]}), ${rank_args[*]:-1 rank}, plain and fp8wire at once," \
+read -r -a runs <<< "${SOAK_RUNS:-plain fp8wire}"
+for name in "${runs[@]}"; do
+  case "$name" in plain|fp8wire|fp8wire_noprof|fp8wire_allgather) ;;
+    *) echo "FAIL: SOAK_RUNS: unknown run '$name', expected plain, fp8wire, fp8wire_noprof or fp8wire_allgather"; exit 2 ;;
+  esac
+done
+echo "soak: $steps steps of $config (${overrides[*]}), ${rank_args[*]:-1 rank}, ${runs[*]} at once," \
      "samples every $every steps, warm-up $warmup, limit ${limit}s"
 
 # A run that crashes leaves a core file and its backtrace in the log (cuda-gdb reads host-only cores
@@ -60,34 +72,44 @@ cores="$OUT/cores"
 rm -rf "$cores"; mkdir -p "$cores"
 echo "$cores/core.%e.%p" > /proc/sys/kernel/core_pattern 2>/dev/null || true
 
-start_run() {  # start_run NAME [fp8wire-prof options]: in the background, pid in $run_pid
-  local name="$1"; shift
+start_run() {  # start_run NAME: in the background, pid in $run_pid
+  local name="$1"
   local dir="$OUT/$name"
   rm -rf "$dir"; mkdir -p "$dir"
   local set_args=(--set "train.out_dir=$dir/train")
   for kv in "${overrides[@]}"; do set_args+=(--set "$kv"); done
+  local launch=("$prof" --out "$dir/prof" --shim --) gather=sendrecv
+  case "$name" in
+    plain) launch=("$prof" --out "$dir/prof" --) ;;
+    fp8wire) gather="${FP8WIRE_GATHER_TRANSPORT:-sendrecv}" ;;
+    fp8wire_noprof) launch=(env "LD_PRELOAD=$(realpath "$build/shim/libfp8wire.so")") ;;
+    fp8wire_allgather) gather=allgather ;;
+  esac
   # NCCL's warnings, one file per process: a crash in one of its threads leaves its last words there.
-  NCCL_DEBUG="${NCCL_DEBUG:-WARN}" NCCL_DEBUG_FILE="${NCCL_DEBUG_FILE:-$dir/nccl.%h.%p.log}" \
-    timeout -k 20 "$limit" "$prof" --out "$dir/prof" "$@" -- \
+  FP8WIRE_GATHER_TRANSPORT="$gather" NCCL_DEBUG="${NCCL_DEBUG:-WARN}" \
+    NCCL_DEBUG_FILE="${NCCL_DEBUG_FILE:-$dir/nccl.%h.%p.log}" \
+    timeout -k 20 "$limit" "${launch[@]}" \
     "$trainer" --config "$config" "${rank_args[@]}" --steps "$steps" "${set_args[@]}" > "$dir/run.log" 2>&1 &
   run_pid=$!
 }
 t0=$(date +%s)
-start_run plain
-plain_pid=$run_pid
-FP8WIRE_GATHER_TRANSPORT="${FP8WIRE_GATHER_TRANSPORT:-sendrecv}" start_run fp8wire --shim
-fp8_pid=$run_pid
+pids=() watch_args=()
+for name in "${runs[@]}"; do
+  start_run "$name"
+  pids+=("$run_pid")
+  watch_args+=(--run "$name:$run_pid:$OUT/$name/train/train_log.jsonl")
+done
 rm -f "$OUT/samples.jsonl"
-"$PY" scripts/gpu/soak_monitor.py watch --every "$every" --out "$OUT/samples.jsonl" --ranks "$ranks" \
-  --run "plain:$plain_pid:$OUT/plain/train/train_log.jsonl" \
-  --run "fp8wire:$fp8_pid:$OUT/fp8wire/train/train_log.jsonl" &
+"$PY" scripts/gpu/soak_monitor.py watch --every "$every" --out "$OUT/samples.jsonl" --ranks "$ranks" "${watch_args[@]}" &
 monitor_pid=$!
-wait "$plain_pid"; plain_rc=$?
-wait "$fp8_pid"; fp8_rc=$?
+rcs=()
+for pid in "${pids[@]}"; do wait "$pid"; rcs+=($?); done
 wait "$monitor_pid"
 elapsed=$(( $(date +%s) - t0 ))
-echo "soak: plain rc=$plain_rc, fp8wire rc=$fp8_rc, ${elapsed}s"
-for name in plain fp8wire; do
+status_line="soak:"
+for i in "${!runs[@]}"; do status_line+=" ${runs[$i]} rc=${rcs[$i]},"; done
+echo "$status_line ${elapsed}s"
+for name in "${runs[@]}"; do
   echo "---- $name: last lines"
   grep -E "^summary:|ranks in sync|fp8wire profiler, rank [0-9]+: [0-9]+ steps|error|Error" "$OUT/$name/run.log" | tail -n 8
   # The per-rank traces of 2,000 steps are large and not needed for the verdict; the reports stay.
@@ -96,11 +118,16 @@ done
 
 # The kernel's line for a crashed process names the faulting library and offset, which a lost core
 # does not (dmesg may be closed to containers).
-if grep -qE "exited with status 139|signal 11|Segmentation" "$OUT"/plain/run.log "$OUT"/fp8wire/run.log 2>/dev/null ||
-   [[ "$plain_rc" == 139 || "$fp8_rc" == 139 ]]; then
+crashed=0
+for i in "${!runs[@]}"; do
+  if [[ "${rcs[$i]}" == 139 ]] || grep -qE "exited with status 139|signal 11|Segmentation" "$OUT/${runs[$i]}/run.log" 2>/dev/null; then
+    crashed=1
+  fi
+done
+if (( crashed )); then
   echo "---- kernel log (segfault lines)"
   dmesg 2>/dev/null | grep -iE "segfault|general protection|trap" | tail -n 10 || echo "(dmesg not readable here)"
-  for name in plain fp8wire; do
+  for name in "${runs[@]}"; do
     for f in "$OUT/$name"/nccl.*.log; do [[ -s "$f" ]] && { echo "---- $f (last lines)"; tail -n 5 "$f"; }; done
   done
 fi
@@ -116,17 +143,22 @@ done
 
 cpu_flag=()
 [[ "${SOAK_DEVICE:-cuda}" == cpu ]] && cpu_flag=(--cpu)
+report_args=()
+for name in "${runs[@]}"; do
+  profdir="$OUT/$name/prof"
+  [[ "$name" == fp8wire_noprof ]] && profdir=-   # no profiler: no record to count
+  report_args+=(--run "$name:$OUT/$name/train/train_log.jsonl:$profdir")
+done
+[[ " ${runs[*]} " == *" plain "* && " ${runs[*]} " == *" fp8wire "* ]] && report_args+=(--parity plain fp8wire)
 "$PY" scripts/gpu/soak_monitor.py report --samples "$OUT/samples.jsonl" --steps "$steps" --warmup "$warmup" "${cpu_flag[@]}" \
-  --ranks "$ranks" \
-  --run "plain:$OUT/plain/train/train_log.jsonl:$OUT/plain/prof" \
-  --run "fp8wire:$OUT/fp8wire/train/train_log.jsonl:$OUT/fp8wire/prof" \
-  --parity plain fp8wire --markdown "$OUT/soak_table.md"
+  --ranks "$ranks" "${report_args[@]}" --markdown "$OUT/soak_table.md"
 verdict=$?
-for rc in "$plain_rc" "$fp8_rc"; do
+for i in "${!runs[@]}"; do
+  rc="${rcs[$i]}"
   # Without a GPU (dry run) CUPTI records nothing, so fp8wire-prof has no report to merge (status 1).
-  [[ "${SOAK_DEVICE:-cuda}" == cpu && "$rc" == 1 ]] && continue
-  if (( rc == 124 || rc == 137 )); then echo "soak: a run was stopped at the ${limit}s limit"; verdict=1
-  elif (( rc != 0 )); then echo "soak: a run exited with status $rc (see its run.log)"; verdict=1; fi
+  [[ "${SOAK_DEVICE:-cuda}" == cpu && "$rc" == 1 && "${runs[$i]}" != fp8wire_noprof ]] && continue
+  if (( rc == 124 || rc == 137 )); then echo "soak: ${runs[$i]} was stopped at the ${limit}s limit"; verdict=1
+  elif (( rc != 0 )); then echo "soak: ${runs[$i]} exited with status $rc (see its run.log)"; verdict=1; fi
 done
 echo "---- Markdown for docs/PERF.md ($OUT/soak_table.md):"
 cat "$OUT/soak_table.md"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """CPU tests of the GPU scripts' helpers: the soak monitor finds the ranks the trainer's launcher
-starts (each by exec'ing /proc/self/exe, so the kernel names it "exe") and fails a run sampled with
-fewer ranks than it has; scripts/fidelity.py judges and reports the curves and rejects bad input."""
+starts (each by exec'ing /proc/self/exe, so the kernel names it "exe"), fails a run sampled with
+fewer ranks than it has, and judges memory on the samples taken while training; soak.sh's variants
+run on the CPU; scripts/fidelity.py judges and reports the curves and rejects bad input."""
 import json
 import os
 import subprocess
@@ -119,6 +120,49 @@ class MemoryJudgement(unittest.TestCase):
         noisy = [(s, 1000.0 + (2.0 if s in (700, 1500) else 0.0) + (2.0 if s >= 1600 else 0.0)) for s in range(100, 2000, 100)]
         r = self.judge(noisy)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+
+def build_dir():
+    """This build's folder (the tests run with FP8WIRE_SHIM_LIB=<build>/shim/libfp8wire.so)."""
+    shim = os.environ.get("FP8WIRE_SHIM_LIB", os.path.join(ROOT, "build", "shim", "libfp8wire.so"))
+    return os.path.dirname(os.path.dirname(os.path.abspath(shim)))
+
+
+class SoakDryRun(unittest.TestCase):
+    """scripts/gpu/soak.sh's mechanics on the CPU (SOAK_DEVICE=cpu: the tiny preset, one rank, the
+    shim passing through): every run of SOAK_RUNS starts, completes and is judged, parity is
+    computed. How many samples a 20-step CPU run gets, and its memory verdicts, depend on the
+    machine's load, so they are not asserted."""
+
+    def test_every_variant_runs_and_is_judged(self):
+        build = build_dir()
+        needed = [os.path.join(build, p) for p in ("trainer/fp8wire-train", "profiler/fp8wire-prof",
+                                                   "profiler/libfp8wire_prof.so", "shim/libfp8wire.so")]
+        missing = [p for p in needed if not os.path.exists(p)]
+        if missing:
+            self.skipTest(f"not built: {', '.join(missing)}")
+        with tempfile.TemporaryDirectory() as out:
+            env = dict(os.environ, SOAK_DEVICE="cpu", SOAK_STEPS="20", SOAK_EVERY="5", SOAK_WARMUP="5",
+                       SOAK_LIMIT_S="150", SOAK_RUNS="plain fp8wire fp8wire_noprof fp8wire_allgather",
+                       FP8WIRE_BUILD=build, OUT=out, PYTHON=sys.executable)
+            r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu", "soak.sh")], env=env,
+                               capture_output=True, text=True, timeout=200)
+            log = r.stdout + r.stderr
+            # A run the shim refused to configure (an FP8WIRE_ variable of the scripts' own taken
+            # for a key) would say so and pass through.
+            self.assertNotIn("configuration error", log)
+            for name in ("plain", "fp8wire", "fp8wire_noprof", "fp8wire_allgather"):
+                self.assertRegex(log, rf"{name}\s+steps\s+PASS\s+20/20", log)
+                self.assertRegex(log, rf"{name}\s+ranks sampled\s+(PASS|FAIL)\s+\d of 1", log)
+                self.assertRegex(log, rf"{name}\s+host memory flat\s+(PASS|FAIL)", log)
+            self.assertRegex(log, r"parity\s+loss curve plain vs fp8wire\s+PASS", log)
+            self.assertIn("| fp8wire_noprof | 20 |", log)
+            self.assertRegex(log, r"\| fp8wire_noprof \|.*\| no profiler \|")
+            bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu", "soak.sh")],
+                                 env=dict(env, SOAK_RUNS="plain fp8wire_typo"), capture_output=True, text=True,
+                                 timeout=60)
+            self.assertEqual(bad.returncode, 2, bad.stdout + bad.stderr)
+            self.assertIn("SOAK_RUNS: unknown run 'fp8wire_typo'", bad.stdout)
 
 
 def write_log(path, losses, grads):

@@ -531,6 +531,13 @@ void Profiler::stop_flush_thread() {
 }
 
 void Profiler::ingest_locked(uint8_t* buffer, size_t valid) {
+  // A record with no positive duration is skipped; it is a loss (counted) unless it is an empty
+  // activity (start == end), which takes no time anyway.
+  const auto unusable = [this](uint64_t start, uint64_t end) {
+    if (end > start) return false;
+    incomplete_records_ += start == 0 || end < start;
+    return true;
+  };
   CUpti_Activity* record = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     Activity a;
@@ -547,10 +554,7 @@ void Profiler::ingest_locked(uint8_t* buffer, size_t valid) {
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        if (k->end <= k->start) {
-          incomplete_records_ += k->start == 0 || k->end < k->start;  // an empty kernel is no loss
-          continue;
-        }
+        if (unusable(k->start, k->end)) continue;
         auto [it, inserted] = kernel_names_.try_emplace(k->name, KernelName{});
         if (inserted) {
           const std::string_view name = k->name ? k->name : "?";
@@ -565,20 +569,14 @@ void Profiler::ingest_locked(uint8_t* buffer, size_t valid) {
       // Memory activity needs no attribution (only its time counts).
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        if (m->end <= m->start) {
-          incomplete_records_ += m->start == 0 || m->end < m->start;
-          continue;
-        }
+        if (unusable(m->start, m->end)) continue;
         a.time = {static_cast<int64_t>(m->start), static_cast<int64_t>(m->end)};
         a.cls = ActivityClass::memory;
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        if (m->end <= m->start) {
-          incomplete_records_ += m->start == 0 || m->end < m->start;
-          continue;
-        }
+        if (unusable(m->start, m->end)) continue;
         a.time = {static_cast<int64_t>(m->start), static_cast<int64_t>(m->end)};
         a.cls = ActivityClass::memory;
         break;

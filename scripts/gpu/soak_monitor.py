@@ -22,12 +22,14 @@ the last must stay within max(64 MiB, 2 %) for host memory and max(32 MiB, 1 %) 
 the least-squares slope over the later half of those samples within 8 MiB per 1,000 steps for
 either (or, in a short run, that slope over the later half's steps within 4 MiB): a steady leak of
 ~10 KiB per step passes the first test over 2,000 steps but not the second, while allocator and
-2 MiB-page noise (a few MiB once) stays inside it. Then every profiler counter of dropped or late records (the summary lines of the
-per-rank reports) must be 0, and the two runs named by --parity must have the same loss curve
-(scripts/loss_parity.py: Pearson >= 0.95, mean relative error <= 5 %, and the mean of the last 100
-losses within 3 %). Prints a table (and writes it as Markdown); exit 0 only if every check passed.
+2 MiB-page noise (a few MiB once) stays inside it. Then every profiler counter of dropped or late
+records (the summary lines of the per-rank reports) must be 0, and the two runs named by --parity
+must have the same loss curve (scripts/loss_parity.py: Pearson >= 0.95, mean relative error <= 5 %,
+and the mean of the last 100 losses within 3 %). Prints a table (and writes it as Markdown); exit 0
+only if every check passed.
 """
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -197,9 +199,13 @@ def slope_per_1000(points):
     return 0.0 if var == 0 else 1000.0 * sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
 
 
+# One rank's memory over the soak: MiB at warm-up end and at the last sample, their difference, the
+# slope over all samples and over the later half (MiB per 1,000 steps), and the verdict.
+Flatness = collections.namedtuple("Flatness", "first last growth slope late_slope ok")
+
+
 def flatness(samples, key, warmup, steps, tolerance):
-    """Per rank index: (value at warm-up end, last value, growth MiB, slope and later-half slope in MiB
-    per 1000 steps, ok), over the samples from --warmup up to, not including, the last step."""
+    """Per rank index, a Flatness over the samples from --warmup up to, not including, the last step."""
     after = [s for s in samples if warmup <= s["step"] < steps]
     if len(after) < 2:
         return None
@@ -216,13 +222,14 @@ def flatness(samples, key, warmup, steps, tolerance):
         late_rise = late * (later[-1][0] - later[0][0]) / 1000.0
         ok = growth <= max(tolerance[0], tolerance[1] * first) and (late <= LATE_SLOPE_LIMIT or
                                                                     late_rise <= LATE_RISE_FLOOR)
-        result.append((first, last, growth, slope_per_1000(points), late, ok))
+        result.append(Flatness(first, last, growth, slope_per_1000(points), late, ok))
     return result
 
 
 def describe(rows):
     return "n/a" if rows is None else "; ".join(
-        f"{r[0]:.0f}->{r[1]:.0f} ({r[2]:+.1f} MiB, {r[3]:+.1f}/1k steps, later half {r[4]:+.1f}/1k)" for r in rows)
+        f"{r.first:.0f}->{r.last:.0f} ({r.growth:+.1f} MiB, {r.slope:+.1f}/1k steps, later half {r.late_slope:+.1f}/1k)"
+        for r in rows)
 
 
 def report(args):
@@ -265,9 +272,9 @@ def report(args):
         sampled = min((len(s["ranks"]) for s in mine), default=0)
         checks.append(("ranks sampled", sampled >= args.ranks and bool(mine),
                        f"{sampled} of {args.ranks} in every sample ({len(mine)} samples)"))
-        checks.append(("host memory flat", host is not None and all(h[5] for h in host), describe(host)))
+        checks.append(("host memory flat", host is not None and all(h.ok for h in host), describe(host)))
         if not args.cpu:  # a dry run on a machine without a GPU has neither GPU memory nor CUPTI records
-            checks.append((f"GPU memory flat ({gpu_source})", gpu is not None and all(g[5] for g in gpu),
+            checks.append((f"GPU memory flat ({gpu_source})", gpu is not None and all(g.ok for g in gpu),
                            describe(gpu)))
             if prof != "-":  # "-": a run without the profiler
                 checks.append(("profiler records dropped or late", drops == 0 and reported_steps > 0,
@@ -279,10 +286,10 @@ def report(args):
         rows.append(f"{name:<9} {'median step ms (steps >= 10)':<40} INFO  {median_ms:.1f}")
         markdown.append("| {} | {} | {:.1f} | {} | {} | {} | {} | {} | {} |".format(
             name, steps, median_ms,
-            " / ".join(f"{h[0]:.0f} -> {h[1]:.0f}" for h in host) if host else "n/a",
-            " / ".join(f"{h[2]:+.1f} MiB ({h[4]:+.1f})" for h in host) if host else "n/a",
-            " / ".join(f"{g[0]:.0f} -> {g[1]:.0f}" for g in gpu) if gpu else "n/a",
-            " / ".join(f"{g[2]:+.1f} MiB ({g[4]:+.1f})" for g in gpu) if gpu else "n/a",
+            " / ".join(f"{h.first:.0f} -> {h.last:.0f}" for h in host) if host else "n/a",
+            " / ".join(f"{h.growth:+.1f} MiB ({h.late_slope:+.1f})" for h in host) if host else "n/a",
+            " / ".join(f"{g.first:.0f} -> {g.last:.0f}" for g in gpu) if gpu else "n/a",
+            " / ".join(f"{g.growth:+.1f} MiB ({g.late_slope:+.1f})" for g in gpu) if gpu else "n/a",
             drops if prof != "-" else "no profiler", "PASS" if ok else "FAIL"))
     if args.parity:
         a, b = args.parity

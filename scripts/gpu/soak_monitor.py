@@ -10,8 +10,8 @@ the completed steps pass a multiple of --every, records every rank's resident ho
 (/proc/<pid>/status VmRSS) and GPU memory (nvidia-smi's per-process used memory; where the machine
 does not report processes, the trainer's own allocator peak from the log). Ranks are the
 fp8wire-train processes under PID with no fp8wire-train child (the launcher forks them), known by
-their argv[0]: the launcher starts each rank by exec'ing /proc/self/exe, which names the process
-"exe" in /proc/<pid>/comm. --ranks N: the ranks each run must have; report fails a run whose samples
+their argv[0]: the launcher starts each rank by exec'ing /proc/self/exe, which most kernels name
+"exe" in /proc/<pid>/comm and some name after the program. --ranks N: the ranks each run must have; report fails a run whose samples
 found fewer (a monitor that measured the launcher instead of the ranks says so).
 
 report: per run, the steps reached, the median step time, and whether host and GPU memory stayed

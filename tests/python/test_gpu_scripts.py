@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """CPU tests of the GPU scripts' helpers: the soak monitor finds the ranks the trainer's launcher
-starts (each by exec'ing /proc/self/exe, so the kernel names it "exe"), fails a run sampled with
+starts (each by exec'ing /proc/self/exe, so most kernels name it "exe", a name the monitor must not
+rely on since others keep the program's), fails a run sampled with
 fewer ranks than it has, and judges memory on the samples taken while training; soak.sh's variants
 run on the CPU; scripts/fidelity.py judges and reports the curves and rejects bad input."""
 import json
@@ -19,7 +20,8 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import kernel_breakdown  # noqa: E402
 
 # A process tree like `fp8wire-train --ranks 2`: a launcher that forks two ranks, each re-exec'ing
-# the same program; argv[0] stays "fp8wire-train" throughout, /proc/<pid>/comm becomes "exe".
+# the same program; argv[0] stays "fp8wire-train" throughout, /proc/<pid>/comm becomes "exe" on most
+# kernels and stays the program's name on some (seen: "python"), so the monitor goes by parentage.
 TREE = r"""
 import os, sys, time
 if len(sys.argv) > 1 and sys.argv[1] == "rank":
@@ -55,8 +57,6 @@ class RankDiscovery(unittest.TestCase):
                     break
                 time.sleep(0.1)
             self.assertEqual(found, kids)
-            with open(f"/proc/{kids[0]}/comm") as c:
-                self.assertEqual(c.read().strip(), "exe")  # what the monitor must not rely on
         finally:
             for k in soak_monitor.ranks_under(launcher.pid):
                 os.kill(k, 9)

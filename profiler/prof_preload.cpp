@@ -43,6 +43,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -229,6 +230,12 @@ class Profiler {
   std::mutex pool_mutex_;  // the CUPTI buffer pool (never more than kMaxBufferCount buffers)
   std::vector<uint8_t*> free_buffers_;
   int allocated_buffers_ = 0;
+  int held_buffers_ = 0;      // handed to CUPTI and not yet given back
+  int max_held_buffers_ = 0;  // the most CUPTI held at once: what the pool had to cover
+  // The threads CUPTI asked for a buffer on (it asks on the thread whose activity needs one): a
+  // count that keeps rising means the application keeps starting threads that launch GPU work,
+  // each holding a buffer of its own.
+  std::set<pid_t> requesting_threads_;
   size_t buffer_bytes_ = 0;
 
   // Below: guarded by mutex_ again.
@@ -416,6 +423,7 @@ void Profiler::buffer_requested(uint8_t** buffer, size_t* size) {
   ensure_flush_thread();
   // Its own lock: an application thread asking for a buffer must not wait for a report being built.
   std::lock_guard lock(pool_mutex_);
+  requesting_threads_.insert(static_cast<pid_t>(syscall(SYS_gettid)));
   if (free_buffers_.empty() && allocated_buffers_ < kMaxBufferCount) {
     // More threads record activity than the preallocated pool covers. A rare allocation beats
     // losing records; the pool never shrinks, so this happens at most kMaxBufferCount times.
@@ -433,6 +441,7 @@ void Profiler::buffer_requested(uint8_t** buffer, size_t* size) {
   *buffer = free_buffers_.back();
   free_buffers_.pop_back();
   *size = buffer_bytes_;
+  max_held_buffers_ = std::max(max_held_buffers_, ++held_buffers_);
 }
 
 void Profiler::buffer_completed(CUcontext context, uint32_t stream_id, uint8_t* buffer, size_t valid) {
@@ -446,6 +455,7 @@ void Profiler::buffer_completed(CUcontext context, uint32_t stream_id, uint8_t* 
     if (!finished_) ingest_locked(buffer, valid);
     std::lock_guard pool_lock(pool_mutex_);
     free_buffers_.push_back(buffer);
+    --held_buffers_;
   }
   // Steps are reported by the flush thread (or at flush/exit), after their settle time.
 }
@@ -678,6 +688,12 @@ void Profiler::write_summary_locked() {
   cuptiActivityGetNumDroppedRecords(nullptr, 0, &global_dropped);
   const uint64_t cupti_dropped = global_dropped + cupti_dropped_per_context_;
   const double n = totals_.steps ? static_cast<double>(totals_.steps) : 1.0;
+  nlohmann::json buffers;
+  {
+    std::lock_guard pool_lock(pool_mutex_);
+    buffers = {{"allocated", allocated_buffers_}, {"max_held", max_held_buffers_}, {"limit", kMaxBufferCount},
+               {"bytes_each", buffer_bytes_}, {"requesting_threads", requesting_threads_.size()}};
+  }
   nlohmann::json summary{{"type", "summary"},
                          {"rank", collector_.options().rank},
                          {"steps", totals_.steps},
@@ -694,7 +710,8 @@ void Profiler::write_summary_locked() {
                          {"dropped_call_events", call_events_.dropped()},
                          {"dropped_cupti_records", cupti_dropped},
                          {"incomplete_cupti_records", incomplete_records_},
-                         {"dropped_trace_events", trace_.dropped_events()}};
+                         {"dropped_trace_events", trace_.dropped_events()},
+                         {"cupti_buffers", buffers}};
   if (jsonl_) std::fprintf(jsonl_, "%s\n", dump_json(summary).c_str());
   if (!recent_.empty()) {
     std::vector<StepReport> last(recent_.begin(), recent_.end());

@@ -569,6 +569,19 @@ double peak_memory_gib(at::Device device) {
   return 0.0;
 }
 
+// What the caching allocator holds from the device now (allocated or cached): with the process's
+// GPU memory it tells a growth of the application's tensors from one outside the allocator.
+double reserved_memory_gib(at::Device device) {
+#ifdef USE_C10D_NCCL
+  if (device.is_cuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return double(stats.reserved_bytes[0].current) / double(1ull << 30);
+  }
+#endif
+  (void)device;
+  return 0.0;
+}
+
 c10::intrusive_ptr<c10d::Backend> make_process_group(const Config& cfg, int rank, int world, std::string& error) {
 #ifdef USE_C10D_NCCL
   if (world <= 1) return {};
@@ -804,7 +817,8 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
       if (rank == 0 && (s % t.log_every == 0 || s + 1 == t.steps)) {
         nlohmann::json line = {{"step", s},        {"loss", st.loss},   {"grad_norm", st.grad_norm},
                                {"lr", st.lr},      {"step_ms", ms},     {"samples_per_s", sps},
-                               {"peak_mem_gib", mem}, {"mfu", mfu},     {"world", world},
+                               {"peak_mem_gib", mem}, {"reserved_mem_gib", reserved_memory_gib(trainer.device())},
+                               {"mfu", mfu},          {"world", world},
                                {"buckets", st.buckets}, {"buckets_in_backward", st.buckets_launched_in_backward}};
         if (jsonl) jsonl << line.dump() << "\n" << std::flush;
         fmt::print("step {:>5}/{} | loss {:.4f} | grad {:.3f} | lr {:.3e} | {:.1f} ms | {:.1f} samples/s | "

@@ -116,6 +116,18 @@ for name in "${runs[@]}"; do
   rm -f "$OUT/$name"/prof/*.trace.json "$OUT/$name/prof/trace.json"
 done
 
+# With NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ALLOC (say) each process's NCCL allocations are in its log:
+# how many lines each wrote, and the last of them, tell whether NCCL kept allocating after warm-up.
+if [[ "${NCCL_DEBUG:-WARN}" == INFO ]]; then
+  for name in "${runs[@]}"; do
+    for f in "$OUT/$name"/nccl.*.log; do
+      [[ -s "$f" ]] || continue
+      echo "---- $f: $(wc -l < "$f") lines; the last 3:"
+      tail -n 3 "$f"
+    done
+  done
+fi
+
 # The kernel's line for a crashed process names the faulting library and offset, which a lost core
 # does not (dmesg may be closed to containers).
 crashed=0

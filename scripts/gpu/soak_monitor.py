@@ -7,8 +7,9 @@
 
 watch: until every PID has exited, follows each run's train log (rank 0's JSON lines) and, each time
 the completed steps pass a multiple of --every, records every rank's resident host memory
-(/proc/<pid>/status VmRSS) and GPU memory (nvidia-smi's per-process used memory; where the machine
-does not report processes, the trainer's own allocator peak from the log). Ranks are the
+(/proc/<pid>/status VmRSS, and its anonymous, file and shared parts), threads and open file
+descriptors, and GPU memory (nvidia-smi's per-process used memory; where the machine does not report
+processes, the trainer's own allocator peak from the log; rank 0's allocator reserve from the log). Ranks are the
 fp8wire-train processes under PID with no fp8wire-train child (the launcher forks them), known by
 their argv[0]: the launcher starts each rank by exec'ing /proc/self/exe, which most kernels name
 "exe" in /proc/<pid>/comm and some name after the program. --ranks N: the ranks each run must have; report fails a run whose samples
@@ -91,15 +92,36 @@ def ranks_under(root):
     return sorted(found)
 
 
-def rss_mib(pid):
+# From /proc/<pid>/status: the resident set and its parts (anonymous: heaps and private mappings;
+# file: mapped files and device mappings; shmem: shared memory), and the thread count. With the open
+# file descriptors they tell a growth's kind apart (a heap, pinned or shared buffers, threads, fds).
+STATUS_FIELDS = {"VmRSS": "rss_mib", "RssAnon": "rss_anon_mib", "RssFile": "rss_file_mib",
+                 "RssShmem": "rss_shmem_mib"}
+
+
+def process_status(pid):
+    """{rss_mib, rss_anon_mib, rss_file_mib, rss_shmem_mib, threads, fds}; a field is None if unreadable."""
+    result = {key: None for key in STATUS_FIELDS.values()}
+    result["threads"] = result["fds"] = None
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
+                name, _, value = line.partition(":")
+                if name in STATUS_FIELDS:
+                    result[STATUS_FIELDS[name]] = int(value.split()[0]) / 1024.0
+                elif name == "Threads":
+                    result["threads"] = int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        result["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         pass
-    return None
+    return result
+
+
+def rss_mib(pid):
+    return process_status(pid)["rss_mib"]
 
 
 def gpu_mib_by_pid():
@@ -161,10 +183,13 @@ def watch(args):
                     continue
                 ranks = ranks_under(r["pid"])
                 gpu = gpu_mib_by_pid()
+                status = [process_status(p) for p in ranks]
                 sample = {"run": r["name"], "step": done, "t": round(time.time() - start, 1), "ranks": ranks,
-                          "expected_ranks": args.ranks,
-                          "rss_mib": [rss_mib(p) for p in ranks], "gpu_mib": [gpu.get(p) for p in ranks],
-                          "torch_peak_gib": record.get("peak_mem_gib")}
+                          "expected_ranks": args.ranks, "gpu_mib": [gpu.get(p) for p in ranks],
+                          "torch_peak_gib": record.get("peak_mem_gib"),
+                          "torch_reserved_gib": record.get("reserved_mem_gib")}
+                for key in list(STATUS_FIELDS.values()) + ["threads", "fds"]:
+                    sample[key] = [st[key] for st in status]
                 out.write(json.dumps(sample) + "\n")
                 out.flush()
                 while r["next"] <= done:
@@ -226,6 +251,27 @@ def flatness(samples, key, warmup, steps, tolerance):
     return result
 
 
+def parts_changes(samples, warmup, steps):
+    """Per rank, how the resident set's parts, the threads and the open fds changed over the judged
+    samples (as flatness() picks them): where a growth lives. None where the samples lack them."""
+    after = [s for s in samples if warmup <= s["step"] < steps]
+    if len(after) < 2 or not all("threads" in s for s in after):
+        return None
+    first, last = after[0], after[-1]
+    text = []
+    for i in range(min(len(first["ranks"]), len(last["ranks"]))):
+        def change(key, unit=" MiB", fmt="{:+.1f}"):
+            a, b = first[key][i], last[key][i]
+            return "?" if a is None or b is None else fmt.format(b - a) + unit
+        text.append("anon {}, file {}, shmem {}, threads {}, fds {}".format(
+            change("rss_anon_mib"), change("rss_file_mib"), change("rss_shmem_mib"),
+            change("threads", "", "{:+d}"), change("fds", "", "{:+d}")))
+    reserved = [s.get("torch_reserved_gib") for s in (first, last)]
+    if None not in reserved:
+        text.append("torch reserved (rank 0) {:+.1f} MiB".format((reserved[1] - reserved[0]) * 1024.0))
+    return "; ".join(text)
+
+
 def describe(rows):
     return "n/a" if rows is None else "; ".join(
         f"{r.first:.0f}->{r.last:.0f} ({r.growth:+.1f} MiB, {r.slope:+.1f}/1k steps, later half {r.late_slope:+.1f}/1k)"
@@ -256,7 +302,7 @@ def report(args):
             converted = [dict(s, peak=[(s["torch_peak_gib"] or 0) * 1024.0]) for s in mine
                          if s.get("torch_peak_gib") is not None]
             gpu = flatness(converted, "peak", args.warmup, args.steps, GPU_TOLERANCE)
-        drops, reported_steps = 0, 0
+        drops, reported_steps, buffers = 0, 0, []
         for path in sorted(os.listdir(prof)) if os.path.isdir(prof) else []:
             if not path.endswith(".jsonl"):
                 continue
@@ -265,6 +311,11 @@ def report(args):
                     counters = r.get("counters", {})
                     drops += sum(int(counters.get(k, 0)) for k in DROP_COUNTERS)
                     drops += sum(int(r.get(k, 0)) for k in SUMMARY_DROPS)
+                    b = r.get("cupti_buffers")
+                    if isinstance(b, dict):
+                        buffers.append("rank {}: {} allocated of {}, at most {} held, asked for on {} threads".format(
+                            r.get("rank", "?"), b.get("allocated"), b.get("limit"), b.get("max_held"),
+                            b.get("requesting_threads")))
                 elif r.get("type") == "step":
                     reported_steps += 1
         checks = []
@@ -283,6 +334,11 @@ def report(args):
         failures += 0 if ok else 1
         for label, good, detail in checks:
             rows.append(f"{name:<9} {label:<40} {'PASS' if good else 'FAIL'}  {detail}")
+        if buffers:
+            rows.append(f"{name:<9} {'profiler CUPTI buffers':<40} INFO  {'; '.join(buffers)}")
+        parts = parts_changes(mine, args.warmup, args.steps)
+        if parts:
+            rows.append(f"{name:<9} {'where host memory went (per rank)':<40} INFO  {parts}")
         rows.append(f"{name:<9} {'median step ms (steps >= 10)':<40} INFO  {median_ms:.1f}")
         markdown.append("| {} | {} | {:.1f} | {} | {} | {} | {} | {} | {} |".format(
             name, steps, median_ms,

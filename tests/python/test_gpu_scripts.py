@@ -116,6 +116,47 @@ class MemoryJudgement(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertRegex(r.stdout, r"host memory flat\s+FAIL\s+1000->1000 .*; 1000->1032 \(\+31\.5 MiB.*later half \+35\.0/1k\)")
 
+    def test_where_host_memory_went_is_reported(self):
+        # Rank 1's anonymous memory grows by 30 MiB and it gains 4 threads; the profiler's summary
+        # says how many CUPTI buffers its pool grew to.
+        with tempfile.TemporaryDirectory() as d:
+            log = os.path.join(d, "train_log.jsonl")
+            with open(log, "w") as f:
+                for s in range(2000):
+                    f.write(json.dumps({"step": s, "loss": 1.0, "step_ms": 10.0,
+                                        "reserved_mem_gib": 1.0 + (s >= 1000) / 1024.0}) + "\n")
+            samples = os.path.join(d, "samples.jsonl")
+            with open(samples, "w") as f:
+                for step in range(100, 2000, 100):
+                    grow = max(0, step - 1000) / 30.0
+                    f.write(json.dumps({"run": "r", "step": step, "ranks": [1, 2], "rss_mib": [1000.0, 1000.0 + grow],
+                                        "rss_anon_mib": [800.0, 800.0 + grow], "rss_file_mib": [150.0, 150.0],
+                                        "rss_shmem_mib": [50.0, 50.0], "threads": [40, 40 + (step >= 1500) * 4],
+                                        "fds": [90, 90], "gpu_mib": [None, None], "torch_peak_gib": None,
+                                        "torch_reserved_gib": 1.0 + (step > 1000) / 1024.0}) + "\n")
+            os.makedirs(os.path.join(d, "prof"))
+            with open(os.path.join(d, "prof", "rank1.jsonl"), "w") as f:
+                f.write(json.dumps({"type": "summary", "rank": 1, "cupti_buffers": {
+                    "allocated": 64, "limit": 128, "max_held": 60, "requesting_threads": 3}}) + "\n")
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu", "soak_monitor.py"), "report",
+                                "--samples", samples, "--steps", "2000", "--warmup", "300", "--cpu", "--ranks", "2",
+                                "--run", f"r:{log}:{d}/prof"], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertRegex(r.stdout, r"where host memory went \(per rank\)\s+INFO  anon \+0\.0 MiB, file \+0\.0 MiB, "
+                                       r"shmem \+0\.0 MiB, threads \+0, fds \+0; anon \+30\.0 MiB, file \+0\.0 MiB, "
+                                       r"shmem \+0\.0 MiB, threads \+4, fds \+0; torch reserved \(rank 0\) \+1\.0 MiB")
+            self.assertRegex(r.stdout, r"profiler CUPTI buffers\s+INFO  rank 1: 64 allocated of 128, at most 60 held, "
+                                       r"asked for on 3 threads")
+
+    def test_a_process_status_is_read(self):
+        st = soak_monitor.process_status(os.getpid())
+        self.assertGreater(st["rss_mib"], 1.0)
+        self.assertGreaterEqual(st["rss_mib"], st["rss_anon_mib"])
+        self.assertGreaterEqual(st["threads"], 1)
+        self.assertGreaterEqual(st["fds"], 3)
+        gone = soak_monitor.process_status(2 ** 22 + 12345)  # above any pid_max: no such process
+        self.assertEqual(set(gone.values()), {None})
+
     def test_page_noise_passes(self):
         noisy = [(s, 1000.0 + (2.0 if s in (700, 1500) else 0.0) + (2.0 if s >= 1600 else 0.0)) for s in range(100, 2000, 100)]
         r = self.judge(noisy)

@@ -533,6 +533,7 @@ std::vector<KeySpec> build_key_table() {
                          "a path prefix (\"\" = next to the log)"));
   t.push_back(uint_key("profiler.top", [](auto& c) -> auto& { return c.profiler_top; }, 1, 100000));
   t.push_back(size_key("profiler.buffer_bytes", [](auto& c) -> auto& { return c.profiler_buffer_bytes; }, 4096));
+  t.push_back(uint_key("profiler.device_buffers", [](auto& c) -> auto& { return c.profiler_device_buffers; }, 1, 200));
   t.push_back(string_key("profiler.comm_pattern", [](auto& c) -> auto& { return c.profiler_comm_pattern; },
                          "extra kernel-name substrings counted as communication, '|'-separated (\"\" = none)"));
 
@@ -543,7 +544,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 816 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 824 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

@@ -392,6 +392,17 @@ bool Profiler::start() {
     return false;
   }
   cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
+  // Before any context exists (the library loads ahead of the application's CUDA use), so every
+  // context gets its device buffers up front: CUPTI otherwise starts with 3 and allocates more on
+  // the launching thread when they are all in use, which stalls that launch; and with CUDA 13.0's
+  // CUPTI, a rank whose pool had to grow in a long run went on keeping every later buffer (3.2 MB
+  // of device and 3.4 MiB of host memory per ~100k kernels, profiler/README.md).
+  size_t device_buffers = config_.profiler_device_buffers;
+  size_t value_size = sizeof device_buffers;
+  if (cuptiActivitySetAttribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_PRE_ALLOCATE_VALUE, &value_size, &device_buffers) !=
+      CUPTI_SUCCESS)
+    FP8WIRE_WARN_ONCE("fp8wire profiler: CUPTI did not take profiler.device_buffers = {}; it keeps its own default",
+                      config_.profiler_device_buffers);
   if (cuptiActivityRegisterCallbacks(on_buffer_requested, on_buffer_completed) != CUPTI_SUCCESS) {
     FP8WIRE_WARN_ONCE("fp8wire profiler: cuptiActivityRegisterCallbacks failed; profiler off");
     return false;
@@ -692,7 +703,8 @@ void Profiler::write_summary_locked() {
   {
     std::lock_guard pool_lock(pool_mutex_);
     buffers = {{"allocated", allocated_buffers_}, {"max_held", max_held_buffers_}, {"limit", kMaxBufferCount},
-               {"bytes_each", buffer_bytes_}, {"requesting_threads", requesting_threads_.size()}};
+               {"bytes_each", buffer_bytes_}, {"requesting_threads", requesting_threads_.size()},
+               {"device_preallocated", config_.profiler_device_buffers}};
   }
   nlohmann::json summary{{"type", "summary"},
                          {"rank", collector_.options().rank},

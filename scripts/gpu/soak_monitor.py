@@ -313,9 +313,10 @@ def report(args):
                     drops += sum(int(r.get(k, 0)) for k in SUMMARY_DROPS)
                     b = r.get("cupti_buffers")
                     if isinstance(b, dict):
-                        buffers.append("rank {}: {} allocated of {}, at most {} held, asked for on {} threads".format(
-                            r.get("rank", "?"), b.get("allocated"), b.get("limit"), b.get("max_held"),
-                            b.get("requesting_threads")))
+                        buffers.append("rank {}: {} allocated of {}, at most {} held, asked for on {} threads; "
+                                       "{} device buffers made up front".format(
+                                           r.get("rank", "?"), b.get("allocated"), b.get("limit"), b.get("max_held"),
+                                           b.get("requesting_threads"), b.get("device_preallocated", "?")))
                 elif r.get("type") == "step":
                     reported_steps += 1
         checks = []

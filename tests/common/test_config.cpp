@@ -184,6 +184,7 @@ TEST_CASE("a bad environment value names the variable, key, value and what was e
       {"FP8WIRE_COST_MODEL_PCIE_ALLTOALL_BANDWIDTH_GBPS=fast", "cost_model.pcie.alltoall_bandwidth_gbps", "fast", "finite"},
       {"FP8WIRE_LOG_LEVEL=verbose", "log.level", "verbose", "\"debug\""},
       {"FP8WIRE_PROFILER_TOP=0", "profiler.top", "0", "[1, 100000]"},
+      {"FP8WIRE_PROFILER_DEVICE_BUFFERS=250", "profiler.device_buffers", "250", "[1, 200]"},
       {"FP8WIRE_PROFILER_STEP_RANGES=step,,x", "profiler.step_ranges", "step,,x", "non-empty"},
       {"FP8WIRE_SEED=12abc", "seed", "12abc", "unsigned integer"},
       {"FP8WIRE_FABRIC=infiniband", "fabric", "infiniband", "\"pcie\""},
@@ -416,6 +417,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.profiler_output = "/tmp/prof";
   c.profiler_top = 3;
   c.profiler_buffer_bytes = 1ull << 24;
+  c.profiler_device_buffers = 20;
   c.profiler_comm_pattern = "allreduce|my_comm_kernel";
 
   const std::string text = to_toml(c);
@@ -478,6 +480,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.profiler_output == c.profiler_output);
   CHECK(p.profiler_top == c.profiler_top);
   CHECK(p.profiler_buffer_bytes == c.profiler_buffer_bytes);
+  CHECK(p.profiler_device_buffers == c.profiler_device_buffers);
   CHECK(p.profiler_comm_pattern == c.profiler_comm_pattern);
 }
 

@@ -190,8 +190,8 @@ struct Config {
   uint64_t profiler_buffer_bytes = 8ull << 20; // profiler.buffer_bytes CUPTI activity buffer size
   // profiler.device_buffers: CUPTI's device buffers (~3.2 MB, ~100k kernels and copies each) made
   // per context before the job runs (CUPTI's own default is 3). Past those CUPTI allocates on the
-  // launching thread, which stalls it; and with CUDA 13.0's CUPTI a run whose pool had to grow
-  // went on to keep every later buffer (profiler/README.md).
+  // launching thread, which stalls it; and with CUDA 13.0's CUPTI and 3 buffers, a rank of a fast
+  // run was seen to keep every buffer from some step on (profiler/README.md).
   uint32_t profiler_device_buffers = 12;
   // Extra case-insensitive kernel-name substrings that count as communication, '|'-separated
   // (besides "nccl" and "fp8wire"; profiler/classify.hpp).  profiler.comm_pattern

@@ -395,8 +395,8 @@ bool Profiler::start() {
   // Before any context exists (the library loads ahead of the application's CUDA use), so every
   // context gets its device buffers up front: CUPTI otherwise starts with 3 and allocates more on
   // the launching thread when they are all in use, which stalls that launch; and with CUDA 13.0's
-  // CUPTI, a rank whose pool had to grow in a long run went on keeping every later buffer (3.2 MB
-  // of device and 3.4 MiB of host memory per ~100k kernels, profiler/README.md).
+  // CUPTI and 3 buffers, one rank of a fast run was seen to keep every buffer from some step on
+  // (3.2 MB of device and 3.4 MiB of host memory per ~100k kernels, profiler/README.md).
   size_t device_buffers = config_.profiler_device_buffers;
   size_t value_size = sizeof device_buffers;
   if (cuptiActivitySetAttribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_PRE_ALLOCATE_VALUE, &value_size, &device_buffers) !=

@@ -558,28 +558,24 @@ std::vector<int64_t> Trainer::bucket_bytes() const {
 
 namespace {
 
-double peak_memory_gib(at::Device device) {
+// The caching allocator's peak of allocated memory, and what it holds from the device now
+// (allocated or cached): with the process's GPU memory the second tells a growth of the
+// application's tensors from one outside the allocator. Zeros off CUDA.
+struct AllocatorMemory {
+  double peak_gib = 0.0;
+  double reserved_gib = 0.0;
+};
+AllocatorMemory allocator_memory(at::Device device) {
+  AllocatorMemory m;
 #ifdef USE_C10D_NCCL
   if (device.is_cuda()) {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return double(stats.allocated_bytes[0].peak) / double(1ull << 30);
+    m.peak_gib = double(stats.allocated_bytes[0].peak) / double(1ull << 30);
+    m.reserved_gib = double(stats.reserved_bytes[0].current) / double(1ull << 30);
   }
 #endif
   (void)device;
-  return 0.0;
-}
-
-// What the caching allocator holds from the device now (allocated or cached): with the process's
-// GPU memory it tells a growth of the application's tensors from one outside the allocator.
-double reserved_memory_gib(at::Device device) {
-#ifdef USE_C10D_NCCL
-  if (device.is_cuda()) {
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return double(stats.reserved_bytes[0].current) / double(1ull << 30);
-  }
-#endif
-  (void)device;
-  return 0.0;
+  return m;
 }
 
 c10::intrusive_ptr<c10d::Backend> make_process_group(const Config& cfg, int rank, int world, std::string& error) {
@@ -806,7 +802,8 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
       profiler.after_step(s);
       const double sps = double(t.micro_batch * world) * 1000.0 / ms;
       const double mfu = flops * double(t.micro_batch) / (ms / 1000.0) / (t.peak_tflops * 1e12);
-      const double mem = peak_memory_gib(trainer.device());
+      const AllocatorMemory memory = allocator_memory(trainer.device());
+      const double mem = memory.peak_gib;
       if (std::isnan(first_loss)) first_loss = st.loss;
       last_loss = st.loss;
       if (s - first_step >= 2) {  // the first steps pay for allocator warm-up and NCCL setup
@@ -817,7 +814,7 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
       if (rank == 0 && (s % t.log_every == 0 || s + 1 == t.steps)) {
         nlohmann::json line = {{"step", s},        {"loss", st.loss},   {"grad_norm", st.grad_norm},
                                {"lr", st.lr},      {"step_ms", ms},     {"samples_per_s", sps},
-                               {"peak_mem_gib", mem}, {"reserved_mem_gib", reserved_memory_gib(trainer.device())},
+                               {"peak_mem_gib", mem}, {"reserved_mem_gib", memory.reserved_gib},
                                {"mfu", mfu},          {"world", world},
                                {"buckets", st.buckets}, {"buckets_in_backward", st.buckets_launched_in_backward}};
         if (jsonl) jsonl << line.dump() << "\n" << std::flush;
@@ -846,7 +843,7 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
       fmt::print("summary: params {} | loss {:.4f} -> {:.4f} | mean step {:.1f} ms | mean {:.1f} samples/s | "
                  "peak {:.1f} GiB | MFU {:.1f}%\n",
                  nparams, first_loss, last_loss, timed ? sum_ms / timed : 0.0, timed ? sum_sps / timed : 0.0,
-                 peak_memory_gib(trainer.device()),
+                 allocator_memory(trainer.device()).peak_gib,
                  timed ? 100.0 * flops * double(t.micro_batch) / (sum_ms / timed / 1000.0) / (t.peak_tflops * 1e12)
                        : 0.0);
     }

@@ -120,10 +120,6 @@ def process_status(pid):
     return result
 
 
-def rss_mib(pid):
-    return process_status(pid)["rss_mib"]
-
-
 def gpu_mib_by_pid():
     try:
         out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],

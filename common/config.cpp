@@ -327,13 +327,14 @@ KeySpec bool_key(std::string key, Ref ref) {
 }
 
 template <class Ref>
-KeySpec size_key(std::string key, Ref ref, uint64_t min_bytes) {
+KeySpec size_key(std::string key, Ref ref, uint64_t min_bytes, uint64_t max_bytes = UINT64_MAX) {
   std::string expected = "a size in bytes or with a binary suffix (767KiB, 64MiB, 1GiB, 1TiB; K/M/G/T mean the same)";
   if (min_bytes > 0) expected += fmt::format(", at least {}", format_size(min_bytes));
+  if (max_bytes < UINT64_MAX) expected += fmt::format(", at most {}", format_size(max_bytes));
   return {std::move(key), {}, std::move(expected),
-          [ref, min_bytes](Config& c, const RawValue& v) {
+          [ref, min_bytes, max_bytes](Config& c, const RawValue& v) {
             auto bytes = as_size(v);
-            if (!bytes || *bytes < min_bytes) return false;
+            if (!bytes || *bytes < min_bytes || *bytes > max_bytes) return false;
             ref(c) = *bytes;
             return true;
           },
@@ -534,6 +535,8 @@ std::vector<KeySpec> build_key_table() {
   t.push_back(uint_key("profiler.top", [](auto& c) -> auto& { return c.profiler_top; }, 1, 100000));
   t.push_back(size_key("profiler.buffer_bytes", [](auto& c) -> auto& { return c.profiler_buffer_bytes; }, 4096));
   t.push_back(uint_key("profiler.device_buffers", [](auto& c) -> auto& { return c.profiler_device_buffers; }, 1, 200));
+  t.push_back(size_key("profiler.device_buffer_bytes", [](auto& c) -> auto& { return c.profiler_device_buffer_bytes; },
+                       64 << 10, 256ull << 20));
   t.push_back(string_key("profiler.comm_pattern", [](auto& c) -> auto& { return c.profiler_comm_pattern; },
                          "extra kernel-name substrings counted as communication, '|'-separated (\"\" = none)"));
 
@@ -544,7 +547,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 824 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 832 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

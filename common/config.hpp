@@ -193,6 +193,9 @@ struct Config {
   // launching thread, which stalls it; and with CUDA 13.0's CUPTI and 3 buffers, a rank of a fast
   // run was seen to keep every buffer from some step on (profiler/README.md).
   uint32_t profiler_device_buffers = 12;
+  // profiler.device_buffer_bytes: the size of each (CUPTI's default, 3,200,000 bytes, holds ~100k
+  // records). Device and host memory of the profiler's CUPTI pool scale with count x size.
+  uint64_t profiler_device_buffer_bytes = 3200000;
   // Extra case-insensitive kernel-name substrings that count as communication, '|'-separated
   // (besides "nccl" and "fp8wire"; profiler/classify.hpp).  profiler.comm_pattern
   std::string profiler_comm_pattern;

@@ -397,8 +397,14 @@ bool Profiler::start() {
   // the launching thread when they are all in use, which stalls that launch; and with CUDA 13.0's
   // CUPTI and 3 buffers, one rank of a fast run was seen to keep every buffer from some step on
   // (3.2 MB of device and 3.4 MiB of host memory per ~100k kernels, profiler/README.md).
+  size_t device_buffer_bytes = config_.profiler_device_buffer_bytes;
+  size_t value_size = sizeof device_buffer_bytes;
+  if (cuptiActivitySetAttribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, &value_size, &device_buffer_bytes) !=
+      CUPTI_SUCCESS)
+    FP8WIRE_WARN_ONCE("fp8wire profiler: CUPTI did not take profiler.device_buffer_bytes = {}; it keeps its own default",
+                      config_.profiler_device_buffer_bytes);
   size_t device_buffers = config_.profiler_device_buffers;
-  size_t value_size = sizeof device_buffers;
+  value_size = sizeof device_buffers;
   if (cuptiActivitySetAttribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_PRE_ALLOCATE_VALUE, &value_size, &device_buffers) !=
       CUPTI_SUCCESS)
     FP8WIRE_WARN_ONCE("fp8wire profiler: CUPTI did not take profiler.device_buffers = {}; it keeps its own default",
@@ -704,7 +710,8 @@ void Profiler::write_summary_locked() {
     std::lock_guard pool_lock(pool_mutex_);
     buffers = {{"allocated", allocated_buffers_}, {"max_held", max_held_buffers_}, {"limit", kMaxBufferCount},
                {"bytes_each", buffer_bytes_}, {"requesting_threads", requesting_threads_.size()},
-               {"device_preallocated", config_.profiler_device_buffers}};
+               {"device_preallocated", config_.profiler_device_buffers},
+               {"device_bytes_each", config_.profiler_device_buffer_bytes}};
   }
   nlohmann::json summary{{"type", "summary"},
                          {"rank", collector_.options().rank},

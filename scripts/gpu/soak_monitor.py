@@ -310,9 +310,10 @@ def report(args):
                     b = r.get("cupti_buffers")
                     if isinstance(b, dict):
                         buffers.append("rank {}: {} allocated of {}, at most {} held, asked for on {} threads; "
-                                       "{} device buffers made up front".format(
+                                       "{} device buffers of {} bytes made up front".format(
                                            r.get("rank", "?"), b.get("allocated"), b.get("limit"), b.get("max_held"),
-                                           b.get("requesting_threads"), b.get("device_preallocated", "?")))
+                                           b.get("requesting_threads"), b.get("device_preallocated", "?"),
+                                           b.get("device_bytes_each", "?")))
                 elif r.get("type") == "step":
                     reported_steps += 1
         checks = []

@@ -185,6 +185,8 @@ TEST_CASE("a bad environment value names the variable, key, value and what was e
       {"FP8WIRE_LOG_LEVEL=verbose", "log.level", "verbose", "\"debug\""},
       {"FP8WIRE_PROFILER_TOP=0", "profiler.top", "0", "[1, 100000]"},
       {"FP8WIRE_PROFILER_DEVICE_BUFFERS=250", "profiler.device_buffers", "250", "[1, 200]"},
+      {"FP8WIRE_PROFILER_DEVICE_BUFFER_BYTES=1GiB", "profiler.device_buffer_bytes", "1GiB", "at most 256MiB"},
+      {"FP8WIRE_PROFILER_DEVICE_BUFFER_BYTES=1KiB", "profiler.device_buffer_bytes", "1KiB", "at least 64KiB"},
       {"FP8WIRE_PROFILER_STEP_RANGES=step,,x", "profiler.step_ranges", "step,,x", "non-empty"},
       {"FP8WIRE_SEED=12abc", "seed", "12abc", "unsigned integer"},
       {"FP8WIRE_FABRIC=infiniband", "fabric", "infiniband", "\"pcie\""},
@@ -418,6 +420,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.profiler_top = 3;
   c.profiler_buffer_bytes = 1ull << 24;
   c.profiler_device_buffers = 20;
+  c.profiler_device_buffer_bytes = 1ull << 20;
   c.profiler_comm_pattern = "allreduce|my_comm_kernel";
 
   const std::string text = to_toml(c);
@@ -481,6 +484,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.profiler_top == c.profiler_top);
   CHECK(p.profiler_buffer_bytes == c.profiler_buffer_bytes);
   CHECK(p.profiler_device_buffers == c.profiler_device_buffers);
+  CHECK(p.profiler_device_buffer_bytes == c.profiler_device_buffer_bytes);
   CHECK(p.profiler_comm_pattern == c.profiler_comm_pattern);
 }
 

@@ -138,7 +138,7 @@ class MemoryJudgement(unittest.TestCase):
             with open(os.path.join(d, "prof", "rank1.jsonl"), "w") as f:
                 f.write(json.dumps({"type": "summary", "rank": 1, "cupti_buffers": {
                     "allocated": 64, "limit": 128, "max_held": 60, "requesting_threads": 3,
-                    "device_preallocated": 12}}) + "\n")
+                    "device_preallocated": 12, "device_bytes_each": 1048576}}) + "\n")
             r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu", "soak_monitor.py"), "report",
                                 "--samples", samples, "--steps", "2000", "--warmup", "300", "--cpu", "--ranks", "2",
                                 "--run", f"r:{log}:{d}/prof"], capture_output=True, text=True)
@@ -147,7 +147,7 @@ class MemoryJudgement(unittest.TestCase):
                                        r"shmem \+0\.0 MiB, threads \+0, fds \+0; anon \+30\.0 MiB, file \+0\.0 MiB, "
                                        r"shmem \+0\.0 MiB, threads \+4, fds \+0; torch reserved \(rank 0\) \+1\.0 MiB")
             self.assertRegex(r.stdout, r"profiler CUPTI buffers\s+INFO  rank 1: 64 allocated of 128, at most 60 held, "
-                                       r"asked for on 3 threads; 12 device buffers made up front")
+                                       r"asked for on 3 threads; 12 device buffers of 1048576 bytes made up front")
 
     def test_a_process_status_is_read(self):
         st = soak_monitor.process_status(os.getpid())

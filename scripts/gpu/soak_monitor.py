@@ -318,9 +318,11 @@ def report(args):
                     reported_steps += 1
         checks = []
         checks.append(("steps", steps >= args.steps, f"{steps}/{args.steps}"))
-        sampled = min((len(s["ranks"]) for s in mine), default=0)
-        checks.append(("ranks sampled", sampled >= args.ranks and bool(mine),
-                       f"{sampled} of {args.ranks} in every sample ({len(mine)} samples)"))
+        # Judged over the samples the memory checks read: at the last step a rank may be gone already.
+        training = [s for s in mine if s["step"] < args.steps]
+        sampled = min((len(s["ranks"]) for s in training), default=0)
+        checks.append(("ranks sampled", sampled >= args.ranks and bool(training),
+                       f"{sampled} of {args.ranks} in every sample taken while training ({len(training)} samples)"))
         checks.append(("host memory flat", host is not None and all(h.ok for h in host), describe(host)))
         if not args.cpu:  # a dry run on a machine without a GPU has neither GPU memory nor CUPTI records
             checks.append((f"GPU memory flat ({gpu_source})", gpu is not None and all(g.ok for g in gpu),

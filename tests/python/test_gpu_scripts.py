@@ -97,8 +97,10 @@ class MemoryJudgement(unittest.TestCase):
             samples = os.path.join(d, "samples.jsonl")
             with open(samples, "w") as f:
                 for step, rss in host_by_step:
-                    f.write(json.dumps({"run": "r", "step": step, "ranks": [1, 2], "rss_mib": [1000.0, rss],
-                                        "gpu_mib": [None, None], "torch_peak_gib": None}) + "\n")
+                    # At the last step a rank may already be gone (the teardown): one rank sampled.
+                    ranks, host = ([1, 2], [1000.0, rss]) if step < 2000 else ([1], [rss])
+                    f.write(json.dumps({"run": "r", "step": step, "ranks": ranks, "rss_mib": host,
+                                        "gpu_mib": [None] * len(ranks), "torch_peak_gib": None}) + "\n")
             return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu", "soak_monitor.py"), "report",
                                    "--samples", samples, "--steps", "2000", "--warmup", "300", "--cpu", "--ranks", "2",
                                    "--run", f"r:{log}:{d}/prof"], capture_output=True, text=True)
@@ -108,6 +110,7 @@ class MemoryJudgement(unittest.TestCase):
         r = self.judge(flat)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertRegex(r.stdout, r"host memory flat\s+PASS\s+1000->1000 \(\+0\.0 MiB")
+        self.assertRegex(r.stdout, r"ranks sampled\s+PASS\s+2 of 2 in every sample taken while training \(19 samples\)")
 
     def test_a_late_steady_leak_fails_inside_the_growth_tolerance(self):
         # Flat to step 1000, then 3.5 MiB per 100 steps: +31.5 MiB in all (under the 64 MiB tolerance).

@@ -397,18 +397,15 @@ bool Profiler::start() {
   // the launching thread when they are all in use, which stalls that launch; and with CUDA 13.0's
   // CUPTI and 3 buffers, one rank of a fast run was seen to keep every buffer from some step on
   // (3.2 MB of device and 3.4 MiB of host memory per ~100k kernels, profiler/README.md).
-  size_t device_buffer_bytes = config_.profiler_device_buffer_bytes;
-  size_t value_size = sizeof device_buffer_bytes;
-  if (cuptiActivitySetAttribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, &value_size, &device_buffer_bytes) !=
-      CUPTI_SUCCESS)
-    FP8WIRE_WARN_ONCE("fp8wire profiler: CUPTI did not take profiler.device_buffer_bytes = {}; it keeps its own default",
-                      config_.profiler_device_buffer_bytes);
-  size_t device_buffers = config_.profiler_device_buffers;
-  value_size = sizeof device_buffers;
-  if (cuptiActivitySetAttribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_PRE_ALLOCATE_VALUE, &value_size, &device_buffers) !=
-      CUPTI_SUCCESS)
-    FP8WIRE_WARN_ONCE("fp8wire profiler: CUPTI did not take profiler.device_buffers = {}; it keeps its own default",
-                      config_.profiler_device_buffers);
+  const auto set_device_attribute = [](CUpti_ActivityAttribute attribute, size_t value, const char* key) {
+    size_t value_size = sizeof value;
+    if (cuptiActivitySetAttribute(attribute, &value_size, &value) != CUPTI_SUCCESS)
+      FP8WIRE_WARN("fp8wire profiler: CUPTI did not take {} = {}; it keeps its own default", key, value);
+  };
+  set_device_attribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, config_.profiler_device_buffer_bytes,
+                       "profiler.device_buffer_bytes");
+  set_device_attribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_PRE_ALLOCATE_VALUE, config_.profiler_device_buffers,
+                       "profiler.device_buffers");
   if (cuptiActivityRegisterCallbacks(on_buffer_requested, on_buffer_completed) != CUPTI_SUCCESS) {
     FP8WIRE_WARN_ONCE("fp8wire profiler: cuptiActivityRegisterCallbacks failed; profiler off");
     return false;

@@ -470,6 +470,8 @@ void release_resources(CommState& s) {
     // rank wrote (their release flags), so that no peer's kernel reads freed memory.
     const cudaStream_t lanes[] = {r.produce, r.transfer};
     s.direct->drain(lanes, 2, s.aborting);
+    // Every release this rank owes is written: from here its peers may see it as closed in order.
+    s.direct->mark_closed();
     if (!s.direct->wait_peers_done(s.aborting)) s.direct->keep_own_window();
     s.direct.reset();
   }

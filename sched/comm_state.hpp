@@ -104,6 +104,7 @@ struct CommState {
   FeedbackStore feedback;
   std::atomic<bool> dead{false};      // destroyed or aborted: queued calls return an error
   std::atomic<bool> aborting{false};  // an abort has begun: the agreement's wait gives up
+  std::atomic<bool> reported_lost_peer{false};  // the direct transport's lost peer is logged once
   // The first error of an FP8 call on it. The communicator is then out of step with its peers (they
   // may still wait in that call's exchange until the application aborts it), so every later FP8
   // call on it returns this error instead of starting another exchange.

@@ -49,8 +49,12 @@ struct DirectMemoryApi {
   void (*unlink)(Window& own) = nullptr;
   void (*close)(Window& peer) = nullptr;   // unmaps a peer's window
   void (*destroy)(Window& own) = nullptr;  // frees this process's window
-  // Whether process `pid` of this machine still runs (a peer that died mid-collective).
-  bool (*process_alive)(uint32_t pid) = nullptr;
+  // Whether the process that created `peer` (a host window this process opened) no longer holds it:
+  // it destroyed the window or ended, in whatever way. Asked of the peer's flag page only. The GPU
+  // answers from a lock the owner holds on the shared-memory object while the window lives (the
+  // kernel drops it with the owner's last reference), so the answer holds across PID namespaces and
+  // cannot be fooled by a reused pid.
+  bool (*owner_gone)(const Window& peer) = nullptr;
 };
 
 }  // namespace fp8wire

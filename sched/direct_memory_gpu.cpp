@@ -2,7 +2,12 @@
 // operations (sched/cuda_api.hpp).
 //   host windows    POSIX shared memory (shm_open + mmap), registered with cudaHostRegister as mapped
 //                   and portable memory, so every GPU of every process that maps it loads and stores it
-//                   over PCIe; unlinked once every peer has it mapped.
+//                   over PCIe; unlinked once every peer has it mapped. The owner holds a write lock on
+//                   the object's first byte (fcntl) for the window's life; a peer tests it (F_GETLK) to
+//                   learn the owner has gone. The kernel drops a process's record locks when it ends,
+//                   however it ends, and they belong to the open object, not to a pid: the answer holds
+//                   for ranks in other PID namespaces and cannot be fooled by pid reuse. A child the
+//                   owner forks does not inherit the lock.
 //   device windows  cudaMalloc'd memory exported with cudaIpcGetMemHandle, opened by the peers with
 //                   cudaIpcOpenMemHandle (peer access enabled on the way): NVLink or PCIe P2P, or the
 //                   same GPU when ranks share one.
@@ -17,7 +22,6 @@
 
 #include <cuda.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -89,7 +93,19 @@ struct Mapping {
   size_t bytes = 0;
   bool owner = false;
   char name[48] = {};     // host: the shared-memory object's name while not yet unlinked
+  int fd = -1;            // host: the object, kept open for the owner's lock and the peers' test of it
 };
+
+// The owner's lock, on the first byte (fcntl record locks: see the top of the file). Closing any
+// descriptor of the object would drop it, so the process opens each object exactly once.
+flock first_byte(short type) {
+  flock l{};
+  l.l_type = type;
+  l.l_whence = SEEK_SET;
+  l.l_start = 0;
+  l.l_len = 1;
+  return l;
+}
 
 std::atomic<uint64_t> g_windows{0};
 
@@ -105,9 +121,18 @@ cudaError_t map_host(const char* name, size_t bytes, bool create, Window* out, M
     shm_unlink(name);
     return cudaErrorMemoryAllocation;
   }
+  if (create) {
+    flock l = first_byte(F_WRLCK);
+    if (fcntl(fd, F_SETLK, &l) != 0) {
+      FP8WIRE_INFO("direct transport: locking {} failed: {}", name, std::strerror(errno));
+      close(fd);
+      shm_unlink(name);
+      return cudaErrorMemoryAllocation;
+    }
+  }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
   if (p == MAP_FAILED) {
+    close(fd);
     if (create) shm_unlink(name);
     return cudaErrorMemoryAllocation;
   }
@@ -119,9 +144,11 @@ cudaError_t map_host(const char* name, size_t bytes, bool create, Window* out, M
     cudaHostUnregister(p);
     cudaGetLastError();
     munmap(p, bytes);
+    close(fd);
     if (create) shm_unlink(name);
     return err;
   }
+  m->fd = fd;
   m->kind = WindowKind::host;
   m->base = p;
   m->bytes = bytes;
@@ -222,6 +249,7 @@ void release_window(Window& w) {
     cudaHostUnregister(m->base);
     munmap(m->base, m->bytes);
     if (m->owner && m->name[0]) shm_unlink(m->name);
+    if (m->fd >= 0) close(m->fd);  // the owner's lock goes with it
   } else if (m->owner) {
     cudaFree(m->base);
   } else {
@@ -237,9 +265,12 @@ bool available() {
   return m.wait && m.write;
 }
 
-bool process_alive(uint32_t pid) {
-  if (pid == 0) return true;
-  return kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+bool owner_gone(const Window& peer) {
+  const auto* m = static_cast<const Mapping*>(peer.token);
+  if (!m || m->kind != WindowKind::host || m->fd < 0) return false;  // no lock to ask: not known gone
+  flock l = first_byte(F_WRLCK);
+  if (fcntl(m->fd, F_GETLK, &l) != 0) return false;
+  return l.l_type == F_UNLCK;
 }
 
 }  // namespace
@@ -254,7 +285,7 @@ void fill_direct_platform(Platform& p) {
   d.unlink = unlink_window;
   d.close = release_window;
   d.destroy = release_window;
-  d.process_alive = process_alive;
+  d.owner_gone = owner_gone;
 }
 
 }  // namespace fp8wire

@@ -14,6 +14,7 @@ void init_flags(DirectFlags& f) {
       for (uint32_t& w : phase) __atomic_store_n(&w, 0u, __ATOMIC_RELAXED);
   for (auto& set : f.free)
     for (uint32_t& w : set) __atomic_store_n(&w, 1u, __ATOMIC_RELAXED);
+  __atomic_store_n(&f.closed, 0u, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
@@ -25,6 +26,9 @@ DirectTransport::DirectTransport(const Platform& platform, TransportKind kind, i
 }
 
 DirectTransport::~DirectTransport() {
+  // Before the flag page goes (and with it the lock the peers ask about): a peer that still looks
+  // at it sees an orderly close, not a death.
+  mark_closed();
   const DirectMemoryApi& m = platform_->direct;
   for (int r = 0; r < nranks_; ++r) {
     DirectPeer& p = peers_[static_cast<size_t>(r)];
@@ -117,11 +121,37 @@ void DirectTransport::release_waits() const {
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
-bool DirectTransport::peers_alive() const {
-  if (!platform_->direct.process_alive) return true;
-  for (int r = 0; r < nranks_; ++r)
-    if (r != rank_ && !platform_->direct.process_alive(peers_[static_cast<size_t>(r)].pid)) return false;
-  return true;
+void DirectTransport::mark_closed() const {
+  if (DirectFlags* f = flags_host()) {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);  // after every flag this rank's host stored
+    __atomic_store_n(&f->closed, 1u, __ATOMIC_RELEASE);
+  }
+}
+
+bool DirectTransport::peer_gone(int j) const {
+  if (j == rank_ || j < 0 || j >= nranks_) return false;
+  const DirectFlags* f = flags_host(j);
+  if (f && __atomic_load_n(&f->closed, __ATOMIC_ACQUIRE) == 1u) return true;
+  const DirectMemoryApi& m = platform_->direct;
+  return m.owner_gone && m.owner_gone(peers_[static_cast<size_t>(j)].flags);
+}
+
+bool DirectTransport::holds_a_set(int j) const {
+  const DirectFlags* f = flags_host();
+  if (!f) return false;
+  for (int s = 0; s < kDirectSets; ++s)
+    if (__atomic_load_n(&f->free[s][j], __ATOMIC_ACQUIRE) != 1u) return true;
+  return false;
+}
+
+int DirectTransport::waits_on_gone_peer() const {
+  for (int j = 0; j < nranks_; ++j)
+    if (j != rank_ && holds_a_set(j) && peer_gone(j)) {
+      // The flag may have been set between the two loads (the peer released, then closed): a second
+      // look after "gone" is final, since a gone peer writes nothing more.
+      if (holds_a_set(j)) return j;
+    }
+  return -1;
 }
 
 bool DirectTransport::wait_peers_done(const std::atomic<bool>& give_up) const {
@@ -133,11 +163,19 @@ bool DirectTransport::wait_peers_done(const std::atomic<bool>& give_up) const {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   for (;;) {
     bool done = true;
-    for (int s = 0; s < kDirectSets && done; ++s)
-      for (int j = 0; j < nranks_ && done; ++j)
-        if (j != rank_ && __atomic_load_n(&f->free[s][j], __ATOMIC_ACQUIRE) != 1u) done = false;
+    for (int j = 0; j < nranks_ && done; ++j) {
+      if (j == rank_ || !holds_a_set(j)) continue;
+      // A peer that closed in order has drained its lanes: it reads nothing of this rank's any more.
+      // One that ended without releasing may have been reading when it went: keep the window.
+      if (const DirectFlags* p = flags_host(j); p && __atomic_load_n(&p->closed, __ATOMIC_ACQUIRE) == 1u) continue;
+      if (peer_gone(j)) {
+        FP8WIRE_WARN("direct transport, rank {}: rank {} ended while it still held a buffer set of this rank's", rank_, j);
+        return false;
+      }
+      done = false;
+    }
     if (done) return true;
-    if (give_up.load(std::memory_order_acquire) || !peers_alive()) return false;
+    if (give_up.load(std::memory_order_acquire)) return false;
     if (std::chrono::steady_clock::now() > deadline) {
       FP8WIRE_WARN("direct transport, rank {}: a peer has not finished reading this rank's window after 30 s", rank_);
       return false;
@@ -156,9 +194,9 @@ void DirectTransport::drain(const cudaStream_t* lanes, int count, const std::ato
     for (int i = 0; i < count; ++i)
       if (lanes[i] && c.StreamQuery(lanes[i]) == cudaErrorNotReady) idle = false;
     if (idle) return;
-    const bool hopeless = aborting.load(std::memory_order_acquire) || !peers_alive();
+    const bool hopeless = aborting.load(std::memory_order_acquire) || waits_on_gone_peer() >= 0;
     if (hopeless) {
-      if (!warned) FP8WIRE_WARN("direct transport, rank {}: releasing this rank's waits (abort or a peer gone)", rank_);
+      if (!warned) FP8WIRE_WARN("direct transport, rank {}: releasing this rank's waits (abort, or a wait on a peer that has gone)", rank_);
       warned = true;
       release_waits();
     }

@@ -32,6 +32,16 @@
 // setter's next signal needs, through the other handshake, a signal the waiter sends after its reset,
 // in stream order), so a flag never carries two signals (no ABA); and after each call every flag is
 // back in its initial state, so a CUDA graph replays the same operations correctly.
+//
+// Liveness. A peer that has gone (destroyed or aborted its communicator, or whose process ended) is an
+// error only for an operation of this rank that waits on it. Such a wait always follows this rank's
+// reclaim of the stage's set, which clears free[s][j], and the peer sets it again only with the last
+// step of its part of that stage, after every signal it owes this rank for it. So "free[s][j] == 0
+// for some set while peer j is gone" is exactly "this rank waits, or will wait, on a signal that
+// cannot come": no timer and no query of the lanes, and it holds for graph replays too. "Gone" is
+// the peer's `closed` mark (stored when its transport is torn down, after its lanes drained) or the
+// platform's answer that the peer no longer holds its flag page (DirectMemoryApi::owner_gone: a lock
+// the kernel drops when the process ends, whatever its PID namespace, unlike a pid probe).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -55,6 +65,9 @@ inline constexpr int kDirectMaxRanks = 16; // ranks of one machine (quant::kMaxR
 struct DirectFlags {
   uint32_t ready[kDirectSets][kDirectPhases][kDirectMaxRanks];
   uint32_t free[kDirectSets][kDirectMaxRanks];
+  // 1 once the owner tore its transport down in order (its lanes idle, every release written): it
+  // will read no peer's window again. Written by the owner's host, read by the peers' hosts.
+  uint32_t closed;
 };
 // The flags' initial state: nothing written yet, everything free.
 void init_flags(DirectFlags& f);
@@ -90,15 +103,20 @@ class DirectTransport {
 
   // Abort: host stores that satisfy every wait this rank's lanes are in or will reach.
   void release_waits() const;
-  // Whether every peer process still runs.
-  bool peers_alive() const;
+  // Whether peer `j` has gone: closed its transport in order, or no longer holds its flag page.
+  bool peer_gone(int j) const;
+  // The peer an operation of this rank waits on, or will wait on, although it has gone (above,
+  // "Liveness"); -1 when there is none. Cheap when all is well: one load per peer and set.
+  int waits_on_gone_peer() const;
   // Waits (host) until every peer has released what this rank wrote (its free flags back to the
-  // initial state), so that its windows can go; false when a peer died, `give_up` says so first, or
-  // 30 s pass.
+  // initial state) or closed in order, so that its windows can go; false when a peer that ended
+  // without releasing may still have been reading, `give_up` says so first, or 30 s pass.
   bool wait_peers_done(const std::atomic<bool>& give_up) const;
   // Before the windows are freed: waits until `lanes` are idle. A lane stuck in a wait that can no
-  // longer be satisfied (a peer died, or `aborting`) is released by release_waits.
+  // longer be satisfied (it waits on a gone peer, or `aborting`) is released by release_waits.
   void drain(const cudaStream_t* lanes, int count, const std::atomic<bool>& aborting) const;
+  // The orderly-close mark (DirectFlags::closed) in this rank's page; the destructor stores it too.
+  void mark_closed() const;
   // When a peer may still read this rank's device window (it did not release it before an abort or
   // its death): the window is left allocated until the process ends rather than freed under a peer's
   // kernel (which would fault that peer's CUDA context). Host windows live on in the peers' mappings.
@@ -106,7 +124,10 @@ class DirectTransport {
 
  private:
   DirectFlags* flags_device(int r) const { return reinterpret_cast<DirectFlags*>(peers_[static_cast<size_t>(r)].flags.device); }
-  DirectFlags* flags_host() const { return reinterpret_cast<DirectFlags*>(peers_[static_cast<size_t>(rank_)].flags.host); }
+  DirectFlags* flags_host() const { return flags_host(rank_); }
+  DirectFlags* flags_host(int r) const { return reinterpret_cast<DirectFlags*>(peers_[static_cast<size_t>(r)].flags.host); }
+  // Whether peer j has not yet released some set of this rank's (a free flag of this rank's page at 0).
+  bool holds_a_set(int j) const;
   ncclResult_t op(cudaError_t err, const char* what) const;
 
   const Platform* platform_;

@@ -139,7 +139,14 @@ bool Engine::comm_peer_lost(ncclComm_t comm) const {
   bool lost = false;
   guarded("comm_peer_lost", [&] {
     const CommRef s = impl_->registry.find(comm);
-    lost = s && s->direct && !s->direct->peers_alive();
+    if (!s || !s->direct) return;
+    // A peer that has gone is an error only for an operation that waits on it: a job whose ranks
+    // finish, destroy or shut down at different times ends cleanly.
+    const int peer = s->direct->waits_on_gone_peer();
+    lost = peer >= 0;
+    if (lost && !s->reported_lost_peer.exchange(true, std::memory_order_relaxed))
+      FP8WIRE_WARN("comm {}: rank {} waits on rank {} of its direct transport, which has gone: ncclRemoteError",
+                   s->id, s->rank, peer);
   });
   return lost;
 }

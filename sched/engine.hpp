@@ -67,9 +67,10 @@ class Engine {
   // waiting on it, runs the real abort, and only then releases its resources. The abort is what
   // stops a collective that will never finish; freeing first would wait for it and hang the abort.
   ncclResult_t comm_abort(ncclComm_t comm);
-  // True when the communicator carries calls over a direct transport and one of its peer processes
-  // on this machine is gone: its lanes may then wait on flags nobody will set. The shim reports it
-  // through ncclCommGetAsyncError as ncclRemoteError, so the application's watchdog aborts.
+  // True when an operation of the communicator's direct transport waits, or will wait, on a peer
+  // that has gone (closed its communicator or ended): a flag nobody will set. The shim reports it
+  // through ncclCommGetAsyncError as ncclRemoteError, so the application's watchdog aborts. A peer
+  // gone while nothing waits on it is not reported.
   bool comm_peer_lost(ncclComm_t comm) const;
   CommInfo comm_info(ncclComm_t comm) const;
 

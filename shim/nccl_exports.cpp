@@ -242,9 +242,10 @@ FP8WIRE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return shim::destroy<&NcclApi::CommDestroy>("ncclCommDestroy", FP8WIRE_CALLER, comm);
 }
 
-// The real answer, but for a communicator whose direct transport lost a peer process: NCCL cannot
-// know (its own transports may be idle), so the error comes from fp8wire, and PyTorch's watchdog,
-// which polls this, aborts the communicator instead of waiting for its timeout.
+// The real answer, but for a communicator whose direct transport has an operation waiting on a peer
+// that has gone: NCCL cannot know (its own transports may be idle), so the error comes from fp8wire,
+// and PyTorch's watchdog, which polls this, aborts the communicator instead of waiting for its
+// timeout. A peer that has gone while nothing waits on it is no error (ranks end at different times).
 FP8WIRE_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   return shim::intercept<&NcclApi::CommGetAsyncError, shim::Route::when_engine>(
       "ncclCommGetAsyncError", FP8WIRE_CALLER,
@@ -252,7 +253,6 @@ FP8WIRE_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t*
         const ncclResult_t result =
             shim::call_real<&NcclApi::CommGetAsyncError>(rt, "ncclCommGetAsyncError", comm, asyncError);
         if (result == ncclSuccess && asyncError && *asyncError == ncclSuccess && rt.engine->comm_peer_lost(comm)) {
-          FP8WIRE_WARN_ONCE("a peer process of a communicator's direct transport is gone: ncclRemoteError");
           *asyncError = ncclRemoteError;
         }
         return result;

@@ -7,7 +7,11 @@
 //            ncclCommGetAsyncError reports as ncclRemoteError) and aborts the communicator: rank 0's
 //            stream completes, nothing hangs;
 //   absent   rank 1 stays alive but never issues the collective; rank 0's watchdog aborts after 2 s
-//            from another thread: its stream completes.
+//            from another thread: its stream completes;
+//   exited / destroyed   the end of a normal job: rank 1 finishes its collectives and exits (without
+//            destroying its communicator) or destroys it first; rank 0 goes on for 3 s, its watchdog
+//            polling, and must see no error, then destroys its communicator: a peer that has gone
+//            while nothing waits on it is no error (the kernel's answer, not a pid probe).
 // Each case also checks that a healthy collective went over the direct transport first. A case that
 // hangs is killed by the launcher's deadline and fails. Exit 0 all passed, 1 a failure, 77 no GPU.
 //   direct_faults_gpu [host_memory|peer_memory]
@@ -73,6 +77,27 @@ int rank_main(const std::string& scenario, DirectMode mode, int rank, const nccl
   // Both ranks are past the healthy call before rank 1 fails (a 4-byte NCCL all-reduce as barrier).
   FP8WIRE_NCCL_OR(ncclAllReduce(in, out, 1, ncclFloat32, ncclSum, comm, stream), return 1);
   FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream), return 1);
+  if (scenario == "exited" || scenario == "destroyed") {
+    if (rank == 1) {
+      if (scenario == "destroyed") eng.comm_destroyed(comm), ncclCommDestroy(comm);
+      std::fflush(stdout);
+      _exit(0);  // no destructor runs: the process just ends
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    bool lost = false;
+    while (!lost && seconds_since(t0) < 3.0) {
+      lost = eng.comm_peer_lost(comm);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    eng.comm_destroyed(comm);
+    ncclCommDestroy(comm);
+    std::printf("%s %s (%s): rank 0 %s after rank 1 ended\n", lost ? "FAIL" : "PASS", scenario.c_str(),
+                to_string(mode), lost ? "saw an error" : "saw no error for 3 s and destroyed its communicator");
+    std::fflush(stdout);
+    cudaFree(in);
+    cudaFree(out);
+    return lost ? 1 : 0;
+  }
   if (rank == 1) {
     if (scenario == "killed") _exit(0);
     std::this_thread::sleep_for(std::chrono::seconds(6));  // "absent": alive, never issues the call
@@ -137,7 +162,7 @@ int main(int argc, char** argv) {
       argc > 1 ? std::vector<std::string>{argv[1]} : std::vector<std::string>{"host_memory", "peer_memory"};
   int failures = 0;
   for (const std::string& mode : modes) {
-    for (const char* scenario : {"killed", "absent"}) {
+    for (const char* scenario : {"killed", "absent", "exited", "destroyed"}) {
       LaunchSpec spec;
       spec.argv = {"/proc/self/exe"};
       spec.nranks = 2;

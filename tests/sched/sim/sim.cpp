@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -118,6 +119,7 @@ struct RankState {
   std::vector<Access> log;
   std::map<uintptr_t, size_t> allocs;
   std::map<uintptr_t, size_t> mapped;  // direct-transport windows this rank has mapped (its own too)
+  std::set<uintptr_t> owned;           // of those, the ones it created and still holds
   size_t live = 0;
   std::array<int, kSiteCount> calls{};
   int group_depth = 0;
@@ -151,8 +153,15 @@ struct World::State {
   int active = 1;   // threads acting as ranks (the main thread outside run_ranks)
   int waiting = 0;  // of those, blocked in a simulated wait
   std::mt19937_64 rng;
-  // Direct-transport windows: base -> (bytes, mappings left).
-  std::map<uintptr_t, std::pair<size_t, int>> windows;
+  // Direct-transport windows by base: the memory lives while any rank maps it (as POSIX shared memory
+  // does); its owner "holds" it (the GPU's lock) until it destroys it or its process ends.
+  struct SimWindow {
+    size_t bytes = 0;
+    int mappings = 0;
+    int owner = 0;
+    bool owner_holds = true;
+  };
+  std::map<uintptr_t, SimWindow> windows;
 };
 
 namespace {
@@ -771,13 +780,17 @@ bool d_available() { return true; }
 
 void drop_mapping(World::State& w, Window& win) {
   const uintptr_t base = reinterpret_cast<uintptr_t>(win.device);
-  R(w).mapped.erase(base);
+  RankState& r = R(w);
+  r.mapped.erase(base);
   auto it = w.windows.find(base);
   if (it == w.windows.end()) {
     protocol_error(w, "a window closed twice or never opened");
-  } else if (--it->second.second == 0) {
-    std::free(win.device);
-    w.windows.erase(it);
+  } else {
+    if (r.owned.erase(base)) it->second.owner_holds = false;  // its owner destroyed it
+    if (--it->second.mappings == 0) {
+      std::free(win.device);
+      w.windows.erase(it);
+    }
   }
   win = Window{};
 }
@@ -791,8 +804,9 @@ cudaError_t d_create(WindowKind, size_t bytes, uint64_t, Window* out, WindowHand
   if (!p) return cudaErrorMemoryAllocation;
   std::memset(p, 0, rounded);
   const uintptr_t base = reinterpret_cast<uintptr_t>(p);
-  w.windows[base] = {rounded, 1};
+  w.windows[base] = {rounded, 1, me(), true};
   R(w).mapped[base] = rounded;
+  R(w).owned.insert(base);
   out->device = out->host = static_cast<char*>(p);
   out->bytes = bytes;
   out->token = p;
@@ -813,8 +827,8 @@ cudaError_t d_open(const WindowHandle& h, Window* out) {
     protocol_error(w, "open of a window that does not exist");
     return cudaErrorInvalidValue;
   }
-  ++it->second.second;
-  R(w).mapped[base] = it->second.first;
+  ++it->second.mappings;
+  R(w).mapped[base] = it->second.bytes;
   out->device = out->host = reinterpret_cast<char*>(base);
   out->bytes = h.bytes;
   out->token = out->device;
@@ -827,7 +841,12 @@ void d_release(Window& win) {
   std::lock_guard lock(w.mu);
   drop_mapping(w, win);
 }
-bool d_process_alive(uint32_t) { return true; }
+bool d_owner_gone(const Window& peer) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  auto it = w.windows.find(reinterpret_cast<uintptr_t>(peer.device));
+  return it == w.windows.end() || !it->second.owner_holds;
+}
 
 // --- NCCL ---------------------------------------------------------------------------------------
 Handle* handle_of(ncclComm_t c) { return reinterpret_cast<Handle*>(c); }
@@ -1216,7 +1235,7 @@ World::World(Options options) : state_(new State) {
   d.unlink = d_unlink;
   d.close = d_release;
   d.destroy = d_release;
-  d.process_alive = d_process_alive;
+  d.owner_gone = d_owner_gone;
   CodecApi& q = p.codec;
   q.quantize = c_quantize;
   q.quantize_with_residual = c_quantize_residual;
@@ -1322,6 +1341,13 @@ cudaError_t World::synchronize_rank() {
 size_t World::live_bytes(int rank) const {
   std::lock_guard lock(state_->mu);
   return state_->ranks.at(static_cast<size_t>(rank)).live;
+}
+
+void World::end_process(int rank) {
+  std::lock_guard lock(state_->mu);
+  RankState& r = state_->ranks.at(static_cast<size_t>(rank));
+  for (uintptr_t base : r.owned) state_->windows.at(base).owner_holds = false;
+  r.owned.clear();
 }
 
 size_t World::live_windows() const {

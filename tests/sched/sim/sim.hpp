@@ -99,6 +99,10 @@ class World {
   // Direct-transport windows not yet freed: a window lives until its owner destroyed it and every
   // rank that mapped it has closed it (as POSIX shared memory does).
   size_t live_windows() const;
+  // The process of `rank` ends without tearing anything down: what its peers see of it through its
+  // direct-transport windows, whose owner's hold goes (DirectMemoryApi::owner_gone answers true). Its
+  // mappings stay until the test tears its objects down (acting as that rank), only to free memory.
+  void end_process(int rank);
 
   // What the checkers found (empty when all is well).
   std::vector<std::string> races() const;

@@ -25,7 +25,7 @@ gpu_run() {  # gpu_run <label> <limit s> <command...>
   if (( rc != 0 )); then failed=1; echo "---- $label rc=$rc, log tail:"; tail -n 20 "$OUT/$label.log"; fi
 }
 gpu_summary() {
-  echo "================ $1 summary ($(( $(date +%s) - t0 )) s, $FP8WIRE_TESTBED) ================"
+  echo "================ $1 summary ($(( $(date +%s) - t0 )) s, $TESTBED_MODE) ================"
   for line in "${summary[@]}"; do echo "$line"; done
   if (( failed )); then echo "${1^^}: FAIL"; return 1; fi
   echo "${1^^}: PASS"
@@ -34,16 +34,16 @@ gpu_summary() {
 # kernels then run side by side instead of taking turns. FP8WIRE_MPS=0 leaves it off.
 mps_pipe=""
 mps_start() {
-  export FP8WIRE_TESTBED="time-sliced"
+  export TESTBED_MODE="time-sliced"
   [[ "${FP8WIRE_MPS:-1}" != 0 ]] && command -v nvidia-cuda-mps-control >/dev/null || return 0
   mps_pipe="$(mktemp -d /tmp/fp8wire-mps.XXXXXX)"; mkdir -p "$mps_pipe/log"
   if CUDA_MPS_PIPE_DIRECTORY="$mps_pipe" CUDA_MPS_LOG_DIRECTORY="$mps_pipe/log" nvidia-cuda-mps-control -d; then
     export CUDA_MPS_PIPE_DIRECTORY="$mps_pipe" CUDA_MPS_LOG_DIRECTORY="$mps_pipe/log"
-    FP8WIRE_TESTBED="side by side (private MPS daemon)"
+    TESTBED_MODE="side by side (private MPS daemon)"
   else
     rm -rf "$mps_pipe"; mps_pipe=""
   fi
-  echo "testbed: emulated ranks $FP8WIRE_TESTBED"
+  echo "testbed: emulated ranks $TESTBED_MODE"
 }
 mps_stop() {
   [[ -n "$mps_pipe" ]] || return 0

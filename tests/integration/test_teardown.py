@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Ranks that finish at different times end a job cleanly, whatever carries the collectives.
 
-Two ranks all-reduce a 64 MiB bf16 buffer five times; then one rank ends first (by
-destroy_process_group(), or by leaving the process without it) while the other goes on for 3 s (its
-watchdog polling the communicator's error all the while) and then calls destroy_process_group().
-Every combination of which rank ends first and how runs under fp8wire's two direct transports (host
-memory, peer memory); plain NCCL and fp8wire over NCCL's transports run the common case (rank 1 ends
-first by destroy_process_group()) beside them. Each run must end with
-status 0 on every rank; the fp8wire runs must have made FP8 calls, the direct ones over their transport.
+Two ranks all-reduce a 64 MiB bf16 buffer five times; then rank 1 ends first (by
+destroy_process_group(), or by leaving the process without it) while rank 0 goes on for 3 s (its
+watchdog polling the communicator's error all the while) and then calls destroy_process_group(). Both
+ways run under plain NCCL, fp8wire over NCCL's transports, and fp8wire's two direct transports (host
+memory, peer memory). Each run must end with status 0 on every rank; the fp8wire runs must have made
+FP8 calls. (Rank 0 ending first is left out: it hosts PyTorch's TCPStore, and plain NCCL jobs then
+wait on the store, whatever carries the collectives.) Runs one after the other: each picks a free
+port, and runs started together can pick the same one.
 
     test_teardown.py [--out DIR]"""
 import os
@@ -34,7 +35,7 @@ def worker(args):
     import emulated_launch
 
     ctx = harness.init(args, timeout_s=60)
-    first, how = int(os.environ["TEARDOWN_FIRST"]), os.environ["TEARDOWN_HOW"]
+    first, how = int(os.environ["TEARDOWN_FIRST"]), os.environ["TEARDOWN_HOW"]  # the rank that ends first
     x = torch.randn(32 << 20, generator=torch.Generator().manual_seed(ctx.rank)).to(ctx.device, torch.bfloat16)
     for _ in range(CALLS):
         dist.all_reduce(x)
@@ -64,27 +65,19 @@ def main():
         return stop
     import emulated_launch
 
-    runs = []
+    checks = []
+    fp8_calls = 0
     for stack, fp8_env in STACKS.items():
-        direct = fp8_env is not None and fp8_env.get("FP8WIRE_DIRECT_TRANSPORT") != "off"
-        # The direct transports in every combination; the others in the order PyTorch jobs end most.
-        for first, how in ([(1, "destroy"), (1, "exit"), (0, "destroy"), (0, "exit")] if direct else [(1, "destroy")]):
-            env = {"TEARDOWN_FIRST": str(first), "TEARDOWN_HOW": how}
+        for how in ("destroy", "exit"):
+            env = {"TEARDOWN_FIRST": "1", "TEARDOWN_HOW": how}
             if fp8_env is not None:
                 env.update(harness.fp8_environment(args.shim))
                 env.update(fp8_env)
-            runs.append((f"{stack}: rank {first} ends first by {how}", fp8_env is not None, env))
-    checks = []
-    fp8_calls = 0
-    # Five runs at a time share the GPU: each is two processes, mostly waiting.
-    for batch in range(0, len(runs), 5):
-        started = [(label, fp8, emulated_launch.Launch(os.path.abspath(__file__), 2, env, ("--timeout", str(args.timeout)),
-                                                       timeout_s=args.timeout, tag=f"teardown_{batch + i}"))
-                   for i, (label, fp8, env) in enumerate(runs[batch:batch + 5])]
-        for label, fp8, launch in started:
+            launch = emulated_launch.Launch(os.path.abspath(__file__), 2, env, ("--timeout", str(args.timeout)),
+                                            timeout_s=args.timeout, tag=f"teardown_{len(checks)}")
             ok, results = launch.wait(print_tails=False)
             detail = f"exit codes {launch.returncodes}, {launch.elapsed_s:.0f} s"
-            if fp8:
+            if fp8_env is not None:
                 calls = min(((r.get("totals") or {}).get("fp8_calls", 0) for r in results), default=0)
                 fp8_calls = max(fp8_calls, calls)
                 detail += f", FP8 calls {calls}"
@@ -92,7 +85,7 @@ def main():
             if not ok:
                 for path in launch.log_paths():
                     print(f"--- {path} (tail) ---\n{launch.log_text(path)[-2000:]}", flush=True)
-            checks.append((label, ok, detail))
+            checks.append((f"{stack}: rank 1 ends first by {how}", ok, detail))
     summary = {"stack": name, "steps": CALLS, "pearson": None, "final_gap": None, "fp8_calls": fp8_calls,
                "ok": all(ok for _, ok, _ in checks)}
     return harness.report(name, checks, summary, args.out)

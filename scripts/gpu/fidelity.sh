@@ -30,8 +30,8 @@ limit="${FIDELITY_LIMIT_S:-540}"
 BIN=build/trainer/fp8wire-train
 SHIM="$PWD/build/shim/libfp8wire.so"
 for f in "$BIN" "$SHIM"; do [[ -e "$f" ]] || { echo "FAIL: $f is missing"; exit 1; }; done
-# As the main job on one GPU (docs/TUNING.md): NCCL's point-to-point chunk for every run, fp8wire
-# gathering by send/recv.
+# As the main job on one GPU (docs/PERF.md, "Collectives over NCCL"): NCCL's point-to-point
+# chunk for every run, fp8wire gathering by send/recv.
 export NCCL_P2P_NET_CHUNKSIZE="${NCCL_P2P_NET_CHUNKSIZE:-524288}"
 
 start() {  # start NAME: in the background, pid appended to pids

@@ -63,7 +63,7 @@ const char* to_string(Collective);
 // emulated multi-host testbed: ~27 ms per all-reduce at 4 ranks, ~11 ms + a lower bandwidth per
 // all-gather). 0 = not measured: that operation costs op_latency_us / bus_bandwidth_gbps. They are
 // the figures at the world size the profile was measured with (not scaled by rank count:
-// sched/README.md "Cost model").
+// docs/DESIGN.md "Cost model").
 enum class NcclOp : uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all };
 struct CostModel {
   double op_latency_us = 0;     // fixed cost of one NCCL operation without its own figure below

@@ -179,7 +179,8 @@ __global__ void touch_kernel(unsigned* c, int n) {
   if (threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(c, 1u);
   for (int i = 0; i < n; ++i) __nanosleep(100);
 }
-// Spins until *flag != 0 (a peer's flag in host memory), the pattern the issue warns about.
+// Spins until *flag != 0 (a peer's flag in host memory), the pattern that could starve another
+// process's kernels on a shared GPU.
 __global__ void spin_on_flag(const volatile uint32_t* flag) {
   while (*flag == 0) __nanosleep(1000);
 }

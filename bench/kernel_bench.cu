@@ -141,7 +141,7 @@ double median_us(Launch&& launch, int warmup, int repeats, cudaStream_t s) {
 // Per-kernel time with the launch gaps amortised: `launches` calls captured into one CUDA graph, the
 // graph replayed `repeats` times (after one warm-up replay), median replay time / launches. Small
 // kernels are dominated by launch overhead and event resolution when timed one by one; this is the
-// time a kernel costs inside a longer stream of work (DESIGN.md: the shim captures or queues codec work).
+// time a kernel costs inside a longer stream of work (the engine captures or queues codec work).
 template <class Launch>
 double graph_per_launch_us(Launch&& launch, int launches, int repeats, cudaStream_t s) {
   cudaGraph_t graph = nullptr;

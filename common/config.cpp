@@ -1,4 +1,4 @@
-// Configuration: one descriptor per key (STYLE.md 6). Every source (TOML file, environment) is read
+// Configuration: one descriptor per key. Every source (TOML file, environment) is read
 // by walking the same table, so a key cannot be known to one source and missing from another, and
 // to_toml() prints exactly the keys the parser accepts.
 #include "common/config.hpp"

@@ -1,4 +1,5 @@
-// The whole configuration of fp8wire, in one struct (STYLE.md 6).
+// The whole configuration of fp8wire, in one struct, so every key is parsed,
+// checked and logged in one place.
 //
 // Sources, highest precedence first: FP8WIRE_* environment variables, the TOML file named by
 // FP8WIRE_CONFIG, built-in defaults. Every field has one TOML key (dotted path) and one environment
@@ -38,7 +39,8 @@ enum class GatherTransport : uint8_t { automatic, allgather, sendrecv };
 // peer GPU memory unless NCCL_P2P_DISABLE=1 (then host memory), per call where the cost model says it
 // is cheaper than NCCL's transports; peer_memory / host_memory: that one, for every FP8 call it can carry.
 enum class DirectMode : uint8_t { off, automatic, peer_memory, host_memory };
-// Fabric class of a communicator, decided once per communicator (sched/fabric.hpp).
+// Fabric class of a communicator, decided once per communicator by the agreement at its creation
+// (docs/DESIGN.md, "The agreement at communicator creation").
 enum class Fabric : uint8_t { nvlink = 0, pcie = 1, net = 2 };
 inline constexpr int kFabricCount = 3;
 // Collectives that have an FP8 path.
@@ -61,7 +63,7 @@ const char* to_string(Collective);
 // emulated multi-host testbed: ~27 ms per all-reduce at 4 ranks, ~11 ms + a lower bandwidth per
 // all-gather). 0 = not measured: that operation costs op_latency_us / bus_bandwidth_gbps. They are
 // the figures at the world size the profile was measured with (not scaled by rank count:
-// sched/README.md "Cost model").
+// docs/DESIGN.md "Cost model").
 enum class NcclOp : uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all };
 struct CostModel {
   double op_latency_us = 0;     // fixed cost of one NCCL operation without its own figure below

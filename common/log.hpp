@@ -1,6 +1,6 @@
 // Logging shared by every part of fp8wire.
 // The level is one relaxed atomic load, checked before any formatting, so a disabled level costs
-// nothing on the call path (STYLE.md 4). Lines are prefixed "fp8wire[rank R] LEVEL" and go to stderr
+// nothing on the call path. Lines are prefixed "fp8wire[rank R] LEVEL" and go to stderr
 // or to the configured file. FP8WIRE_WARN_ONCE keeps repeated conditions (a fallback taken on every
 // call) to one line per call site.
 #pragma once

@@ -1,6 +1,7 @@
-// One error model (STYLE.md 5). Internal functions return ncclResult_t (host logic) or cudaError_t
-// (quant launchers); these macros add file:line to the log and return early. Nothing here throws or
-// exits: the exported nccl* functions catch everything and return an ncclResult_t.
+// One error model, with a hard boundary at the exported functions. Internal functions return
+// ncclResult_t (host logic) or cudaError_t (quant launchers); these macros add file:line to the log
+// and return early. Nothing here throws or exits: the exported nccl* functions catch everything and
+// return an ncclResult_t.
 #pragma once
 
 #include <cuda_runtime_api.h>

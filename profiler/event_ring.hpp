@@ -1,6 +1,7 @@
 // Bounded multi-producer, single-consumer ring for events the application's threads post (NVTX
 // ranges, step marks, intercepted calls). Producers never block and never allocate: when the ring is
-// full the event is dropped and counted (STYLE.md 9). The consumer drains under its own lock.
+// full the event is dropped and counted, so a
+// full ring never stalls the application. The consumer drains under its own lock.
 #pragma once
 
 #include <atomic>

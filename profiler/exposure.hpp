@@ -1,4 +1,4 @@
-// Exposure of communication per step (DESIGN.md "Exposed communication"), in plain C++ so CI tests
+// Exposure of communication per step (docs/DESIGN.md "Exposed communication"), in plain C++ so CI tests
 // it without a GPU. The CUPTI layer (prof_preload.cpp) and the Kineto reader (kineto.cpp) both reduce
 // their input to Activity / CallInfo / step windows and call the same code here.
 //

@@ -1,5 +1,5 @@
 // Interval arithmetic on one timeline (nanoseconds), the ground every exposure figure stands on
-// (DESIGN.md "Exposed communication"): unions of kernel intervals, differences (comm not covered by
+// (docs/DESIGN.md "Exposed communication"): unions of kernel intervals, differences (comm not covered by
 // compute), intersections with a step window. Intervals are half-open [begin, end), so two kernels
 // that touch end-to-start neither overlap nor leave a gap.
 #pragma once

@@ -1,4 +1,4 @@
-// One dispatch from run-time codec parameters to kernel template instances (STYLE.md 7, FlashInfer
+// One dispatch from run-time codec parameters to kernel template instances (FlashInfer's
 // DISPATCH_* style). Each macro binds a constexpr name and runs the body once; an unsupported value
 // is reported (logged with what it was) and the enclosing function returns cudaErrorInvalidValue.
 #pragma once

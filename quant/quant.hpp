@@ -1,6 +1,7 @@
-// Host launchers of the FP8 codec kernels (STYLE.md 7): plain functions taking device pointers,
-// counts, the wire format and a stream. They never allocate, never synchronise, and are safe to call
-// while the stream is captured into a CUDA graph (all arguments travel as kernel parameters).
+// Host launchers of the FP8 codec kernels, declared apart from them: plain functions taking device
+// pointers, counts, the wire format and a stream. They never allocate, never synchronise, and are
+// safe to call while the stream is captured into a CUDA graph (all arguments travel as kernel
+// parameters).
 // An unsupported combination returns cudaErrorInvalidValue and logs what was unsupported.
 //
 // Every kernel matches the CPU reference codec (quant/reference.hpp) bit for bit.

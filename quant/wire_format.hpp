@@ -1,4 +1,4 @@
-// The FP8 wire format (DESIGN.md "Wire format"): host-side description and byte arithmetic, shared by
+// The FP8 wire format (docs/DESIGN.md "Wire format"): host-side description and byte arithmetic, shared by
 // the CPU reference codec, the GPU kernels, the scheduler and the benchmark. Plain C++, no CUDA.
 //
 // One *chunk* encodes `count` consecutive elements as one contiguous buffer, so one chunk is one send:

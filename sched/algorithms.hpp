@@ -1,7 +1,8 @@
 // The FP8 algorithms as stage programs (sched/pipeline.hpp): each says what one stage quantizes on
 // the produce lane and what it exchanges, reduces, gathers and decodes on the transfer lane. They
 // issue only StageOps (codec launches and Transport operations), so the same programs run on GPUs
-// over NCCL and on the CPU over the simulated transport of the CPU tier. DESIGN.md describes them.
+// over NCCL and on the CPU over the simulated transport of the CPU tier.
+// docs/DESIGN.md ("Algorithms") describes them.
 #pragma once
 
 #include <cstddef>

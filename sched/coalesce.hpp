@@ -1,7 +1,7 @@
 // Groups and coalescing, the pure part: the application's ncclGroupStart/End depth on one thread,
 // and which consecutive grouped calls are packed into one FP8 collective. Only calls the
-// application grouped itself are ever packed, and never past its own ncclGroupEnd (DESIGN.md's
-// lesson: merging calls that were hidden behind compute puts them on the critical path).
+// application grouped itself are ever packed, and never past its own ncclGroupEnd (docs/DESIGN.md,
+// "The lesson": merging calls that were hidden behind compute puts them on the critical path).
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// The agreement at communicator creation (DESIGN.md "registry + agreement"): right after the real
+// The agreement at communicator creation (docs/DESIGN.md has its rules): right after the real
 // ncclCommInitRank*/ncclCommSplit returns, every process running fp8wire allocates its pipeline
 // resources, then tells the others its facts (RankFacts) with one real all-gather of 64 bytes per
 // rank, and decides from the gathered bytes (agree). A process whose configuration failed still

@@ -1,7 +1,7 @@
 // The alpha-beta cost model: predicted microseconds of one collective under a path, from per-fabric
 // figures (CostModel: built-in defaults, or a profile fp8wire-bench calibrated). Each path costs the
 // sum of the NCCL operations it issues, each its own fixed latency plus its bus bytes at its own
-// bandwidth, plus codec bytes / codec_gbps and kernel launches (sched/README.md "Cost model").
+// bandwidth, plus codec bytes / codec_gbps and kernel launches (docs/DESIGN.md "Cost model").
 // Pure: a function of its arguments only, so every rank predicts alike.
 #pragma once
 

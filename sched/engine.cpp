@@ -1,7 +1,7 @@
 // The engine's entry points: lifecycle, the collectives' wrappers and the application's groups. Each
 // call's route is in submit.cpp, the running of an FP8 call in fp8_call.cpp, grouped calls in
-// group_queue.cpp. Nothing throws out of Engine (STYLE.md 5): an exception becomes an NCCL error code
-// with a log line.
+// group_queue.cpp. Nothing throws out of Engine, since an exported function must not throw: an
+// exception becomes an NCCL error code with a log line.
 #include "sched/engine.hpp"
 
 #include <time.h>

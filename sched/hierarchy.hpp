@@ -1,4 +1,4 @@
-// Jobs spanning hosts (DESIGN.md: "flat algorithms that would move more bytes than NCCL between
+// Jobs spanning hosts (docs/DESIGN.md "Hierarchy": "flat algorithms that would move more bytes than NCCL between
 // hosts"). On a communicator whose ranks span several hosts with several ranks on some host:
 //   - the guard: a flat FP8 path never runs there, unless a calibrated profile of that very shape
 //     (hosts x ranks per host) predicts it beats plain NCCL. Per network card, for 2 hosts x 8 GPUs

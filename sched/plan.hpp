@@ -1,5 +1,5 @@
 // The per-call decision: pass through, or which FP8 algorithm. Plain C++ with no CUDA or NCCL
-// header, so CI tests every rule on a machine without a GPU (DESIGN.md "Rules the scheduler keeps").
+// header, so CI tests every rule on a machine without a GPU (docs/DESIGN.md "The planner").
 //
 // Every function here is a pure function of its arguments. The engine feeds it only inputs that are
 // identical on all ranks of a communicator (collective, dtype, op, element count, world size, the

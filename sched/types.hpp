@@ -44,7 +44,7 @@ inline constexpr bool elem_type_of(DataType t, quant::ElemType* out) {
 // recorded apart (TransportKind).
 enum class Path : uint8_t {
   passthrough = 0,  // not eligible: the real NCCL call, untouched
-  two_shot = 1,     // FP8 all-to-all + all-gather (DESIGN.md default)
+  two_shot = 1,     // FP8 all-to-all + all-gather (the default FP8 algorithm)
   one_shot = 2,     // FP8 all-gather of quantized inputs, every rank reduces
   ring = 3,         // FP8 ring (comparison only)
   fallback = 4,     // eligible, but the FP8 path could not run; passed through (reason logged once)

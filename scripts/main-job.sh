@@ -58,7 +58,7 @@ rm -rf "$out"; mkdir -p "$out"
 echo "main-job: $gpus GPU(s), $ranks ranks$( (( gpus == 1 )) && echo ' sharing GPU 0 (emulated hosts over NCCL sockets)'), $steps steps, $config"
 fp8_env=()
 if (( gpus == 1 )); then
-  # Settings measured for this testbed (docs/TUNING.md, docs/PERF.md), each kept when already set:
+  # Settings measured for this testbed (docs/PERF.md), each kept when already set:
   # NCCL's point-to-point chunk over its network transport at 512 KiB (for both runs; NCCL's
   # all-reduce, which the baseline uses, does not depend on it), and fp8wire gathering its
   # quantized slots by send/recv, which with that chunk moves them 1.6x faster than an all-gather.

@@ -1,11 +1,11 @@
-// The NCCL functions libfp8wire.so exports (shim/exports.map). Each one only resolves and forwards
-// (STYLE.md 1): the decisions live in sched/, which is tested without preloading anything.
+// The NCCL functions libfp8wire.so exports (shim/exports.map). Each one only resolves and forwards:
+// the decisions live in sched/, which is tested without preloading anything.
 //
 // Every export has the same shape (intercept() below):
 //   guard this thread -> set up on first use -> re-entered? real function -> not routed to the
 //   engine (collectives: not active; lifecycle and groups: no engine)? real function -> the engine
 //   (collectives, groups, lifecycle) or the real function (the rest).
-// Nothing escapes: an exception becomes ncclInternalError and a log line (STYLE.md 5).
+// Nothing escapes: an exception becomes ncclInternalError and a log line.
 #include <nccl.h>
 
 #include <exception>

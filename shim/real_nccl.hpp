@@ -1,4 +1,5 @@
-// Finding the real NCCL under libfp8wire.so (STYLE.md 2). Tried in order, first complete source wins:
+// Finding the real NCCL under libfp8wire.so, once, into a typed table. Tried in order, first
+// complete source wins:
 //   1. dlsym(RTLD_NEXT): NCCL in the global scope after us (a job linked against libnccl);
 //   2. dlopen("libnccl.so.2", RTLD_NOLOAD): NCCL loaded RTLD_LOCAL as a dependency of another
 //      library (PyTorch's extension), invisible to RTLD_NEXT;

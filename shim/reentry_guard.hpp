@@ -1,4 +1,4 @@
-// Marks "this thread is inside an intercepted NCCL call" (heaptrack's RecursionGuard, STYLE.md 3).
+// Marks "this thread is inside an intercepted NCCL call" (heaptrack's RecursionGuard).
 // fp8wire's own NCCL calls go through the NcclApi table, never through the exported symbols; when a
 // call does come back through an export on the same thread (real NCCL calling its own public API,
 // or a bug in fp8wire), the export sees reentered() and goes straight to the real function instead

@@ -77,7 +77,7 @@ struct TrainConfig {
   // more activation memory: pi05 at micro-batch 32 fits k = 2 on an H200, trainer/README.md).
   int64_t remat_every = 1;
   // Gradient all-reduce: "overlap" (buckets launch during backward) or "after_backward" (one
-  // bucket after backward: the DESIGN.md lesson).
+  // bucket after backward: docs/DESIGN.md, "The lesson").
   std::string allreduce = "overlap";
   double bucket_cap_mb = 25.0;
   std::string log_jsonl;        // per-step JSON lines ("" = <out_dir>/train_log.jsonl on rank 0)

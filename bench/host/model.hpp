@@ -7,7 +7,7 @@
 // moves); r = wire bytes per caller byte (132/256 for bf16 with 128-element blocks and fp32 scales);
 // alpha_op = fixed cost of one NCCL operation of that kind (all-reduce, all-gather, reduce-scatter,
 // grouped send/recv "a2a"; Link::latency_us, alpha when not measured), B = bus bandwidth, C = codec throughput in caller bytes
-// per second, L = kernel launch cost. Per path (DESIGN.md):
+// per second, L = kernel launch cost. Per path (docs/DESIGN.md, "Algorithms"):
 //   all_reduce two_shot: 2 ops (a2a, all-gather), bus 2(n-1)/n S r,
 //                        codec: quantize S + dequantize-reduce S + dequantize S, 3 launches
 //   all_reduce one_shot: 1 op (all-gather of quantized inputs), bus (n-1) S r,

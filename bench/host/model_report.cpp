@@ -92,7 +92,7 @@ GatherTransport crossover_transport(const CrossoverReport& x) {
 }
 
 // The planner's candidates for a collective: plain NCCL and its FP8 algorithms (ring is a comparison
-// only, DESIGN.md).
+// only: it quantizes at every hop).
 std::vector<Path> planner_candidates(Collective c) {
   if (c == Collective::all_reduce) return {Path::passthrough, Path::two_shot, Path::one_shot};
   if (c == Collective::reduce_scatter) return {Path::passthrough, Path::two_shot};

@@ -72,8 +72,8 @@ const SweepPoint* candidate_point(const SweepResult& r, Collective c, DType d, s
     const SweepPoint* p = find_point(r, c, d, *path, transport, bytes);
     return p && usable(*p) ? p : nullptr;
   }
-  // Ring is a comparison only (DESIGN.md): the planner chooses between two_shot and one_shot, each
-  // over either gather transport.
+  // Ring is a comparison only (it quantizes at every hop): the planner chooses between two_shot
+  // and one_shot, each over either gather transport.
   const SweepPoint* best = nullptr;
   for (const auto& p : r.points)
     if (p.collective == c && p.dtype == d && p.bytes == bytes && (p.path == Path::two_shot || p.path == Path::one_shot) &&

@@ -32,7 +32,7 @@ std::optional<DType> parse_dtype(std::string_view);  // "bf16" | "fp16"/"f16" | 
 std::optional<Collective> parse_collective(std::string_view);  // "all_reduce"/"allreduce"/"ar", ...
 std::optional<Fabric> parse_fabric(std::string_view);          // "nvlink" | "pcie" | "net"
 
-// Bus-bandwidth factor of nccl-tests (doc/PERFORMANCE.md): busbw = algbw * factor, where algbw =
+// Bus-bandwidth factor of nccl-tests (its doc/PERFORMANCE.md): busbw = algbw * factor, where algbw =
 // bytes / time and bytes is the full-buffer size nccl-tests reports (all-reduce: the buffer;
 // reduce-scatter: the input, n x the output; all-gather: the output, n x the input).
 double busbw_factor(Collective c, int nranks);

@@ -1,4 +1,4 @@
-// FP8 reduce-scatter (DESIGN.md: steps 1-3 of the all-reduce): the send buffer's N blocks are
+// FP8 reduce-scatter (docs/DESIGN.md: steps 1-3 of the all-reduce): the send buffer's N blocks are
 // quantized, block j goes to rank j, rank j reduces its N copies in rank order into the caller's
 // dtype. Scratch per stage: the quantized blocks sent, and those received.
 #include <array>

@@ -1,4 +1,4 @@
-// Two-shot FP8 all-reduce (DESIGN.md "All-reduce by all-to-all decomposition"). Scratch per stage:
+// Two-shot FP8 all-reduce (docs/DESIGN.md, "Two-shot"). Scratch per stage:
 // the quantized shards sent, and the receive area, whose own (never received) slot takes the reduced
 // shard and which the in-place gather then fills (the reduce has consumed the received shards by
 // then, on the same lane).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One GPU-machine call: build, then run the named area checks (scripts/gpu/<area>.sh), each under a
-# time limit, logs packed into $OUT/logs.tar.gz and summaries printed last (the reply shows the tail).
+# One run on a GPU machine: build, then run the named area checks (scripts/gpu/<area>.sh), each under
+# a time limit, logs packed into $OUT/logs.tar.gz and summaries printed last (where a reader sees them
+# first in the output's tail).
 #   scripts/gpu/all.sh quant shim sched bench profiler trainer
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -16,8 +17,8 @@ if [[ "${GPU_SKIP_BUILD:-0}" != 1 ]]; then
   if (( rc != 0 )); then grep -E "error|Error|FAILED" "$logs/build.log" | head -40; fi
 fi
 summary=""
-# Only text results come back (the device returns at most 8 files of 16 MiB): logs, JSON, tables,
-# plots. Packed after every area, so a call cut off at its time limit still returns what ran.
+# One small archive of text results (logs, JSON, tables, plots; files under 4 MiB), easy to copy
+# off the machine. Packed after every area, so a run cut off at its time limit still keeps what ran.
 pack() {
   (cd "$OUT" && find logs -type f -size -4M \( -name '*.log' -o -name '*.txt' -o -name '*.json' -o -name '*.jsonl' \
      -o -name '*.md' -o -name '*.toml' -o -name '*.csv' -o -name '*.png' \) -print0 |

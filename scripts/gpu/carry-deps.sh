@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Run HERE (the build machine with Debian packages) before a GPU-machine call: copies the
-# header-only dependencies the GPU machine lacks (toml++; zlib's headers, whose run-time library it
-# has) into .carry/include (git-ignored), which the
-# device call carries and scripts/build.sh picks up.
+# Run on a machine with the Debian packages before building on a GPU machine without apt or network:
+# copies the header-only dependencies such a machine lacks (toml++; zlib's headers, whose run-time
+# library it has) into .carry/include (git-ignored); copy that folder with the tree, and
+# scripts/build.sh picks it up.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 mkdir -p .carry/include

@@ -11,7 +11,7 @@
 # Runs at once are slower than one after the other on this testbed (one H200, 2026-12-02: four at
 # once made 2,058 steps in 545 s, plain 1.9 s/step and the FP8 runs 0.9; alone the main job runs
 # plain 310 ms/step and fp8wire 173). One after the other, 1,000 steps of plain took 359 s and of
-# each FP8 run ~222 s (2026-12-02). One device call holds ~600 s, so they take two or three calls:
+# each FP8 run ~222 s (2026-12-02). Under a 600 s limit per run, they take two or three runs:
 #   FIDELITY_RUNS="plain fp8wire" scripts/gpu/all.sh fidelity     (~580 s, build included; keep plain/train_log.jsonl)
 #   FIDELITY_RUNS="fp8wire_ef fp8wire_e5m2" FIDELITY_BASELINE=<that log> scripts/gpu/all.sh fidelity   (~510 s)
 set -uo pipefail
@@ -30,8 +30,8 @@ limit="${FIDELITY_LIMIT_S:-540}"
 BIN=build/trainer/fp8wire-train
 SHIM="$PWD/build/shim/libfp8wire.so"
 for f in "$BIN" "$SHIM"; do [[ -e "$f" ]] || { echo "FAIL: $f is missing"; exit 1; }; done
-# As the main job on one GPU (docs/TUNING.md): NCCL's point-to-point chunk for every run, fp8wire
-# gathering by send/recv.
+# As the main job on one GPU (docs/PERF.md, "Collectives over NCCL"): NCCL's point-to-point
+# chunk for every run, fp8wire gathering by send/recv.
 export NCCL_P2P_NET_CHUNKSIZE="${NCCL_P2P_NET_CHUNKSIZE:-524288}"
 
 start() {  # start NAME: in the background, pid appended to pids

@@ -5,7 +5,7 @@
 # deepspeed. Each trains on emulated ranks (processes sharing GPU 0, each its own NCCL_HOSTID) with
 # and without libfp8wire.so. Run from the repo root; without a build it builds the library alone
 # (GPU_SKIP_BUILD=1 scripts/gpu/all.sh integration). DeepSpeed and its missing dependencies come as
-# wheels in .whl/ (carried; installed into /tmp/site here when deepspeed is not importable).
+# wheels in .whl/ (beside the tree; installed into /tmp/site here when deepspeed is not importable).
 # Env: INTEGRATION_JOBS (tests at once, default 3), INTEGRATION_TESTS (ctest -R regex, default all),
 #      FP8WIRE_BUILD (default build). Logs and one JSON per test under $OUT; the table is printed last.
 set -uo pipefail

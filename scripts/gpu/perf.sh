@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The issue-4/5 performance points on the emulated testbed (N ranks sharing one GPU over NCCL
+# The recorded performance points on the emulated testbed (N ranks sharing one GPU over NCCL
 # sockets), every point checked for correctness by fp8wire-bench:
 #   ar2       bf16 all-reduce, 2 ranks, 64 KiB..256 MiB: plain NCCL vs two-shot / one-shot / ring,
 #             crossover, threshold profile, plot

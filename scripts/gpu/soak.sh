@@ -52,8 +52,8 @@ else
   overrides=(train.plot=false train.log_every=1 train.micro_batch=2)
   # shellcheck disable=SC2206
   overrides+=(${SOAK_SET-model.depth=2 model.vocab_size=4096})
-  # As the main job on one GPU (docs/TUNING.md): NCCL's point-to-point chunk for both runs, and
-  # fp8wire gathering by send/recv.
+  # As the main job on one GPU (docs/PERF.md, "Collectives over NCCL"): NCCL's point-to-point
+  # chunk for both runs, and fp8wire gathering by send/recv.
   export NCCL_P2P_NET_CHUNKSIZE="${NCCL_P2P_NET_CHUNKSIZE:-524288}"
 fi
 read -r -a runs <<< "${SOAK_RUNS:-plain fp8wire}"

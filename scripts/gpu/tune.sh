@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Tuning experiments (notes and outcomes in docs/TUNING.md):
+# Tuning experiments (notes and outcomes in docs/PERF.md, "Codec kernels" and
+# "Collectives over NCCL"):
 #   kernels     quantize / dequantize at 64 and 256 MiB with the work per CTA and kernel variant
 #               forced (TUNE_KERNEL_RUNS="work:variant ..."; 0:0 = production), each run with its own
 #               copy ceiling;

@@ -282,6 +282,35 @@ class Cli(unittest.TestCase):
         r = fp8wire_cli("version")
         self.assertIn(f"fp8wire {fp8wire.__version__}", r.stdout)
 
+    def test_each_tool_without_a_gpu_one_line_and_a_status(self):
+        env = env_without_library(CUDA_VISIBLE_DEVICES="")
+        r = fp8wire_cli("bench", "sweep", "--emulate-ranks", "2", "--out", tempfile.gettempdir(), env=env)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertEqual(r.stderr.strip().splitlines()[-1][:44], "fp8wire-bench sweep: no CUDA device visible;")
+        self.assertEqual(fp8wire_cli("bench", "model", "--hierarchy", env=env).returncode, 0)
+        with tempfile.TemporaryDirectory() as d:
+            trace = Path(d) / "empty.json"
+            trace.write_text('{"traceEvents": []}')
+            r = fp8wire_cli("prof", "analyze", str(trace), env=env)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("no step windows", r.stderr)
+        # A configuration error names the command a pip install has.
+        r = fp8wire_cli("config", "--check", env=env_without_library(FP8WIRE_BLOK_SIZE="64"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("`fp8wire config --defaults`", r.stderr)
+
+    def test_a_tool_the_loader_cannot_start_is_named_with_its_library(self):
+        with tempfile.TemporaryDirectory() as d:
+            fake = Path(d) / "fp8wire-bench"
+            fake.write_text("#!/bin/sh\necho \"$0: error while loading shared libraries: libnccl.so.2: cannot open "
+                            "shared object file: No such file or directory\" >&2\nexit 127\n")
+            fake.chmod(0o755)
+            with self.assertRaisesRegex(fp8wire.NotInstalled, r"fp8wire-bench cannot start: libnccl.so.2 not found "
+                                                              r"\(NCCL: install PyTorch built for CUDA"):
+                launch.check_loadable(fake, os.environ)
+            fake.write_text("#!/bin/sh\nexit 0\n")
+            launch.check_loadable(fake, os.environ)  # starts: nothing to say
+
     def test_tools_pass_through(self):
         self.assertIn("fp8wire-bench", fp8wire_cli("bench", "--help").stdout)
         r = fp8wire_cli("prof", "report", "/nonexistent-dir")

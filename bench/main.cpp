@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/commands.hpp"
 #include "common/rank_launcher.hpp"
 #include "bench/host/hierarchy_model.hpp"
 #include "bench/host/model_report.hpp"
@@ -150,8 +151,8 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
   // Asked here, once, rather than by every rank: without a GPU each would say so and fail.
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-    std::fprintf(stderr, "fp8wire-bench sweep: no CUDA device visible; a sweep measures collectives on GPUs "
-                         "(`model --hierarchy` predicts without one)\n");
+    std::fprintf(stderr, "fp8wire-bench sweep: no CUDA device visible; a sweep measures collectives on GPUs (%s "
+                         "predicts without one)\n", fp8wire::tool_command("bench", "model --hierarchy").c_str());
     return 2;
   }
   if (nranks == 0) {

@@ -3,7 +3,6 @@
 #include <dlfcn.h>
 
 #include <filesystem>
-
 #include <string_view>
 
 #include <fmt/format.h>

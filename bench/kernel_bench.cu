@@ -555,7 +555,7 @@ int run_kernel_bench(const KernelBenchOptions& options) {
     }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "fp8wire kernel bench: no CUDA device\n");
+    std::fprintf(stderr, "fp8wire kernel bench: no CUDA device visible; the codec kernels need a GPU\n");
     return 2;
   }
   try {

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/commands.hpp"
 #include "common/rank_launcher.hpp"
 #include "bench/host/hierarchy_model.hpp"
 #include "bench/host/model_report.hpp"
@@ -147,12 +148,14 @@ std::optional<fb::SweepResult> read_sweep(const std::string& path, std::string& 
 // Launcher: one round of ranks per fabric; "both" adds a side-by-side report and a merged profile.
 int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vector<std::string>& argv) {
   int nranks = o.emulate_ranks;
+  // Asked here, once, rather than by every rank: without a GPU each would say so and fail.
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    std::fprintf(stderr, "fp8wire-bench sweep: no CUDA device visible; a sweep measures collectives on GPUs (%s "
+                         "predicts without one)\n", fp8wire::tool_command("bench", "model --hierarchy").c_str());
+    return 2;
+  }
   if (nranks == 0) {
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-      std::fprintf(stderr, "fp8wire-bench sweep: no CUDA device visible (use a GPU machine, or --emulate-ranks N on one GPU)\n");
-      return 2;
-    }
     nranks = ndev;
     if (nranks < 2) {
       std::fprintf(stderr, "fp8wire-bench sweep: 1 GPU visible; a collective needs 2+ ranks: use --emulate-ranks N\n");

@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "common/commands.hpp"
 #include "common/toml.hpp"
 #include "common/toml_guard.hpp"
 
@@ -598,7 +599,7 @@ std::string unknown_key_expected(std::string_view name, bool env) {
   std::string out = env ? "a known FP8WIRE_* variable" : "a known key";
   if (best && best_distance <= std::max<size_t>(2, name.size() / 4))
     out += fmt::format(" (did you mean {}?)", env ? best->env : best->key);
-  return out + "; `fp8wire-config --defaults` lists every key";
+  return out + "; " + tool_command("config", "--defaults") + " lists every key";
 }
 
 RawValue raw_from_toml(const toml::node& node) {

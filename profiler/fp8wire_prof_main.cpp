@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/cuda_devices.hpp"
 #include "profiler/classify.hpp"
 #include "profiler/kineto.hpp"
 #include "profiler/output_file.hpp"
@@ -267,6 +268,12 @@ int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bo
   }
   const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (rc != 0) fmt::print(stderr, "fp8wire-prof: the job exited with status {}\n", rc);
+  // Without a GPU there is nothing to record: say so once and give the job's own status, which a
+  // missing report would otherwise replace.
+  if (rank_files(out_dir).empty() && fp8wire::visible_cuda_devices() == 0) {
+    fmt::print(stderr, "fp8wire-prof: no GPU: the profiler recorded nothing\n");
+    return rc;
+  }
   const int merge_rc = merge_and_print(out_dir, {}, top);
   return rc != 0 ? rc : merge_rc;
 }
@@ -282,9 +289,16 @@ int analyze(const std::string& trace, const std::string& json_path, const std::s
     fmt::print(stderr, "fp8wire-prof analyze: {}\n", error);
     return 1;
   }
-  if (analysis.steps.empty())
-    fmt::print(stderr, "fp8wire-prof analyze: no step windows (user_annotation named {}) in '{}'\n",
-               fmt::join(options.step_prefixes, " / "), trace);
+  // Without a step there is nothing to report: an empty table and status 0 would read as "no
+  // exposed communication".
+  if (analysis.steps.empty()) {
+    fmt::print(stderr,
+               "fp8wire-prof analyze: no step windows in '{}' ({} kernel(s), {} communication): expected "
+               "user_annotation events named {}*, as torch.profiler records with a schedule and prof.step() "
+               "(--step-prefix names others)\n",
+               trace, analysis.kernels, analysis.comm_kernels, fmt::join(options.step_prefixes, "* / "));
+    return 1;
+  }
   fmt::print("{} kernels ({} communication), {} memcpy/memset\n", analysis.kernels, analysis.comm_kernels,
              analysis.memory_ops);
   const MergedReport merged = merge_ranks(analysis.steps, top);

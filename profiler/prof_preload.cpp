@@ -52,6 +52,7 @@
 #include <fmt/format.h>
 
 #include "common/config.hpp"
+#include "common/cuda_devices.hpp"
 #include "common/log.hpp"
 #include "profiler/classify.hpp"
 #include "profiler/event_ring.hpp"
@@ -383,7 +384,11 @@ bool Profiler::start() {
   if (sub != CUPTI_SUCCESS) {
     const char* text = nullptr;
     cuptiGetResultString(sub, &text);
-    if (sub == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
+    // Every process of a job loads this library; on a machine without a GPU driver a warning from
+    // each says nothing that fp8wire-prof does not say once ("no GPU: the profiler recorded nothing").
+    if (!cuda_driver_present())
+      FP8WIRE_INFO("fp8wire profiler: no CUDA driver ({}); nothing to record", text ? text : "?");
+    else if (sub == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
       FP8WIRE_WARN_ONCE("fp8wire profiler: CUPTI is already in use by another tool (torch.profiler, nsys, ncu); "
                         "carrying on without the exposure profiler");
     else

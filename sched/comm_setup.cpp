@@ -424,7 +424,13 @@ void complete(Round& round, const Config& config) {
     release_resources(s);  // a pass-through communicator keeps no memory
     return;
   }
-  if (hierarchy_possible(config, s.agreement.topology)) split_hierarchy(s, s.agreement);
+  if (hierarchy_possible(config, s.agreement.topology)) {
+    // Sub-communicators the planner would never use are not worth their set-up and memory.
+    if (const std::string why = hierarchy_guard_reason(config, s.agreement.topology); !why.empty())
+      FP8WIRE_INFO("comm {}: {}", s.id, why);
+    else
+      split_hierarchy(s, s.agreement);
+  }
   setup_direct(s, config, round.all);
 }
 

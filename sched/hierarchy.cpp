@@ -1,11 +1,23 @@
 #include "sched/hierarchy.hpp"
 
+#include <fmt/format.h>
+
+#include "common/commands.hpp"
 #include "sched/cost_model.hpp"
 
 namespace fp8wire::sched {
 
 bool hierarchy_possible(const Config& config, const Topology& t) {
   return config.hierarchy_enable && t.hosts > 1 && t.ranks_per_host > 1;
+}
+
+std::string hierarchy_guard_reason(const Config& config, const Topology& t) {
+  if (t.intra == Fabric::nvlink || t.forced || config.algorithm != Algorithm::automatic) return {};
+  if (effective_cost_model(config, Fabric::net).calibrated) return {};
+  return fmt::format("{} inside the hosts: the hierarchical path's full-precision steps there cost more than FP8 "
+                     "saves between hosts ({} predicts it slower than NCCL at every card speed), so its calls pass "
+                     "through; a calibrated network profile (cost_model.net) or a forced algorithm overrides this",
+                     to_string(t.intra), tool_command("bench", "model --hierarchy"));
 }
 
 Path inner_path(const Config& config, const CallShape& call, const Topology& t) {
@@ -47,7 +59,10 @@ Plan plan_on(const Config& config, const CallShape& call, Fabric flat_fabric, co
     return {Path::passthrough, PassReason::below_threshold};
   const CostModel net = effective_cost_model(config, Fabric::net);
   const quant::WireFormat f = quant::WireFormat::from(config);
-  if (call.collective != Collective::all_gather && hierarchy_ready && hierarchy_possible(config, t)) {
+  const bool hierarchical_shape = call.collective != Collective::all_gather && hierarchy_possible(config, t);
+  if (hierarchical_shape && !hierarchy_guard_reason(config, t).empty())
+    return {Path::passthrough, PassReason::hierarchy_guard};
+  if (hierarchical_shape && hierarchy_ready) {
     // Only a calibrated model may send an above-threshold call back to plain NCCL.
     if (net.calibrated && config.algorithm == Algorithm::automatic) {
       const CostModel intra = effective_cost_model(config, t.intra);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "common/config.hpp"
 #include "quant/wire_format.hpp"
@@ -25,6 +26,15 @@ namespace fp8wire::sched {
 // `hierarchy_ready`: the sub-communicators exist on every rank (the agreement's second round).
 Plan plan_on(const Config& config, const CallShape& call, Fabric flat_fabric, const Topology& t,
              bool hierarchy_ready);
+
+// Why the defaults leave the hierarchical path to plain NCCL on topology `t`, or "" when they take
+// it. Its steps inside each host run in full precision, so the fabric there weighs as much as the
+// network: with PCIe (or anything slower than NVLink) inside, the project's own model
+// (fp8wire-bench model --hierarchy) predicts it 0.82-0.99x of NCCL at every card speed and host
+// count. Without a calibrated network profile (which then decides by its prediction) and with
+// algorithm = auto, such calls pass through. A forced host map (hierarchy.ranks_per_host, for
+// testing on one machine) and a forced algorithm keep the path.
+std::string hierarchy_guard_reason(const Config& config, const Topology& t);
 
 // Whether a topology could use the hierarchical path at all (several hosts, the same number of
 // ranks on each, more than one).

@@ -17,6 +17,7 @@ const char* to_string(PassReason r) {
     case PassReason::below_threshold: return "below_threshold";
     case PassReason::cost_model: return "cost_model";
     case PassReason::flat_guard: return "flat_guard";
+    case PassReason::hierarchy_guard: return "hierarchy_guard";
   }
   return "?";
 }

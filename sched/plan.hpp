@@ -27,6 +27,7 @@ enum class PassReason : uint8_t {
   below_threshold,      // caller buffer smaller than thresholds.<collective>.<fabric>
   cost_model,           // the calibrated cost model says plain NCCL is faster
   flat_guard,           // spans hosts with local peers: flat FP8 would move more bytes between hosts
+  hierarchy_guard,      // the hierarchical path, with hosts whose inside is slower than NVLink (hierarchy.hpp)
 };
 const char* to_string(PassReason);
 

@@ -16,6 +16,16 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
+# The GPU first: installing and building take minutes this job cannot use without one. An empty
+# CUDA_VISIBLE_DEVICES hides every GPU from the trainer, so it counts as none.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+[[ -n "${CUDA_VISIBLE_DEVICES-unset}" ]] || gpus=0
+if (( gpus == 0 )); then
+  echo "main-job: no GPU visible (nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES is empty); this job trains" \
+       "on GPUs, so nothing was installed or built (scripts/test.sh runs every test that needs none)" >&2
+  exit 1
+fi
+
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   # Header-only and small libraries the build needs; found in the system, in .carry/include (what
   # scripts/gpu/carry-deps.sh copies for machines without apt) or in FP8WIRE_EXTRA_INCLUDE.
@@ -48,8 +58,6 @@ if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   bash scripts/build.sh build
 fi
 
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-if (( gpus == 0 )); then echo "main-job: no GPU visible (nvidia-smi -L); this job needs one" >&2; exit 1; fi
 ranks="${RANKS:-$(( gpus > 1 ? gpus : 2 ))}"
 steps="${STEPS:-30}"
 config="${CONFIG:-trainer/configs/pi05_small.toml}"

@@ -3,8 +3,10 @@
 
 #include <cstring>
 
+#include "common/cuda_devices.hpp"
 #include "common/log.hpp"
 #include "sched/accounting.hpp"
+#include "shim/real_nccl.hpp"
 #include "shim/runtime.hpp"
 
 #define FP8WIRE_EXPORT extern "C" __attribute__((visibility("default")))
@@ -41,11 +43,19 @@ FP8WIRE_EXPORT int fp8wire_version(void) {
 FP8WIRE_EXPORT int fp8wire_active(void) {
   try {
     using namespace fp8wire::shim;
-    // Set up already: the engine's own answer. Not yet: what the configuration says, without
-    // setting up (that would look for NCCL before the job has loaded it).
-    if (detail::g_runtime.load(std::memory_order_acquire)) return active() ? 1 : 0;
+    // Set up already (the job has made an NCCL call): the engine's own answer, and a GPU the driver
+    // sees; asking the driver initialises it, harmless in a process already using NCCL.
+    if (detail::g_runtime.load(std::memory_order_acquire)) {
+      static const bool device_visible = fp8wire::visible_cuda_devices() > 0;
+      return active() && device_visible ? 1 : 0;
+    }
+    // Not yet: the configuration, NCCL in the process (or nccl.library) and a CUDA driver on the
+    // machine, all without setting up or initialising CUDA (this may run before the job forks).
     const fp8wire::ConfigResult& config = loaded_config();
-    return config.ok() && config.config.enable ? 1 : 0;
+    return config.ok() && config.config.enable && real_nccl_present(config.config.nccl_library) &&
+                   fp8wire::cuda_driver_present()
+               ? 1
+               : 0;
   } catch (...) {
     return 0;
   }

@@ -22,10 +22,12 @@ void fp8wire_step_end(int64_t step);
 /* Writes the profiler's report now (it is also written at exit and every profiler.report_every steps). */
 void fp8wire_profiler_flush(void);
 
-/* 1 when libfp8wire.so is loaded and will carry eligible NCCL calls itself: its configuration is
- * valid and enables it, and (once the first NCCL call has set it up) the real NCCL was found and the
- * scheduler started. 0 otherwise. Never sets the library up itself, so calling it before the job has
- * loaded NCCL changes nothing. Without the library the symbol is absent: resolve it with dlsym. */
+/* 1 when libfp8wire.so is loaded and able to carry eligible NCCL calls itself, 0 otherwise. Before
+ * the job's first NCCL call: its configuration is valid and enables it, NCCL is in the process (or
+ * nccl.library names a file) and the machine has a CUDA driver. After it: the real NCCL was found,
+ * the scheduler started, and the driver sees at least one GPU. Never sets the library up, and before
+ * set-up never initialises CUDA, so it is safe before the job has loaded NCCL or forked. Without the
+ * library the symbol is absent: resolve it with dlsym. */
 int fp8wire_active(void);
 
 /* Path slots of the totals. Paths are numbered from 0; slots past the last path stay zero. */

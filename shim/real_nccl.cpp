@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <filesystem>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -73,6 +74,19 @@ bool accept(RealNccl& out, NcclApi api, const std::string& missing, std::string 
 bool is_own_address(const void* address) {
   Dl_info info{};
   return address && dladdr(address, &info) && info.dli_fbase == own_base();
+}
+
+bool real_nccl_present(const std::string& explicit_path) {
+  const void* next = dlsym(RTLD_NEXT, "ncclAllReduce");
+  if (next && !is_own_address(next)) return true;
+  for (const char* soname : {"libnccl.so.2", "libnccl.so"}) {
+    if (void* handle = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD)) {
+      dlclose(handle);  // drops only the reference RTLD_NOLOAD just took
+      return true;
+    }
+  }
+  std::error_code ec;
+  return !explicit_path.empty() && std::filesystem::is_regular_file(explicit_path, ec);
 }
 
 RealNccl resolve_real_nccl(const std::string& explicit_path) {

@@ -23,6 +23,11 @@ struct RealNccl {
 
 RealNccl resolve_real_nccl(const std::string& explicit_path);
 
+// Whether resolve_real_nccl would have a source to try: NCCL already in the process (sources 1 and
+// 2) or nccl.library naming a file. Loads nothing and keeps no reference, for questions asked
+// before set-up (fp8wire_active).
+bool real_nccl_present(const std::string& explicit_path);
+
 // True when `address` lies inside libfp8wire.so itself.
 bool is_own_address(const void* address);
 

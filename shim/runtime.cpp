@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/commands.hpp"
 #include "common/log.hpp"
 #include "common/status.hpp"
 #include "sched/accounting.hpp"
@@ -46,8 +47,8 @@ ConfigResult* read_configuration() {
   for (const auto& e : result->errors) FP8WIRE_ERROR("configuration: {}", e.message());
   if (!result->ok())
     FP8WIRE_ERROR("{} configuration error(s): fp8wire runs in pass-through, every NCCL call goes "
-                  "straight to NCCL (check a file with `fp8wire-config --check FILE`)",
-                  result->errors.size());
+                  "straight to NCCL (check a file with {})",
+                  result->errors.size(), tool_command("config", "--check FILE"));
   FP8WIRE_INFO("libfp8wire.so {} loaded; configuration from {}", FP8WIRE_VERSION_STRING,
                join(result->sources, "; "));
   FP8WIRE_DEBUG("effective configuration:\n{}", to_toml(c));

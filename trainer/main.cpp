@@ -32,7 +32,8 @@ int env_int(const char* name, int fallback) {
 
 // Ranks started by this launcher, for the signal handler: a launcher stopped by Ctrl-C or a timeout
 // takes its ranks with it instead of leaving them waiting in NCCL.
-pid_t g_children[1024];
+constexpr int kMaxRanks = 1024;
+pid_t g_children[kMaxRanks];
 volatile sig_atomic_t g_child_count = 0;
 
 void forward_signal(int sig) {
@@ -42,19 +43,11 @@ void forward_signal(int sig) {
 }
 
 int launch(const std::vector<std::string>& argv, int ranks, const Config& cfg) {
-  if (ranks > 1024) {
-    fmt::print(stderr, "fp8wire-train: --ranks {}: at most 1024 ranks per host\n", ranks);
-    return 2;
-  }
   if (cfg.train.device != "cuda") {
     fmt::print(stderr, "fp8wire-train: --ranks {}: train.device \"{}\" runs one rank only\n", ranks, cfg.train.device);
     return 2;
   }
   const int gpus = fp8wire::trainer::visible_gpu_count();
-  if (gpus == 0) {
-    fmt::print(stderr, "fp8wire-train: train.device is \"cuda\" but no GPU is visible\n");
-    return 2;
-  }
   const bool shared_gpu = ranks > gpus;
   const std::string store = (std::filesystem::temp_directory_path() /
                              fmt::format("fp8wire-train-store-{}", ::getpid())).string();
@@ -117,11 +110,16 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool print_config = false;
   app.add_option("--config", config_path, "TOML preset, e.g. trainer/configs/pi05.toml")->required();
-  app.add_option("--ranks", ranks, "data-parallel ranks to start on this host")->check(CLI::PositiveNumber);
+  app.add_option("--ranks", ranks, "data-parallel ranks to start on this host (1 to 1024)");
   app.add_option("--steps", steps, "optimiser steps (overrides train.steps)");
   app.add_option("--set", overrides, "key=value override, e.g. --set train.micro_batch=16 (repeatable)");
   app.add_flag("--print-config", print_config, "print the resolved configuration and exit");
   CLI11_PARSE(app, argc, argv);
+  if (ranks < 1 || ranks > kMaxRanks) {
+    fmt::print(stderr, "fp8wire-train: --ranks {}: expected 1 to {} data-parallel ranks on this host\n", ranks,
+               kMaxRanks);
+    return 2;
+  }
 
   Config cfg;
   if (auto err = fp8wire::trainer::load_config_file(config_path, cfg); !err.empty()) {
@@ -147,6 +145,12 @@ int main(int argc, char** argv) {
   if (print_config) {
     fmt::print("{}", fp8wire::trainer::describe(cfg));
     return 0;
+  }
+  // Before any rank starts: LibTorch's own error here is a driver message and a page of stack.
+  if (cfg.train.device == "cuda" && fp8wire::trainer::visible_gpu_count() == 0) {
+    fmt::print(stderr, "fp8wire-train: train.device is \"cuda\" but no GPU is visible "
+                       "(train.device = \"cpu\" runs on the CPU, as trainer/configs/tiny.toml does)\n");
+    return 2;
   }
   if (std::getenv("RANK")) {
     const int rank = env_int("RANK", 0), world = env_int("WORLD_SIZE", 1), local = env_int("LOCAL_RANK", rank);

@@ -45,6 +45,8 @@ bool parse_int(const std::string& text, int64_t& out) {
 
 // v2: v1 plus the checksum (data.hpp kChecksumKey), which resume() requires.
 constexpr const char* kCheckpointFormat = "fp8wire-trainer-v2";
+// The first steps of a run pay for allocator warm-up and NCCL setup; the summary's means leave them out.
+constexpr int64_t kUntimedSteps = 2;
 
 // The epoch length as checkpoints record it; unbounded sources have no epoch boundary.
 std::string epoch_samples_text(const SampleOrder& order) {
@@ -806,7 +808,7 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
       const double mem = memory.peak_gib;
       if (std::isnan(first_loss)) first_loss = st.loss;
       last_loss = st.loss;
-      if (s - first_step >= 2) {  // the first steps pay for allocator warm-up and NCCL setup
+      if (s - first_step >= kUntimedSteps) {
         sum_ms += ms;
         sum_sps += sps;
         ++timed;
@@ -840,12 +842,18 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
       }
     int rc = 0;
     if (rank == 0) {
-      fmt::print("summary: params {} | loss {:.4f} -> {:.4f} | mean step {:.1f} ms | mean {:.1f} samples/s | "
-                 "peak {:.1f} GiB | MFU {:.1f}%\n",
-                 nparams, first_loss, last_loss, timed ? sum_ms / timed : 0.0, timed ? sum_sps / timed : 0.0,
-                 allocator_memory(trainer.device()).peak_gib,
-                 timed ? 100.0 * flops * double(t.micro_batch) / (sum_ms / timed / 1000.0) / (t.peak_tflops * 1e12)
-                       : 0.0);
+      const double peak_gib = allocator_memory(trainer.device()).peak_gib;
+      if (timed == 0) {
+        fmt::print("summary: params {} | loss {:.4f} -> {:.4f} | mean step not measured: the first {} steps of a "
+                   "run are warm-up and not timed (run {} or more steps) | peak {:.1f} GiB\n",
+                   nparams, first_loss, last_loss, kUntimedSteps, kUntimedSteps + 1, peak_gib);
+      } else {
+        fmt::print("summary: params {} | loss {:.4f} -> {:.4f} | mean step {:.1f} ms | mean {:.1f} samples/s | "
+                   "peak {:.1f} GiB | MFU {:.1f}% | means over the last {} steps (the first {} warm up)\n",
+                   nparams, first_loss, last_loss, sum_ms / timed, sum_sps / timed, peak_gib,
+                   100.0 * flops * double(t.micro_batch) / (sum_ms / timed / 1000.0) / (t.peak_tflops * 1e12), timed,
+                   kUntimedSteps);
+      }
     }
     if (pg && t.check_sync) {
       std::vector<double> local;

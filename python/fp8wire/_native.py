@@ -64,9 +64,11 @@ def library_version() -> Optional[str]:
 
 
 def active() -> bool:
-    """True when libfp8wire.so is loaded and will carry eligible NCCL calls (its configuration is valid
-    and enables it; once the first NCCL call has set it up, NCCL was also found). Asking never sets
-    the library up, so it is safe before torch.distributed is initialised."""
+    """True when libfp8wire.so is loaded and able to carry eligible NCCL calls: its configuration is
+    valid and enables it, NCCL is in the process (or nccl.library names a file) and the machine has a
+    CUDA driver; once the first NCCL call has set it up, the real NCCL was found and the driver sees a
+    GPU (shim/fp8wire.h). Asking never sets the library up nor, before that, initialises CUDA, so it
+    is safe before torch.distributed is initialised."""
     fn = _symbol("fp8wire_active", ctypes.c_int, [])
     if fn is None:
         if loaded():

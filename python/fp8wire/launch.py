@@ -240,6 +240,19 @@ def nccl_library_dir() -> Optional[str]:
     return None
 
 
+def check_loadable(program: Path, env: Mapping[str, str]) -> None:
+    """Raises NotInstalled, naming the missing library, when `program` cannot start because the
+    dynamic loader does not find a library it links (status 127); after an exec that would be the
+    loader's own message, and no way to say more."""
+    r = subprocess.run([str(program), "--help"], env=dict(env), capture_output=True, text=True)
+    if r.returncode != 127 or "error while loading shared libraries" not in r.stderr:
+        return
+    missing = r.stderr.split("error while loading shared libraries:", 1)[1].split(":", 1)[0].strip()
+    hint = (" (NCCL: install PyTorch built for CUDA, whose nvidia-nccl package holds it, or put the folder "
+            "of libnccl.so.2 on LD_LIBRARY_PATH)") if missing.startswith("libnccl") else ""
+    raise NotInstalled(f"{program.name} cannot start: {missing} not found{hint}")
+
+
 def exec_tool(name: str, args: Sequence[str]) -> int:
     env = dict(os.environ)
     if name == "fp8wire-bench":
@@ -248,6 +261,8 @@ def exec_tool(name: str, args: Sequence[str]) -> int:
         lib = nccl_library_dir()
         if lib:
             env["LD_LIBRARY_PATH"] = prepend_paths([lib], env.get("LD_LIBRARY_PATH"))
+        else:
+            check_loadable(tool(name), env)
     if name == "fp8wire-prof":
         env.setdefault("FP8WIRE_SHIM_LIB", str(shim_library()))
         env.setdefault("FP8WIRE_PROF_LIB", str(profiler_library()))

@@ -4,6 +4,7 @@
 
 #include "bench/host/hierarchy_model.hpp"
 #include "bench/host/model.hpp"
+#include "sched/hierarchy.hpp"
 
 using namespace fp8wire;
 using namespace fp8wire::bench;
@@ -191,4 +192,33 @@ TEST_CASE("predictions for jobs spanning hosts: where the hierarchical path pays
   CHECK(fast.crossover_bytes == 0);
   // The table covers 2-64 hosts, four card speeds, NVLink and PCIe inside.
   CHECK(fp8wire::bench::hierarchy_table().size() == 2u * 4 * 6);
+}
+
+TEST_CASE("the planner's defaults never take the hierarchical path where this model predicts it slower inside PCIe hosts") {
+  // Every PCIe row of the table (2-64 hosts, 25-400 Gb/s cards) predicts the hierarchical path slower
+  // than NCCL's ring, at 64 MiB and 1 GiB; the planner, uncalibrated, must then pass through.
+  int pcie_rows = 0;
+  for (const HierarchyPrediction& r : hierarchy_table()) {
+    if (r.c.intra != Fabric::pcie) continue;
+    ++pcie_rows;
+    CAPTURE(r.c.hosts);
+    CAPTURE(r.c.nic_gbit);
+    CHECK(r.plain_us_64m / r.hier_us_64m < 1.0);
+    CHECK(r.plain_us_1g / r.hier_us_1g < 1.0);
+    sched::Topology t;
+    t.hosts = r.c.hosts;
+    t.ranks_per_host = t.max_ranks_per_host = r.c.gpus_per_host;
+    t.intra = Fabric::pcie;
+    sched::CallShape call;
+    call.collective = Collective::all_reduce;
+    call.dtype = DataType::bf16;
+    call.count = 32u << 20;  // 64 MiB
+    call.nranks = r.c.hosts * r.c.gpus_per_host;
+    CHECK(!sched::hierarchy_guard_reason(Config{}, t).empty());
+    // 32 and 64 hosts x 8 exceed the ranks one fused reduce takes: they pass through for that first.
+    const sched::Plan p = sched::plan_on(Config{}, call, Fabric::net, t, /*hierarchy_ready=*/true);
+    CHECK(p.path == Path::passthrough);
+    CHECK((p.reason == sched::PassReason::hierarchy_guard || p.reason == sched::PassReason::too_many_ranks));
+  }
+  CHECK(pcie_rows == 4 * 6);
 }

@@ -175,7 +175,9 @@ class InProcess(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         import json
         got = json.loads(r.stdout)
-        self.assertTrue(got["loaded"] and got["active"])
+        # Loaded, but not able to act: no NCCL in this process (nor, in CI, a GPU).
+        self.assertTrue(got["loaded"])
+        self.assertFalse(got["active"])
         # Names come from the library (fp8wire_path_name), slot by slot, none invented here.
         self.assertEqual(sorted(got["names"].values()), got["paths"])
         self.assertIn("passthrough", got["paths"])
@@ -188,7 +190,56 @@ class InProcess(unittest.TestCase):
         self.assertEqual(r.stdout.strip(), "False", r.stderr)
 
 
+def cuda_driver_present() -> bool:
+    import ctypes
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+class Active(unittest.TestCase):
+    """fp8wire.active() is True only where the loaded library is able to act: NCCL in the process and
+    a CUDA driver on the machine (before the first NCCL call; after it, a GPU the driver sees)."""
+
+    def active_in_job(self, code, **env):
+        r = fp8wire_cli("run", "--", sys.executable, "-c", "import fp8wire\n" + code + "\nprint(fp8wire.active())",
+                        env=env_without_library(**env))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout.strip().splitlines()[-1]
+
+    def test_no_nccl_in_the_process(self):
+        self.assertEqual(self.active_in_job(""), "False")
+
+    def test_nccl_loaded_needs_a_gpu_driver(self):
+        shim = os.environ.get("FP8WIRE_SHIM_LIB")
+        fake = Path(shim).resolve().parents[1] / "tests" / "shim" / "fake_nccl" / "libnccl.so.2" if shim else None
+        if fake is None or not fake.is_file():
+            self.skipTest("the build tree's fake NCCL (tests/shim) is not here")
+        got = self.active_in_job(f"import ctypes; ctypes.CDLL({str(fake)!r}, mode=ctypes.RTLD_GLOBAL)")
+        self.assertEqual(got, str(cuda_driver_present()))
+        # The configuration still decides first.
+        self.assertEqual(self.active_in_job(f"import ctypes; ctypes.CDLL({str(fake)!r}, mode=ctypes.RTLD_GLOBAL)",
+                                            FP8WIRE_ENABLE="0"), "False")
+
+
 class Cli(unittest.TestCase):
+    def test_run_profile_without_a_gpu_gives_the_jobs_status(self):
+        # CUDA_VISIBLE_DEVICES= hides any GPU: the profiler records nothing, says so once, and the
+        # job's own status comes back (not a missing report's).
+        with tempfile.TemporaryDirectory() as d:
+            for status in (0, 3):
+                r = fp8wire_cli("run", "--profile", d, "--", sys.executable, "-c",
+                                f"import sys; print(1); sys.exit({status})",
+                                env=env_without_library(CUDA_VISIBLE_DEVICES=""))
+                self.assertEqual(r.returncode, status, r.stderr)
+                self.assertEqual(r.stdout.strip(), "1")
+                self.assertEqual(r.stderr.count("fp8wire-prof: no GPU: the profiler recorded nothing"), 1, r.stderr)
+                self.assertNotIn("no per-rank reports", r.stderr)
+                if not cuda_driver_present():
+                    self.assertNotIn("CUPTI", r.stderr)
+
     def test_run_refuses_a_bad_configuration(self):
         with tempfile.TemporaryDirectory() as d:
             bad = Path(d) / "bad.toml"
@@ -230,6 +281,35 @@ class Cli(unittest.TestCase):
         self.assertEqual(fp8wire_cli("config", "--defaults").returncode, 0)
         r = fp8wire_cli("version")
         self.assertIn(f"fp8wire {fp8wire.__version__}", r.stdout)
+
+    def test_each_tool_without_a_gpu_one_line_and_a_status(self):
+        env = env_without_library(CUDA_VISIBLE_DEVICES="")
+        r = fp8wire_cli("bench", "sweep", "--emulate-ranks", "2", "--out", tempfile.gettempdir(), env=env)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertEqual(r.stderr.strip().splitlines()[-1][:44], "fp8wire-bench sweep: no CUDA device visible;")
+        self.assertEqual(fp8wire_cli("bench", "model", "--hierarchy", env=env).returncode, 0)
+        with tempfile.TemporaryDirectory() as d:
+            trace = Path(d) / "empty.json"
+            trace.write_text('{"traceEvents": []}')
+            r = fp8wire_cli("prof", "analyze", str(trace), env=env)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("no step windows", r.stderr)
+        # A configuration error names the command a pip install has.
+        r = fp8wire_cli("config", "--check", env=env_without_library(FP8WIRE_BLOK_SIZE="64"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("`fp8wire config --defaults`", r.stderr)
+
+    def test_a_tool_the_loader_cannot_start_is_named_with_its_library(self):
+        with tempfile.TemporaryDirectory() as d:
+            fake = Path(d) / "fp8wire-bench"
+            fake.write_text("#!/bin/sh\necho \"$0: error while loading shared libraries: libnccl.so.2: cannot open "
+                            "shared object file: No such file or directory\" >&2\nexit 127\n")
+            fake.chmod(0o755)
+            with self.assertRaisesRegex(fp8wire.NotInstalled, r"fp8wire-bench cannot start: libnccl.so.2 not found "
+                                                              r"\(NCCL: install PyTorch built for CUDA"):
+                launch.check_loadable(fake, os.environ)
+            fake.write_text("#!/bin/sh\nexit 0\n")
+            launch.check_loadable(fake, os.environ)  # starts: nothing to say
 
     def test_tools_pass_through(self):
         self.assertIn("fp8wire-bench", fp8wire_cli("bench", "--help").stdout)

@@ -210,6 +210,7 @@ TEST_CASE("hierarchical all-reduce and reduce-scatter: 2..8 hosts x 1..8 ranks p
               Run cfg;
               cfg.config = sim_config(scratch);
               cfg.forced = false;  // the planner's own route
+              cfg.machine.nvlink = true;  // NVLink inside the hosts, where the defaults take the path
               cfg.machine.hosts.clear();
               for (int r = 0; r < n; ++r) cfg.machine.hosts.push_back(static_cast<uint64_t>(100 + r / L));
               const Spec spec{coll, Path::hierarchical, t, op, count, 17u + count};

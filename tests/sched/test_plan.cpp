@@ -10,6 +10,7 @@
 #include "sched/agreement.hpp"
 #include "sched/coalesce.hpp"
 #include "sched/cost_model.hpp"
+#include "sched/hierarchy.hpp"
 #include "sched/plan.hpp"
 #include "sched/stages.hpp"
 
@@ -645,4 +646,42 @@ TEST_CASE("the transport per call: the direct transport where configured or chea
                             TK::peer_memory) >= 1e30);
   CHECK(predicted_direct_us(pcie, Collective::all_reduce, Path::one_shot, big, 4, fmt, TK::host_memory) >
         predicted_direct_us(pcie, Collective::all_reduce, Path::one_shot, big, 4, fmt, TK::peer_memory));
+}
+
+TEST_CASE("hierarchy guard: the fabric inside the hosts decides the default, and the reason says why") {
+  Topology t;
+  t.hosts = 2;
+  t.ranks_per_host = t.max_ranks_per_host = 8;
+  const CallShape call = ar(32 * MiB, 16);  // 64 MiB bf16
+  Config c;
+  // NVLink inside: the hierarchical path, as before.
+  t.intra = Fabric::nvlink;
+  CHECK(hierarchy_guard_reason(c, t).empty());
+  CHECK(plan_on(c, call, Fabric::net, t, true).path == Path::hierarchical);
+  // PCIe inside: plain NCCL, with the reason (also when the sub-communicators were never made).
+  t.intra = Fabric::pcie;
+  const std::string why = hierarchy_guard_reason(c, t);
+  CHECK(why.find("pcie inside the hosts") != std::string::npos);
+  CHECK(why.find("(`fp8wire bench model --hierarchy` (in a build tree: `build/bench/fp8wire-bench model "
+                 "--hierarchy`) predicts it slower than NCCL at every card speed)") != std::string::npos);
+  for (bool ready : {true, false}) {
+    const Plan p = plan_on(c, call, Fabric::net, t, ready);
+    CHECK(p.path == Path::passthrough);
+    CHECK(p.reason == PassReason::hierarchy_guard);
+    CHECK(std::string(to_string(p.reason)) == "hierarchy_guard");
+  }
+  // A forced algorithm, or a host map forced for testing, keeps the path.
+  Config forced = c;
+  forced.algorithm = Algorithm::two_shot;
+  CHECK(hierarchy_guard_reason(forced, t).empty());
+  CHECK(plan_on(forced, call, Fabric::net, t, true).path == Path::hierarchical);
+  Topology mapped = t;
+  mapped.forced = true;
+  CHECK(plan_on(c, call, Fabric::net, mapped, true).path == Path::hierarchical);
+  // A calibrated network profile decides by its own prediction instead.
+  Config calibrated = c;
+  calibrated.cost_model[static_cast<int>(Fabric::net)].calibrated = true;
+  calibrated.cost_model[static_cast<int>(Fabric::net)].bus_bandwidth_gbps = 0.5;  // a slow network: FP8 pays
+  CHECK(hierarchy_guard_reason(calibrated, t).empty());
+  CHECK(plan_on(calibrated, call, Fabric::net, t, true).path == Path::hierarchical);
 }

@@ -182,8 +182,7 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
     spec.timeout_s = o.timeout_s;
     // NCCL reads these when the communicator is created; P2P off keeps traffic off NVLink.
     if (fabric == "pcie") spec.env.push_back({"NCCL_P2P_DISABLE", "1"});
-    if (o.emulate_ranks > 0)
-      spec.env_per_rank = fp8wire::emulated_host_env(nranks);
+    spec.one_gpu = o.emulate_ranks > 0;
     if (o.ranks_per_host > 0) {
       if (nranks % o.ranks_per_host != 0) {
         std::fprintf(stderr, "fp8wire-bench sweep: --ranks-per-host %d does not divide the %d ranks\n", o.ranks_per_host,

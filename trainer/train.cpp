@@ -598,8 +598,8 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const Config& cfg, int rank
   } else if (file) {
     store = c10::make_intrusive<c10d::FileStore>(file, world);
   } else {
-    error = "a multi-rank run needs MASTER_ADDR and MASTER_PORT (torchrun style) or FP8WIRE_TRAIN_STORE (set by "
-            "fp8wire-train --ranks N)";
+    error = "a multi-rank run needs MASTER_ADDR and MASTER_PORT (torchrun style) or FP8WIRE_TRAIN_STORE (a file "
+            "every rank can reach), or fp8wire-train --ranks N";
     return {};
   }
   auto opts = c10d::ProcessGroupNCCL::Options::create();

@@ -840,12 +840,15 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
       }
     int rc = 0;
     if (rank == 0) {
+      // Ranks sharing a GPU: whether they ran side by side (MPS) or time-sliced, as their launcher said.
+      const char* testbed = world > 1 ? std::getenv("FP8WIRE_TESTBED_MODE") : nullptr;
       fmt::print("summary: params {} | loss {:.4f} -> {:.4f} | mean step {:.1f} ms | mean {:.1f} samples/s | "
-                 "peak {:.1f} GiB | MFU {:.1f}%\n",
+                 "peak {:.1f} GiB | MFU {:.1f}%{}\n",
                  nparams, first_loss, last_loss, timed ? sum_ms / timed : 0.0, timed ? sum_sps / timed : 0.0,
                  allocator_memory(trainer.device()).peak_gib,
                  timed ? 100.0 * flops * double(t.micro_batch) / (sum_ms / timed / 1000.0) / (t.peak_tflops * 1e12)
-                       : 0.0);
+                       : 0.0,
+                 testbed && *testbed ? fmt::format(" | testbed {}", testbed) : std::string());
     }
     if (pg && t.check_sync) {
       std::vector<double> local;

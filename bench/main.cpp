@@ -329,7 +329,7 @@ int main(int argc, char** argv) {
                 "one rank per GPU, NCCL told the GPUs form hosts of N (NCCL_HOSTID per block: a stand-in for a "
                 "job spanning hosts); 0 = one host")
       ->capture_default_str();
-  s->add_option("--emulate-ranks", sweep.emulate_ranks, "N ranks on one GPU (NCCL_HOSTID per rank, sockets); 0 = one rank per GPU")->capture_default_str();
+  s->add_option("--emulate-ranks", sweep.emulate_ranks, "N ranks on one GPU (NCCL_HOSTID per rank, sockets; side by side under a private MPS daemon unless FP8WIRE_MPS=0); 0 = one rank per GPU")->capture_default_str();
   s->add_option("--fabric", sweep.fabric, "auto | nvlink | pcie (NCCL_P2P_DISABLE=1) | net | both (auto, then pcie)")
       ->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   s->add_option("--transport", sa.transport,

@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool print_config = false;
   app.add_option("--config", config_path, "TOML preset, e.g. trainer/configs/pi05.toml")->required();
-  app.add_option("--ranks", ranks, "data-parallel ranks to start on this host")->check(CLI::PositiveNumber);
+  app.add_option("--ranks", ranks, "data-parallel ranks to start on this host (more than GPUs: sharing GPU 0, under a private MPS daemon unless FP8WIRE_MPS=0)")->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "optimiser steps (overrides train.steps)");
   app.add_option("--set", overrides, "key=value override, e.g. --set train.micro_batch=16 (repeatable)");
   app.add_flag("--print-config", print_config, "print the resolved configuration and exit");

@@ -6,7 +6,8 @@
 #      machine.testbed must say time-sliced / mps; both tables are printed for the times side by side.
 #   2. while the MPS sweep runs, its daemon (found through the pipe directory the launcher printed)
 #      lists a running MPS server (get_server_list): the ranks really are its clients.
-#   3. the same for the Python launcher (tests/pylib/emulated_launch.py, two ranks initialising CUDA).
+#   3. the same for the Python launcher (tests/pylib/emulated_launch.py, two ranks initialising CUDA),
+#      then two such launches at once (as under ctest -j): two private daemons on the one GPU.
 #   4. fp8wire-train --ranks 2 (pi05_small, a few steps): its launcher line and summary say mps.
 #   5. a daemon the user runs on the default pipe directory (/tmp/nvidia-mps) is left alone: no launcher
 #      here may use that directory, and its control socket, if there is one, is still there at the end;
@@ -79,6 +80,24 @@ if (( rc == 0 )) && (( $(grep -c "^rank [01] mps" "$log") == 2 )) && [[ -n "$ser
   row "Python launcher: both ranks mps, MPS server running" "PASS (server $(echo $servers))"
 else
   row "Python launcher: both ranks mps, MPS server running" "FAIL (rc=$rc, servers '$(echo $servers)'; see $log)"
+fi
+
+# 3b: two launches at once (ctest -j on a GPU machine): two private daemons on one GPU side by side.
+for i in 1 2; do
+  timeout -k 5 120 "$PY" tests/pylib/emulated_launch.py --nproc 2 --timeout 100 -- "$PY" -c \
+    'import os, time, torch; torch.ones(1, device="cuda"); print("rank", os.environ["RANK"], os.environ["FP8WIRE_TESTBED_MODE"]); time.sleep(8)' \
+    > "$OUT/two_daemons_$i.log" 2>&1 &
+  pids[i]=$!
+done
+servers1="$(server_seen "$OUT/two_daemons_1.log" "${pids[1]}")"
+servers2="$(server_seen "$OUT/two_daemons_2.log" "${pids[2]}")"
+wait "${pids[1]}"; rc1=$?
+wait "${pids[2]}"; rc2=$?
+ok=$(cat "$OUT"/two_daemons_[12].log | grep -c "^rank [01] mps")
+if (( rc1 == 0 && rc2 == 0 && ok == 4 )) && [[ -n "$servers1" && -n "$servers2" ]]; then
+  row "two launches at once, each its own daemon and server" PASS
+else
+  row "two launches at once, each its own daemon and server" "FAIL (rc $rc1/$rc2, $ok/4 ranks mps, servers '$(echo $servers1)' '$(echo $servers2)')"
 fi
 
 # 4: the trainer's launcher.

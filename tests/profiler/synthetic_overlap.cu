@@ -19,9 +19,6 @@
 #include <dlfcn.h>
 #include <nccl.h>
 #include <nvtx3/nvToolsExt.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>

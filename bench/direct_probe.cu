@@ -13,7 +13,7 @@
 //   bandwidth  kernels storing to / loading from the shared host memory with 1..all SMs, against
 //              cudaMemcpyAsync of the same bytes (the pinned host-copy ceiling), same run
 // Prints one line per finding; exit status 0 when every functional check passed.
-//   nvcc -O3 -arch=sm_90 -o direct_probe bench/direct_probe.cu && ./direct_probe [MiB]
+//   build/bench/fp8wire-direct-probe [MiB]        (scripts/gpu/direct_probe.sh)
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <fcntl.h>
@@ -31,26 +31,16 @@
 #include <thread>
 #include <vector>
 
+#include "common/status.hpp"
+
 namespace {
 
-#define CK(call)                                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = (call);                                                                  \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::printf("FAIL %s: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::fflush(stdout);                                                                    \
-      _exit(1);                                                                               \
-    }                                                                                         \
-  } while (0)
-#define CU(call)                                                                              \
-  do {                                                                                        \
-    CUresult r_ = (call);                                                                     \
-    if (r_ != CUDA_SUCCESS) {                                                                 \
-      std::printf("FAIL %s: CUresult %d (%s:%d)\n", #call, int(r_), __FILE__, __LINE__);      \
-      std::fflush(stdout);                                                                    \
-      _exit(1);                                                                               \
-    }                                                                                         \
-  } while (0)
+// A failed check ends this process at once: it is one of two forked probes, so no exit handlers.
+[[noreturn]] void die() {
+  std::fflush(stdout);
+  _exit(1);
+}
+
 
 using WaitFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using WriteFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -62,7 +52,7 @@ AttrFn device_attr = nullptr;
 void* entry(const char* name) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult q{};
-  CK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q));
+  FP8WIRE_CUDA_OR(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q), die());
   if (!fn || q != cudaDriverEntryPointSuccess) {
     std::printf("FAIL entry point %s not found\n", name);
     _exit(1);
@@ -126,29 +116,29 @@ __global__ void check(const uint32_t* p, size_t n, uint32_t seed, unsigned* bad)
 
 CUdeviceptr dptr(void* host) {
   void* d = nullptr;
-  CK(cudaHostGetDevicePointer(&d, host, 0));
+  FP8WIRE_CUDA_OR(cudaHostGetDevicePointer(&d, host, 0), die());
   return reinterpret_cast<CUdeviceptr>(d);
 }
 
 float time_ms(cudaStream_t st, const std::function<void()>& work, int reps = 5) {
   cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
+  FP8WIRE_CUDA_OR(cudaEventCreate(&a), die());
+  FP8WIRE_CUDA_OR(cudaEventCreate(&b), die());
   work();  // warm-up
-  CK(cudaStreamSynchronize(st));
+  FP8WIRE_CUDA_OR(cudaStreamSynchronize(st), die());
   std::vector<float> t;
   for (int r = 0; r < reps; ++r) {
-    CK(cudaEventRecord(a, st));
+    FP8WIRE_CUDA_OR(cudaEventRecord(a, st), die());
     work();
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
+    FP8WIRE_CUDA_OR(cudaEventRecord(b, st), die());
+    FP8WIRE_CUDA_OR(cudaEventSynchronize(b), die());
     float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
+    FP8WIRE_CUDA_OR(cudaEventElapsedTime(&ms, a, b), die());
     t.push_back(ms);
   }
   std::sort(t.begin(), t.end());
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
+  FP8WIRE_CUDA_OR(cudaEventDestroy(a), die());
+  FP8WIRE_CUDA_OR(cudaEventDestroy(b), die());
   return t[t.size() / 2];
 }
 
@@ -187,13 +177,13 @@ __global__ void spin_on_flag(const volatile uint32_t* flag) {
 
 int child(Shared s, int me, size_t bulk_bytes) {
   watchdog(me, 12);
-  CK(cudaSetDevice(0));
+  FP8WIRE_CUDA_OR(cudaSetDevice(0), die());
   wait_value = reinterpret_cast<WaitFn>(entry("cuStreamWaitValue32"));
   write_value = reinterpret_cast<WriteFn>(entry("cuStreamWriteValue32"));
   device_attr = reinterpret_cast<AttrFn>(entry("cuDeviceGetAttribute"));
-  CK(cudaHostRegister(s.base, s.bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+  FP8WIRE_CUDA_OR(cudaHostRegister(s.base, s.bytes, cudaHostRegisterMapped | cudaHostRegisterPortable), die());
   cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  FP8WIRE_CUDA_OR(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), die());
   int fails = 0;
   int ph = 0;
   auto sync_step = [&] {
@@ -204,13 +194,13 @@ int child(Shared s, int me, size_t bulk_bytes) {
   // caps ---------------------------------------------------------------------------------------
   if (me == 0) {
     int v = 0;
-    CK(cudaDeviceGetAttribute(&v, cudaDevAttrCanUseHostPointerForRegisteredMem, 0));
+    FP8WIRE_CUDA_OR(cudaDeviceGetAttribute(&v, cudaDevAttrCanUseHostPointerForRegisteredMem, 0), die());
     std::printf("caps: host pointer usable for registered memory: %d\n", v);
-    CU(device_attr(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, 0));
+    FP8WIRE_DRIVER_OR(device_attr(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, 0), die());
     std::printf("caps: stream wait NOR: %d\n", v);
-    CU(device_attr(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, 0));
+    FP8WIRE_DRIVER_OR(device_attr(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, 0), die());
     std::printf("caps: 64-bit stream mem ops: %d\n", v);
-    CK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0));
+    FP8WIRE_CUDA_OR(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0), die());
     std::printf("caps: SMs %d\n", v);
     std::fflush(stdout);
   }
@@ -228,15 +218,15 @@ int child(Shared s, int me, size_t bulk_bytes) {
     for (int i = 1; i <= iters; ++i) {
       if (me == 0) {
         if (with_kernel) touch_kernel<<<132, 128, 0, st>>>(counter, 10);
-        CU(write_value(st, f_ab, i, 0));
-        CU(wait_value(st, f_ba, i, CU_STREAM_WAIT_VALUE_GEQ));
+        FP8WIRE_DRIVER_OR(write_value(st, f_ab, i, 0), die());
+        FP8WIRE_DRIVER_OR(wait_value(st, f_ba, i, CU_STREAM_WAIT_VALUE_GEQ), die());
       } else {
-        CU(wait_value(st, f_ab, i, CU_STREAM_WAIT_VALUE_GEQ));
+        FP8WIRE_DRIVER_OR(wait_value(st, f_ab, i, CU_STREAM_WAIT_VALUE_GEQ), die());
         if (with_kernel) touch_kernel<<<132, 128, 0, st>>>(counter, 10);
-        CU(write_value(st, f_ba, i, 0));
+        FP8WIRE_DRIVER_OR(write_value(st, f_ba, i, 0), die());
       }
     }
-    CK(cudaStreamSynchronize(st));
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(st), die());
     const double us = (now_us() - t0) / iters;
     if (me == 0)
       std::printf("pingpong: two processes, one GPU, host-memory flags%s: %.2f us per round trip\n",
@@ -255,7 +245,7 @@ int child(Shared s, int me, size_t bulk_bytes) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     bool ok = true;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    FP8WIRE_CUDA_OR(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), die());
     CUresult r1 = wait_value(st, dptr(f), 1, CU_STREAM_WAIT_VALUE_EQ);
     CUresult r2 = write_value(st, dptr(f), 0, 0);
     count_kernel<<<1, 1, 0, st>>>(reinterpret_cast<unsigned*>(dptr(counter)));
@@ -266,13 +256,13 @@ int child(Shared s, int me, size_t bulk_bytes) {
       ok = false;
       cudaGetLastError();
     } else {
-      CK(cudaGraphInstantiate(&ge, g, 0));
+      FP8WIRE_CUDA_OR(cudaGraphInstantiate(&ge, g, 0), die());
       for (int rep = 1; rep <= 3; ++rep) {
-        CK(cudaGraphLaunch(ge, st));
+        FP8WIRE_CUDA_OR(cudaGraphLaunch(ge, st), die());
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
         const bool pending = cudaStreamQuery(st) == cudaErrorNotReady;
         __atomic_store_n(f, 1u, __ATOMIC_SEQ_CST);
-        CK(cudaStreamSynchronize(st));
+        FP8WIRE_CUDA_OR(cudaStreamSynchronize(st), die());
         const unsigned c = __atomic_load_n(counter, __ATOMIC_SEQ_CST);
         const uint32_t fv = __atomic_load_n(f, __ATOMIC_SEQ_CST);
         if (!pending || c != unsigned(rep) || fv != 0) ok = false;
@@ -291,13 +281,13 @@ int child(Shared s, int me, size_t bulk_bytes) {
     const size_t n = (64u << 20) / 4;
     uint32_t* mine = nullptr;
     unsigned* bad = nullptr;
-    CK(cudaMalloc(&bad, 4));
-    CK(cudaMemset(bad, 0, 4));
+    FP8WIRE_CUDA_OR(cudaMalloc(&bad, 4), die());
+    FP8WIRE_CUDA_OR(cudaMemset(bad, 0, 4), die());
     if (me == 0) {
-      CK(cudaMalloc(&mine, n * 4));
+      FP8WIRE_CUDA_OR(cudaMalloc(&mine, n * 4), die());
       fill<<<264, 256, 0, st>>>(mine, n, 11);
-      CK(cudaStreamSynchronize(st));
-      CK(cudaIpcGetMemHandle(&s.ctl()->ipc, mine));
+      FP8WIRE_CUDA_OR(cudaStreamSynchronize(st), die());
+      FP8WIRE_CUDA_OR(cudaIpcGetMemHandle(&s.ctl()->ipc, mine), die());
     }
     sync_step();
     enter("ipc", 1);
@@ -311,28 +301,28 @@ int child(Shared s, int me, size_t bulk_bytes) {
       } else {
         check<<<264, 256, 0, st>>>(static_cast<uint32_t*>(peer), n, 11, bad);
         fill<<<264, 256, 0, st>>>(static_cast<uint32_t*>(peer), n, 22);
-        CK(cudaStreamSynchronize(st));
+        FP8WIRE_CUDA_OR(cudaStreamSynchronize(st), die());
         unsigned b = 0;
-        CK(cudaMemcpy(&b, bad, 4, cudaMemcpyDeviceToHost));
+        FP8WIRE_CUDA_OR(cudaMemcpy(&b, bad, 4, cudaMemcpyDeviceToHost), die());
         std::printf("ipc: peer's pattern read with %u mismatches\n", b);
         s.ctl()->ipc_ok = b == 0 ? 1 : 0;
         fails += b != 0;
-        CK(cudaIpcCloseMemHandle(peer));
+        FP8WIRE_CUDA_OR(cudaIpcCloseMemHandle(peer), die());
       }
     }
     sync_step();
     enter("ipc", 1);
     if (me == 0) {
       check<<<264, 256, 0, st>>>(mine, n, 22, bad);
-      CK(cudaStreamSynchronize(st));
+      FP8WIRE_CUDA_OR(cudaStreamSynchronize(st), die());
       unsigned b = 0;
-      CK(cudaMemcpy(&b, bad, 4, cudaMemcpyDeviceToHost));
+      FP8WIRE_CUDA_OR(cudaMemcpy(&b, bad, 4, cudaMemcpyDeviceToHost), die());
       std::printf("ipc: the other process's writes seen with %u mismatches: %s\n", b,
                   (b == 0 && s.ctl()->ipc_ok == 1) ? "ok" : "FAILED");
       fails += b != 0;
-      CK(cudaFree(mine));
+      FP8WIRE_CUDA_OR(cudaFree(mine), die());
     }
-    CK(cudaFree(bad));
+    FP8WIRE_CUDA_OR(cudaFree(bad), die());
     std::fflush(stdout);
     sync_step();
   }
@@ -342,11 +332,11 @@ int child(Shared s, int me, size_t bulk_bytes) {
     enter("bandwidth", 1);
     char* host = s.bulk();
     char* dev = nullptr;
-    CK(cudaMalloc(&dev, bulk_bytes));
-    CK(cudaMemset(dev, 1, bulk_bytes));
+    FP8WIRE_CUDA_OR(cudaMalloc(&dev, bulk_bytes), die());
+    FP8WIRE_CUDA_OR(cudaMemset(dev, 1, bulk_bytes), die());
     char* host_dev = reinterpret_cast<char*>(dptr(host));
-    const float d2h = time_ms(st, [&] { CK(cudaMemcpyAsync(host, dev, bulk_bytes, cudaMemcpyDeviceToHost, st)); });
-    const float h2d = time_ms(st, [&] { CK(cudaMemcpyAsync(dev, host, bulk_bytes, cudaMemcpyHostToDevice, st)); });
+    const float d2h = time_ms(st, [&] { FP8WIRE_CUDA_OR(cudaMemcpyAsync(host, dev, bulk_bytes, cudaMemcpyDeviceToHost, st), die()); });
+    const float h2d = time_ms(st, [&] { FP8WIRE_CUDA_OR(cudaMemcpyAsync(dev, host, bulk_bytes, cudaMemcpyHostToDevice, st), die()); });
     auto gbs = [&](float ms) { return bulk_bytes / (ms * 1e6); };
     std::printf("bandwidth: %zu MiB, cudaMemcpyAsync D2H %.1f GB/s, H2D %.1f GB/s (the pinned host-copy ceiling)\n",
                 bulk_bytes >> 20, gbs(d2h), gbs(h2d));
@@ -364,8 +354,8 @@ int child(Shared s, int me, size_t bulk_bytes) {
         std::fflush(stdout);
       }
     }
-    CK(cudaGetLastError());
-    CK(cudaFree(dev));
+    FP8WIRE_CUDA_OR(cudaGetLastError(), die());
+    FP8WIRE_CUDA_OR(cudaFree(dev), die());
   }
   sync_step();
 
@@ -380,7 +370,7 @@ int child(Shared s, int me, size_t bulk_bytes) {
     if (me == 1) {
       *f = 0;
       if (spin) spin_on_flag<<<1, 32, 0, st>>>(reinterpret_cast<const volatile uint32_t*>(dptr(f)));
-      else CU(wait_value(st, dptr(f), 1, CU_STREAM_WAIT_VALUE_EQ));
+      else FP8WIRE_DRIVER_OR(wait_value(st, dptr(f), 1, CU_STREAM_WAIT_VALUE_EQ), die());
       count_kernel<<<1, 1, 0, st>>>(reinterpret_cast<unsigned*>(dptr(s.flag(12 + spin))));
     }
     sync_step();
@@ -394,7 +384,7 @@ int child(Shared s, int me, size_t bulk_bytes) {
       const unsigned before = __atomic_load_n(ran, __ATOMIC_SEQ_CST);
       const double t_before = (now_us() - t0) / 1000;
       released = 1;  // process 1 now releases its wait
-      CK(cudaStreamSynchronize(st));
+      FP8WIRE_CUDA_OR(cudaStreamSynchronize(st), die());
       std::printf("starve: while the other process waits by %s: %u/20 kernels of ~2 ms ran in %.1f ms%s; all 20 done %.1f ms after start\n",
                   how, before, t_before, before == 20 ? " (not starved)" : " (STARVED until released)", (now_us() - t0) / 1000);
     } else {
@@ -402,7 +392,7 @@ int child(Shared s, int me, size_t bulk_bytes) {
       const bool still_waiting = cudaStreamQuery(st) == cudaErrorNotReady;
       const double t0 = now_us();
       __atomic_store_n(f, 1u, __ATOMIC_SEQ_CST);  // what an abort does: a host store releases the wait
-      CK(cudaStreamSynchronize(st));
+      FP8WIRE_CUDA_OR(cudaStreamSynchronize(st), die());
       const bool after = __atomic_load_n(s.flag(12 + spin), __ATOMIC_SEQ_CST) == 1;
       std::printf("starve: %s still pending before release: %s; a host store released it in %.1f us; work after it ran: %s\n",
                   how, still_waiting ? "yes" : "NO", now_us() - t0, after ? "yes" : "NO");
@@ -411,7 +401,7 @@ int child(Shared s, int me, size_t bulk_bytes) {
     std::fflush(stdout);
     sync_step();
   }
-  CK(cudaHostUnregister(s.base));
+  FP8WIRE_CUDA_OR(cudaHostUnregister(s.base), die());
   return fails;
 }
 

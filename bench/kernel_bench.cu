@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status.hpp"
 #include "quant/quant.hpp"
 #include "quant/reference.hpp"
 
@@ -19,16 +20,6 @@ namespace fp8wire::bench {
 namespace {
 
 using quant::ElemType;
-
-#define KB_CUDA(call)                                                                                   \
-  do {                                                                                                  \
-    cudaError_t kb_err_ = (call);                                                                       \
-    if (kb_err_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "fp8wire kernel bench: CUDA error %s (%s) in %s\n", cudaGetErrorName(kb_err_), \
-                   cudaGetErrorString(kb_err_), #call);                                                 \
-      throw BenchError{};                                                                               \
-    }                                                                                                   \
-  } while (0)
 
 struct BenchError {};
 
@@ -89,12 +80,12 @@ __global__ void fp8wire_bench_f32_to(const float* in, void* out, int type, size_
 void fill(void* out, ElemType t, size_t count, uint64_t seed, cudaStream_t stream) {
   const int type = t == ElemType::f32 ? 0 : t == ElemType::f16 ? 1 : 2;
   fp8wire_bench_fill<<<1024, 256, 0, stream>>>(out, type, count, seed);
-  KB_CUDA(cudaGetLastError());
+  FP8WIRE_CUDA_OR(cudaGetLastError(), throw BenchError{});
 }
 
 struct DeviceMem {
   void* p = nullptr;
-  explicit DeviceMem(size_t n) { KB_CUDA(cudaMalloc(&p, n ? n : 1)); }
+  explicit DeviceMem(size_t n) { FP8WIRE_CUDA_OR(cudaMalloc(&p, n ? n : 1), throw BenchError{}); }
   ~DeviceMem() { cudaFree(p); }
   DeviceMem(const DeviceMem&) = delete;
   DeviceMem& operator=(const DeviceMem&) = delete;
@@ -112,18 +103,18 @@ template <class Timed>
 double median_event_ms(Timed&& timed, int repeats, cudaStream_t s) {
   std::vector<cudaEvent_t> start(repeats), stop(repeats);
   for (int i = 0; i < repeats; ++i) {
-    KB_CUDA(cudaEventCreate(&start[i]));
-    KB_CUDA(cudaEventCreate(&stop[i]));
+    FP8WIRE_CUDA_OR(cudaEventCreate(&start[i]), throw BenchError{});
+    FP8WIRE_CUDA_OR(cudaEventCreate(&stop[i]), throw BenchError{});
   }
   for (int i = 0; i < repeats; ++i) {
-    KB_CUDA(cudaEventRecord(start[i], s));
+    FP8WIRE_CUDA_OR(cudaEventRecord(start[i], s), throw BenchError{});
     timed(i);
-    KB_CUDA(cudaEventRecord(stop[i], s));
+    FP8WIRE_CUDA_OR(cudaEventRecord(stop[i], s), throw BenchError{});
   }
-  KB_CUDA(cudaStreamSynchronize(s));
+  FP8WIRE_CUDA_OR(cudaStreamSynchronize(s), throw BenchError{});
   std::vector<float> ms(repeats);
   for (int i = 0; i < repeats; ++i) {
-    KB_CUDA(cudaEventElapsedTime(&ms[i], start[i], stop[i]));
+    FP8WIRE_CUDA_OR(cudaEventElapsedTime(&ms[i], start[i], stop[i]), throw BenchError{});
     cudaEventDestroy(start[i]);
     cudaEventDestroy(stop[i]);
   }
@@ -146,12 +137,12 @@ template <class Launch>
 double graph_per_launch_us(Launch&& launch, int launches, int repeats, cudaStream_t s) {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  KB_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  FP8WIRE_CUDA_OR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), throw BenchError{});
   for (int i = 0; i < launches; ++i) launch(i);
-  KB_CUDA(cudaStreamEndCapture(s, &graph));
-  KB_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  KB_CUDA(cudaGraphLaunch(exec, s));
-  const double ms = median_event_ms([&](int) { KB_CUDA(cudaGraphLaunch(exec, s)); }, repeats, s);
+  FP8WIRE_CUDA_OR(cudaStreamEndCapture(s, &graph), throw BenchError{});
+  FP8WIRE_CUDA_OR(cudaGraphInstantiate(&exec, graph, 0), throw BenchError{});
+  FP8WIRE_CUDA_OR(cudaGraphLaunch(exec, s), throw BenchError{});
+  const double ms = median_event_ms([&](int) { FP8WIRE_CUDA_OR(cudaGraphLaunch(exec, s), throw BenchError{}); }, repeats, s);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   return 1000.0 * ms / launches;
@@ -175,10 +166,10 @@ const char* path_text(ConvertPath p) { return p == ConvertPath::native ? "native
 class Bench {
  public:
   explicit Bench(const KernelBenchOptions& o) : o_(o) {
-    KB_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    FP8WIRE_CUDA_OR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), throw BenchError{});
     int dev = 0;
-    KB_CUDA(cudaGetDevice(&dev));
-    KB_CUDA(cudaGetDeviceProperties(&prop_, dev));
+    FP8WIRE_CUDA_OR(cudaGetDevice(&dev), throw BenchError{});
+    FP8WIRE_CUDA_OR(cudaGetDeviceProperties(&prop_, dev), throw BenchError{});
     native_ = quant::device_has_native_fp8(dev);
   }
   ~Bench() { cudaStreamDestroy(stream_); }
@@ -212,15 +203,15 @@ class Bench {
     {
       const int sets = sets_for(2.0 * size);
       DeviceMem src(size * sets), dst(size * sets);
-      KB_CUDA(cudaMemsetAsync(src.p, 1, size * sets, stream_));
+      FP8WIRE_CUDA_OR(cudaMemsetAsync(src.p, 1, size * sets, stream_), throw BenchError{});
       const double us = median_us([&](int i) {
-        KB_CUDA(cudaMemcpyAsync(dst.at(size * (i % sets)), src.at(size * (i % sets)), size, cudaMemcpyDeviceToDevice, stream_));
+        FP8WIRE_CUDA_OR(cudaMemcpyAsync(dst.at(size * (i % sets)), src.at(size * (i % sets)), size, cudaMemcpyDeviceToDevice, stream_), throw BenchError{});
       }, o_.warmup, o_.repeats, stream_);
       copy_gbps = 2.0 * size / us / 1e3;
       add("copy (cudaMemcpy d2d)", "-", size, us, 2.0 * size, copy_gbps);
       if (size <= kGraphTimedMaxSize) {
         const double gus = graph_per_launch_us([&](int i) {
-          KB_CUDA(cudaMemcpyAsync(dst.at(size * (i % sets)), src.at(size * (i % sets)), size, cudaMemcpyDeviceToDevice, stream_));
+          FP8WIRE_CUDA_OR(cudaMemcpyAsync(dst.at(size * (i % sets)), src.at(size * (i % sets)), size, cudaMemcpyDeviceToDevice, stream_), throw BenchError{});
         }, kGraphLaunches, o_.repeats, stream_);
         add("copy [graph, per launch]", "-", size, gus, 2.0 * size, copy_gbps);
       }
@@ -235,26 +226,26 @@ class Bench {
         const quant::LaunchOptions lo{path, 0, o_.work_per_cta, o_.kernel_variant};
         if (wants("quantize")) {
           const double us = median_us([&](int i) {
-            KB_CUDA(quant::quantize(in.at(size * (i % sets)), o_.dtype, count, wire.at(cb * (i % sets)), single, f, stream_, lo));
+            FP8WIRE_CUDA_OR(quant::quantize(in.at(size * (i % sets)), o_.dtype, count, wire.at(cb * (i % sets)), single, f, stream_, lo), throw BenchError{});
           }, o_.warmup, o_.repeats, stream_);
           add("quantize", path_text(path), size, us, footprint, copy_gbps);
           if (size <= kGraphTimedMaxSize) {
             const double gus = graph_per_launch_us([&](int i) {
-              KB_CUDA(quant::quantize(in.at(size * (i % sets)), o_.dtype, count, wire.at(cb * (i % sets)), single, f, stream_, lo));
+              FP8WIRE_CUDA_OR(quant::quantize(in.at(size * (i % sets)), o_.dtype, count, wire.at(cb * (i % sets)), single, f, stream_, lo), throw BenchError{});
             }, kGraphLaunches, o_.repeats, stream_);
             add("quantize [graph, per launch]", path_text(path), size, gus, footprint, copy_gbps);
           }
         }
         if (wants("dequantize")) {
           for (int s = 0; s < sets; ++s)
-            KB_CUDA(quant::quantize(in.at(size * s), o_.dtype, count, wire.at(cb * s), single, f, stream_, lo));
+            FP8WIRE_CUDA_OR(quant::quantize(in.at(size * s), o_.dtype, count, wire.at(cb * s), single, f, stream_, lo), throw BenchError{});
           const double us = median_us([&](int i) {
-            KB_CUDA(quant::dequantize(wire.at(cb * (i % sets)), single, count, out.at(size * (i % sets)), o_.dtype, f, stream_, lo));
+            FP8WIRE_CUDA_OR(quant::dequantize(wire.at(cb * (i % sets)), single, count, out.at(size * (i % sets)), o_.dtype, f, stream_, lo), throw BenchError{});
           }, o_.warmup, o_.repeats, stream_);
           add("dequantize", path_text(path), size, us, footprint, copy_gbps);
           if (size <= kGraphTimedMaxSize) {
             const double gus = graph_per_launch_us([&](int i) {
-              KB_CUDA(quant::dequantize(wire.at(cb * (i % sets)), single, count, out.at(size * (i % sets)), o_.dtype, f, stream_, lo));
+              FP8WIRE_CUDA_OR(quant::dequantize(wire.at(cb * (i % sets)), single, count, out.at(size * (i % sets)), o_.dtype, f, stream_, lo), throw BenchError{});
             }, kGraphLaunches, o_.repeats, stream_);
             add("dequantize [graph, per launch]", path_text(path), size, gus, footprint, copy_gbps);
           }
@@ -264,21 +255,21 @@ class Bench {
       // The same traffic without the codec: `size` bytes in, size / 2 out (and the reverse).
       if (o_.dtype == ElemType::bf16 && size % 32 == 0) {
         int sms = 0, dev = 0;
-        KB_CUDA(cudaGetDevice(&dev));
-        KB_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        FP8WIRE_CUDA_OR(cudaGetDevice(&dev), throw BenchError{});
+        FP8WIRE_CUDA_OR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), throw BenchError{});
         const size_t units = size / 32;   // 16-byte units of the half-size side
         const unsigned grid = unsigned(std::min<size_t>((units + 255) / 256, size_t(sms) * 32));
         const double bytes = 1.5 * double(size);
         const double shrink_us = median_us([&](int i) {
           fp8wire_bench_pattern<<<grid, 256, 0, stream_>>>(reinterpret_cast<const uint4*>(in.at(size * (i % sets))),
                                                            reinterpret_cast<uint4*>(wire.at(cb * (i % sets))), units, true);
-          KB_CUDA(cudaGetLastError());
+          FP8WIRE_CUDA_OR(cudaGetLastError(), throw BenchError{});
         }, o_.warmup, o_.repeats, stream_);
         add("traffic only: 2 B in, 1 B out", "-", size, shrink_us, bytes, copy_gbps);
         const double expand_us = median_us([&](int i) {
           fp8wire_bench_pattern<<<grid, 256, 0, stream_>>>(reinterpret_cast<const uint4*>(wire.at(cb * (i % sets))),
                                                            reinterpret_cast<uint4*>(out.at(size * (i % sets))), units, false);
-          KB_CUDA(cudaGetLastError());
+          FP8WIRE_CUDA_OR(cudaGetLastError(), throw BenchError{});
         }, o_.warmup, o_.repeats, stream_);
         add("traffic only: 1 B in, 2 B out", "-", size, expand_us, bytes, copy_gbps);
       }
@@ -292,7 +283,7 @@ class Bench {
       for (int s = 0; s < sets; ++s)
         for (int j = 0; j < k; ++j) {
           fill(plain.p, o_.dtype, count, 1000 + s * k + j, stream_);
-          KB_CUDA(quant::quantize(plain.p, o_.dtype, count, chunks.at(cb * (size_t(s) * k + j)), single, f, stream_));
+          FP8WIRE_CUDA_OR(quant::quantize(plain.p, o_.dtype, count, chunks.at(cb * (size_t(s) * k + j)), single, f, stream_), throw BenchError{});
         }
       auto inputs = [&](int set) {
         std::vector<const void*> v(k);
@@ -306,8 +297,8 @@ class Bench {
         if (wants("reduce")) {
           const double us = median_us([&](int i) {
             const auto in = inputs(i % sets);
-            KB_CUDA(quant::dequantize_reduce(in.data(), k, count, 1.0f, quant::ReduceOutput{out.at(out_stride * (i % sets)), o_.dtype, nullptr},
-                                             f, stream_, lo));
+            FP8WIRE_CUDA_OR(quant::dequantize_reduce(in.data(), k, count, 1.0f, quant::ReduceOutput{out.at(out_stride * (i % sets)), o_.dtype, nullptr},
+                                             f, stream_, lo), throw BenchError{});
           }, o_.warmup, o_.repeats, stream_);
           add("reduce k=" + std::to_string(k) + " -> " + quant::to_string(o_.dtype), path_text(path), size, us,
               double(k) * quant::chunk_bytes(count, f) + size, copy_gbps);
@@ -316,8 +307,8 @@ class Bench {
         if (wants("reduce_requant")) {
           const double us = median_us([&](int i) {
             const auto in = inputs(i % sets);
-            KB_CUDA(quant::dequantize_reduce(in.data(), k, count, 1.0f / k, quant::ReduceOutput{nullptr, ElemType::f32, out.at(out_stride * (i % sets))},
-                                             f, stream_, lo));
+            FP8WIRE_CUDA_OR(quant::dequantize_reduce(in.data(), k, count, 1.0f / k, quant::ReduceOutput{nullptr, ElemType::f32, out.at(out_stride * (i % sets))},
+                                             f, stream_, lo), throw BenchError{});
           }, o_.warmup, o_.repeats, stream_);
           add("reduce k=" + std::to_string(k) + " -> wire", path_text(path), size, us,
               double(k + 1) * quant::chunk_bytes(count, f), copy_gbps);
@@ -328,8 +319,8 @@ class Bench {
         const quant::LaunchOptions lo{paths.front(), 0, o_.work_per_cta, o_.kernel_variant};
         const double us = median_us([&](int i) {
           const auto in = inputs(i % sets);
-          KB_CUDA(quant::dequantize_then_reduce_naive(in.data(), k, count, 1.0f, static_cast<float*>(scratch.p),
-                                                      quant::ReduceOutput{out.at(out_stride * (i % sets)), o_.dtype, nullptr}, f, stream_, lo));
+          FP8WIRE_CUDA_OR(quant::dequantize_then_reduce_naive(in.data(), k, count, 1.0f, static_cast<float*>(scratch.p),
+                                                      quant::ReduceOutput{out.at(out_stride * (i % sets)), o_.dtype, nullptr}, f, stream_, lo), throw BenchError{});
         }, o_.warmup, o_.repeats, stream_);
         add("naive dequantize-then-reduce k=" + std::to_string(k), path_text(paths.front()), size, us,
             double(k) * quant::chunk_bytes(count, f) + size, copy_gbps);
@@ -340,10 +331,10 @@ class Bench {
         auto pairwise = [&](int set, void* dst) {
           const auto in = inputs(set);
           for (int j = 0; j < k; ++j)
-            KB_CUDA(quant::dequantize(in[j], single, count, acc + size_t(j) * count, ElemType::f32, f, stream_, lo));
+            FP8WIRE_CUDA_OR(quant::dequantize(in[j], single, count, acc + size_t(j) * count, ElemType::f32, f, stream_, lo), throw BenchError{});
           for (int j = 1; j < k; ++j) fp8wire_bench_add_f32<<<egrid, 256, 0, stream_>>>(acc, acc + size_t(j) * count, count);
           fp8wire_bench_f32_to<<<egrid, 256, 0, stream_>>>(acc, dst, type, count);
-          KB_CUDA(cudaGetLastError());
+          FP8WIRE_CUDA_OR(cudaGetLastError(), throw BenchError{});
         };
         const double pus = median_us([&](int i) { pairwise(i % sets, out.at(out_stride * (i % sets))); }, o_.warmup,
                                      o_.repeats, stream_);
@@ -354,9 +345,9 @@ class Bench {
           fused_vs_pairwise_.push_back({size, pus / fused_native_us});
           // Correctness on every run: the fused result and both naive ones are the same bytes.
           const auto in = inputs(0);
-          KB_CUDA(quant::dequantize_reduce(in.data(), k, count, 1.0f, quant::ReduceOutput{out.at(0), o_.dtype, nullptr}, f, stream_, lo));
-          KB_CUDA(quant::dequantize_then_reduce_naive(in.data(), k, count, 1.0f, static_cast<float*>(scratch.p),
-                                                      quant::ReduceOutput{out.at(out_stride), o_.dtype, nullptr}, f, stream_, lo));
+          FP8WIRE_CUDA_OR(quant::dequantize_reduce(in.data(), k, count, 1.0f, quant::ReduceOutput{out.at(0), o_.dtype, nullptr}, f, stream_, lo), throw BenchError{});
+          FP8WIRE_CUDA_OR(quant::dequantize_then_reduce_naive(in.data(), k, count, 1.0f, static_cast<float*>(scratch.p),
+                                                      quant::ReduceOutput{out.at(out_stride), o_.dtype, nullptr}, f, stream_, lo), throw BenchError{});
           expect_same_bytes(out.at(0), out.at(out_stride), size, "fused reduce == naive baseline");
           pairwise(0, out.at(out_stride));
           expect_same_bytes(out.at(0), out.at(out_stride), size, "fused reduce == pairwise naive baseline");
@@ -368,10 +359,10 @@ class Bench {
   // Two device buffers of `size` bytes compared after the stream drains; a PASS/FAIL line, and a
   // FAIL fails the run.
   void expect_same_bytes(const void* d_a, const void* d_b, size_t size, const char* what) {
-    KB_CUDA(cudaStreamSynchronize(stream_));
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream_), throw BenchError{});
     std::vector<uint8_t> a(size), b(size);
-    KB_CUDA(cudaMemcpy(a.data(), d_a, size, cudaMemcpyDeviceToHost));
-    KB_CUDA(cudaMemcpy(b.data(), d_b, size, cudaMemcpyDeviceToHost));
+    FP8WIRE_CUDA_OR(cudaMemcpy(a.data(), d_a, size, cudaMemcpyDeviceToHost), throw BenchError{});
+    FP8WIRE_CUDA_OR(cudaMemcpy(b.data(), d_b, size, cudaMemcpyDeviceToHost), throw BenchError{});
     const bool same = a == b;
     std::printf("%s: %s, bit for bit (%s)\n", same ? "PASS" : "FAIL", what, size_text(size).c_str());
     failed_ |= !same;
@@ -380,12 +371,12 @@ class Bench {
   void check_quantize_against_reference(const void* d_in, const void* d_wire, size_t count) {
     const size_t esize = quant::elem_size(o_.dtype);
     std::vector<uint8_t> in(count * esize), got(quant::chunk_bytes(count, o_.format)), want(got.size());
-    KB_CUDA(cudaStreamSynchronize(stream_));
-    KB_CUDA(quant::quantize(d_in, o_.dtype, count, const_cast<void*>(d_wire), quant::Segmented::single(count, o_.format),
-                            o_.format, stream_));
-    KB_CUDA(cudaStreamSynchronize(stream_));
-    KB_CUDA(cudaMemcpy(in.data(), d_in, in.size(), cudaMemcpyDeviceToHost));
-    KB_CUDA(cudaMemcpy(got.data(), d_wire, got.size(), cudaMemcpyDeviceToHost));
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream_), throw BenchError{});
+    FP8WIRE_CUDA_OR(quant::quantize(d_in, o_.dtype, count, const_cast<void*>(d_wire), quant::Segmented::single(count, o_.format),
+                            o_.format, stream_), throw BenchError{});
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream_), throw BenchError{});
+    FP8WIRE_CUDA_OR(cudaMemcpy(in.data(), d_in, in.size(), cudaMemcpyDeviceToHost), throw BenchError{});
+    FP8WIRE_CUDA_OR(cudaMemcpy(got.data(), d_wire, got.size(), cudaMemcpyDeviceToHost), throw BenchError{});
     quant::ref::quantize(in.data(), o_.dtype, count, want.data(), quant::Segmented::single(count, o_.format), o_.format);
     const bool same = got == want;
     std::printf("%s: quantize matches the CPU reference bit for bit (%s)\n", same ? "PASS" : "FAIL",

@@ -185,8 +185,7 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
     spec.timeout_s = o.timeout_s;
     // NCCL reads these when the communicator is created; P2P off keeps traffic off NVLink.
     if (fabric == "pcie") spec.env.push_back({"NCCL_P2P_DISABLE", "1"});
-    if (o.emulate_ranks > 0)
-      spec.env_per_rank = fp8wire::emulated_host_env(nranks);
+    spec.one_gpu = o.emulate_ranks > 0;
     if (o.ranks_per_host > 0) {
       if (nranks % o.ranks_per_host != 0) {
         std::fprintf(stderr, "fp8wire-bench sweep: --ranks-per-host %d does not divide the %d ranks\n", o.ranks_per_host,
@@ -333,7 +332,7 @@ int main(int argc, char** argv) {
                 "one rank per GPU, NCCL told the GPUs form hosts of N (NCCL_HOSTID per block: a stand-in for a "
                 "job spanning hosts); 0 = one host")
       ->capture_default_str();
-  s->add_option("--emulate-ranks", sweep.emulate_ranks, "N ranks on one GPU (NCCL_HOSTID per rank, sockets); 0 = one rank per GPU")->capture_default_str();
+  s->add_option("--emulate-ranks", sweep.emulate_ranks, "N ranks on one GPU (NCCL_HOSTID per rank, sockets; side by side under a private MPS daemon unless FP8WIRE_MPS=0); 0 = one rank per GPU")->capture_default_str();
   s->add_option("--fabric", sweep.fabric, "auto | nvlink | pcie (NCCL_P2P_DISABLE=1) | net | both (auto, then pcie)")
       ->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   s->add_option("--transport", sa.transport,

@@ -493,6 +493,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     ncclGetVersion(&m.nccl_version);
     m.nranks = env.world_size;
     m.emulated = opt.emulate_ranks > 0;
+    if (const char* testbed = std::getenv("FP8WIRE_TESTBED_MODE"); testbed && m.emulated) m.testbed = testbed;
     // Provisional: the engine knows the detected fabric only after its first FP8 call (the ranks
     // exchange facts then); set again after the sweep.
     m.fabric = forced_fabric ? *forced_fabric : w.variants.front().engine->fabric_of(w.comm);

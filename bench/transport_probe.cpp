@@ -28,21 +28,12 @@
 #include <nccl.h>
 
 #include "common/rank_launcher.hpp"
+#include "common/status.hpp"
 #include "bench/host/units.hpp"
 
 namespace fb = fp8wire::bench;
 
 namespace {
-
-#define PROBE_CHECK(ok, what)                                                      \
-  do {                                                                             \
-    if (!(ok)) {                                                                   \
-      std::fprintf(stderr, "transport-probe: %s failed (%s:%d)\n", what, __FILE__, __LINE__); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
-#define PROBE_CUDA(call) PROBE_CHECK((call) == cudaSuccess, #call)
-#define PROBE_NCCL(call) PROBE_CHECK((call) == ncclSuccess, #call)
 
 struct Options {
   int emulate_ranks = 0;
@@ -60,16 +51,16 @@ struct Rank {
   float* flag = nullptr;
 
   void barrier() {
-    PROBE_NCCL(ncclAllReduce(flag, flag, 1, ncclFloat32, ncclSum, comm, stream));
-    PROBE_CUDA(cudaStreamSynchronize(stream));
+    FP8WIRE_NCCL_OR_EXIT(ncclAllReduce(flag, flag, 1, ncclFloat32, ncclSum, comm, stream));
+    FP8WIRE_CUDA_OR_EXIT(cudaStreamSynchronize(stream));
   }
 
   // Grouped send/recv of `bytes` to and from every peer; slot j of `recv` takes peer j's bytes.
   void p2p_all(size_t bytes, size_t send_off, size_t recv_off) {
     for (int j = 0; j < n; ++j) {
       if (j == rank || bytes == 0) continue;
-      PROBE_NCCL(ncclSend(send + send_off, bytes, ncclUint8, j, comm, stream));
-      PROBE_NCCL(ncclRecv(recv + recv_off + j * bytes, bytes, ncclUint8, j, comm, stream));
+      FP8WIRE_NCCL_OR_EXIT(ncclSend(send + send_off, bytes, ncclUint8, j, comm, stream));
+      FP8WIRE_NCCL_OR_EXIT(ncclRecv(recv + recv_off + j * bytes, bytes, ncclUint8, j, comm, stream));
     }
   }
 
@@ -78,34 +69,34 @@ struct Rank {
     const size_t per = bytes / n;
     for (int j = 0; j < n; ++j) {
       if (j == rank) continue;
-      PROBE_NCCL(ncclSend(send + j * per, per, ncclUint8, j, comm, stream));
-      PROBE_NCCL(ncclRecv(recv + j * per, per, ncclUint8, j, comm, stream));
+      FP8WIRE_NCCL_OR_EXIT(ncclSend(send + j * per, per, ncclUint8, j, comm, stream));
+      FP8WIRE_NCCL_OR_EXIT(ncclRecv(recv + j * per, per, ncclUint8, j, comm, stream));
     }
   }
 
   // All-gather of f*q in the group with send/recv of the rest.
   void split(size_t q, double f) {
     const size_t head = static_cast<size_t>(f * static_cast<double>(q)) & ~size_t(255);
-    PROBE_NCCL(ncclGroupStart());
-    if (head) PROBE_NCCL(ncclAllGather(send, recv, head, ncclUint8, comm, stream));
+    FP8WIRE_NCCL_OR_EXIT(ncclGroupStart());
+    if (head) FP8WIRE_NCCL_OR_EXIT(ncclAllGather(send, recv, head, ncclUint8, comm, stream));
     p2p_all(q - head, head, n * head);
-    PROBE_NCCL(ncclGroupEnd());
+    FP8WIRE_NCCL_OR_EXIT(ncclGroupEnd());
   }
 
   template <class Op>
   double median_ms(const Options& o, Op&& op) {
     cudaEvent_t a, b;
-    PROBE_CUDA(cudaEventCreate(&a));
-    PROBE_CUDA(cudaEventCreate(&b));
+    FP8WIRE_CUDA_OR_EXIT(cudaEventCreate(&a));
+    FP8WIRE_CUDA_OR_EXIT(cudaEventCreate(&b));
     std::vector<float> ms;
     for (int i = 0; i < o.warmup + o.repeats; ++i) {
       barrier();
-      PROBE_CUDA(cudaEventRecord(a, stream));
+      FP8WIRE_CUDA_OR_EXIT(cudaEventRecord(a, stream));
       op();
-      PROBE_CUDA(cudaEventRecord(b, stream));
-      PROBE_CUDA(cudaStreamSynchronize(stream));
+      FP8WIRE_CUDA_OR_EXIT(cudaEventRecord(b, stream));
+      FP8WIRE_CUDA_OR_EXIT(cudaStreamSynchronize(stream));
       float t = 0;
-      PROBE_CUDA(cudaEventElapsedTime(&t, a, b));
+      FP8WIRE_CUDA_OR_EXIT(cudaEventElapsedTime(&t, a, b));
       if (i >= o.warmup) ms.push_back(t);
     }
     cudaEventDestroy(a);
@@ -118,27 +109,27 @@ struct Rank {
 int run_rank(const Options& o, const fp8wire::RankEnv& env) {
   if (o.emulate_ranks > 0) fp8wire::set_emulated_host(env.rank);
   int ndev = 0;
-  PROBE_CUDA(cudaGetDeviceCount(&ndev));
-  PROBE_CUDA(cudaSetDevice(o.emulate_ranks > 0 ? 0 : env.local_rank % ndev));
+  FP8WIRE_CUDA_OR_EXIT(cudaGetDeviceCount(&ndev));
+  FP8WIRE_CUDA_OR_EXIT(cudaSetDevice(o.emulate_ranks > 0 ? 0 : env.local_rank % ndev));
   Rank r;
   r.rank = env.rank;
   r.n = env.world_size;
-  PROBE_CUDA(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+  FP8WIRE_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
   ncclUniqueId id{};
-  if (env.rank == 0) PROBE_NCCL(ncclGetUniqueId(&id));
+  if (env.rank == 0) FP8WIRE_NCCL_OR_EXIT(ncclGetUniqueId(&id));
   std::string error;
   if (!fp8wire::exchange_bootstrap_blob(env, &id, sizeof(id), 120, error)) {
     std::fprintf(stderr, "transport-probe rank %d: %s\n", env.rank, error.c_str());
     return 2;
   }
-  PROBE_NCCL(ncclCommInitRank(&r.comm, env.world_size, id, env.rank));
+  FP8WIRE_NCCL_OR_EXIT(ncclCommInitRank(&r.comm, env.world_size, id, env.rank));
   const size_t max_s = *std::max_element(o.sizes.begin(), o.sizes.end());
   const size_t max_q = max_s / 2 / 128 * 132 + 4096;
   const size_t bytes = std::max(max_s, max_q * r.n) + (1 << 20);
-  PROBE_CUDA(cudaMalloc(&r.send, bytes));
-  PROBE_CUDA(cudaMalloc(&r.recv, bytes));
-  PROBE_CUDA(cudaMalloc(&r.flag, sizeof(float)));
-  PROBE_CUDA(cudaMemset(r.send, 0x3c, bytes));   // bf16 ~1.0: finite values for the all-reduce
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&r.send, bytes));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&r.recv, bytes));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&r.flag, sizeof(float)));
+  FP8WIRE_CUDA_OR_EXIT(cudaMemset(r.send, 0x3c, bytes));   // bf16 ~1.0: finite values for the all-reduce
   if (r.rank == 0)
     std::printf("# transport probe: %d ranks%s, median of %d ms (rank 0)\n# %10s %-16s %10s %10s\n", r.n,
                 o.emulate_ranks ? " (emulated, one GPU)" : "", o.repeats, "S", "transport", "bytes/rank", "ms");
@@ -150,34 +141,34 @@ int run_rank(const Options& o, const fp8wire::RankEnv& env) {
     const size_t q = (s / 2 / 128 * 132 + 255) & ~size_t(255);
     const size_t qn = (q / r.n + 255) & ~size_t(255);
     row(s, "allreduce bf16", s, r.median_ms(o, [&] {
-      PROBE_NCCL(ncclAllReduce(r.send, r.recv, s / 2, ncclBfloat16, ncclSum, r.comm, r.stream));
+      FP8WIRE_NCCL_OR_EXIT(ncclAllReduce(r.send, r.recv, s / 2, ncclBfloat16, ncclSum, r.comm, r.stream));
     }));
-    row(s, "allgather", q, r.median_ms(o, [&] { PROBE_NCCL(ncclAllGather(r.send, r.recv, q, ncclUint8, r.comm, r.stream)); }));
+    row(s, "allgather", q, r.median_ms(o, [&] { FP8WIRE_NCCL_OR_EXIT(ncclAllGather(r.send, r.recv, q, ncclUint8, r.comm, r.stream)); }));
     row(s, "p2p", q, r.median_ms(o, [&] {
-      PROBE_NCCL(ncclGroupStart());
+      FP8WIRE_NCCL_OR_EXIT(ncclGroupStart());
       r.p2p_all(q, 0, 0);
-      PROBE_NCCL(ncclGroupEnd());
+      FP8WIRE_NCCL_OR_EXIT(ncclGroupEnd());
     }));
     for (double f : o.fractions) row(s, fmt::format("split {:.2f}", f), q, r.median_ms(o, [&] { r.split(q, f); }));
     row(s, "two_allgather", q, r.median_ms(o, [&] {
       const size_t h = (q / 2 + 255) & ~size_t(255);
-      PROBE_NCCL(ncclGroupStart());
-      PROBE_NCCL(ncclAllGather(r.send, r.recv, h, ncclUint8, r.comm, r.stream));
-      PROBE_NCCL(ncclAllGather(r.send + h, r.recv + r.n * h, q - h, ncclUint8, r.comm, r.stream));
-      PROBE_NCCL(ncclGroupEnd());
+      FP8WIRE_NCCL_OR_EXIT(ncclGroupStart());
+      FP8WIRE_NCCL_OR_EXIT(ncclAllGather(r.send, r.recv, h, ncclUint8, r.comm, r.stream));
+      FP8WIRE_NCCL_OR_EXIT(ncclAllGather(r.send + h, r.recv + r.n * h, q - h, ncclUint8, r.comm, r.stream));
+      FP8WIRE_NCCL_OR_EXIT(ncclGroupEnd());
     }));
     if (r.n > 2) {
       row(s, "a2a", q, r.median_ms(o, [&] {
-        PROBE_NCCL(ncclGroupStart());
+        FP8WIRE_NCCL_OR_EXIT(ncclGroupStart());
         r.a2a(q);
-        PROBE_NCCL(ncclGroupEnd());
+        FP8WIRE_NCCL_OR_EXIT(ncclGroupEnd());
       }));
-      row(s, "allgather/n", qn, r.median_ms(o, [&] { PROBE_NCCL(ncclAllGather(r.send, r.recv, qn, ncclUint8, r.comm, r.stream)); }));
+      row(s, "allgather/n", qn, r.median_ms(o, [&] { FP8WIRE_NCCL_OR_EXIT(ncclAllGather(r.send, r.recv, qn, ncclUint8, r.comm, r.stream)); }));
       for (double f : o.fractions)
         row(s, fmt::format("split/n {:.2f}", f), qn, r.median_ms(o, [&] { r.split(qn, f); }));
     }
   }
-  PROBE_CUDA(cudaStreamSynchronize(r.stream));
+  FP8WIRE_CUDA_OR_EXIT(cudaStreamSynchronize(r.stream));
   ncclCommDestroy(r.comm);
   return 0;
 }
@@ -218,6 +209,7 @@ int main(int argc, char** argv) {
   fp8wire::LaunchSpec spec;
   spec.argv.assign(argv, argv + argc);
   spec.nranks = o.emulate_ranks > 0 ? o.emulate_ranks : ndev;
+  spec.one_gpu = o.emulate_ranks > 0;
   spec.timeout_s = 300;
   const auto res = fp8wire::launch_local_ranks(spec);
   if (!res.ok) std::fprintf(stderr, "transport-probe: %s\n", res.error.c_str());

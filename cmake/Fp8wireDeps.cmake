@@ -70,7 +70,7 @@ find_package(nlohmann_json 3 REQUIRED)
 
 # zlib: fp8wire-prof reads gzip traces, the trainer checksums checkpoints (CRC-32). A machine with
 # only the run-time library (libz.so.1) and the headers carried in FP8WIRE_EXTRA_INCLUDE
-# (scripts/gpu/carry-deps.sh) builds too.
+# (scripts/dev/carry-deps.sh) builds too.
 find_path(ZLIB_INCLUDE_DIR zlib.h HINTS ${FP8WIRE_EXTRA_INCLUDE})
 find_library(ZLIB_LIBRARY NAMES z libz.so.1 NAMES_PER_DIR)
 find_package(ZLIB REQUIRED)
@@ -85,16 +85,24 @@ endif()
 
 # Adds a doctest executable as a CTest test. GPU tests pass LABELS gpu and skip themselves at run time
 # when no device is visible (exit code 0 with a "skipped" message, and SKIP_RETURN_CODE for ctest).
-function(fp8wire_add_test name)
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
-  add_executable(${name} ${T_SOURCES})
-  target_link_libraries(${name} PRIVATE ${T_LIBS})
-  add_test(NAME ${name} COMMAND ${name})
+# fp8wire_add_test(<program> [NAME <test>] SOURCES ... LIBS ... LABELS ... TIMEOUT s): a test program
+# and its ctest test. Test names are <area>_<what> (NAME, default the program's name); the GPU tier
+# ends in _gpu. Exit code 77 is a skip. The name -> program pairs go to fp8wire_targets.txt for the
+# sanitizer tier (scripts/sanitize.sh), which runs tests before their programs exist.
+function(fp8wire_add_test program)
+  cmake_parse_arguments(T "" "TIMEOUT;NAME" "SOURCES;LIBS;LABELS" ${ARGN})
+  if(NOT T_NAME)
+    set(T_NAME ${program})
+  endif()
+  add_executable(${program} ${T_SOURCES})
+  target_link_libraries(${program} PRIVATE ${T_LIBS})
+  add_test(NAME ${T_NAME} COMMAND ${program})
+  set_property(GLOBAL APPEND PROPERTY FP8WIRE_TEST_PROGRAMS "${T_NAME} ${program}")
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
-  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} SKIP_RETURN_CODE 77)
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} SKIP_RETURN_CODE 77)
   if(T_LABELS)
-    set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
+    set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}")
   endif()
 endfunction()

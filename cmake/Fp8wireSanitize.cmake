@@ -83,7 +83,8 @@ function(_fp8wire_collect_targets dir out)
   set(${out} ${_targets} PARENT_SCOPE)
 endfunction()
 
-# Writes <build>/fp8wire_targets.txt: "<host|cuda> <target> <file>" per executable and shared library.
+# Writes <build>/fp8wire_targets.txt: "<host|cuda> <target> <file>" per executable and shared library,
+# and "test <test name> <program target>" per fp8wire_add_test.
 function(fp8wire_write_host_targets)
   _fp8wire_collect_targets(${PROJECT_SOURCE_DIR} _all)
   set(_lines "")
@@ -98,6 +99,10 @@ function(fp8wire_write_host_targets)
     else()
       string(APPEND _lines "host ${_t} $<TARGET_FILE:${_t}>\n")
     endif()
+  endforeach()
+  get_property(_tests GLOBAL PROPERTY FP8WIRE_TEST_PROGRAMS)
+  foreach(_pair IN LISTS _tests)
+    string(APPEND _lines "test ${_pair}\n")
   endforeach()
   file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/fp8wire_targets.txt CONTENT "${_lines}")
 endfunction()

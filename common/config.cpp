@@ -560,14 +560,15 @@ const std::vector<KeySpec>& key_table() {
 // variables of cmake/Fp8wireDeps.cmake and of the project's scripts (install-deps, build, test,
 // sanitize, the GPU checks), which are often still exported in the shell that runs the job; and the
 // variables fp8wire's own tools pass to the processes they start (fp8wire-train's rank rendezvous,
-// fp8wire-prof's library locations). Without these, a job started by fp8wire-train or fp8wire-prof,
+// fp8wire-prof's library locations, the launchers' MPS switch and testbed mode). Without these, a job started by fp8wire-train or fp8wire-prof,
 // or by a script given FP8WIRE_BUILD, would see a config error and run in pass-through.
 bool is_non_key_variable(std::string_view name) {
   static constexpr std::string_view kNames[] = {
       "FP8WIRE_CONFIG",        "FP8WIRE_NCCL_ROOT",     "FP8WIRE_EXTRA_INCLUDE", "FP8WIRE_SKIP_TORCH",
       "FP8WIRE_BUILD",         "FP8WIRE_BUILD_TRAINER", "FP8WIRE_TORCH_PYTHON",  "FP8WIRE_SANITIZE",
       "FP8WIRE_FUZZ",          "FP8WIRE_FUZZ_SECONDS",  "FP8WIRE_SKIP_PACKAGE",  "FP8WIRE_TRAIN_STORE",
-      "FP8WIRE_PROF_LIB",      "FP8WIRE_SHIM_LIB",      "FP8WIRE_CUPTI_DIR"};
+      "FP8WIRE_PROF_LIB",      "FP8WIRE_SHIM_LIB",      "FP8WIRE_CUPTI_DIR",     "FP8WIRE_MPS",
+      "FP8WIRE_TESTBED_MODE"};
   return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
 }
 

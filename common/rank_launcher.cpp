@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -14,11 +15,14 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 
 #include <fmt/format.h>
+
+#include "common/mps_daemon.hpp"
 
 extern char** environ;
 
@@ -83,6 +87,27 @@ bool recv_all(int fd, void* data, size_t bytes, Clock::time_point deadline) {
   return true;
 }
 
+// SIGINT/SIGTERM to the launcher while ranks run: recorded here, forwarded by the wait loop.
+volatile sig_atomic_t g_stop_signal = 0;
+void note_stop_signal(int sig) { g_stop_signal = sig; }
+
+// Installs the handlers for one launch and puts the previous ones back.
+struct StopSignals {
+  struct sigaction old_int{}, old_term{};
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa{};
+    sa.sa_handler = note_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int);
+    ::sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGTERM, &old_term, nullptr);
+  }
+};
+
 }  // namespace
 
 std::optional<RankEnv> rank_env_from_environment(std::string& error) {
@@ -125,12 +150,6 @@ std::optional<RankEnv> rank_env_from_environment(std::string& error) {
   return env;
 }
 
-std::vector<std::vector<std::pair<std::string, std::string>>> emulated_host_env(int nranks) {
-  std::vector<std::vector<std::pair<std::string, std::string>>> env;
-  for (int r = 0; r < nranks; ++r) env.push_back({{"NCCL_HOSTID", fmt::format("emulated-host-{}", r)}});
-  return env;
-}
-
 std::vector<std::vector<std::pair<std::string, std::string>>> host_blocks_env(int nranks, int ranks_per_host) {
   std::vector<std::vector<std::pair<std::string, std::string>>> env;
   for (int r = 0; r < nranks; ++r)
@@ -138,7 +157,9 @@ std::vector<std::vector<std::pair<std::string, std::string>>> host_blocks_env(in
   return env;
 }
 
-void set_emulated_host(int rank) { ::setenv("NCCL_HOSTID", fmt::format("emulated-host-{}", rank).c_str(), 1); }
+std::string emulated_host_id(int rank) { return fmt::format("emulated-host-{}", rank); }
+
+void set_emulated_host(int rank) { ::setenv("NCCL_HOSTID", emulated_host_id(rank).c_str(), 1); }
 
 int find_free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -156,7 +177,9 @@ int find_free_port() {
   return port;
 }
 
-LaunchResult launch_local_ranks(const LaunchSpec& spec) {
+namespace {
+
+LaunchResult launch_and_wait(const LaunchSpec& spec, const std::vector<std::pair<std::string, std::string>>& shared_env) {
   LaunchResult result;
   result.exit_codes.assign(static_cast<size_t>(std::max(spec.nranks, 0)), -1);
   if (spec.argv.empty() || spec.nranks < 1) {
@@ -180,6 +203,8 @@ LaunchResult launch_local_ranks(const LaunchSpec& spec) {
         {"RANK", std::to_string(r)},          {"WORLD_SIZE", std::to_string(spec.nranks)},
         {"LOCAL_RANK", std::to_string(r)},    {"LOCAL_WORLD_SIZE", std::to_string(spec.nranks)},
         {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(port)}};
+    for (const auto& kv : shared_env) vars.push_back(kv);
+    if (spec.one_gpu) vars.push_back({"NCCL_HOSTID", emulated_host_id(r)});
     for (const auto& kv : spec.env) vars.push_back(kv);
     if (static_cast<size_t>(r) < spec.env_per_rank.size())
       for (const auto& kv : spec.env_per_rank[static_cast<size_t>(r)]) vars.push_back(kv);
@@ -201,6 +226,7 @@ LaunchResult launch_local_ranks(const LaunchSpec& spec) {
 
     const pid_t pid = ::fork();
     if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // a launcher killed outright takes its ranks with it
       ::execve(argv[0], argv.data(), envp.data());
       ::_exit(127);  // exec failed
     }
@@ -239,6 +265,13 @@ LaunchResult launch_local_ranks(const LaunchSpec& spec) {
       continue;
     }
     if (pid < 0 && errno != EINTR) break;  // no children left
+    if (g_stop_signal && !killing) {
+      result.error = fmt::format("the launcher got signal {} ({}); stopping every rank", int(g_stop_signal),
+                                 strsignal(g_stop_signal));
+      killing = true;
+      kill_time = Clock::now();
+      kill_all(SIGTERM);
+    }
     if (!killing && spec.timeout_s > 0 && seconds_since(start) > spec.timeout_s) {
       std::string hung;
       for (int r = 0; r < spec.nranks; ++r)
@@ -252,6 +285,33 @@ LaunchResult launch_local_ranks(const LaunchSpec& spec) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   result.ok = !killing && result.error.empty();
+  return result;
+}
+
+}  // namespace
+
+LaunchResult launch_local_ranks(const LaunchSpec& spec) {
+  LaunchResult result;
+  int stop_signal = 0;
+  {
+    StopSignals signals;
+    std::optional<PrivateMps> mps;
+    std::vector<std::pair<std::string, std::string>> shared_env;
+    if (spec.one_gpu && spec.nranks > 0 && !spec.argv.empty()) {
+      mps.emplace();
+      shared_env = mps->rank_env();
+      if (!spec.quiet)
+        std::fprintf(stderr, "fp8wire launcher: %d ranks on one GPU, %s\n", spec.nranks, mps->describe().c_str());
+    }
+    result = launch_and_wait(spec, shared_env);
+    if (mps) {
+      result.testbed = mps->mode();
+      result.testbed_note = mps->describe();
+    }
+    stop_signal = g_stop_signal;
+  }  // the daemon stops and the previous signal handlers return here
+  // Interrupted: end the way an uninterrupted process would have, by that signal.
+  if (stop_signal) ::raise(stop_signal);
   return result;
 }
 

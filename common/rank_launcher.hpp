@@ -9,7 +9,11 @@
 //   * torchrun or any launcher that sets those variables (multi-node): the process is one rank;
 //   * in both cases rank 0 serves the NCCL unique id over a small TCP exchange on MASTER_ADDR:PORT.
 // The launcher reaps every child; when one fails or the deadline passes it kills the others (SIGTERM,
-// then SIGKILL after a grace period) and says which rank did what.
+// then SIGKILL after a grace period) and says which rank did what. SIGINT or SIGTERM to the launcher
+// goes to every rank; once they are reaped the launcher cleans up and ends by that signal. A rank
+// whose launcher dies gets SIGTERM.
+// Ranks on one GPU (LaunchSpec::one_gpu) run under a private MPS daemon where one can be started
+// (common/mps_daemon.hpp; FP8WIRE_MPS=0 turns it off), and the launcher says which way they ran.
 #pragma once
 
 #include <cstddef>
@@ -41,12 +45,18 @@ struct LaunchSpec {
   std::vector<std::vector<std::pair<std::string, std::string>>> env_per_rank;
   double timeout_s = 600;            // whole launch; 0 = no deadline
   double kill_grace_s = 5;           // SIGTERM -> SIGKILL
+  // Every rank on one GPU: each gets NCCL_HOSTID=emulated-host-<rank> (NCCL refuses two ranks of
+  // one host on one GPU) and the private MPS daemon's environment (FP8WIRE_TESTBED_MODE among it).
+  bool one_gpu = false;
+  bool quiet = false;                // no line on stderr saying how the ranks share the GPU
 };
 
 struct LaunchResult {
   bool ok = false;
   std::string error;                 // which rank failed how, or the timeout
   std::vector<int> exit_codes;       // per rank: exit status, 128+signal, or -1 never reaped
+  std::string testbed;               // one_gpu: "mps" or "time-sliced" (FP8WIRE_TESTBED_MODE); else empty
+  std::string testbed_note;          // one_gpu: the same in words, with the reason
 };
 
 // Starts nranks children with RANK etc. set (MASTER_PORT chosen free on 127.0.0.1) and waits.
@@ -54,8 +64,9 @@ LaunchResult launch_local_ranks(const LaunchSpec& spec);
 
 // Ranks emulated on one GPU: each must look like a host of its own to NCCL (else it refuses two ranks
 // on one GPU), so each gets NCCL_HOSTID=emulated-host-<rank> before its communicator exists. The one
-// spelling of that name: per-rank environments for a launch, or set in the calling rank itself.
-std::vector<std::vector<std::pair<std::string, std::string>>> emulated_host_env(int nranks);
+// spelling of that name: LaunchSpec::one_gpu for a launch, or set in the calling rank itself (a rank
+// started by another launcher, torchrun).
+std::string emulated_host_id(int rank);
 void set_emulated_host(int rank);
 // Hosts of `ranks_per_host` consecutive ranks each, one GPU per rank (NCCL_HOSTID=standin-host-<k>):
 // one machine with 4 or 8 GPUs standing in for a job spanning 2 hosts, NCCL inside each "host" over

@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cstdlib>
+
 #include "common/log.hpp"
 
 namespace fp8wire {
@@ -20,6 +22,12 @@ inline bool nccl_ok(ncclResult_t r) { return r == ncclSuccess || r == ncclInProg
 //                                   choice of what failing means for it.
 //   FP8WIRE_CUDA_CHECK(call)        the library's: ..., then return ncclUnhandledCudaError.
 //   FP8WIRE_NCCL_CHECK(call)        the library's: ..., then return the same NCCL code.
+//   FP8WIRE_CUDA_OR_EXIT(call)      programs' (tools, probes, tests): ..., then exit(1).
+//   FP8WIRE_NCCL_OR_EXIT(call)
+//   FP8WIRE_DRIVER_OR(call, action) a CUDA driver call (CUresult; reached through an entry point, so
+//                                   no driver header here): "<call> failed: CUresult N (file:line)".
+//   FP8WIRE_CUDA_RETURN(call)       inside a function returning cudaError_t: return the error.
+//   FP8WIRE_TRY(expr)               an ncclResult_t already logged: return it unchanged.
 // ncclInProgress (non-blocking communicators) is not a failure. NCCL's error names come from a table
 // here, not ncclGetErrorString: libfp8wire.so does not link NCCL.
 namespace fp8wire {
@@ -58,7 +66,18 @@ inline const char* nccl_result_name(ncclResult_t r) {
     }                                                                                     \
   } while (0)
 
+#define FP8WIRE_DRIVER_OR(call, action)                                                   \
+  do {                                                                                    \
+    const int fp8wire_cu_ = static_cast<int>(call);                                       \
+    if (__builtin_expect(fp8wire_cu_ != 0, 0)) {                                          \
+      FP8WIRE_ERROR("{} failed: CUresult {} ({}:{})", #call, fp8wire_cu_, __FILE__, __LINE__); \
+      action;                                                                             \
+    }                                                                                     \
+  } while (0)
+
 #define FP8WIRE_CUDA_CHECK(call) FP8WIRE_CUDA_OR(call, return ncclUnhandledCudaError)
+#define FP8WIRE_CUDA_OR_EXIT(call) FP8WIRE_CUDA_OR(call, std::exit(1))
+#define FP8WIRE_NCCL_OR_EXIT(call) FP8WIRE_NCCL_OR(call, std::exit(1))
 
 // Evaluates a CUDA call inside a function that returns cudaError_t; returns the error unchanged.
 #define FP8WIRE_CUDA_RETURN(call)                                                         \

@@ -3,18 +3,20 @@
 #   1. builds fp8wire (scripts/build.sh), installing missing packages first where apt can;
 #   2. trains the bundled Pi0.5 reference model (trainer/configs/pi05_small.toml) for a short run,
 #      data parallel over NCCL: one rank per GPU, or RANKS ranks sharing one GPU (distinct
-#      NCCL_HOSTID per rank, so NCCL joins them over sockets) when there is a single GPU;
+#      NCCL_HOSTID per rank, so NCCL joins them over sockets) when there is a single GPU, side by side
+#      under a private MPS daemon where nvidia-cuda-mps-control exists (FP8WIRE_MPS=0: time-sliced);
 #   3. runs it twice under the exposure profiler: plain NCCL (bf16 gradients), then with
 #      LD_PRELOAD=libfp8wire.so (FP8 on the wire); same seed, same data;
 #   4. prints each run's exposure report, the side-by-side comparison (step ms, exposed
 #      communication ms, bytes on the wire) and the loss parity of the two runs.
-# Environment: RANKS (default: GPUs, or 2 on one GPU), STEPS (30), CONFIG, MAIN_OUT (out/main-job),
-#   TRAIN_SET (extra --set overrides, space separated), SKIP_BUILD=1. On one GPU, NCCL_P2P_NET_CHUNKSIZE
-#   (default there 524288) and FP8WIRE_GATHER_TRANSPORT (default there sendrecv) as measured best.
-set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Environment: RANKS (default: GPUs, or 2 on one GPU), STEPS (30), CONFIG, MAIN_OUT (default
+#   $OUT/main-job, OUT default out), TRAIN_SET (extra --set overrides, space separated), SKIP_BUILD=1,
+#   FP8WIRE_MPS=0 (ranks sharing a GPU time-sliced). On one GPU, NCCL_P2P_NET_CHUNKSIZE (default there
+#   524288) and FP8WIRE_GATHER_TRANSPORT (default there sendrecv) as measured best. Every other
+#   variable reaches both runs (e.g. NCCL_P2P_DISABLE=1 bash scripts/main-job.sh).
+# Also an area of scripts/gpu/all.sh (`all.sh main-job`: the build is all.sh's, results under its OUT).
+source "$(dirname "${BASH_SOURCE[0]}")/gpu/lib.sh"
+set -e
 
 # The GPU first: installing and building take minutes this job cannot use without one. An empty
 # CUDA_VISIBLE_DEVICES hides every GPU from the trainer, so it counts as none.
@@ -28,7 +30,7 @@ fi
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   # Header-only and small libraries the build needs; found in the system, in .carry/include (what
-  # scripts/gpu/carry-deps.sh copies for machines without apt) or in FP8WIRE_EXTRA_INCLUDE.
+  # scripts/dev/carry-deps.sh copies for machines without apt) or in FP8WIRE_EXTRA_INCLUDE.
   missing_headers() {
     local h d found
     for h in toml++ doctest/doctest.h CLI/CLI.hpp nlohmann/json.hpp fmt/format.h; do
@@ -51,19 +53,23 @@ if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
       fi
     else
       echo "main-job: missing headers ($(echo $missing)) and no apt-get as root to install them;" \
-           "copy them into .carry/include (scripts/gpu/carry-deps.sh) or set FP8WIRE_EXTRA_INCLUDE" >&2
+           "copy them into .carry/include (scripts/dev/carry-deps.sh) or set FP8WIRE_EXTRA_INCLUDE" >&2
       exit 1
     fi
   fi
-  bash scripts/build.sh build
+  bash scripts/build.sh "$BUILD"
 fi
 
 ranks="${RANKS:-$(( gpus > 1 ? gpus : 2 ))}"
 steps="${STEPS:-30}"
 config="${CONFIG:-trainer/configs/pi05_small.toml}"
-out="${MAIN_OUT:-out/main-job}"
+out="${MAIN_OUT:-${OUT:-out}/main-job}"
 rm -rf "$out"; mkdir -p "$out"
 echo "main-job: $gpus GPU(s), $ranks ranks$( (( gpus == 1 )) && echo ' sharing GPU 0 (emulated hosts over NCCL sockets)'), $steps steps, $config"
+# Ranks sharing GPU 0: one private MPS daemon for both runs (fp8wire-train joins it), so they are
+# measured on the same testbed; the mode goes into the comparison.
+if (( gpus == 1 )); then gpu_mps_start > "$out/testbed.txt"; else echo "testbed: one GPU per rank" > "$out/testbed.txt"; fi
+cat "$out/testbed.txt"
 fp8_env=()
 if (( gpus == 1 )); then
   # Settings measured for this testbed (docs/PERF.md), each kept when already set:
@@ -80,8 +86,8 @@ train() {  # train <label> [--shim]
   local set_args=(--set "train.out_dir=$out/$label/train")
   for kv in ${TRAIN_SET:-}; do set_args+=(--set "$kv"); done
   echo; echo "================ $label ================"
-  build/profiler/fp8wire-prof --out "$out/$label" "$@" -- \
-    build/trainer/fp8wire-train --config "$config" --ranks "$ranks" --steps "$steps" "${set_args[@]}" \
+  "$BUILD/profiler/fp8wire-prof" --out "$out/$label" "$@" -- \
+    "$BUILD/trainer/fp8wire-train" --config "$config" --ranks "$ranks" --steps "$steps" "${set_args[@]}" \
     2>&1 | tee "$out/$label.log"
 }
 train baseline
@@ -91,4 +97,4 @@ train baseline
 )
 
 echo; echo "================ comparison ================"
-python3 scripts/compare_runs.py "$out/baseline" "$out/fp8wire" | tee "$out/comparison.txt"
+{ cat "$out/testbed.txt"; "$PY" scripts/compare_runs.py "$out/baseline" "$out/fp8wire"; } | tee "$out/comparison.txt"

@@ -19,9 +19,9 @@ export PATH="/usr/local/cuda/bin:$PATH"
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/fp8wire-ccache}"
 
 # Tests that cannot run under the sanitizers, and why (the rest are found automatically):
-#   fp8wire_prof_cli  preloads libfp8wire_prof.so into sh; a sanitized library cannot be preloaded
-#                     into a program without the sanitizer runtime (the regular tier runs it).
-excluded='^(fp8wire_prof_cli)$'
+#   profiler_cli  preloads libfp8wire_prof.so into sh; a sanitized library cannot be preloaded
+#                 into a program without the sanitizer runtime (the regular tier runs it).
+excluded='^(profiler_cli)$'
 
 py="${TORCH_PYTHON:-}"
 if [[ -z "$py" ]]; then
@@ -44,9 +44,12 @@ select_tests() {
   ctest --test-dir "$1" --show-only=json-v1 | "$py" -c '
 import json, re, sys
 build, label, excluded = sys.argv[1], sys.argv[2], re.compile(sys.argv[3])
-kind_of, target_of, path_of = {}, {}, {}
+kind_of, target_of, path_of, program_of = {}, {}, {}, {}
 for line in open(f"{build}/fp8wire_targets.txt"):
     kind, target, path = line.split(maxsplit=2)
+    if kind == "test":  # "test <test name> <program target>"
+        program_of[target] = path.strip()
+        continue
     kind_of[path.strip()] = kind
     target_of[path.strip()] = target
     path_of[target] = path.strip()
@@ -56,8 +59,9 @@ for t in json.load(sys.stdin)["tests"]:
     if label not in labels or excluded.match(t["name"]):
         continue
     # ctest leaves out the command of a test whose program is not built yet; those are the tests
-    # of fp8wire_add_test, whose program is the target of the same name.
-    command = t.get("command") or ([path_of[t["name"]]] if t["name"] in path_of else None)
+    # of fp8wire_add_test, whose program fp8wire_targets.txt names.
+    program = program_of.get(t["name"], t["name"])
+    command = t.get("command") or ([path_of[program]] if program in path_of else None)
     if command is None:
         continue
     used = [a for a in command if a in kind_of]

@@ -2,24 +2,21 @@
 //   fp8wire-train --config trainer/configs/pi05_small.toml --ranks 2 --steps 20 --set train.micro_batch=8
 // With --ranks N (and no RANK in the environment) it starts N copies of itself, one per GPU, or all
 // on GPU 0 with a distinct NCCL_HOSTID each when there are fewer GPUs than ranks (NCCL then joins
-// them over sockets, as separate hosts). Children inherit the environment, LD_PRELOAD included.
+// them over sockets, as separate hosts; a private MPS daemon runs them side by side where possible,
+// FP8WIRE_MPS=0 turns it off). Children inherit the environment, LD_PRELOAD included.
 // Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set) it runs that one rank.
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/rank_launcher.hpp"
 #include "trainer/config.hpp"
 #include "trainer/run.hpp"
-
-extern char** environ;
 
 namespace {
 
@@ -30,74 +27,30 @@ int env_int(const char* name, int fallback) {
   return v ? std::atoi(v) : fallback;
 }
 
-// Ranks started by this launcher, for the signal handler: a launcher stopped by Ctrl-C or a timeout
-// takes its ranks with it instead of leaving them waiting in NCCL.
-constexpr int kMaxRanks = 1024;
-pid_t g_children[kMaxRanks];
-volatile sig_atomic_t g_child_count = 0;
+constexpr int kMaxRanks = 1024;  // ranks one launcher starts on one host
 
-void forward_signal(int sig) {
-  for (sig_atomic_t i = 0; i < g_child_count; ++i) ::kill(g_children[i], SIGTERM);
-  ::signal(sig, SIG_DFL);
-  ::raise(sig);
-}
-
+// Ranks go through the project's one launcher (common/rank_launcher.hpp): torchrun's variables, a
+// rendezvous on a free port, every rank stopped when one fails or the launcher is interrupted, and
+// ranks sharing GPU 0 under a private MPS daemon where one can be started.
 int launch(const std::vector<std::string>& argv, int ranks, const Config& cfg) {
   if (cfg.train.device != "cuda") {
     fmt::print(stderr, "fp8wire-train: --ranks {}: train.device \"{}\" runs one rank only\n", ranks, cfg.train.device);
     return 2;
   }
-  const int gpus = fp8wire::trainer::visible_gpu_count();
-  const bool shared_gpu = ranks > gpus;
-  const std::string store = (std::filesystem::temp_directory_path() /
-                             fmt::format("fp8wire-train-store-{}", ::getpid())).string();
-  ::unlink(store.c_str());  // a stale store from a recycled pid would confuse the rendezvous
-  std::vector<pid_t> children;
-  ::signal(SIGINT, forward_signal);
-  ::signal(SIGTERM, forward_signal);
-  for (int r = 0; r < ranks; ++r) {
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      fmt::print(stderr, "fp8wire-train: fork failed for rank {}\n", r);
-      for (pid_t c : children) ::kill(c, SIGTERM);
-      return 2;
-    }
-    if (pid == 0) {
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(ranks).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("FP8WIRE_TRAIN_STORE", store.c_str(), 1);
-      ::unsetenv("MASTER_ADDR");
-      // Several ranks on one GPU: a distinct host id per rank, set before the communicator exists.
-      if (shared_gpu) ::setenv("NCCL_HOSTID", fmt::format("emulated-host-{}", r).c_str(), 1);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execv("/proc/self/exe", args.data());
-      std::_Exit(127);
-    }
-    children.push_back(pid);
-    g_children[g_child_count] = pid;
-    g_child_count = g_child_count + 1;
-  }
-  int rc = 0;
-  size_t alive = children.size();
-  while (alive > 0) {
-    int status = 0;
-    const pid_t done = ::wait(&status);
-    if (done < 0) break;
-    --alive;
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (code != 0 && rc == 0) {
-      rc = code;
-      // One rank failed: the others would wait for it in NCCL forever.
-      for (pid_t c : children)
-        if (c != done) ::kill(c, SIGTERM);
-      fmt::print(stderr, "fp8wire-train: a rank exited with code {}; stopped the others\n", code);
-    }
-  }
-  ::unlink(store.c_str());
-  return rc;
+  const int gpus = fp8wire::trainer::visible_gpu_count();  // main() has refused a machine without one
+  fp8wire::LaunchSpec spec;
+  spec.argv = argv;
+  spec.argv[0] = "/proc/self/exe";
+  spec.nranks = ranks;
+  spec.timeout_s = 0;  // a training run takes as long as it takes
+  spec.one_gpu = ranks > gpus;
+  const fp8wire::LaunchResult res = fp8wire::launch_local_ranks(spec);
+  if (!res.testbed.empty()) fmt::print("ranks: {} on one GPU, {}\n", ranks, res.testbed_note);
+  if (res.ok) return 0;
+  fmt::print(stderr, "fp8wire-train: {}\n", res.error);
+  for (int code : res.exit_codes)
+    if (code != 0 && code != 128 + SIGTERM) return code;
+  return 1;
 }
 
 }  // namespace
@@ -110,7 +63,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool print_config = false;
   app.add_option("--config", config_path, "TOML preset, e.g. trainer/configs/pi05.toml")->required();
-  app.add_option("--ranks", ranks, "data-parallel ranks to start on this host (1 to 1024)");
+  app.add_option("--ranks", ranks, "data-parallel ranks to start on this host, 1 to 1024 (more than GPUs: sharing GPU 0, under a "
+                 "private MPS daemon unless FP8WIRE_MPS=0)");
   app.add_option("--steps", steps, "optimiser steps (overrides train.steps)");
   app.add_option("--set", overrides, "key=value override, e.g. --set train.micro_batch=16 (repeatable)");
   app.add_flag("--print-config", print_config, "print the resolved configuration and exit");

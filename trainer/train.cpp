@@ -600,8 +600,8 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const Config& cfg, int rank
   } else if (file) {
     store = c10::make_intrusive<c10d::FileStore>(file, world);
   } else {
-    error = "a multi-rank run needs MASTER_ADDR and MASTER_PORT (torchrun style) or FP8WIRE_TRAIN_STORE (set by "
-            "fp8wire-train --ranks N)";
+    error = "a multi-rank run needs MASTER_ADDR and MASTER_PORT (torchrun style) or FP8WIRE_TRAIN_STORE (a file "
+            "every rank can reach), or fp8wire-train --ranks N";
     return {};
   }
   auto opts = c10d::ProcessGroupNCCL::Options::create();
@@ -843,16 +843,19 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
     int rc = 0;
     if (rank == 0) {
       const double peak_gib = allocator_memory(trainer.device()).peak_gib;
+      // Ranks sharing a GPU: whether they ran side by side (MPS) or time-sliced, as their launcher said.
+      const char* testbed = world > 1 ? std::getenv("FP8WIRE_TESTBED_MODE") : nullptr;
+      const std::string testbed_note = testbed && *testbed ? fmt::format(" | testbed {}", testbed) : std::string();
       if (timed == 0) {
         fmt::print("summary: params {} | loss {:.4f} -> {:.4f} | mean step not measured: the first {} steps of a "
-                   "run are warm-up and not timed (run {} or more steps) | peak {:.1f} GiB\n",
-                   nparams, first_loss, last_loss, kUntimedSteps, kUntimedSteps + 1, peak_gib);
+                   "run are warm-up and not timed (run {} or more steps) | peak {:.1f} GiB{}\n",
+                   nparams, first_loss, last_loss, kUntimedSteps, kUntimedSteps + 1, peak_gib, testbed_note);
       } else {
         fmt::print("summary: params {} | loss {:.4f} -> {:.4f} | mean step {:.1f} ms | mean {:.1f} samples/s | "
-                   "peak {:.1f} GiB | MFU {:.1f}% | means over the last {} steps (the first {} warm up)\n",
+                   "peak {:.1f} GiB | MFU {:.1f}% | means over the last {} steps (the first {} warm up){}\n",
                    nparams, first_loss, last_loss, sum_ms / timed, sum_sps / timed, peak_gib,
                    100.0 * flops * double(t.micro_batch) / (sum_ms / timed / 1000.0) / (t.peak_tflops * 1e12), timed,
-                   kUntimedSteps);
+                   kUntimedSteps, testbed_note);
       }
     }
     if (pg && t.check_sync) {

@@ -12,7 +12,9 @@ FabricProfile profile_from_sweep(const SweepResult& result, const std::vector<Cr
   profile.fabric = result.machine.fabric;
   profile.source = fmt::format("measured on {} ({}), {} ranks{}, NCCL {}, {}", result.machine.hostname,
                                result.machine.gpu_name, result.machine.nranks,
-                               result.machine.emulated ? " emulated on one GPU" : "",
+                               !result.machine.emulated ? ""
+                               : result.machine.testbed.empty() ? " emulated on one GPU"
+                                                                : " emulated on one GPU (" + result.machine.testbed + ")",
                                result.machine.nccl_version, result.machine.created_utc);
   for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather}) {
     // Thresholds are per collective, not per dtype: bf16 (the gradient dtype of mixed precision) when

@@ -427,7 +427,7 @@ json to_json(const SweepResult& r, const std::vector<CrossoverReport>& crossover
   const auto& m = r.machine;
   j["machine"] = {{"hostname", m.hostname}, {"gpu", m.gpu_name}, {"compute_capability", m.compute_capability},
                   {"driver_version", m.driver_version}, {"cuda_runtime_version", m.runtime_version},
-                  {"nccl_version", m.nccl_version}, {"nranks", m.nranks}, {"emulated", m.emulated},
+                  {"nccl_version", m.nccl_version}, {"nranks", m.nranks}, {"emulated", m.emulated}, {"testbed", m.testbed},
                   {"fabric", fabric_name(m.fabric)}, {"p2p_disabled", m.p2p_disabled},
                   {"created_utc", m.created_utc}};
   j["options"] = r.options;
@@ -481,6 +481,7 @@ std::optional<SweepResult> sweep_from_json(const json& j, std::string& error) {
     r.machine.nccl_version = m.value("nccl_version", 0);
     r.machine.nranks = m.at("nranks").get<int>();
     r.machine.emulated = m.value("emulated", false);
+    r.machine.testbed = m.value("testbed", "");
     r.machine.p2p_disabled = m.value("p2p_disabled", false);
     r.machine.created_utc = m.value("created_utc", "");
     const std::string fabric = m.at("fabric").get<std::string>();
@@ -575,10 +576,21 @@ std::optional<SweepResult> sweep_from_json(const json& j, std::string& error) {
 
 // --- tables -----------------------------------------------------------------------------------
 
+namespace {
+
+std::string emulated_label(const MachineInfo& m) {
+  if (!m.emulated) return "";
+  if (m.testbed == "mps") return " (emulated, 1 GPU, side by side under MPS)";
+  if (m.testbed == "time-sliced") return " (emulated, 1 GPU, time-sliced)";
+  return " (emulated, 1 GPU)";
+}
+
+}  // namespace
+
 std::string render_table(const SweepResult& r, Collective c, DType d) {
   std::string out = fmt::format(
       "# {} {}  ranks {}{}  fabric {}  fp8 {} block {}\n", collective_name(c), to_string(d),
-      r.machine.nranks, r.machine.emulated ? " (emulated, 1 GPU)" : "", fabric_name(r.machine.fabric),
+      r.machine.nranks, emulated_label(r.machine), fabric_name(r.machine.fabric),
       r.fp8_format, r.wire.block);
   // Path column: the path, "/sr" when its gather step went over send/recv ("/mix": both).
   out += fmt::format("# {:>10} {:>12} {:>12} {:>10} {:>7} {:>8} {:>8} {:>11} {:>7} {:>10}  {}\n", "size",

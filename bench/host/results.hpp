@@ -58,6 +58,7 @@ struct MachineInfo {
   int driver_version = 0, runtime_version = 0, nccl_version = 0;
   int nranks = 0;
   bool emulated = false;          // several ranks on one GPU (NCCL_HOSTID per rank, sockets)
+  std::string testbed;            // emulated: "mps" (side by side) or "time-sliced"; "" when unknown
   Fabric fabric = Fabric::net;    // label of the results
   bool p2p_disabled = false;      // NCCL_P2P_DISABLE=1 was set (--fabric pcie)
 };

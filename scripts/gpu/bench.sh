@@ -12,13 +12,11 @@
 #   6. plot: scripts/plot_sweep.py writes $OUT/fp8wire-sweep.png.
 #   7. torchrun-style rank without a rank 0: gives up after --bootstrap-timeout with a clear error.
 # Prints a compact per-size table and PASS/FAIL lines at the end. Logs under $OUT when set.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-export NCCL_NVLS_ENABLE=0
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_mps_start
 OUT="${OUT:-$(mktemp -d /tmp/fp8wire_bench_XXXX)}"
 mkdir -p "$OUT"
 BIN="${BENCH_BIN:-build/bench/fp8wire-bench}"
-PY="${PYTHON:-python3}"
 results=()
 failed=0
 pass() { results+=("PASS $*"); }

@@ -12,14 +12,14 @@
 # finding in fp8wire's code, any failed test inside the tool, or a time-out is a FAIL; findings
 # elsewhere and leaks are a WARN row, listed for a look.
 # Logs under $OUT; the summary table is printed last. SAN_LIMIT_S (per run, default 150).
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
-export NCCL_NVLS_ENABLE=0
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# Ranks stay time-sliced here (no MPS daemon): the checks are about correctness, and the tool is
+# run the way its findings were established.
+export FP8WIRE_MPS=0
 OUT="${OUT:-$PWD/out/compute-sanitizer}"
 mkdir -p "$OUT"
-build="${FP8WIRE_BUILD:-build}"
+build="$BUILD"
 limit="${SAN_LIMIT_S:-150}"
-PY="${PYTHON:-python3}"
 cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 if [[ ! -x "$cs" ]]; then echo "FAIL: compute-sanitizer not found (CUDA toolkit bin/)"; exit 1; fi
 "$cs" --version | tail -n 1

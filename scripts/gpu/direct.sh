@@ -12,11 +12,9 @@
 #      peer memory here) and --transport host_memory, and the profiles they calibrate.
 # Env: DIRECT_MULTIRANK_HOST (world sizes, default 2,3,4), DIRECT_MULTIRANK_PEER (default 2,3,4), DIRECT_PARTS
 # (default "kernels multirank faults torch bench").
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_mps_start
 OUT="${OUT:-$PWD/out/direct}"; mkdir -p "$OUT"
-PY="${PYTHON:-python3}"
 parts="${DIRECT_PARTS:-kernels multirank faults torch bench}"
 summary=()
 failed=0

@@ -7,18 +7,16 @@
 # Environment: FIDELITY_STEPS, FIDELITY_RUNS ("plain fp8wire fp8wire_ef fp8wire_e5m2"),
 # FIDELITY_PARALLEL (1: runs at once; they share the GPU and the sockets), FIDELITY_LIMIT_S (per
 # wave), FIDELITY_SET (extra --set overrides for every run), FIDELITY_BASELINE (the train_log.jsonl
-# of a plain run of the same settings from an earlier call: no plain run then).
+# of a plain run of the same settings from an earlier run: no plain run then).
 # Runs at once are slower than one after the other on this testbed (one H200, 2026-12-02: four at
 # once made 2,058 steps in 545 s, plain 1.9 s/step and the FP8 runs 0.9; alone the main job runs
 # plain 310 ms/step and fp8wire 173). One after the other, 1,000 steps of plain took 359 s and of
 # each FP8 run ~222 s (2026-12-02). Under a 600 s limit per run, they take two or three runs:
 #   FIDELITY_RUNS="plain fp8wire" scripts/gpu/all.sh fidelity     (~580 s, build included; keep plain/train_log.jsonl)
 #   FIDELITY_RUNS="fp8wire_ef fp8wire_e5m2" FIDELITY_BASELINE=<that log> scripts/gpu/all.sh fidelity   (~510 s)
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_mps_start
 OUT="${OUT:-$PWD/out/fidelity}"; mkdir -p "$OUT"
-PY="${PYTHON:-python3}"
 steps="${FIDELITY_STEPS:-1000}"
 runs=()
 for r in ${FIDELITY_RUNS:-plain fp8wire fp8wire_ef fp8wire_e5m2}; do

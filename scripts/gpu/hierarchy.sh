@@ -10,11 +10,9 @@
 #   4. FSDP2 (reduce-scatter) parity, 4 ranks, reduce dtype fp32.
 # Each run's log must show the hierarchical path ("first all_reduce on path hierarchical" or the
 # reduce-scatter's); logs under $OUT.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_mps_start
 OUT="${OUT:-$PWD/out/hierarchy}"; mkdir -p "$OUT"
-PY="${PYTHON:-python3}"
 export FP8WIRE_HIERARCHY_RANKS_PER_HOST=2
 rows=()
 run() {  # run <label> <limit s> <command...>

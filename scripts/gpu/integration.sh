@@ -8,13 +8,12 @@
 # wheels in .whl/ (beside the tree; installed into /tmp/site here when deepspeed is not importable).
 # Env: INTEGRATION_JOBS (tests at once, default 3), INTEGRATION_TESTS (ctest -R regex, default all),
 #      FP8WIRE_BUILD (default build). Logs and one JSON per test under $OUT; the table is printed last.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_mps_start
 export OUT="${OUT:-$PWD/out/integration}"
 mkdir -p "$OUT"
-build="${FP8WIRE_BUILD:-build}"
-py="${PYTHON:-python3}"
+build="$BUILD"
+py="$PY"
 t0=$(date +%s)
 
 if [[ ! -f "$build/shim/libfp8wire.so" || ! -f "$build/CTestTestfile.cmake" ]]; then

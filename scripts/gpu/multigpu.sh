@@ -25,10 +25,8 @@
 #             the model's check against them (on 8 GPUs run it twice: MULTI_RANKS_PER_HOST=2 and 4)
 # MULTI_PARTS selects (default "correct fabrics sockets model"); MULTI_RANKS = GPUs used (default: all);
 # MULTI_FABRIC = the fabrics sweeps' --fabric (default both).
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 OUT="${OUT:-out/multigpu}"; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0
 parts="${MULTI_PARTS:-correct fabrics sockets model}"
 BIN=build/bench/fp8wire-bench
 # Visible GPUs: CUDA_VISIBLE_DEVICES when set, else all; the first MULTI_RANKS of them are used.
@@ -36,7 +34,7 @@ if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then visible="$CUDA_VISIBLE_DEVICES"
 else visible=$(nvidia-smi -L 2>/dev/null | awk '/^GPU/{printf "%s%d", n++ ? "," : "", n - 1}'); fi
 gpus=$(awk -F, '{print NF}' <<< "$visible")
 ranks="${MULTI_RANKS:-$gpus}"
-if (( gpus < 2 )); then echo "SKIPPED: ${gpus:-0} GPU(s) visible; this needs 2+"; exit 0; fi
+if (( gpus < 2 )); then echo "SKIPPED: ${gpus:-0} GPU(s) visible; this needs 2+"; exit 77; fi
 if (( ranks < 2 || ranks > gpus )); then echo "MULTI_RANKS=$ranks: expected 2..$gpus (visible: $visible)"; exit 2; fi
 export CUDA_VISIBLE_DEVICES=$(cut -d, -f1-"$ranks" <<< "$visible")
 echo "== $gpus GPUs, using $ranks: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"

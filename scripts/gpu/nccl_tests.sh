@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # NVIDIA's nccl-tests as a second client of libfp8wire.so beside torch.distributed: all_reduce_perf,
-# 4 ranks emulated on GPU 0 (one MPI process per rank, each its own NCCL_HOSTID, NCCL sockets),
+# 4 ranks emulated on GPU 0 (one MPI process per rank, each its own NCCL_HOSTID through
+# tests/pylib/emulated_launch.py --exec-rank, NCCL sockets; side by side under a private MPS daemon
+# where one can be started, FP8WIRE_MPS=0 for time slicing),
 # plain NCCL against the library, one factor varied at a time:
 #   base  : nccl-tests' defaults (fp32, back-to-back -n 20 timed on the host)
 #   bf16  : -d bfloat16 (the dtype of gradients and of the torch sweeps)
@@ -14,28 +16,31 @@
 # its mpi/ folder). nccl-tests' own correctness check flags FP8 results by design (it allows no
 # error for sums), so it is off (-c 0); fp8wire-bench checks every point it times.
 #   SHIM=build/shim/libfp8wire.so [RANKS=4] [SIZES="-b 4M -e 256M -f 4"] [CASES="base bf16 env graph"] scripts/gpu/nccl_tests.sh
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_mps_start
 NT="${NCCL_TESTS_DIR:-/tmp/nccl-tests}"
 if [[ ! -d "$NT" && -f .carry/nccl-tests.tar.gz ]]; then mkdir -p "$NT" && tar xzf .carry/nccl-tests.tar.gz -C "$NT" --strip-components=1; fi
 OUT="${OUT:-out/nccl-tests}"; mkdir -p "$OUT"
 RANKS="${RANKS:-4}"; SIZES="${SIZES:--b 4M -e 256M -f 4}"; ITERS="${ITERS:-20}"
 CASES="${CASES:-base bf16 env graph}"
 SHIM="$(realpath "${SHIM:-build/shim/libfp8wire.so}")"
-if [[ ! -x "$NT/all_reduce_perf" ]]; then echo "SKIPPED: no nccl-tests binaries in $NT"; exit 0; fi
-nccl_dir="$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)/lib"
+if [[ ! -x "$NT/all_reduce_perf" ]]; then echo "SKIPPED: no nccl-tests binaries in $NT"; exit 77; fi
+nccl_dir="$("$PY" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)/lib"
 export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-unset FP8WIRE_SHIM_LIB
-rank_sh="$PWD/scripts/gpu/nccl_tests_rank.sh"
+export NCCL_TESTS_DEVICE=0   # nccl-tests would pick GPU <local rank>: ranks share one hostname here
+export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"
+# Each MPI process becomes an emulated rank, the library preloaded into the test binary only (never
+# into mpiexec or its proxies).
+rank=("$PY" "$PWD/tests/pylib/emulated_launch.py" --exec-rank)
 run() {  # run <label> <with library 0|1> [VAR=val ...] [-- extra nccl-tests args]
   local label="$1" shim="$2"; shift 2
   local envs=() args=()
   while (( $# )) && [[ "$1" != "--" ]]; do envs+=("$1"); shift; done
   (( $# )) && { shift; args=("$@"); }
-  local extra=(); (( shim )) && extra=(FP8WIRE_SHIM_LIB="$SHIM" FP8WIRE_LOG_LEVEL=info "FP8WIRE_LOG_FILE=$OUT/$label.fp8wire.%r.log")
+  local extra=() preload=()
+  (( shim )) && extra=(FP8WIRE_LOG_LEVEL=info "FP8WIRE_LOG_FILE=$OUT/$label.fp8wire.%r.log") preload=(--preload "$SHIM")
   env "${envs[@]}" "${extra[@]}" timeout -k 5 "${RUN_LIMIT:-120}" "$NT/mpi/bin/mpiexec.hydra" -n "$RANKS" \
-    "$rank_sh" "$NT/all_reduce_perf" $SIZES -n "$ITERS" -w 2 -c 0 "${args[@]}" > "$OUT/$label.txt" 2>&1
+    "${rank[@]}" "${preload[@]}" -- "$NT/all_reduce_perf" $SIZES -n "$ITERS" -w 2 -c 0 "${args[@]}" > "$OUT/$label.txt" 2>&1
   echo "$label rc=$?"
 }
 table() {  # table <label>: size, NCCL and fp8wire out-of-place time, ratio
@@ -55,5 +60,5 @@ for c in $CASES; do
     *) echo "unknown case $c" ;;
   esac
 done
-echo "==== nccl-tests all_reduce_perf, $RANKS emulated ranks, out-of-place time per call"
+echo "==== nccl-tests all_reduce_perf, $RANKS emulated ranks ($FP8WIRE_TESTBED_MODE), out-of-place time per call"
 for c in $CASES; do table "$c"; grep -h "first all_reduce on path" "$OUT/$c".fp8wire.*.log 2>/dev/null | sed 's/.*first/  first/' | sort -u | head -3; done

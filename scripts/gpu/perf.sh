@@ -10,8 +10,8 @@
 #   ar4_sr    ar4 with the FP8 gather step over grouped send/recv (--gather-transport sendrecv)
 #   ar2_sr    2 ranks, 4..256 MiB, the same paths, gather step over send/recv
 # JSON, profiles, plots and tables under $OUT.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_mps_start
 OUT="${OUT:-out/perf}"; mkdir -p "$OUT"
 BIN=build/bench/fp8wire-bench
 only="${PERF_SWEEPS:-ar2 ar4 ar2_tree rsag2 ar4_sr ar2_sr}"   # which sweeps to run

@@ -4,15 +4,10 @@
 # fp8wire-prof and ends by a normal exit, os._exit, SIGTERM with the default action, and SIGTERM
 # with a Python handler. Each must leave a per-rank report with all 12 steps and a summary line; the
 # SIGTERM job must still die by SIGTERM (status 143) and the handler job exit 3 after its handler ran.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 OUT="${OUT:-$PWD/out/prof-exit}"
 mkdir -p "$OUT"
-build="${FP8WIRE_BUILD:-build}"
-PY="${TORCH_PYTHON:-}"
-if [[ -z "$PY" ]]; then
-  if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import torch' 2>/dev/null; then PY=.venv/bin/python; else PY=python3; fi
-fi
+build="$BUILD"
 prof="$build/profiler/fp8wire-prof"
 [[ -x "$prof" && -e "$build/profiler/libfp8wire_prof.so" ]] || { echo "FAIL: $prof not built"; exit 1; }
 steps=12

@@ -6,22 +6,18 @@
 #     check_profiler.py compares reported exposed ms with the designed value (CUDA events) per step:
 #     within 5 % or 0.1 ms, whichever is larger; then the overhead (step time on vs off, <= 2 %) and
 #     the coalescing lesson (per-layer all-reduces hidden in "backward" vs one merged after it).
-#  3. fp8wire-prof analyze on a real PyTorch profiler (Kineto) trace from a 2-rank torchrun job.
+#  3. fp8wire-prof analyze on a real PyTorch profiler (Kineto) trace from a 2-rank job.
 #  4. the same torch.profiler job under fp8wire-prof: CUPTI is contended; the job must still finish.
 #  5. the Pi0.5 reference trainer (2 ranks, a few steps) under fp8wire-prof, when it is built: a real
 #     many-threaded LibTorch job. Every step after the first must show compute and communication,
 #     and no record may be dropped or arrive after its step was reported.
 # Detailed logs go to $OUT (default out/profiler); the summary table is printed last.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-export NCCL_NVLS_ENABLE=0
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_mps_start
 OUT="${OUT:-$PWD/out/profiler}"
 mkdir -p "$OUT"
-build="${FP8WIRE_BUILD:-build}"
-py="${TORCH_PYTHON:-}"
-if [[ -z "$py" ]]; then
-  if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import torch' 2>/dev/null; then py=.venv/bin/python; else py=python3; fi
-fi
+build="$BUILD"
+py="$PY"
 prof="$build/profiler/fp8wire-prof"
 synth="$build/tests/profiler/synthetic_overlap"
 summary=()
@@ -85,7 +81,7 @@ fi
 # 3. offline analysis of a real Kineto trace
 kdir="$OUT/kineto"
 mkdir -p "$kdir"
-if timeout -k 5 60 "$py" -m torch.distributed.run --nproc_per_node=2 tests/profiler/kineto_job.py "$kdir" > "$kdir/job.log" 2>&1 \
+if timeout -k 5 60 "$py" tests/pylib/emulated_launch.py --nproc 2 --timeout 55 -- "$py" tests/profiler/kineto_job.py "$kdir" > "$kdir/job.log" 2>&1 \
    && [[ -f "$kdir/trace.rank0.json" ]]; then
   "$prof" analyze "$kdir/trace.rank0.json" --json "$kdir/analysis.json" > "$kdir/analyze.log" 2>&1
   arc=$?
@@ -107,7 +103,7 @@ fi
 # 4. torch.profiler under the live profiler: CUPTI contended, the job must carry on
 k2="$OUT/kineto_under_prof"
 mkdir -p "$k2"
-if timeout -k 5 60 "$prof" --out "$k2/prof" -- "$py" -m torch.distributed.run --nproc_per_node=2 tests/profiler/kineto_job.py "$k2" > "$k2/job.log" 2>&1; then
+if timeout -k 5 60 "$prof" --out "$k2/prof" -- "$py" tests/pylib/emulated_launch.py --nproc 2 --timeout 55 -- "$py" tests/profiler/kineto_job.py "$k2" > "$k2/job.log" 2>&1; then
   note "PASS: torch.profiler job under fp8wire-prof finished ($(grep -c 'CUPTI' "$k2/job.log") CUPTI warning line(s))"
 else
   rc=$?

@@ -10,11 +10,9 @@
 # Detailed logs and kernels.json under $OUT (or a temp dir). Ends with a summary; exit 0 only if
 # every correctness check passed (performance targets print PASS/FAIL lines but do not fail the run).
 # QUANT_QUICK=1 runs test_quant_gpu --quick (small counts only).
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 out="${OUT:-$(mktemp -d /tmp/fp8wire-quant.XXXXXX)}"
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0
 bin=build/tests/quant
 declare -a rows=()
 status=0

@@ -8,17 +8,16 @@
 # The base tree comes as .carry/base-src.tar.gz (git archive of the base commit); it is built into
 # /tmp/base/build by scripts/gpu/build_base.sh (started early, in the background, by the caller or
 # here when missing). Tables under $OUT, printed last.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_mps_start
 OUT="${OUT:-out/regression}"; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 BASE=/tmp/base
 if [[ ! -f "$BASE/build.done" ]]; then
   [[ -f "$BASE/build.started" ]] || bash scripts/gpu/build_base.sh
   for _ in $(seq 1 300); do [[ -f "$BASE/build.done" ]] && break; sleep 1; done
 fi
 cat "$BASE/build.log" 2>/dev/null | tail -n 3
-nccl_dir="$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)/lib"
+nccl_dir="$("$PY" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)/lib"
 export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 sweep() {  # sweep <label> <bench> <ranks> <min> <max>
   local label="$1" bin="$2" ranks="$3" min="$4" max="$5"

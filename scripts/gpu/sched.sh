@@ -10,14 +10,12 @@
 # Env: SCHED_RANKS (default "2 3": DDP runs), SCHED_GRAPH_RANKS (default "2 3"), SCHED_MULTIRANK_RANKS
 # (default: SCHED_RANKS and 4, comma-separated), SCHED_MULTIRANK_LIMIT (s, default 280), SCHED_BIG (1: the
 # 256 MiB case; 0: 64 MiB). Logs under $OUT.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-export NCCL_NVLS_ENABLE=0
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_mps_start
 OUT="${OUT:-$(mktemp -d /tmp/fp8wire_sched_XXXX)}"
 mkdir -p "$OUT"
 ranks="${SCHED_RANKS:-2 3}"
 graph_ranks="${SCHED_GRAPH_RANKS:-2 3}"
-PY="${PYTHON:-python3}"
 summary=()
 failed=0
 t0=$(date +%s)

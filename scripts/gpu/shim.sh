@@ -5,12 +5,11 @@
 #   2. tests/shim/torch_passthrough.py: a 2-rank PyTorch job on one GPU gives bitwise the same
 #      results without the shim, with it disabled, and with it enabled but nothing eligible.
 # Detailed logs under $OUT/shim when OUT is set. Ends with a summary table; exit 0 only if all pass.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_mps_start
 out="${OUT:-$(mktemp -d /tmp/fp8wire-shim.XXXXXX)}/shim"
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0
-python="${PYTHON:-python3}"
+python="$PY"
 shim=build/shim/libfp8wire.so
 declare -a rows=()
 status=0

@@ -23,13 +23,11 @@
 #   fp8wire_allgather  libfp8wire.so under fp8wire-prof, gathering by NCCL's all-gather
 # The variants tell a growth's owner apart: the library, the profiler (CUPTI's buffers), or NCCL's
 # point-to-point path. Loss parity is judged between plain and fp8wire when both run.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_mps_start
 OUT="${OUT:-$PWD/out/soak}"
 mkdir -p "$OUT"
-build="${FP8WIRE_BUILD:-build}"
-PY="${PYTHON:-python3}"
+build="$BUILD"
 steps="${SOAK_STEPS:-2000}"
 every="${SOAK_EVERY:-100}"
 warmup="${SOAK_WARMUP:-300}"

@@ -8,10 +8,9 @@
 #               both in one group, at 2 and 4 ranks (TUNE_PROBE_ENV adds one more 4-rank run with
 #               that NCCL environment, e.g. "NCCL_P2P_NET_CHUNKSIZE=524288").
 # TUNE_PARTS selects (default: "kernels transports").
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_mps_start
 OUT="${OUT:-out/tune}"; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0
 parts="${TUNE_PARTS:-kernels transports}"
 kb=build/tests/quant/fp8wire-kernel-bench
 probe=build/bench/fp8wire-transport-probe

@@ -493,3 +493,24 @@ TEST_CASE("the direct transport: its own curves, JSON round trip, and its barrie
   CHECK_FALSE(sweep_from_json(bad, error));
   CHECK(error.find("carrier pigeon") != std::string::npos);
 }
+
+TEST_CASE("emulated ranks: the testbed mode (MPS or time-sliced) goes into the JSON and the tables") {
+  SweepResult r = synthetic_sweep();
+  r.machine.emulated = true;
+  r.machine.testbed = "mps";
+  std::string error;
+  const auto back = sweep_from_json(to_json(r, analyze_crossovers(r, {}), calibrate(r)), error);
+  REQUIRE_MESSAGE(back, error);
+  CHECK(back->machine.testbed == "mps");
+  CHECK(render_table(*back, Collective::all_reduce, DType::bf16).find("(emulated, 1 GPU, side by side under MPS)") !=
+        std::string::npos);
+  r.machine.testbed = "time-sliced";
+  CHECK(render_table(r, Collective::all_reduce, DType::bf16).find("(emulated, 1 GPU, time-sliced)") != std::string::npos);
+  // Files written before the mode was recorded read as unknown.
+  nlohmann::json old = to_json(r, analyze_crossovers(r, {}), calibrate(r));
+  old["machine"].erase("testbed");
+  const auto read = sweep_from_json(old, error);
+  REQUIRE_MESSAGE(read, error);
+  CHECK(read->machine.testbed.empty());
+  CHECK(render_table(*read, Collective::all_reduce, DType::bf16).find("(emulated, 1 GPU)") != std::string::npos);
+}

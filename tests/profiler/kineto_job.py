@@ -4,7 +4,10 @@ Kineto trace. Each rank writes TRACE_DIR/trace.rank<R>.json. Steps alternate bet
 all-reduced per layer while the "backward" still runs (a side stream) and one merged all-reduce
 after it, so the trace holds both hidden and exposed communication.
 
-    NCCL_NVLS_ENABLE=0 torchrun --nproc_per_node=2 kineto_job.py TRACE_DIR
+    python3 tests/pylib/emulated_launch.py --nproc 2 -- python3 tests/profiler/kineto_job.py TRACE_DIR
+
+The launcher gives each rank its own emulated host on GPU 0 (NCCL_HOSTID) and, where it can, a
+private MPS daemon; under torchrun on one GPU set NCCL_HOSTID per rank yourself.
 """
 import os
 import sys
@@ -13,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-os.environ["NCCL_HOSTID"] = f"emulated-host-{rank}"  # before the communicator exists
 out_dir = sys.argv[1]
 os.makedirs(out_dir, exist_ok=True)
 torch.cuda.set_device(0)

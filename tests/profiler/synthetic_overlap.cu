@@ -1,6 +1,7 @@
 // Validation workload for the exposure profiler (scripts/gpu/profiler.sh runs it under
-// libfp8wire_prof.so). N ranks on GPU 0, each a fresh process (exec) with its own NCCL_HOSTID, so
-// NCCL joins them over sockets. Each step is an NVTX range "step <n>" and runs one scenario:
+// libfp8wire_prof.so). N ranks on GPU 0, each a fresh process started by the project's launcher
+// (common/rank_launcher.hpp: its own NCCL_HOSTID, so NCCL joins them over sockets; side by side under
+// a private MPS daemon where one can be started, FP8WIRE_MPS=0 for time slicing). Each step is an NVTX range "step <n>" and runs one scenario:
 //   overlap   compute kernel (spins a known time) on one stream, all-reduce on another: hidden
 //   serial    the all-reduce waits for the compute kernel (event dependency): fully exposed
 //   partial   the all-reduce starts after 3/4 of the compute: partly exposed
@@ -18,9 +19,6 @@
 #include <dlfcn.h>
 #include <nccl.h>
 #include <nvtx3/nvToolsExt.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,24 +31,10 @@
 #include <thread>
 #include <vector>
 
-namespace {
+#include "common/rank_launcher.hpp"
+#include "common/status.hpp"
 
-#define CHECK_CUDA(call)                                                                             \
-  do {                                                                                               \
-    cudaError_t e_ = (call);                                                                         \
-    if (e_ != cudaSuccess) {                                                                         \
-      std::fprintf(stderr, "FAIL: %s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                                  \
-    }                                                                                                \
-  } while (0)
-#define CHECK_NCCL(call)                                                                             \
-  do {                                                                                               \
-    ncclResult_t r_ = (call);                                                                        \
-    if (r_ != ncclSuccess) {                                                                         \
-      std::fprintf(stderr, "FAIL: %s:%d %s: %s\n", __FILE__, __LINE__, #call, ncclGetErrorString(r_)); \
-      std::exit(1);                                                                                  \
-    }                                                                                                \
-  } while (0)
+namespace {
 
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;
@@ -75,8 +59,7 @@ struct Options {
   int layers = 8;
   double layer_ms = 15;
   size_t bucket_bytes = 4 << 20;
-  int child_rank = -1;
-  std::string nccl_id_hex;
+  std::string nccl_id_hex;  // set: this process is a rank (RANK from the launcher)
 };
 
 struct Span {
@@ -110,23 +93,23 @@ double uncovered(Span x, const std::vector<Span>& cover) {
 class Timeline {
  public:
   explicit Timeline(int capacity) : events_(capacity) {
-    for (auto& e : events_) CHECK_CUDA(cudaEventCreate(&e));
+    for (auto& e : events_) FP8WIRE_CUDA_OR_EXIT(cudaEventCreate(&e));
   }
   void reset(cudaStream_t s) {
     used_ = 1;
-    CHECK_CUDA(cudaEventRecord(events_[0], s));
+    FP8WIRE_CUDA_OR_EXIT(cudaEventRecord(events_[0], s));
   }
   int mark(cudaStream_t s) {
     if (used_ >= static_cast<int>(events_.size())) {
       std::fprintf(stderr, "FAIL: too many timeline events in one step\n");
       std::exit(1);
     }
-    CHECK_CUDA(cudaEventRecord(events_[used_], s));
+    FP8WIRE_CUDA_OR_EXIT(cudaEventRecord(events_[used_], s));
     return used_++;
   }
   double at(int i) const {
     float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, events_[0], events_[i]));
+    FP8WIRE_CUDA_OR_EXIT(cudaEventElapsedTime(&ms, events_[0], events_[i]));
     return ms;
   }
   cudaEvent_t event(int i) const { return events_[i]; }
@@ -147,8 +130,7 @@ std::vector<std::string> split(const std::string& list) {
   return out;
 }
 
-int run_rank(const Options& opt) {
-  const int rank = opt.child_rank;
+int run_rank(const Options& opt, int rank) {
   ncclUniqueId id;
   if (opt.nccl_id_hex.size() != 2 * sizeof(id.internal)) {
     std::fprintf(stderr, "FAIL: --nccl-id must be %zu hex digits\n", 2 * sizeof(id.internal));
@@ -156,34 +138,34 @@ int run_rank(const Options& opt) {
   }
   for (size_t i = 0; i < sizeof(id.internal); ++i)
     id.internal[i] = static_cast<char>(std::stoi(opt.nccl_id_hex.substr(2 * i, 2), nullptr, 16));
-  CHECK_CUDA(cudaSetDevice(0));
+  FP8WIRE_CUDA_OR_EXIT(cudaSetDevice(0));
   ncclComm_t comm;
-  CHECK_NCCL(ncclCommInitRank(&comm, opt.ranks, id, rank));
+  FP8WIRE_NCCL_OR_EXIT(ncclCommInitRank(&comm, opt.ranks, id, rank));
 
   cudaStream_t compute, comms;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&comms, cudaStreamNonBlocking));
+  FP8WIRE_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+  FP8WIRE_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&comms, cudaStreamNonBlocking));
   const size_t big = std::max(opt.ar_bytes, opt.bucket_bytes * opt.layers);
   float* buffer = nullptr;
   float* barrier = nullptr;
-  CHECK_CUDA(cudaMalloc(&buffer, big));
-  CHECK_CUDA(cudaMalloc(&barrier, sizeof(float)));
-  CHECK_CUDA(cudaMemset(buffer, 0, big));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&buffer, big));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&barrier, sizeof(float)));
+  FP8WIRE_CUDA_OR_EXIT(cudaMemset(buffer, 0, big));
   Timeline tl(4 * opt.layers + 16);
   const uint64_t compute_ns = static_cast<uint64_t>(opt.compute_ms * 1e6);
   const uint64_t layer_ns = static_cast<uint64_t>(opt.layer_ms * 1e6);
 
   // Between steps, outside any window: lines the ranks up so each step starts together.
   auto sync_ranks = [&] {
-    CHECK_NCCL(ncclAllReduce(barrier, barrier, 1, ncclFloat32, ncclSum, comm, comms));
-    CHECK_CUDA(cudaStreamSynchronize(comms));
-    CHECK_CUDA(cudaStreamSynchronize(compute));
+    FP8WIRE_NCCL_OR_EXIT(ncclAllReduce(barrier, barrier, 1, ncclFloat32, ncclSum, comm, comms));
+    FP8WIRE_CUDA_OR_EXIT(cudaStreamSynchronize(comms));
+    FP8WIRE_CUDA_OR_EXIT(cudaStreamSynchronize(compute));
   };
   size_t step_bytes = 0;  // bytes all-reduced inside the current step
   auto all_reduce = [&](const char* range, void* data, size_t bytes) {
     step_bytes += bytes;
     nvtxRangePushA(range);
-    CHECK_NCCL(ncclAllReduce(data, data, bytes / sizeof(float), ncclFloat32, ncclSum, comm, comms));
+    FP8WIRE_NCCL_OR_EXIT(ncclAllReduce(data, data, bytes / sizeof(float), ncclFloat32, ncclSum, comm, comms));
     nvtxRangePop();
   };
   // Warm-up: NCCL connects lazily on first use.
@@ -217,7 +199,7 @@ int run_rank(const Options& opt) {
       tl.reset(compute);
       std::vector<std::pair<int, int>> compute_marks, comm_marks;
       if (scenario == "overlap") {
-        CHECK_CUDA(cudaStreamWaitEvent(comms, tl.event(0)));
+        FP8WIRE_CUDA_OR_EXIT(cudaStreamWaitEvent(comms, tl.event(0)));
         const int c0 = tl.mark(compute);
         spin_kernel<<<1, 1, 0, compute>>>(compute_ns);
         compute_marks.push_back({c0, tl.mark(compute)});
@@ -229,7 +211,7 @@ int run_rank(const Options& opt) {
         spin_kernel<<<1, 1, 0, compute>>>(compute_ns);
         const int c1 = tl.mark(compute);
         compute_marks.push_back({c0, c1});
-        CHECK_CUDA(cudaStreamWaitEvent(comms, tl.event(c1)));
+        FP8WIRE_CUDA_OR_EXIT(cudaStreamWaitEvent(comms, tl.event(c1)));
         const int a0 = tl.mark(comms);
         all_reduce("allreduce_serial", buffer, opt.ar_bytes);
         comm_marks.push_back({a0, tl.mark(comms)});
@@ -240,7 +222,7 @@ int run_rank(const Options& opt) {
         spin_kernel<<<1, 1, 0, compute>>>(compute_ns / 4);
         compute_marks.push_back({c0, c1});
         compute_marks.push_back({c1, tl.mark(compute)});
-        CHECK_CUDA(cudaStreamWaitEvent(comms, tl.event(c1)));
+        FP8WIRE_CUDA_OR_EXIT(cudaStreamWaitEvent(comms, tl.event(c1)));
         const int a0 = tl.mark(comms);
         all_reduce("allreduce_partial", buffer, opt.ar_bytes);
         comm_marks.push_back({a0, tl.mark(comms)});
@@ -263,7 +245,7 @@ int run_rank(const Options& opt) {
           last_ready = tl.mark(compute);
           compute_marks.push_back({c0, last_ready});
           if (scenario == "bucketed") {
-            CHECK_CUDA(cudaStreamWaitEvent(comms, tl.event(last_ready)));
+            FP8WIRE_CUDA_OR_EXIT(cudaStreamWaitEvent(comms, tl.event(last_ready)));
             const int a0 = tl.mark(comms);
             char range[32];
             std::snprintf(range, sizeof range, "grad_bucket_%d", l);
@@ -272,7 +254,7 @@ int run_rank(const Options& opt) {
           }
         }
         if (scenario == "merged") {
-          CHECK_CUDA(cudaStreamWaitEvent(comms, tl.event(last_ready)));
+          FP8WIRE_CUDA_OR_EXIT(cudaStreamWaitEvent(comms, tl.event(last_ready)));
           const int a0 = tl.mark(comms);
           all_reduce("merged_allreduce", buffer, opt.bucket_bytes * opt.layers);
           comm_marks.push_back({a0, tl.mark(comms)});
@@ -283,8 +265,8 @@ int run_rank(const Options& opt) {
                      scenario.c_str());
         return 1;
       }
-      CHECK_CUDA(cudaStreamSynchronize(compute));
-      CHECK_CUDA(cudaStreamSynchronize(comms));
+      FP8WIRE_CUDA_OR_EXIT(cudaStreamSynchronize(compute));
+      FP8WIRE_CUDA_OR_EXIT(cudaStreamSynchronize(comms));
       nvtxRangePop();
       const double host_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_begin).count();
@@ -316,9 +298,9 @@ int run_rank(const Options& opt) {
   // Resolved at run time: the same program, without the profiler, is the overhead baseline.
   using flush_fn = void (*)();
   if (auto flush = reinterpret_cast<flush_fn>(dlsym(RTLD_DEFAULT, "fp8wire_prof_flush"))) flush();
-  CHECK_NCCL(ncclCommDestroy(comm));
-  CHECK_CUDA(cudaFree(buffer));
-  CHECK_CUDA(cudaFree(barrier));
+  FP8WIRE_NCCL_OR_EXIT(ncclCommDestroy(comm));
+  FP8WIRE_CUDA_OR_EXIT(cudaFree(buffer));
+  FP8WIRE_CUDA_OR_EXIT(cudaFree(barrier));
   return 0;
 }
 
@@ -357,7 +339,6 @@ bool parse(int argc, char** argv, Options& opt) {
     else if (a == "--layers") opt.layers = static_cast<int>(number("a layer count"));
     else if (a == "--layer-ms") opt.layer_ms = number("milliseconds");
     else if (a == "--bucket-bytes") opt.bucket_bytes = static_cast<size_t>(number("bytes"));
-    else if (a == "--child-rank") opt.child_rank = static_cast<int>(number("a rank"));
     else if (a == "--nccl-id") opt.nccl_id_hex = value("hex digits");
     else {
       usage();
@@ -377,7 +358,15 @@ bool parse(int argc, char** argv, Options& opt) {
 int main(int argc, char** argv) {
   Options opt;
   if (!parse(argc, argv, opt)) return 1;
-  if (opt.child_rank >= 0) return run_rank(opt);
+  if (!opt.nccl_id_hex.empty()) {
+    std::string error;
+    const auto env = fp8wire::rank_env_from_environment(error);
+    if (!env) {
+      std::fprintf(stderr, "FAIL: --nccl-id given but not started as a rank: %s\n", error.empty() ? "RANK not set" : error.c_str());
+      return 1;
+    }
+    return run_rank(opt, env->rank);
+  }
 
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -385,48 +374,27 @@ int main(int argc, char** argv) {
     return 77;
   }
   // The unique id is made here and handed to every rank. Ranks are fresh processes (exec), so each
-  // sets NCCL_HOSTID and RANK before anything initialises, and a preloaded profiler starts clean.
+  // has NCCL_HOSTID and RANK before anything initialises, and a preloaded profiler starts clean.
   ncclUniqueId id;
-  CHECK_NCCL(ncclGetUniqueId(&id));
+  FP8WIRE_NCCL_OR_EXIT(ncclGetUniqueId(&id));
   std::string hex;
   for (size_t i = 0; i < sizeof(id.internal); ++i) {
     char byte[3];
     std::snprintf(byte, sizeof byte, "%02x", static_cast<unsigned char>(id.internal[i]));
     hex += byte;
   }
-
-  std::vector<pid_t> children;
-  for (int r = 0; r < opt.ranks; ++r) {
-    const pid_t pid = fork();
-    if (pid < 0) {
-      std::perror("FAIL: fork");
-      return 1;
-    }
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);  // a killed launcher takes its ranks with it
-      setenv("NCCL_HOSTID", ("emulated-host-" + std::to_string(r)).c_str(), 1);
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(opt.ranks).c_str(), 1);
-      std::vector<std::string> args(argv, argv + argc);
-      args.insert(args.end(), {"--child-rank", std::to_string(r), "--nccl-id", hex});
-      std::vector<char*> cargs;
-      for (auto& s : args) cargs.push_back(s.data());
-      cargs.push_back(nullptr);
-      execv("/proc/self/exe", cargs.data());
-      std::perror("FAIL: execv");
-      _exit(127);
-    }
-    children.push_back(pid);
-  }
+  fp8wire::LaunchSpec spec;
+  spec.argv = {"/proc/self/exe"};
+  spec.argv.insert(spec.argv.end(), argv + 1, argv + argc);
+  spec.argv.insert(spec.argv.end(), {"--nccl-id", hex});
+  spec.nranks = opt.ranks;
+  spec.timeout_s = 0;  // the caller's limit (ctest, the GPU script) applies
+  spec.one_gpu = true;
+  const fp8wire::LaunchResult res = fp8wire::launch_local_ranks(spec);
   int failures = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      ++failures;
-      for (pid_t other : children) kill(other, SIGTERM);  // the others would wait for it forever
-    }
-  }
-  std::printf("%s: synthetic_overlap %d ranks (%d failed)\n", failures ? "FAIL" : "PASS", opt.ranks, failures);
+  for (int code : res.exit_codes) failures += code != 0;
+  if (!res.ok) std::fprintf(stderr, "FAIL: %s\n", res.error.c_str());
+  std::printf("%s: synthetic_overlap %d ranks (%d failed), %s\n", failures ? "FAIL" : "PASS", opt.ranks, failures,
+              res.testbed_note.c_str());
   return failures ? 1 : 0;
 }

@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
       spec.argv = {"/proc/self/exe"};
       spec.nranks = 2;
       spec.env = {{"DIRECT_FAULT_SCENARIO", scenario}, {"DIRECT_FAULT_MODE", mode}};
-      spec.env_per_rank = emulated_host_env(2);
+      spec.one_gpu = true;
       spec.timeout_s = 60;
       const LaunchResult r = launch_local_ranks(spec);
       const bool rank0_ok = !r.exit_codes.empty() && r.exit_codes[0] == 0;

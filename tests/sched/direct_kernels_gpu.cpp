@@ -39,7 +39,6 @@ namespace {
 int g_failures = 0;
 int g_checks = 0;
 
-#define CK(call) FP8WIRE_CUDA_OR(call, std::exit(1))
 
 enum class Kind { device, host };
 const char* name(Kind k) { return k == Kind::device ? "device window" : "host window"; }
@@ -53,12 +52,12 @@ struct Windows {
     for (int r = 0; r < n; ++r) {
       void* p = nullptr;
       if (k == Kind::device) {
-        CK(cudaMalloc(&p, bytes));
+        FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&p, bytes));
         at.push_back(static_cast<char*>(p));
       } else {
-        CK(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+        FP8WIRE_CUDA_OR_EXIT(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
         void* d = nullptr;
-        CK(cudaHostGetDevicePointer(&d, p, 0));
+        FP8WIRE_CUDA_OR_EXIT(cudaHostGetDevicePointer(&d, p, 0));
         at.push_back(static_cast<char*>(d));
       }
       own.push_back(p);
@@ -96,29 +95,29 @@ void run_direct(const Job& job, Windows& w, const std::vector<char*>& in, const 
     case Collective::all_reduce:
       if (s.path == Path::one_shot) {
         for (int r = 0; r < n; ++r)
-          CK(quant::quantize(in[r], t, s.count, w.at[r], quant::Segmented::single(s.count, f), f, st, at(0)));
+          FP8WIRE_CUDA_OR_EXIT(quant::quantize(in[r], t, s.count, w.at[r], quant::Segmented::single(s.count, f), f, st, at(0)));
         for (int j = 0; j < n; ++j) inputs[j] = w.at[j];
         for (int r = 0; r < n; ++r) {
           quant::ReduceOutput o{out[r], t, nullptr};
-          CK(quant::dequantize_reduce(inputs.data(), n, s.count, post, o, f, st, at(0)));
+          FP8WIRE_CUDA_OR_EXIT(quant::dequantize_reduce(inputs.data(), n, s.count, post, o, f, st, at(0)));
         }
       } else {
         const sched::ShardLayout l = sched::shard_layout(s.count, n, f);
         for (int r = 0; r < n; ++r)
           for (int j = 0; j < n; ++j)
             if (l.length(j))
-              CK(quant::quantize(in[r] + l.begin(j) * es, t, l.length(j), w.at[j] + r * l.seg_stride,
+              FP8WIRE_CUDA_OR_EXIT(quant::quantize(in[r] + l.begin(j) * es, t, l.length(j), w.at[j] + r * l.seg_stride,
                                  quant::Segmented::single(l.length(j), f), f, st, at(l.begin(j))));
         for (int r = 0; r < n; ++r) {
           if (!l.length(r)) continue;
           for (int j = 0; j < n; ++j) inputs[j] = w.at[r] + j * l.seg_stride;
           quant::ReduceOutput o{nullptr, t, w.at[r] + static_cast<size_t>(n) * l.seg_stride};
-          CK(quant::dequantize_reduce(inputs.data(), n, l.length(r), post, o, f, st, at(l.begin(r))));
+          FP8WIRE_CUDA_OR_EXIT(quant::dequantize_reduce(inputs.data(), n, l.length(r), post, o, f, st, at(l.begin(r))));
         }
         for (int r = 0; r < n; ++r)
           for (int j = 0; j < n; ++j)
             if (l.length(j))
-              CK(quant::dequantize(w.at[j] + static_cast<size_t>(n) * l.seg_stride, quant::Segmented::single(l.length(j), f),
+              FP8WIRE_CUDA_OR_EXIT(quant::dequantize(w.at[j] + static_cast<size_t>(n) * l.seg_stride, quant::Segmented::single(l.length(j), f),
                                    l.length(j), out[r] + l.begin(j) * es, t, f, st, opt));
       }
       break;
@@ -126,21 +125,21 @@ void run_direct(const Job& job, Windows& w, const std::vector<char*>& in, const 
       const size_t cb = quant::chunk_bytes(s.count, f);
       for (int r = 0; r < n; ++r)
         for (int j = 0; j < n; ++j)
-          CK(quant::quantize(in[r] + static_cast<size_t>(j) * s.count * es, t, s.count, w.at[j] + r * cb,
+          FP8WIRE_CUDA_OR_EXIT(quant::quantize(in[r] + static_cast<size_t>(j) * s.count * es, t, s.count, w.at[j] + r * cb,
                              quant::Segmented::single(s.count, f), f, st, at(static_cast<size_t>(j) * s.count)));
       for (int r = 0; r < n; ++r) {
         for (int j = 0; j < n; ++j) inputs[j] = w.at[r] + j * cb;
         quant::ReduceOutput o{out[r], t, nullptr};
-        CK(quant::dequantize_reduce(inputs.data(), n, s.count, post, o, f, st, at(static_cast<size_t>(r) * s.count)));
+        FP8WIRE_CUDA_OR_EXIT(quant::dequantize_reduce(inputs.data(), n, s.count, post, o, f, st, at(static_cast<size_t>(r) * s.count)));
       }
       break;
     }
     case Collective::all_gather:
       for (int r = 0; r < n; ++r)
-        CK(quant::quantize(in[r], t, s.count, w.at[r], quant::Segmented::single(s.count, f), f, st, at(0)));
+        FP8WIRE_CUDA_OR_EXIT(quant::quantize(in[r], t, s.count, w.at[r], quant::Segmented::single(s.count, f), f, st, at(0)));
       for (int r = 0; r < n; ++r)
         for (int j = 0; j < n; ++j)
-          CK(quant::dequantize(w.at[j], quant::Segmented::single(s.count, f), s.count,
+          FP8WIRE_CUDA_OR_EXIT(quant::dequantize(w.at[j], quant::Segmented::single(s.count, f), s.count,
                                out[r] + static_cast<size_t>(j) * s.count * es, t, f, st, opt));
       break;
   }
@@ -157,22 +156,22 @@ void check_job(const Job& job, Windows& w, cudaStream_t st, quant::LaunchOptions
   for (int r = 0; r < n; ++r) inputs.push_back(make_input(s, r, n));
   std::vector<char*> in(n), out(n);
   for (int r = 0; r < n; ++r) {
-    CK(cudaMalloc(&in[r], std::max(in_bytes, out_bytes)));
-    CK(cudaMemcpy(in[r], inputs[r].data(), in_bytes, cudaMemcpyHostToDevice));
+    FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&in[r], std::max(in_bytes, out_bytes)));
+    FP8WIRE_CUDA_OR_EXIT(cudaMemcpy(in[r], inputs[r].data(), in_bytes, cudaMemcpyHostToDevice));
     if (job.in_place && s.collective == Collective::all_reduce) {
       out[r] = in[r];
     } else {
-      CK(cudaMalloc(&out[r], out_bytes));
-      CK(cudaMemset(out[r], 0xFF, out_bytes));  // poisoned: every element must be written
+      FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&out[r], out_bytes));
+      FP8WIRE_CUDA_OR_EXIT(cudaMemset(out[r], 0xFF, out_bytes));  // poisoned: every element must be written
     }
   }
   run_direct(job, w, in, out, f, st, opt);
-  CK(cudaStreamSynchronize(st));
-  CK(cudaGetLastError());
+  FP8WIRE_CUDA_OR_EXIT(cudaStreamSynchronize(st));
+  FP8WIRE_CUDA_OR_EXIT(cudaGetLastError());
   Bytes first;
   for (int r = 0; r < n; ++r) {
     Bytes got(out_bytes);
-    CK(cudaMemcpy(got.data(), out[r], out_bytes, cudaMemcpyDeviceToHost));
+    FP8WIRE_CUDA_OR_EXIT(cudaMemcpy(got.data(), out[r], out_bytes, cudaMemcpyDeviceToHost));
     const Bytes want = expected_output(s, inputs, r, f, 0);
     ++g_checks;
     const bool alike = r == 0 || s.collective == Collective::reduce_scatter || got == first;
@@ -198,29 +197,29 @@ void check_graph(Kind kind, cudaStream_t st, quant::LaunchOptions opt) {
   const size_t bytes = job.spec.count * 2;
   std::vector<char*> in(n), out(n);
   for (int r = 0; r < n; ++r) {
-    CK(cudaMalloc(&in[r], bytes));
-    CK(cudaMalloc(&out[r], bytes));
+    FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&in[r], bytes));
+    FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&out[r], bytes));
   }
   Windows w(kind, n, quant::chunk_bytes(job.spec.count, f) + 4096);
   cudaGraph_t g;
   cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  FP8WIRE_CUDA_OR_EXIT(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
   run_direct(job, w, in, out, f, st, opt);
-  CK(cudaStreamEndCapture(st, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
+  FP8WIRE_CUDA_OR_EXIT(cudaStreamEndCapture(st, &g));
+  FP8WIRE_CUDA_OR_EXIT(cudaGraphInstantiate(&ge, g, 0));
   for (uint64_t seed : {5u, 6u, 7u}) {
     job.spec.seed = seed;
     std::vector<Bytes> inputs;
     for (int r = 0; r < n; ++r) {
       inputs.push_back(make_input(job.spec, r, n));
-      CK(cudaMemcpy(in[r], inputs[r].data(), bytes, cudaMemcpyHostToDevice));
-      CK(cudaMemset(out[r], 0xFF, bytes));
+      FP8WIRE_CUDA_OR_EXIT(cudaMemcpy(in[r], inputs[r].data(), bytes, cudaMemcpyHostToDevice));
+      FP8WIRE_CUDA_OR_EXIT(cudaMemset(out[r], 0xFF, bytes));
     }
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
+    FP8WIRE_CUDA_OR_EXIT(cudaGraphLaunch(ge, st));
+    FP8WIRE_CUDA_OR_EXIT(cudaStreamSynchronize(st));
     for (int r = 0; r < n; ++r) {
       Bytes got(bytes);
-      CK(cudaMemcpy(got.data(), out[r], bytes, cudaMemcpyDeviceToHost));
+      FP8WIRE_CUDA_OR_EXIT(cudaMemcpy(got.data(), out[r], bytes, cudaMemcpyDeviceToHost));
       ++g_checks;
       if (got != expected_output(job.spec, inputs, r, f, 0)) {
         ++g_failures;
@@ -229,25 +228,25 @@ void check_graph(Kind kind, cudaStream_t st, quant::LaunchOptions opt) {
       }
     }
   }
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
+  FP8WIRE_CUDA_OR_EXIT(cudaGraphExecDestroy(ge));
+  FP8WIRE_CUDA_OR_EXIT(cudaGraphDestroy(g));
   for (int r = 0; r < n; ++r) cudaFree(in[r]), cudaFree(out[r]);
 }
 
 float median_ms(cudaStream_t st, const std::function<void()>& work, int reps = 9) {
   cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
+  FP8WIRE_CUDA_OR_EXIT(cudaEventCreate(&a));
+  FP8WIRE_CUDA_OR_EXIT(cudaEventCreate(&b));
   work();
-  CK(cudaStreamSynchronize(st));
+  FP8WIRE_CUDA_OR_EXIT(cudaStreamSynchronize(st));
   std::vector<float> t;
   for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a, st));
+    FP8WIRE_CUDA_OR_EXIT(cudaEventRecord(a, st));
     work();
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
+    FP8WIRE_CUDA_OR_EXIT(cudaEventRecord(b, st));
+    FP8WIRE_CUDA_OR_EXIT(cudaEventSynchronize(b));
     float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
+    FP8WIRE_CUDA_OR_EXIT(cudaEventElapsedTime(&ms, a, b));
     t.push_back(ms);
   }
   std::sort(t.begin(), t.end());
@@ -263,15 +262,15 @@ void bandwidth(cudaStream_t st, size_t count) {
   const quant::WireFormat f = quant::WireFormat::from(Config{});
   const size_t wire = quant::chunk_bytes(count, f);
   char *in = nullptr, *out = nullptr, *dev_wire = nullptr;
-  CK(cudaMalloc(&in, count * 2));
-  CK(cudaMalloc(&out, count * 2));
-  CK(cudaMalloc(&dev_wire, 2 * wire));
-  CK(cudaMemset(in, 0x3C, count * 2));  // bf16 1.1719: finite, non-zero blocks
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&in, count * 2));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&out, count * 2));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&dev_wire, 2 * wire));
+  FP8WIRE_CUDA_OR_EXIT(cudaMemset(in, 0x3C, count * 2));  // bf16 1.1719: finite, non-zero blocks
   Windows w(Kind::host, 2, wire);
-  const float d2h = median_ms(st, [&] { CK(cudaMemcpyAsync(w.own[0], dev_wire, wire, cudaMemcpyDeviceToHost, st)); });
+  const float d2h = median_ms(st, [&] { FP8WIRE_CUDA_OR_EXIT(cudaMemcpyAsync(w.own[0], dev_wire, wire, cudaMemcpyDeviceToHost, st)); });
   const float h2d = median_ms(st, [&] {
-    CK(cudaMemcpyAsync(dev_wire, w.own[0], wire, cudaMemcpyHostToDevice, st));
-    CK(cudaMemcpyAsync(dev_wire + wire, w.own[1], wire, cudaMemcpyHostToDevice, st));
+    FP8WIRE_CUDA_OR_EXIT(cudaMemcpyAsync(dev_wire, w.own[0], wire, cudaMemcpyHostToDevice, st));
+    FP8WIRE_CUDA_OR_EXIT(cudaMemcpyAsync(dev_wire + wire, w.own[1], wire, cudaMemcpyHostToDevice, st));
   });
   auto gbs = [](double bytes, float ms) { return bytes / (ms * 1e6); };
   std::printf("bandwidth: %zu MiB bf16 -> %zu MiB on the wire; pinned cudaMemcpyAsync D2H %.1f GB/s, H2D %.1f GB/s "
@@ -281,19 +280,19 @@ void bandwidth(cudaStream_t st, size_t count) {
     quant::LaunchOptions opt;
     opt.max_ctas = ctas;
     const float q = median_ms(st, [&] {
-      CK(quant::quantize(in, quant::ElemType::bf16, count, w.at[0], quant::Segmented::single(count, f), f, st, opt));
+      FP8WIRE_CUDA_OR_EXIT(quant::quantize(in, quant::ElemType::bf16, count, w.at[0], quant::Segmented::single(count, f), f, st, opt));
     });
-    CK(quant::quantize(in, quant::ElemType::bf16, count, w.at[1], quant::Segmented::single(count, f), f, st, opt));
+    FP8WIRE_CUDA_OR_EXIT(quant::quantize(in, quant::ElemType::bf16, count, w.at[1], quant::Segmented::single(count, f), f, st, opt));
     const void* inputs[2] = {w.at[0], w.at[1]};
     const float rd = median_ms(st, [&] {
       quant::ReduceOutput o{out, quant::ElemType::bf16, nullptr};
-      CK(quant::dequantize_reduce(inputs, 2, count, 1.0f, o, f, st, opt));
+      FP8WIRE_CUDA_OR_EXIT(quant::dequantize_reduce(inputs, 2, count, 1.0f, o, f, st, opt));
     });
     std::printf("bandwidth: %5s | %6.1f GB/s %5.1f %% of the ceiling     | %6.1f GB/s %5.1f %% of the ceiling\n",
                 ctas ? std::to_string(ctas).c_str() : "all", gbs(wire, q), 100.0 * d2h / q, gbs(2.0 * wire, rd),
                 100.0 * h2d / rd);
   }
-  CK(cudaGetLastError());
+  FP8WIRE_CUDA_OR_EXIT(cudaGetLastError());
   cudaFree(in);
   cudaFree(out);
   cudaFree(dev_wire);
@@ -309,7 +308,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  FP8WIRE_CUDA_OR_EXIT(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   quant::LaunchOptions opt;
   opt.max_ctas = 16;  // as direct.ctas by default
   const Collective collectives[] = {Collective::all_reduce, Collective::all_reduce, Collective::reduce_scatter,

@@ -787,7 +787,7 @@ int main(int argc, char** argv) {
     if (g_direct != DirectMode::off) spec.argv.insert(spec.argv.end(), {"--direct", to_string(g_direct)});
     if (big && n == worlds.front()) spec.argv.push_back("--big");
     if (per_gpu) spec.argv.push_back("--per-gpu");
-    else spec.env_per_rank = emulated_host_env(n);
+    else spec.one_gpu = true;
     // One rank per GPU with --ranks-per-host: NCCL too sees hosts of that many GPUs (a stand-in for a
     // job spanning hosts: its own transports inside a "host", sockets between them).
     if (per_gpu && g_ranks_per_host) spec.env_per_rank = host_blocks_env(n, g_ranks_per_host);

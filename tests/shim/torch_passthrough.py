@@ -2,7 +2,8 @@
 """GPU tier of the shim: a real PyTorch job must give bitwise the same results with libfp8wire.so
 preloaded as without it, when nothing is eligible for FP8.
 
-Two ranks on one GPU (each its own NCCL_HOSTID, so NCCL treats them as two hosts over sockets) run
+Two ranks on one GPU (tests/pylib/emulated_launch.py: each its own NCCL_HOSTID, so NCCL treats them as
+two hosts over sockets; side by side under a private MPS daemon where one can be started) run
 all_reduce (sum, avg, max; bf16 and fp32), all_gather, reduce_scatter, broadcast, a collective on a
 new_group, and barrier, on seeded random tensors of several sizes. Three runs:
   baseline   no LD_PRELOAD
@@ -18,23 +19,24 @@ import argparse
 import ctypes
 import json
 import os
-import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pylib"))
+import emulated_launch  # noqa: E402
 
 WORLD = 2
 SIZES = [1000, 4099, 1 << 20, 3 << 20]  # elements: small, odd, and a few MiB
 HUGE = "1TiB"
 
 
-def worker(rank: int, out_dir: str, store: str) -> None:
+def worker(out_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ["NCCL_HOSTID"] = f"emulated-host-{rank}"  # before the communicator exists
+    rank = int(os.environ["RANK"])
     torch.cuda.set_device(0)
     dev = torch.device("cuda:0")
-    dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=WORLD, device_id=dev)
+    dist.init_process_group("nccl", rank=rank, world_size=WORLD, device_id=dev)
     results = {}
     gen = torch.Generator(device="cpu")
 
@@ -85,43 +87,24 @@ def worker(rank: int, out_dir: str, store: str) -> None:
     except (AttributeError, OSError):
         pass
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"totals": totals, "keys": len(results)}, f)
+    emulated_launch.write_result(out_dir, rank, {"totals": totals, "keys": len(results)})
     dist.destroy_process_group()
 
 
 def launch(name: str, env_extra: dict, out_root: str, timeout: float) -> dict:
+    """One run of WORLD ranks, without the caller's FP8WIRE_* and LD_PRELOAD (only env_extra's)."""
     out_dir = os.path.join(out_root, name)
-    os.makedirs(out_dir, exist_ok=True)
-    store = os.path.join(out_dir, "filestore")
-    if os.path.exists(store):
-        os.remove(store)
-    procs = []
-    t0 = time.time()
-    for rank in range(WORLD):
-        env = dict(os.environ)
-        for k in list(env):
-            if k.startswith("FP8WIRE_") or k == "LD_PRELOAD":
-                del env[k]
-        env.update(env_extra)
-        env["NCCL_NVLS_ENABLE"] = "0"
-        log = open(os.path.join(out_dir, f"rank{rank}.log"), "w")
-        procs.append((subprocess.Popen([sys.executable, __file__, "--worker", str(rank), "--out", out_dir,
-                                        "--store", store], env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    codes = []
-    for p, log in procs:
-        try:
-            codes.append(p.wait(timeout=max(1.0, timeout - (time.time() - t0))))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            codes.append("timeout")
-        log.close()
-    logs = [open(os.path.join(out_dir, f"rank{r}.log")).read() for r in range(WORLD)]
+    run = emulated_launch.Launch(__file__, WORLD, env_extra, timeout_s=timeout, log_dir=out_dir, tag=name,
+                                 drop_env_prefixes=("FP8WIRE_", "LD_PRELOAD"), result_dir=out_dir)
+    run.wait(print_tails=False)
+    codes = ["timeout" if rc is None or (run.timed_out and rc < 0) else rc for rc in run.returncodes]
+    logs = [run.log_text(path) for path in run.log_paths()]
     meta = []
     for r in range(WORLD):
         path = os.path.join(out_dir, f"rank{r}.json")
         meta.append(json.load(open(path)) if os.path.exists(path) else None)
-    return {"name": name, "dir": out_dir, "codes": codes, "logs": logs, "meta": meta, "seconds": time.time() - t0}
+    return {"name": name, "dir": out_dir, "codes": codes, "logs": logs, "meta": meta, "seconds": run.elapsed_s,
+            "testbed": run.testbed}
 
 
 def compare(run: dict, base: dict) -> tuple:
@@ -149,11 +132,10 @@ def main() -> int:
     ap.add_argument("--shim", default="build/shim/libfp8wire.so")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp") + "/shim_torch")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per run (both ranks)")
-    ap.add_argument("--worker", type=int, default=None)
-    ap.add_argument("--store", default=None)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # a rank: its result directory
     args = ap.parse_args()
     if args.worker is not None:
-        worker(args.worker, args.out, args.store)
+        worker(args.worker)
         return 0
 
     shim = os.path.abspath(args.shim)
@@ -200,7 +182,7 @@ def main() -> int:
 
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump([{"check": n, "ok": ok, "detail": d} for n, ok, d in checks], f, indent=1)
-    print("\n==== shim GPU tier: torch pass-through (2 ranks, 1 GPU) ====")
+    print(f"\n==== shim GPU tier: torch pass-through (2 ranks, 1 GPU, {runs['baseline']['testbed']}) ====")
     for n, ok, d in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {n:<48} {d}")
     failed = sum(not ok for _, ok, _ in checks)

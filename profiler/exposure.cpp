@@ -332,6 +332,7 @@ void Collector::add_activity(const Activity& a) {
     ++counters_.dropped_activities;
     return;
   }
+  counters_.call_marks += a.cls == ActivityClass::call_mark;
   activities_.push_back(a);
 }
 

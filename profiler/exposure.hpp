@@ -178,6 +178,7 @@ struct CollectorCounters {
   uint64_t external_records = 0;    // launch external ids received (NVTX range / shim call)
   uint64_t joined_activities = 0;   // kernels whose launch's external ids were found
   uint64_t unjoined_activities = 0; // kernels dropped after reporting whose launch had none known
+  uint64_t call_marks = 0;          // fp8wire call-begin marks received (classify.hpp)
   uint64_t unmatched_step_ends = 0;
   uint64_t nested_step_begins = 0;  // a step began while another was open: ignored
   uint64_t steps_reported = 0;

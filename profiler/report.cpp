@@ -58,7 +58,8 @@ json to_json(const CollectorCounters& c) {
               {"late_activities", c.late_activities},       {"unmatched_step_ends", c.unmatched_step_ends},
               {"nested_step_begins", c.nested_step_begins}, {"steps_reported", c.steps_reported},
               {"dropped_externals", c.dropped_externals},   {"external_records", c.external_records},
-              {"joined_activities", c.joined_activities},   {"unjoined_activities", c.unjoined_activities}};
+              {"joined_activities", c.joined_activities},   {"unjoined_activities", c.unjoined_activities},
+              {"call_marks", c.call_marks}};
 }
 
 namespace {

@@ -259,6 +259,8 @@ TEST_CASE("prof direct wait: a call begun in one step and finished in the next c
   CHECK(second[0].report.exposed_comm_ms == doctest::Approx(22));
   CHECK(second[0].report.exposed_wait_ms == doctest::Approx(18));
   CHECK(col.kept_activities() == 0);
+  CHECK(col.counters().call_marks == 1);
+  CHECK(to_json(col.counters())["call_marks"] == 1);
 }
 
 TEST_CASE("prof direct wait: the call-begin mark is classified, and the split travels through JSON and the table") {

@@ -133,7 +133,7 @@ if "direct" in rows and "free" in rows:
     grown = d["idle"] - fr["idle"]
     good = grown == grown and grown <= 0.10 * d["step"]
     ok &= good
-    print(f"idle: direct {f(d['idle'])} ms vs free {f(fr['idle'])} ms (+{f(grown)}, allowed 10 % of the step, "
+    print(f"idle: direct {f(d['idle'])} ms vs free {f(fr['idle'])} ms ({grown:+.1f}, allowed 10 % of the step, "
           f"{f(0.10 * d['step'])}): {'PASS' if good else 'FAIL'}")
     good = d["direct_in_log"] and d["marks"] > 0
     ok &= good

@@ -21,6 +21,7 @@ const char* to_string(ActivityClass c) {
     case ActivityClass::compute: return "compute";
     case ActivityClass::communication: return "communication";
     case ActivityClass::memory: return "memory";
+    case ActivityClass::call_mark: return "call_mark";
   }
   return "?";
 }
@@ -43,6 +44,8 @@ KernelClassifier::KernelClassifier(std::string_view extra_patterns) {
 }
 
 ActivityClass KernelClassifier::classify_kernel(std::string_view kernel_name) const {
+  if (contains_ignore_case(kernel_name, kCallMarkKernel) && contains_ignore_case(kernel_name, "fp8wire"))
+    return ActivityClass::call_mark;
   for (const std::string& p : patterns_)
     if (contains_ignore_case(kernel_name, p)) return ActivityClass::communication;
   return ActivityClass::compute;

@@ -1,6 +1,8 @@
 #include "profiler/exposure.hpp"
 
 #include <algorithm>
+#include <set>
+#include <unordered_set>
 
 namespace fp8wire::prof {
 
@@ -11,12 +13,57 @@ Interval clip(Interval i, Interval window) {
   return {std::max(i.begin, window.begin), std::min(i.end, window.end)};
 }
 
+constexpr Interval kNoSpan{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
+
 struct CollectiveGroup {
   uint64_t seq = 0;
-  Interval span{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
-  const Activity* first = nullptr;
+  Interval span = kNoSpan;        // call-begin mark (or first kernel) .. last kernel end, unclipped
+  const Activity* first = nullptr;  // earliest kernel (its mark when the call has none)
   uint32_t kernels = 0;
+  int64_t data_ns = 0;            // exposed, a kernel of this collective owning the instant
+  int64_t wait_ns = 0;            // exposed, no kernel running, this collective's span owning it
 };
+
+void widen(Interval& span, Interval t) {
+  span.begin = std::min(span.begin, t.begin);
+  span.end = std::max(span.end, t.end);
+}
+
+// Exposed data per collective: every instant of K \ C goes to the earliest-starting collective
+// (lowest index: groups are sorted by span start) with a kernel running then. One sweep over the
+// kernels' boundaries.
+void own_exposed_data(const std::vector<std::pair<Interval, size_t>>& kernels, const IntervalSet& compute,
+                      std::vector<CollectiveGroup>& groups) {
+  struct Edge {
+    int64_t t;
+    int delta;
+    size_t group;
+  };
+  std::vector<Edge> edges;
+  edges.reserve(kernels.size() * 2);
+  for (const auto& [time, g] : kernels) {
+    edges.push_back({time.begin, +1, g});
+    edges.push_back({time.end, -1, g});
+  }
+  std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.t < b.t; });
+  std::vector<uint32_t> running(groups.size(), 0);
+  std::set<size_t> active;  // groups with a kernel running
+  int64_t previous = 0;
+  for (size_t i = 0; i < edges.size();) {
+    const int64_t t = edges[i].t;
+    if (!active.empty() && t > previous)
+      groups[*active.begin()].data_ns += compute.uncovered_length({previous, t});
+    for (; i < edges.size() && edges[i].t == t; ++i) {
+      const size_t g = edges[i].group;
+      if (edges[i].delta > 0) {
+        if (running[g]++ == 0) active.insert(g);
+      } else if (--running[g] == 0) {
+        active.erase(g);
+      }
+    }
+    previous = t;
+  }
+}
 }  // namespace
 
 uint32_t NameTable::intern(std::string_view name) {
@@ -40,49 +87,93 @@ StepReport compute_step(const StepInput& in, StepTimeline* timeline) {
   r.end_ns = window.end;
   r.step_ms = to_ms(window.length());
 
-  std::vector<Interval> compute, comm, memory;
-  std::vector<CollectiveGroup> groups;
+  // A shim call's span is whole only with all its activities, those outside the window included:
+  // its mark may lie in an earlier window than its kernels.
   std::unordered_map<uint64_t, size_t> group_of_seq;
+  std::vector<CollectiveGroup> groups;
+  for (const Activity& a : in.activities) {
+    if (a.call_seq == 0 || (a.cls != ActivityClass::communication && a.cls != ActivityClass::call_mark)) continue;
+    auto [it, inserted] = group_of_seq.emplace(a.call_seq, groups.size());
+    if (inserted) groups.push_back({.seq = a.call_seq});
+    widen(groups[it->second].span, a.time);
+  }
+
+  std::vector<Interval> compute, memory;
+  std::vector<std::pair<Interval, size_t>> comm;  // clipped communication kernels and their group
   for (const Activity& a : in.activities) {
     const Interval inside = clip(a.time, window);
-    if (inside.empty()) continue;
     switch (a.cls) {
       case ActivityClass::compute:
+        if (inside.empty()) break;
         compute.push_back(inside);
         ++r.compute_kernels;
         break;
       case ActivityClass::memory:
+        if (inside.empty()) break;
         memory.push_back(inside);
         ++r.memory_ops;
         break;
+      case ActivityClass::call_mark:
+        // Only its start matters, through its call's span; a mark without a call is ignored.
+        if (a.call_seq != 0) {
+          CollectiveGroup& g = groups[group_of_seq.at(a.call_seq)];
+          if (!g.first) g.first = &a;
+        }
+        break;
       case ActivityClass::communication: {
-        comm.push_back(inside);
-        ++r.comm_kernels;
         // One shim call = one collective, whatever kernels it launched (codec + NCCL). Without the
         // shim every communication kernel is its own collective.
         size_t g;
         if (a.call_seq != 0) {
-          auto [it, inserted] = group_of_seq.emplace(a.call_seq, groups.size());
-          if (inserted) groups.push_back({.seq = a.call_seq});
-          g = it->second;
+          g = group_of_seq.at(a.call_seq);
         } else {
+          if (inside.empty()) break;
           g = groups.size();
-          groups.push_back({});
+          groups.push_back({.span = a.time});
         }
         CollectiveGroup& group = groups[g];
-        group.span.begin = std::min(group.span.begin, a.time.begin);
-        group.span.end = std::max(group.span.end, a.time.end);
-        if (!group.first || a.time.begin < group.first->time.begin) group.first = &a;
+        if (!group.first || group.first->cls == ActivityClass::call_mark || a.time.begin < group.first->time.begin)
+          group.first = &a;
+        if (inside.empty()) break;  // a kernel of a call whose span reaches into the window
+        comm.emplace_back(inside, g);
         ++group.kernels;
+        ++r.comm_kernels;
         break;
       }
     }
   }
+  // The collectives with time in this window, by span start: the order exposed time is handed out in.
+  std::vector<size_t> order;
+  for (size_t g = 0; g < groups.size(); ++g)
+    if (!clip(groups[g].span, window).empty()) order.push_back(g);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const CollectiveGroup &x = groups[a], &y = groups[b];
+    return x.span.begin != y.span.begin ? x.span.begin < y.span.begin : x.seq < y.seq;
+  });
+  std::vector<size_t> position(groups.size());
+  std::vector<CollectiveGroup> sorted;
+  sorted.reserve(order.size());
+  for (size_t g : order) {
+    position[g] = sorted.size();
+    sorted.push_back(groups[g]);
+  }
+  groups = std::move(sorted);
+  std::vector<Interval> kernel_times, spans;
+  kernel_times.reserve(comm.size());
+  for (auto& [time, g] : comm) {
+    g = position[g];  // a kernel inside the window keeps its group's span inside it too
+    kernel_times.push_back(time);
+  }
+  spans.reserve(groups.size());
+  for (const CollectiveGroup& g : groups) spans.push_back(clip(g.span, window));
 
   const IntervalSet c = IntervalSet::from(std::move(compute));
-  const IntervalSet m = IntervalSet::from(std::move(comm));
+  const IntervalSet k = IntervalSet::from(std::move(kernel_times));
+  const IntervalSet m = k.unite(IntervalSet::from(std::span<const Interval>(spans)));
   const IntervalSet y = IntervalSet::from(std::move(memory));
   const IntervalSet exposed_comm = m.minus(c);
+  const IntervalSet kc = k.unite(c);
+  const IntervalSet exposed_wait = m.minus(kc);
   const IntervalSet exposed_memcpy = y.minus(c.unite(m));
   const int64_t comm_ns = m.measure();
   const int64_t overlap_ns = m.intersect(c).measure();
@@ -90,10 +181,22 @@ StepReport compute_step(const StepInput& in, StepTimeline* timeline) {
   r.compute_ms = to_ms(c.measure());
   r.comm_ms = to_ms(comm_ns);
   r.exposed_comm_ms = to_ms(exposed_comm.measure());
+  r.exposed_wait_ms = to_ms(exposed_wait.measure());
+  r.exposed_data_ms = to_ms(exposed_comm.measure() - exposed_wait.measure());
   r.exposed_memcpy_ms = to_ms(exposed_memcpy.measure());
   // Computed from integer nanoseconds so the four parts add up exactly.
   r.idle_ms = to_ms(window.length() - c.measure() - exposed_comm.measure() - exposed_memcpy.measure());
   r.overlap_pct = comm_ns > 0 ? 100.0 * static_cast<double>(overlap_ns) / static_cast<double>(comm_ns) : 100.0;
+
+  // Exposed wait: the part of S_k no earlier-starting span covered (earlier spans all begin at or
+  // before S_k, so what they cover of it is one piece from its start), minus kernels and compute.
+  int64_t covered_until = std::numeric_limits<int64_t>::min();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const Interval own{std::max(spans[g].begin, covered_until), spans[g].end};
+    groups[g].wait_ns = kc.uncovered_length(own);
+    covered_until = std::max(covered_until, spans[g].end);
+  }
+  own_exposed_data(comm, c, groups);
 
   std::unordered_map<uint64_t, const CallInfo*> call_of_seq;
   for (const CallInfo& call : in.calls) {
@@ -108,27 +211,27 @@ StepReport compute_step(const StepInput& in, StepTimeline* timeline) {
   auto name_of = [names](uint32_t id) -> std::string {
     return names ? std::string(names->name(id)) : std::string();
   };
-  std::sort(groups.begin(), groups.end(),
-            [](const CollectiveGroup& a, const CollectiveGroup& b) { return a.span.begin < b.span.begin; });
   std::vector<CollectiveReport> collectives;
   collectives.reserve(groups.size());
-  for (size_t k = 0; k < groups.size(); ++k) {
-    const CollectiveGroup& g = groups[k];
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const CollectiveGroup& group = groups[g];
     CollectiveReport cr;
-    cr.seq = g.seq;
-    cr.ordinal = static_cast<uint32_t>(k);
-    cr.kernel = name_of(g.first->name);
-    cr.range = name_of(g.first->range);
-    cr.kernels = g.kernels;
-    const Interval span = clip(g.span, window);
-    cr.begin_ns = g.span.begin;
-    cr.duration_ms = to_ms(span.length());
-    cr.exposed_ms = to_ms(c.uncovered_length(span));
-    if (auto it = call_of_seq.find(g.seq); g.seq != 0 && it != call_of_seq.end()) {
+    cr.seq = group.seq;
+    cr.ordinal = static_cast<uint32_t>(g);
+    cr.kernel = name_of(group.first->name);
+    cr.range = name_of(group.first->range);
+    cr.kernels = group.kernels;
+    cr.begin_ns = group.span.begin;
+    cr.duration_ms = to_ms(spans[g].length());
+    cr.exposed_data_ms = to_ms(group.data_ns);
+    cr.exposed_wait_ms = to_ms(group.wait_ns);
+    cr.exposed_ms = to_ms(group.data_ns + group.wait_ns);
+    if (auto it = call_of_seq.find(group.seq); group.seq != 0 && it != call_of_seq.end()) {
       const CallInfo& call = *it->second;
       cr.name = name_of(call.kind);
       cr.dtype = name_of(call.dtype);
       cr.path = name_of(call.path);
+      cr.transport = name_of(call.transport);
       if (call.range != kNoName) cr.range = name_of(call.range);
       cr.app_bytes = call.app_bytes;
       cr.wire_bytes = call.wire_bytes;
@@ -152,6 +255,7 @@ StepReport compute_step(const StepInput& in, StepTimeline* timeline) {
     timeline->compute = c;
     timeline->comm = m;
     timeline->exposed_comm = exposed_comm;
+    timeline->exposed_wait = exposed_wait;
     timeline->exposed_memcpy = exposed_memcpy;
   }
   return r;
@@ -174,9 +278,18 @@ std::vector<StepReport> compute_steps(std::span<const StepWindow> windows, std::
     running = std::max(running, w.end);
     max_end[k] = running;
   }
+  // A shim call's activities belong to every window its span overlaps (compute_step needs them all).
+  std::unordered_map<uint64_t, Interval> span_of_seq;
+  for (const Activity& a : activities)
+    if (a.call_seq != 0 && (a.cls == ActivityClass::communication || a.cls == ActivityClass::call_mark)) {
+      auto [it, inserted] = span_of_seq.try_emplace(a.call_seq, a.time);
+      if (!inserted) widen(it->second, a.time);
+    }
   std::vector<std::vector<uint32_t>> members(windows.size());
   for (size_t i = 0; i < activities.size(); ++i) {
-    const Interval t = activities[i].time;
+    const Activity& a = activities[i];
+    const bool in_call = a.call_seq != 0 && (a.cls == ActivityClass::communication || a.cls == ActivityClass::call_mark);
+    const Interval t = in_call ? span_of_seq.at(a.call_seq) : a.time;
     if (t.empty()) continue;  // contributes to no window (compute_step clips it away)
     const size_t hi = static_cast<size_t>(std::lower_bound(begins.begin(), begins.end(), t.end) - begins.begin());
     size_t k = static_cast<size_t>(std::upper_bound(max_end.begin(), max_end.end(), t.begin) - max_end.begin());
@@ -219,6 +332,7 @@ void Collector::add_activity(const Activity& a) {
     ++counters_.dropped_activities;
     return;
   }
+  counters_.call_marks += a.cls == ActivityClass::call_mark;
   activities_.push_back(a);
 }
 
@@ -351,8 +465,12 @@ std::vector<Collector::Finalized> Collector::report_first(size_t ready) {
     int64_t watermark = reported_until_;
     if (!closed_steps_.empty()) watermark = std::min(watermark, closed_steps_.front().time.begin);
     if (open_step_) watermark = std::min(watermark, open_step_->time.begin);
-    std::erase_if(activities_, [this, watermark](const Activity& a) {
-      if (a.time.end > watermark) return false;
+    // A call reaching past the watermark keeps all its records: its span starts at its earliest.
+    std::unordered_set<uint64_t> open_calls;
+    for (const Activity& a : activities_)
+      if (a.call_seq != 0 && a.time.end > watermark) open_calls.insert(a.call_seq);
+    std::erase_if(activities_, [this, watermark, &open_calls](const Activity& a) {
+      if (a.time.end > watermark || (a.call_seq != 0 && open_calls.contains(a.call_seq))) return false;
       // Kernels launched outside any NVTX range or shim call have no external ids: expected.
       if (a.correlation != 0) ++counters_.unjoined_activities;
       return true;

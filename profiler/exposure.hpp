@@ -2,15 +2,28 @@
 // it without a GPU. The CUPTI layer (prof_preload.cpp) and the Kineto reader (kineto.cpp) both reduce
 // their input to Activity / CallInfo / step windows and call the same code here.
 //
-// For a step window W: C = union of compute kernels, M = union of communication kernels, Y = union of
-// memcpy/memset.
+// A collective k is one shim call (every kernel it launched, codec and NCCL, grouped by the call's
+// sequence number) or, without the shim, one NCCL kernel. Its span S_k runs from its call-begin mark
+// (classify.hpp; else its first kernel's start) to its last kernel's end: the time its lanes were
+// inside it, the waits between its kernels included (a direct transport's lanes wait on their peers'
+// flags with stream memory operations, which no kernel record shows). For a step window W:
+// C = union of compute kernels, K = union of communication kernels, M = K ∪ (every S_k) (the time
+// spent communicating, moving data or waiting for peers), Y = union of memcpy/memset.
 //   compute_ms        = |C ∩ W|
-//   exposed_comm_ms   = |(M \ C) ∩ W|
+//   comm_ms           = |M ∩ W|
+//   exposed_comm_ms   = |(M \ C) ∩ W|  = exposed_data_ms + exposed_wait_ms, where
+//     exposed_data_ms = |(K \ C) ∩ W|  (a communication kernel runs: data moves, or NCCL waits
+//                                        inside its kernel, which CUPTI cannot tell apart)
+//     exposed_wait_ms = |(M \ (K ∪ C)) ∩ W| (inside a collective, no kernel of it running: waiting
+//                                        for peers, for the call's other lane, or for the GPU)
 //   exposed_memcpy_ms = |(Y \ (C ∪ M)) ∩ W|
-//   idle_ms           = |W| - the three above          (so the four add up to the step)
+//   idle_ms           = |W| - compute - exposed comm - exposed memcpy   (the four add up to the step)
 //   overlap_pct       = 100 * |M ∩ C ∩ W| / |M ∩ W|     (100 when there is no communication)
-// Collective k (one shim call, or one NCCL kernel without the shim) spans [start_k, end_k] = first
-// kernel start .. last kernel end; exposed_k = |([start_k, end_k] ∩ W) \ C|.
+// Per collective the exposed time is split so that the collectives add up to the step exactly: each
+// instant of exposed data belongs to the earliest-starting collective with a kernel running then,
+// each instant of exposed wait to the earliest-starting collective whose span covers it. Without
+// overlapping collectives that is exposed_k = |(S_k ∩ W) \ C|; the sum over every collective of a
+// step equals exposed_comm_ms, its data and wait parts exposed_data_ms and exposed_wait_ms.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +78,7 @@ struct CallInfo {
   uint64_t app_bytes = 0;
   uint64_t wire_bytes = 0;
   uint32_t coalesced_calls = 1;
+  uint32_t transport = kNoName;  // "nccl", "host_memory", "peer_memory": what carried the bytes
 };
 
 struct StepWindow {
@@ -80,12 +94,15 @@ struct CollectiveReport {
   std::string range;         // application's NVTX range at issue time
   std::string dtype;
   std::string path;
+  std::string transport;     // what carried an FP8 call's bytes ("" without the shim)
   uint64_t app_bytes = 0;
   uint64_t wire_bytes = 0;
   uint32_t kernels = 0;
   int64_t begin_ns = 0;
-  double duration_ms = 0;    // [start_k, end_k] ∩ W
-  double exposed_ms = 0;
+  double duration_ms = 0;    // |S_k ∩ W|
+  double exposed_ms = 0;     // its share of the step's exposed communication: data + wait
+  double exposed_data_ms = 0;
+  double exposed_wait_ms = 0;
 };
 
 struct StepReport {
@@ -97,6 +114,8 @@ struct StepReport {
   double compute_ms = 0;
   double comm_ms = 0;          // |M ∩ W|, hidden or not
   double exposed_comm_ms = 0;
+  double exposed_data_ms = 0;  // the two parts of exposed_comm_ms
+  double exposed_wait_ms = 0;
   double exposed_memcpy_ms = 0;
   double idle_ms = 0;
   double overlap_pct = 100;
@@ -114,6 +133,7 @@ struct StepTimeline {
   IntervalSet compute;
   IntervalSet comm;
   IntervalSet exposed_comm;
+  IntervalSet exposed_wait;  // the part of exposed_comm where no communication kernel runs
   IntervalSet exposed_memcpy;
 };
 
@@ -132,7 +152,8 @@ StepReport compute_step(const StepInput& input, StepTimeline* timeline = nullptr
 // that overlap it (found by binary search over activities sorted by start and windows sorted by
 // start, with a running maximum of window ends), so the cost is O((A + W) log A + overlaps) rather
 // than A x W: a trace of thousands of steps and millions of kernels stays linear. The result is the
-// same as calling compute_step once per window with every activity.
+// same as calling compute_step once per window with every activity (a shim call's activities count
+// as overlapping a window when the call's span does).
 std::vector<StepReport> compute_steps(std::span<const StepWindow> windows, std::span<const Activity> activities,
                                       std::span<const CallInfo> calls, const NameTable* names, size_t top_n,
                                       int rank);
@@ -157,6 +178,7 @@ struct CollectorCounters {
   uint64_t external_records = 0;    // launch external ids received (NVTX range / shim call)
   uint64_t joined_activities = 0;   // kernels whose launch's external ids were found
   uint64_t unjoined_activities = 0; // kernels dropped after reporting whose launch had none known
+  uint64_t call_marks = 0;          // fp8wire call-begin marks received (classify.hpp)
   uint64_t unmatched_step_ends = 0;
   uint64_t nested_step_begins = 0;  // a step began while another was open: ignored
   uint64_t steps_reported = 0;

@@ -248,7 +248,8 @@ class Profiler {
   uint64_t steps_since_table_ = 0;
   struct Totals {
     uint64_t steps = 0;
-    double step_ms = 0, compute_ms = 0, comm_ms = 0, exposed_comm_ms = 0, exposed_memcpy_ms = 0, idle_ms = 0;
+    double step_ms = 0, compute_ms = 0, comm_ms = 0, exposed_comm_ms = 0, exposed_wait_ms = 0, exposed_memcpy_ms = 0,
+           idle_ms = 0;
     uint64_t app_bytes = 0, wire_bytes = 0;
   } totals_;
   uint64_t cupti_dropped_per_context_ = 0;  // drops reported with a context's buffers
@@ -636,6 +637,7 @@ void Profiler::drain_events_locked() {
     c.app_bytes = e.record.app_bytes;
     c.wire_bytes = e.record.wire_bytes;
     c.coalesced_calls = e.record.coalesced_calls;
+    c.transport = collector_.names().intern(to_string(e.record.transport));
     collector_.add_call(c);
   });
 }
@@ -680,6 +682,7 @@ void Profiler::report_locked(std::vector<Collector::Finalized>&& steps) {
     totals_.compute_ms += r.compute_ms;
     totals_.comm_ms += r.comm_ms;
     totals_.exposed_comm_ms += r.exposed_comm_ms;
+    totals_.exposed_wait_ms += r.exposed_wait_ms;
     totals_.exposed_memcpy_ms += r.exposed_memcpy_ms;
     totals_.idle_ms += r.idle_ms;
     totals_.app_bytes += r.app_bytes;
@@ -722,6 +725,7 @@ void Profiler::write_summary_locked() {
                          {"mean_compute_ms", totals_.compute_ms / n},
                          {"mean_comm_ms", totals_.comm_ms / n},
                          {"mean_exposed_comm_ms", totals_.exposed_comm_ms / n},
+                         {"mean_exposed_wait_ms", totals_.exposed_wait_ms / n},
                          {"mean_exposed_memcpy_ms", totals_.exposed_memcpy_ms / n},
                          {"mean_idle_ms", totals_.idle_ms / n},
                          {"app_bytes", totals_.app_bytes},
@@ -740,11 +744,11 @@ void Profiler::write_summary_locked() {
                format_table(merge_ranks(last, config_.profiler_top), 40));
   }
   fmt::print(stderr,
-             "fp8wire profiler, rank {}: {} steps, mean step {:.3f} ms, compute {:.3f}, exposed comm {:.3f}, "
-             "exposed memcpy {:.3f}, idle {:.3f}; dropped: {} activities, {} late, {} CUPTI records, {} incomplete; "
+             "fp8wire profiler, rank {}: {} steps, mean step {:.3f} ms, compute {:.3f}, exposed comm {:.3f} "
+             "(waiting {:.3f}), exposed memcpy {:.3f}, idle {:.3f}; dropped: {} activities, {} late, {} CUPTI records, {} incomplete; "
              "launch ids: {} received, {} kernels joined, {} not\n",
              collector_.options().rank, totals_.steps, totals_.step_ms / n, totals_.compute_ms / n,
-             totals_.exposed_comm_ms / n, totals_.exposed_memcpy_ms / n, totals_.idle_ms / n,
+             totals_.exposed_comm_ms / n, totals_.exposed_wait_ms / n, totals_.exposed_memcpy_ms / n, totals_.idle_ms / n,
              c.dropped_activities, c.late_activities, cupti_dropped, incomplete_records_, c.external_records,
              c.joined_activities, c.unjoined_activities);
   if (c.late_activities > 0 || cupti_dropped > 0 || incomplete_records_ > 0)

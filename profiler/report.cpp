@@ -21,9 +21,10 @@ std::string dump_json(const json& j, int indent) {
 json to_json(const CollectiveReport& c) {
   return json{{"seq", c.seq},           {"ordinal", c.ordinal},       {"name", c.name},
               {"kernel", c.kernel},     {"range", c.range},           {"dtype", c.dtype},
-              {"path", c.path},         {"app_bytes", c.app_bytes},   {"wire_bytes", c.wire_bytes},
-              {"kernels", c.kernels},   {"begin_ns", c.begin_ns},     {"duration_ms", c.duration_ms},
-              {"exposed_ms", c.exposed_ms}};
+              {"path", c.path},         {"transport", c.transport},   {"app_bytes", c.app_bytes},
+              {"wire_bytes", c.wire_bytes}, {"kernels", c.kernels},   {"begin_ns", c.begin_ns},
+              {"duration_ms", c.duration_ms}, {"exposed_ms", c.exposed_ms},
+              {"exposed_data_ms", c.exposed_data_ms}, {"exposed_wait_ms", c.exposed_wait_ms}};
 }
 
 json to_json(const StepReport& r) {
@@ -38,6 +39,8 @@ json to_json(const StepReport& r) {
               {"compute_ms", r.compute_ms},
               {"comm_ms", r.comm_ms},
               {"exposed_comm_ms", r.exposed_comm_ms},
+              {"exposed_data_ms", r.exposed_data_ms},
+              {"exposed_wait_ms", r.exposed_wait_ms},
               {"exposed_memcpy_ms", r.exposed_memcpy_ms},
               {"idle_ms", r.idle_ms},
               {"overlap_pct", r.overlap_pct},
@@ -55,7 +58,8 @@ json to_json(const CollectorCounters& c) {
               {"late_activities", c.late_activities},       {"unmatched_step_ends", c.unmatched_step_ends},
               {"nested_step_begins", c.nested_step_begins}, {"steps_reported", c.steps_reported},
               {"dropped_externals", c.dropped_externals},   {"external_records", c.external_records},
-              {"joined_activities", c.joined_activities},   {"unjoined_activities", c.unjoined_activities}};
+              {"joined_activities", c.joined_activities},   {"unjoined_activities", c.unjoined_activities},
+              {"call_marks", c.call_marks}};
 }
 
 namespace {
@@ -112,6 +116,8 @@ bool step_report_from_json(const json& j, StepReport& r, std::string& error) {
                   read_field(j, "step_ms", r.step_ms, error) && read_field(j, "compute_ms", r.compute_ms, error) &&
                   read_field(j, "comm_ms", r.comm_ms, error) &&
                   read_field(j, "exposed_comm_ms", r.exposed_comm_ms, error) &&
+                  read_field(j, "exposed_data_ms", r.exposed_data_ms, error) &&
+                  read_field(j, "exposed_wait_ms", r.exposed_wait_ms, error) &&
                   read_field(j, "exposed_memcpy_ms", r.exposed_memcpy_ms, error) &&
                   read_field(j, "idle_ms", r.idle_ms, error) && read_field(j, "overlap_pct", r.overlap_pct, error) &&
                   read_field(j, "app_bytes", r.app_bytes, error) && read_field(j, "wire_bytes", r.wire_bytes, error) &&
@@ -133,10 +139,13 @@ bool step_report_from_json(const json& j, StepReport& r, std::string& error) {
     const bool good = t.is_object() && read_field(t, "seq", c.seq, why) && read_field(t, "ordinal", c.ordinal, why) &&
                       read_field(t, "name", c.name, why) && read_field(t, "kernel", c.kernel, why) &&
                       read_field(t, "range", c.range, why) && read_field(t, "dtype", c.dtype, why) &&
-                      read_field(t, "path", c.path, why) && read_field(t, "app_bytes", c.app_bytes, why) &&
+                      read_field(t, "path", c.path, why) && read_field(t, "transport", c.transport, why) &&
+                      read_field(t, "app_bytes", c.app_bytes, why) &&
                       read_field(t, "wire_bytes", c.wire_bytes, why) && read_field(t, "kernels", c.kernels, why) &&
                       read_field(t, "begin_ns", c.begin_ns, why) && read_field(t, "duration_ms", c.duration_ms, why) &&
-                      read_field(t, "exposed_ms", c.exposed_ms, why);
+                      read_field(t, "exposed_ms", c.exposed_ms, why) &&
+                      read_field(t, "exposed_data_ms", c.exposed_data_ms, why) &&
+                      read_field(t, "exposed_wait_ms", c.exposed_wait_ms, why);
     if (!good) {
       error = fmt::format("\"top\"[{}]: {}", i, why.empty() ? fmt::format("is {}, expected an object", shown(t)) : why);
       return false;
@@ -204,7 +213,7 @@ struct Accumulator {
 };
 
 struct StepAccumulator {
-  Accumulator step_ms, compute_ms, comm_ms, exposed_comm_ms, exposed_memcpy_ms, idle_ms, overlap_pct;
+  Accumulator step_ms, compute_ms, comm_ms, exposed_comm_ms, exposed_wait_ms, exposed_memcpy_ms, idle_ms, overlap_pct;
   uint64_t app_bytes = 0, wire_bytes = 0, calls = 0;
   int ranks = 0;
 };
@@ -222,6 +231,7 @@ MergedReport merge_ranks(const std::vector<StepReport>& reports, size_t top_n) {
     a.compute_ms.add(r.compute_ms);
     a.comm_ms.add(r.comm_ms);
     a.exposed_comm_ms.add(r.exposed_comm_ms);
+    a.exposed_wait_ms.add(r.exposed_wait_ms);
     a.exposed_memcpy_ms.add(r.exposed_memcpy_ms);
     a.idle_ms.add(r.idle_ms);
     a.overlap_pct.add(r.overlap_pct);
@@ -235,7 +245,8 @@ MergedReport merge_ranks(const std::vector<StepReport>& reports, size_t top_n) {
   m.ranks = static_cast<int>(ranks.size());
 
   // The mean row averages each per-step statistic over steps (mean of maxima, mean of means).
-  Accumulator mean_fields[7][2];
+  constexpr int kFields = 8;
+  Accumulator mean_fields[kFields][2];
   uint64_t app = 0, wire = 0, calls = 0;
   for (const auto& [step, a] : by_step) {
     MergedStep s;
@@ -245,15 +256,16 @@ MergedReport merge_ranks(const std::vector<StepReport>& reports, size_t top_n) {
     s.compute_ms = a.compute_ms.stat();
     s.comm_ms = a.comm_ms.stat();
     s.exposed_comm_ms = a.exposed_comm_ms.stat();
+    s.exposed_wait_ms = a.exposed_wait_ms.stat();
     s.exposed_memcpy_ms = a.exposed_memcpy_ms.stat();
     s.idle_ms = a.idle_ms.stat();
     s.overlap_pct = a.overlap_pct.stat();
     s.app_bytes = a.app_bytes;
     s.wire_bytes = a.wire_bytes;
     s.calls = a.calls;
-    const Stat* fields[7] = {&s.step_ms, &s.compute_ms, &s.comm_ms, &s.exposed_comm_ms,
-                             &s.exposed_memcpy_ms, &s.idle_ms, &s.overlap_pct};
-    for (int f = 0; f < 7; ++f) {
+    const Stat* fields[kFields] = {&s.step_ms, &s.compute_ms, &s.comm_ms, &s.exposed_comm_ms,
+                                   &s.exposed_wait_ms, &s.exposed_memcpy_ms, &s.idle_ms, &s.overlap_pct};
+    for (int f = 0; f < kFields; ++f) {
       mean_fields[f][0].add(fields[f]->max);
       mean_fields[f][1].add(fields[f]->mean);
     }
@@ -264,9 +276,9 @@ MergedReport merge_ranks(const std::vector<StepReport>& reports, size_t top_n) {
   }
   m.mean.step = -1;
   m.mean.ranks = m.ranks;
-  Stat* fields[7] = {&m.mean.step_ms, &m.mean.compute_ms, &m.mean.comm_ms, &m.mean.exposed_comm_ms,
-                     &m.mean.exposed_memcpy_ms, &m.mean.idle_ms, &m.mean.overlap_pct};
-  for (int f = 0; f < 7; ++f) {
+  Stat* fields[kFields] = {&m.mean.step_ms, &m.mean.compute_ms, &m.mean.comm_ms, &m.mean.exposed_comm_ms,
+                           &m.mean.exposed_wait_ms, &m.mean.exposed_memcpy_ms, &m.mean.idle_ms, &m.mean.overlap_pct};
+  for (int f = 0; f < kFields; ++f) {
     fields[f]->max = mean_fields[f][0].stat().mean;
     fields[f]->mean = mean_fields[f][1].stat().mean;
   }
@@ -294,6 +306,7 @@ json to_json(const MergedReport& m) {
                 {"compute_ms", stat_json(s.compute_ms)},
                 {"comm_ms", stat_json(s.comm_ms)},
                 {"exposed_comm_ms", stat_json(s.exposed_comm_ms)},
+                {"exposed_wait_ms", stat_json(s.exposed_wait_ms)},
                 {"exposed_memcpy_ms", stat_json(s.exposed_memcpy_ms)},
                 {"idle_ms", stat_json(s.idle_ms)},
                 {"overlap_pct", stat_json(s.overlap_pct)},
@@ -323,20 +336,22 @@ std::string bytes_text(uint64_t b) {
 }
 
 std::string row(const std::string& label, const MergedStep& s) {
-  return fmt::format("{:>6} {:>5} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>7.1f} {:>9} {:>9}\n",
-                     label, s.ranks, s.step_ms.max, s.step_ms.mean, s.compute_ms.mean,
-                     s.comm_ms.mean, s.exposed_comm_ms.max, s.exposed_comm_ms.mean,
-                     s.exposed_memcpy_ms.mean, s.overlap_pct.mean, bytes_text(s.app_bytes),
-                     bytes_text(s.wire_bytes));
+  return fmt::format(
+      "{:>6} {:>5} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>7.1f} {:>9} "
+      "{:>9}\n",
+      label, s.ranks, s.step_ms.max, s.step_ms.mean, s.compute_ms.mean, s.comm_ms.mean, s.exposed_comm_ms.max,
+      s.exposed_comm_ms.mean, s.exposed_wait_ms.mean, s.exposed_memcpy_ms.mean, s.idle_ms.mean, s.overlap_pct.mean,
+      bytes_text(s.app_bytes), bytes_text(s.wire_bytes));
 }
 }  // namespace
 
 std::string format_table(const MergedReport& m, size_t max_rows) {
   std::string out = fmt::format("fp8wire exposure report: {} rank(s), {} step(s); ms unless noted\n",
                                 m.ranks, m.steps.size());
-  out += fmt::format("{:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}\n", "step",
-                     "ranks", "step.max", "step.avg", "compute", "comm", "expo.max", "expo.avg",
-                     "memcpy", "ovl%", "app", "wire");
+  // expo.wait: the part of expo.avg spent inside collectives with none of their kernels running.
+  out += fmt::format("{:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}\n", "step",
+                     "ranks", "step.max", "step.avg", "compute", "comm", "expo.max", "expo.avg", "expo.wait",
+                     "memcpy", "idle", "ovl%", "app", "wire");
   for (size_t i = 0; i < m.steps.size(); ++i) {
     if (i == max_rows && m.steps.size() > max_rows) {
       out += fmt::format("{:>6} ({} more steps)\n", "...", m.steps.size() - max_rows);
@@ -347,14 +362,16 @@ std::string format_table(const MergedReport& m, size_t max_rows) {
   if (!m.steps.empty()) out += row("mean", m.mean);
   if (!m.top.empty()) {
     out += "top exposed collectives:\n";
-    out += fmt::format("{:>4} {:>6} {:>6} {:>5} {:>14} {:>9} {:>9} {:>6} {:>11} {:>9}  {}\n", "rank",
-                       "step", "seq", "#", "collective", "dur", "exposed", "dtype", "path", "bytes",
-                       "nvtx range");
+    // exposed = data (a kernel of it running) + wait (inside it, none running: peers, its other lane)
+    out += fmt::format("{:>4} {:>6} {:>6} {:>5} {:>14} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11} {:>11} {:>9}  {}\n",
+                       "rank", "step", "seq", "#", "collective", "dur", "exposed", "data", "wait", "dtype", "path",
+                       "transport", "bytes", "nvtx range");
     for (const RankedCollective& t : m.top) {
       const CollectiveReport& c = t.collective;
-      out += fmt::format("{:>4} {:>6} {:>6} {:>5} {:>14} {:>9.3f} {:>9.3f} {:>6} {:>11} {:>9}  {}\n", t.rank,
-                         t.step, c.seq, c.ordinal, c.name.substr(0, 14), c.duration_ms, c.exposed_ms,
-                         c.dtype.empty() ? "-" : c.dtype, c.path.empty() ? "-" : c.path,
+      out += fmt::format("{:>4} {:>6} {:>6} {:>5} {:>14} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>6} {:>11} {:>11} {:>9}  {}\n",
+                         t.rank, t.step, c.seq, c.ordinal, c.name.substr(0, 14), c.duration_ms, c.exposed_ms,
+                         c.exposed_data_ms, c.exposed_wait_ms, c.dtype.empty() ? "-" : c.dtype,
+                         c.path.empty() ? "-" : c.path, c.transport.empty() ? "-" : c.transport.substr(0, 11),
                          bytes_text(c.app_bytes), c.range.empty() ? "-" : c.range);
     }
   }
@@ -365,9 +382,11 @@ std::string format_table(const MergedReport& m, size_t max_rows) {
 // Trace
 
 namespace {
-enum Track : int { kSteps = 0, kCompute = 1, kComm = 2, kExposedComm = 3, kExposedMemcpy = 4, kCollectives = 5 };
+enum Track : int {
+  kSteps = 0, kCompute = 1, kComm = 2, kExposedComm = 3, kExposedWait = 4, kExposedMemcpy = 5, kCollectives = 6
+};
 constexpr const char* kTrackNames[] = {"steps", "compute", "communication", "exposed communication",
-                                       "exposed memcpy", "top exposed collectives"};
+                                       "exposed wait for peers", "exposed memcpy", "top exposed collectives"};
 }  // namespace
 
 TraceWriter::~TraceWriter() { close(); }
@@ -407,13 +426,16 @@ void TraceWriter::event(const char* name, int track, int64_t begin_ns, int64_t d
 void TraceWriter::write_step(const StepReport& r, const StepTimeline& timeline) {
   if (!file_) return;
   const json step_args{{"compute_ms", r.compute_ms},     {"comm_ms", r.comm_ms},
-                       {"exposed_comm_ms", r.exposed_comm_ms}, {"exposed_memcpy_ms", r.exposed_memcpy_ms},
+                       {"exposed_comm_ms", r.exposed_comm_ms}, {"exposed_wait_ms", r.exposed_wait_ms},
+                       {"exposed_memcpy_ms", r.exposed_memcpy_ms},
                        {"idle_ms", r.idle_ms},           {"overlap_pct", r.overlap_pct}};
   event(fmt::format("step {}", r.step).c_str(), kSteps, r.begin_ns, r.end_ns - r.begin_ns, &step_args);
   for (const Interval& i : timeline.compute.intervals()) event("compute", kCompute, i.begin, i.length(), nullptr);
   for (const Interval& i : timeline.comm.intervals()) event("communication", kComm, i.begin, i.length(), nullptr);
   for (const Interval& i : timeline.exposed_comm.intervals())
     event("exposed", kExposedComm, i.begin, i.length(), nullptr);
+  for (const Interval& i : timeline.exposed_wait.intervals())
+    event("waiting", kExposedWait, i.begin, i.length(), nullptr);
   for (const Interval& i : timeline.exposed_memcpy.intervals())
     event("exposed memcpy", kExposedMemcpy, i.begin, i.length(), nullptr);
   for (const CollectiveReport& c : r.top) {

@@ -1,7 +1,7 @@
 // Report formats of the exposure profiler:
 //  - JSON lines, one file per rank: {"type":"step",...} per step, {"type":"summary",...} at the end;
 //  - a Chrome/Perfetto trace per rank (JSON array format) with steps, compute, communication,
-//    exposed-communication and exposed-memcpy tracks, plus the top collectives of each step;
+//    exposed-communication, exposed-wait and exposed-memcpy tracks, plus the top collectives of each step;
 //  - a merge of all ranks (max and mean over ranks per step) as a text table and as JSON.
 #pragma once
 
@@ -49,7 +49,7 @@ struct RankedCollective {
 struct MergedStep {
   int64_t step = 0;
   int ranks = 0;
-  Stat step_ms, compute_ms, comm_ms, exposed_comm_ms, exposed_memcpy_ms, idle_ms, overlap_pct;
+  Stat step_ms, compute_ms, comm_ms, exposed_comm_ms, exposed_wait_ms, exposed_memcpy_ms, idle_ms, overlap_pct;
   uint64_t app_bytes = 0;   // summed over ranks
   uint64_t wire_bytes = 0;
   uint64_t calls = 0;       // summed over ranks

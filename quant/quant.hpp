@@ -84,6 +84,9 @@ cudaError_t quantize_with_residual(const void* in, ElemType in_type, size_t coun
                                    void* wire, Segmented layout, const WireFormat& fmt,
                                    cudaStream_t stream, LaunchOptions opt = {});
 
+// The exposure profiler's call-begin mark: an empty kernel on `stream` (quant/call_mark.cu).
+cudaError_t mark_call_begin(cudaStream_t stream);
+
 // Whether this device has native FP8 conversion instructions (sm_89+).
 bool device_has_native_fp8(int device);
 

@@ -26,6 +26,9 @@ struct Ring {
   std::atomic<uint64_t> wire_bytes[kMaxPaths] = {};
   std::atomic<uint64_t> gather_calls[3] = {};
   std::atomic<uint64_t> direct_calls{0};
+  std::atomic<uint64_t> transport_calls[kMaxTransports] = {};
+  std::atomic<uint64_t> transport_app_bytes[kMaxTransports] = {};
+  std::atomic<uint64_t> transport_wire_bytes[kMaxTransports] = {};
 };
 
 Ring& ring() {
@@ -51,6 +54,10 @@ void Accounting::record(const CallRecord& r) {
   if (r.gather != GatherTransport::automatic && static_cast<int>(r.gather) < 3)
     g.gather_calls[static_cast<int>(r.gather)].fetch_add(1, std::memory_order_relaxed);
   if (r.transport != TransportKind::nccl) g.direct_calls.fetch_add(1, std::memory_order_relaxed);
+  const int t = static_cast<int>(r.transport) < kMaxTransports ? static_cast<int>(r.transport) : 0;
+  g.transport_calls[t].fetch_add(1, std::memory_order_relaxed);
+  g.transport_app_bytes[t].fetch_add(r.app_bytes, std::memory_order_relaxed);
+  g.transport_wire_bytes[t].fetch_add(r.wire_bytes, std::memory_order_relaxed);
 
   const uint64_t index = g.written.fetch_add(1, std::memory_order_relaxed);
   Slot& slot = g.slots[index % kCapacity];
@@ -95,6 +102,11 @@ AccountingTotals Accounting::totals() const {
   }
   for (int i = 0; i < 3; ++i) t.gather_calls[i] = g.gather_calls[i].load(std::memory_order_relaxed);
   t.direct_calls = g.direct_calls.load(std::memory_order_relaxed);
+  for (int i = 0; i < kMaxTransports; ++i) {
+    t.transport_calls[i] = g.transport_calls[i].load(std::memory_order_relaxed);
+    t.transport_app_bytes[i] = g.transport_app_bytes[i].load(std::memory_order_relaxed);
+    t.transport_wire_bytes[i] = g.transport_wire_bytes[i].load(std::memory_order_relaxed);
+  }
   t.dropped_records = g.dropped.load(std::memory_order_relaxed);
   return t;
 }
@@ -108,6 +120,11 @@ void Accounting::reset() {
   }
   for (auto& c : g.gather_calls) c.store(0);
   g.direct_calls.store(0);
+  for (int i = 0; i < kMaxTransports; ++i) {
+    g.transport_calls[i].store(0);
+    g.transport_app_bytes[i].store(0);
+    g.transport_wire_bytes[i].store(0);
+  }
   g.dropped.store(0);
   g.read_horizon.store(seq_.load());
   // Records stay readable by seq; only the totals restart.

@@ -84,12 +84,20 @@ class CallHookScope {
 // Slots per path in the totals: room for paths added later without changing the C API's layout.
 inline constexpr int kMaxPaths = 16;
 static_assert(kPathCount <= kMaxPaths);
+// Slots per transport (TransportKind), room likewise.
+inline constexpr int kMaxTransports = 8;
+static_assert(static_cast<int>(TransportKind::host_memory) < kMaxTransports);
 struct AccountingTotals {
   uint64_t calls[kMaxPaths] = {};       // by Path
   uint64_t app_bytes[kMaxPaths] = {};
   uint64_t wire_bytes[kMaxPaths] = {};
   uint64_t gather_calls[3] = {};  // FP8 calls by CallRecord::gather (index = GatherTransport; [0] unused)
   uint64_t direct_calls = 0;      // FP8 calls a direct transport carried (CallRecord::transport)
+  // Every call by the transport that carried its bytes (CallRecord::transport; pass-through and
+  // fallback calls are NCCL's), so a job can see which one it used.
+  uint64_t transport_calls[kMaxTransports] = {};
+  uint64_t transport_app_bytes[kMaxTransports] = {};
+  uint64_t transport_wire_bytes[kMaxTransports] = {};
   uint64_t dropped_records = 0;
 };
 

@@ -13,6 +13,8 @@ struct CodecApi {
   decltype(&quant::dequantize) dequantize = nullptr;
   decltype(&quant::dequantize_reduce) dequantize_reduce = nullptr;
   decltype(&quant::dequantize_reduce_mixed) dequantize_reduce_mixed = nullptr;
+  // Not a codec kernel: the profiler's call-begin mark (null: none on this platform).
+  decltype(&quant::mark_call_begin) mark_call_begin = nullptr;
 };
 
 }  // namespace fp8wire

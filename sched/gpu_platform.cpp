@@ -90,6 +90,7 @@ Platform gpu_platform(const NcclApi& nccl) {
   q.dequantize = quant::dequantize;
   q.dequantize_reduce = quant::dequantize_reduce;
   q.dequantize_reduce_mixed = quant::dequantize_reduce_mixed;
+  q.mark_call_begin = quant::mark_call_begin;
   p.host_facts = gpu_host_facts;
   fill_direct_platform(p);
   return p;

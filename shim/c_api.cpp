@@ -17,6 +17,7 @@ static_assert(FP8WIRE_MAX_PATHS == fp8wire::kMaxPaths);
 static_assert(sizeof(fp8wire_totals::calls) == sizeof(fp8wire::AccountingTotals::calls));
 static_assert(sizeof(fp8wire_totals::app_bytes) == sizeof(fp8wire::AccountingTotals::app_bytes));
 static_assert(sizeof(fp8wire_totals::wire_bytes) == sizeof(fp8wire::AccountingTotals::wire_bytes));
+static_assert(FP8WIRE_MAX_TRANSPORTS == fp8wire::kMaxTransports);
 
 void step_mark(int64_t step, int begin) {
   try {
@@ -97,6 +98,26 @@ FP8WIRE_EXPORT void fp8wire_get_totals(fp8wire_totals* out) {
     out->dropped_records = totals.dropped_records;
   } catch (...) {
     FP8WIRE_ERROR("fp8wire_get_totals: internal error; returning zeros");
+  }
+}
+
+FP8WIRE_EXPORT const char* fp8wire_transport_name(int i) {
+  if (i < 0 || i >= FP8WIRE_MAX_TRANSPORTS) return nullptr;
+  // to_string(TransportKind) is the one list of names; it answers "unknown" past the last one.
+  const char* name = fp8wire::to_string(static_cast<fp8wire::TransportKind>(i));
+  return std::strcmp(name, "unknown") == 0 ? "" : name;
+}
+
+FP8WIRE_EXPORT void fp8wire_get_transport_totals(fp8wire_transport_totals* out) {
+  if (!out) return;
+  std::memset(out, 0, sizeof(*out));
+  try {
+    const fp8wire::AccountingTotals totals = fp8wire::Accounting::instance().totals();
+    std::memcpy(out->calls, totals.transport_calls, sizeof(out->calls));
+    std::memcpy(out->app_bytes, totals.transport_app_bytes, sizeof(out->app_bytes));
+    std::memcpy(out->wire_bytes, totals.transport_wire_bytes, sizeof(out->wire_bytes));
+  } catch (...) {
+    FP8WIRE_ERROR("fp8wire_get_transport_totals: internal error; returning zeros");
   }
 }
 

@@ -50,6 +50,23 @@ typedef struct fp8wire_totals {
 } fp8wire_totals;
 void fp8wire_get_totals(fp8wire_totals* out);
 
+/* Transport slots of the transport totals. Transports are numbered from 0; slots past the last stay zero. */
+#define FP8WIRE_MAX_TRANSPORTS 8
+
+/* Name of transport slot i: "nccl" (NCCL's own transports: every pass-through call and FP8 calls
+ * whose bytes NCCL moved), "peer_memory" or "host_memory" (fp8wire's direct transports), "" for an
+ * unused slot; NULL when i is outside [0, FP8WIRE_MAX_TRANSPORTS). Report by name, not by index. */
+const char* fp8wire_transport_name(int i);
+
+/* Totals since start (or the last reset) by the transport that carried each call's bytes: whether a
+ * job's calls went over a direct transport shows here. */
+typedef struct fp8wire_transport_totals {
+  uint64_t calls[FP8WIRE_MAX_TRANSPORTS];
+  uint64_t app_bytes[FP8WIRE_MAX_TRANSPORTS];
+  uint64_t wire_bytes[FP8WIRE_MAX_TRANSPORTS];
+} fp8wire_transport_totals;
+void fp8wire_get_transport_totals(fp8wire_transport_totals* out);
+
 /* Error feedback (error_feedback.enable): the identity of the tensor the next all-reduce issued on
  * this thread carries, e.g. a DDP bucket index (key != 0). The quantization residual of one call is
  * added to the next call with the same key, never to another tensor's; a call with no key gets no

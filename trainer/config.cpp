@@ -272,8 +272,9 @@ std::string validate(const Config& c) {
     return fmt::format("train.remat: got '{}', expected \"none\", \"vision\" or \"layers\"", c.train.remat);
   if (c.train.remat_every < 1)
     return fmt::format("train.remat_every: got {}, expected 1 or more (1 = every layer)", c.train.remat_every);
-  if (c.train.allreduce != "overlap" && c.train.allreduce != "after_backward")
-    return fmt::format("train.allreduce: got '{}', expected \"overlap\" or \"after_backward\"", c.train.allreduce);
+  if (c.train.allreduce != "overlap" && c.train.allreduce != "after_backward" && c.train.allreduce != "skip")
+    return fmt::format("train.allreduce: got '{}', expected \"overlap\", \"after_backward\" or \"skip\"",
+                       c.train.allreduce);
   if (c.train.steps < 0) return fmt::format("train.steps: got {}, expected 0 or more", c.train.steps);
   if (c.train.warmup_steps < 0 || c.train.decay_steps < 0)
     return fmt::format("train.warmup_steps/decay_steps: got {} and {}, expected 0 or more", c.train.warmup_steps,

@@ -77,7 +77,9 @@ struct TrainConfig {
   // more activation memory: pi05 at micro-batch 32 fits k = 2 on an H200, trainer/README.md).
   int64_t remat_every = 1;
   // Gradient all-reduce: "overlap" (buckets launch during backward) or "after_backward" (one
-  // bucket after backward: docs/DESIGN.md, "The lesson").
+  // bucket after backward: docs/DESIGN.md, "The lesson"). "skip" is a measurement switch: the buckets of
+  // "overlap" but no all-reduce, so the ranks run side by side with free communication (each then
+  // trains on its own gradients, and the end-of-run sync check is skipped).
   std::string allreduce = "overlap";
   double bucket_cap_mb = 25.0;
   std::string log_jsonl;        // per-step JSON lines ("" = <out_dir>/train_log.jsonl on rank 0)

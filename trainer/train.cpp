@@ -109,7 +109,20 @@ void print_fp8wire_totals() {
     if (is_fp8(i)) fp8 += totals.calls[i];
     by_path += fmt::format("{}{} {}", by_path.empty() ? "" : ", ", name(i), totals.calls[i]);
   }
-  fmt::print("fp8wire: rank 0: {} collectives, {} on FP8 paths ({})\n", all, fp8, by_path.empty() ? "none" : by_path);
+  // Which transport carried them (a library without the transport totals says nothing of it).
+  std::string by_transport;
+  auto* get_transports = fp8wire_symbol<decltype(fp8wire_get_transport_totals)>("fp8wire_get_transport_totals");
+  auto* transport_name = fp8wire_symbol<decltype(fp8wire_transport_name)>("fp8wire_transport_name");
+  if (get_transports && transport_name) {
+    fp8wire_transport_totals transports{};
+    get_transports(&transports);
+    for (int i = 0; i < FP8WIRE_MAX_TRANSPORTS; ++i)
+      if (transports.calls[i])
+        by_transport += fmt::format("{}{} {}", by_transport.empty() ? "; over " : ", ", transport_name(i),
+                                    transports.calls[i]);
+  }
+  fmt::print("fp8wire: rank 0: {} collectives, {} on FP8 paths ({}){}\n", all, fp8, by_path.empty() ? "none" : by_path,
+             by_transport);
 }
 
 }  // namespace
@@ -140,7 +153,7 @@ std::vector<std::vector<size_t>> cut_buckets(const std::vector<NamedParam>& para
 }
 
 double bucket_cap_bytes(const TrainConfig& t) {
-  return t.allreduce == "overlap" ? t.bucket_cap_mb * 1024 * 1024 : INFINITY;
+  return t.allreduce == "after_backward" ? INFINITY : t.bucket_cap_mb * 1024 * 1024;
 }
 
 // --- gradient buckets --------------------------------------------------------------------------
@@ -166,7 +179,8 @@ class GradientBuckets {
 
   GradientBuckets(const std::vector<NamedParam>& params, const TrainConfig& t, int world,
                   c10::intrusive_ptr<c10d::Backend> pg)
-      : params_(params), overlap_(t.allreduce == "overlap"), world_(world), pg_(std::move(pg)) {
+      : params_(params), overlap_(t.allreduce == "overlap"), skip_(t.allreduce == "skip"), world_(world),
+        pg_(std::move(pg)) {
     at::NoGradGuard no_grad;
     for (auto& indices : cut_buckets(params, bucket_cap_bytes(t))) {
       buckets_.push_back(std::make_unique<Bucket>());
@@ -266,7 +280,7 @@ class GradientBuckets {
       Bucket& b = *buckets_[next_launch_++];
       b.launched = true;
       if (from_hook) ++launched_in_backward_;
-      if (world_ > 1 && pg_) {
+      if (world_ > 1 && pg_ && !skip_) {
         std::vector<Tensor> tensors{b.grad_flat};
         name_next_allreduce(next_launch_);  // bucket index + 1: the same tensor every step
         b.work = pg_->allreduce(tensors, c10d::AllreduceOptions{});
@@ -283,6 +297,7 @@ class GradientBuckets {
 
   const std::vector<NamedParam>& params_;
   bool overlap_;
+  bool skip_;  // train.allreduce = "skip": no all-reduce (a measurement switch)
   int world_;
   c10::intrusive_ptr<c10d::Backend> pg_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
@@ -858,7 +873,9 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
                    kUntimedSteps, testbed_note);
       }
     }
-    if (pg && t.check_sync) {
+    if (pg && t.check_sync && t.allreduce == "skip" && rank == 0)
+      fmt::print("ranks in sync: not checked (train.allreduce = skip: each rank trained on its own gradients)\n");
+    if (pg && t.check_sync && t.allreduce != "skip") {
       std::vector<double> local;
       const bool ok = ranks_in_sync(trainer, *pg, local);
       fmt::print("rank {} parameter checksum {:.17g} {:.17g} | ranks in sync: {}\n", rank, local[0], local[1],

@@ -10,6 +10,7 @@ and, inside the job (all harmless when the library is not loaded):
     fp8wire.active()            # will eligible NCCL calls go FP8?
     with fp8wire.step(n): ...   # a step window for the exposure profiler
     fp8wire.totals().fp8_calls  # calls fp8wire carried itself, by path in .calls
+    fp8wire.totals().direct_calls  # of all calls, those a direct transport carried (.transport_calls)
     fp8wire.feedback_key(k)     # error feedback: the next all-reduce on this thread is tensor k
 
 No torch import happens here; the package works in any process of the job.
@@ -21,7 +22,7 @@ import re
 from pathlib import Path
 
 from ._native import (UNCARRIED_PATHS, Totals, active, fp8_paths, library_version, loaded,  # noqa: F401
-                      path_names, profiler_flush, totals)
+                      path_names, profiler_flush, totals, transport_names)
 from ._native import set_feedback_key as _set_feedback_key
 from ._native import step_begin as _step_begin
 from ._native import step_end as _step_end

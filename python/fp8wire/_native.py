@@ -13,6 +13,8 @@ from typing import Callable, Dict, Optional
 
 # Fixed by the C API (FP8WIRE_MAX_PATHS in shim/fp8wire.h): the number of path slots in the totals.
 MAX_PATHS = 16
+# Likewise FP8WIRE_MAX_TRANSPORTS: transport slots of the transport totals.
+MAX_TRANSPORTS = 8
 # The two paths on which a call reached NCCL unchanged: not eligible, or eligible but the FP8 path
 # could not run. Only for a library without fp8wire_path_is_fp8, which says it itself.
 UNCARRIED_PATHS = ("passthrough", "fallback")
@@ -21,6 +23,11 @@ UNCARRIED_PATHS = ("passthrough", "fallback")
 class _Totals(ctypes.Structure):
     _fields_ = [("calls", ctypes.c_uint64 * MAX_PATHS), ("app_bytes", ctypes.c_uint64 * MAX_PATHS),
                 ("wire_bytes", ctypes.c_uint64 * MAX_PATHS), ("dropped_records", ctypes.c_uint64)]
+
+
+class _TransportTotals(ctypes.Structure):
+    _fields_ = [("calls", ctypes.c_uint64 * MAX_TRANSPORTS), ("app_bytes", ctypes.c_uint64 * MAX_TRANSPORTS),
+                ("wire_bytes", ctypes.c_uint64 * MAX_TRANSPORTS)]
 
 
 _lock = threading.Lock()
@@ -77,6 +84,20 @@ def active() -> bool:
     return bool(fn())
 
 
+def transport_names() -> Dict[int, str]:
+    """Slot index -> transport name ("nccl", "peer_memory", "host_memory"), as the loaded library
+    names them ({} when not loaded, or when it predates fp8wire_transport_name)."""
+    fn = _symbol("fp8wire_transport_name", ctypes.c_char_p, [ctypes.c_int])
+    if fn is None:
+        return {}
+    names = {}
+    for i in range(MAX_TRANSPORTS):
+        raw = fn(i)
+        if raw:
+            names[i] = raw.decode()
+    return names
+
+
 def path_names() -> Dict[int, str]:
     """Slot index -> path name, as the loaded library names its paths ({} when not loaded)."""
     fn = _symbol("fp8wire_path_name", ctypes.c_char_p, [ctypes.c_int])
@@ -110,6 +131,16 @@ class Totals:
     wire_bytes: Dict[str, int] = field(default_factory=dict)
     dropped_records: int = 0
     fp8_paths: Optional[set] = None  # from the library; None: every path but UNCARRIED_PATHS
+    # Every call by the transport that carried its bytes: "nccl" (pass-through calls included),
+    # "peer_memory" / "host_memory" (fp8wire's direct transports). Empty for a library without them.
+    transport_calls: Dict[str, int] = field(default_factory=dict)
+    transport_app_bytes: Dict[str, int] = field(default_factory=dict)
+    transport_wire_bytes: Dict[str, int] = field(default_factory=dict)
+
+    @property
+    def direct_calls(self) -> int:
+        """Calls a direct transport carried (every transport but NCCL's)."""
+        return sum(n for name, n in self.transport_calls.items() if name != "nccl")
 
     @property
     def fp8_calls(self) -> int:
@@ -125,7 +156,9 @@ class Totals:
     def to_dict(self) -> dict:
         return {"loaded": self.loaded, "calls": dict(self.calls), "app_bytes": dict(self.app_bytes),
                 "wire_bytes": dict(self.wire_bytes), "dropped_records": self.dropped_records,
-                "fp8_paths": sorted(self.fp8_paths or []), "fp8_calls": self.fp8_calls}
+                "fp8_paths": sorted(self.fp8_paths or []), "fp8_calls": self.fp8_calls,
+                "transport_calls": dict(self.transport_calls), "transport_app_bytes": dict(self.transport_app_bytes),
+                "transport_wire_bytes": dict(self.transport_wire_bytes), "direct_calls": self.direct_calls}
 
 
 def totals() -> Totals:
@@ -145,6 +178,15 @@ def totals() -> Totals:
         t.calls[name] = int(raw.calls[i])
         t.app_bytes[name] = int(raw.app_bytes[i])
         t.wire_bytes[name] = int(raw.wire_bytes[i])
+    transports = transport_names()
+    get_by_transport = _symbol("fp8wire_get_transport_totals", None, [ctypes.POINTER(_TransportTotals)])
+    if transports and get_by_transport is not None:
+        raw_t = _TransportTotals()
+        get_by_transport(ctypes.byref(raw_t))
+        for i, name in transports.items():
+            t.transport_calls[name] = int(raw_t.calls[i])
+            t.transport_app_bytes[name] = int(raw_t.app_bytes[i])
+            t.transport_wire_bytes[name] = int(raw_t.wire_bytes[i])
     return t
 
 

@@ -3,7 +3,8 @@
 starts (each by exec'ing /proc/self/exe, so most kernels name it "exe", a name the monitor must not
 rely on since others keep the program's), fails a run sampled with
 fewer ranks than it has, and judges memory on the samples taken while training; soak.sh's variants
-run on the CPU; scripts/fidelity.py judges and reports the curves and rejects bad input."""
+run on the CPU; scripts/fidelity.py judges and reports the curves and rejects bad input;
+scripts/gpu/prof_direct_check.py judges the profiler against the step-time estimate."""
 import json
 import os
 import subprocess
@@ -250,6 +251,57 @@ class Fidelity(unittest.TestCase):
             self.assertEqual(r.returncode, 2)
             self.assertIn("nograd.jsonl:1", r.stderr)
             self.assertIn("grad_norm", r.stderr)
+
+
+def write_prof_run(out, label, train_step, exposed, wait, idle, marks=0, log=""):
+    """One run folder as scripts/gpu/prof_direct.sh leaves it: 12 steps of rank 0's profiler
+    records and the trainer's log."""
+    os.makedirs(os.path.join(out, label, "train"), exist_ok=True)
+    with open(os.path.join(out, label, "train", "train_log.jsonl"), "w") as f:
+        for s in range(12):
+            f.write(json.dumps({"step": s, "step_ms": train_step + (s % 3) - 1}) + "\n")
+    with open(os.path.join(out, label, "rank0.jsonl"), "w") as f:
+        for s in range(12):
+            f.write(json.dumps({"type": "step", "rank": 0, "step": s, "step_ms": train_step, "compute_ms": 20.0,
+                                "exposed_comm_ms": exposed, "exposed_data_ms": exposed - wait,
+                                "exposed_wait_ms": wait, "exposed_memcpy_ms": 1.0, "idle_ms": idle,
+                                "top": [{"transport": "host_memory"}] if marks else []}) + "\n")
+        f.write(json.dumps({"type": "summary", "rank": 0, "counters": {"call_marks": marks}}) + "\n")
+    with open(os.path.join(out, label + ".log"), "w") as f:
+        f.write(log)
+
+
+class ProfDirectCheck(unittest.TestCase):
+    SCRIPT = os.path.join(ROOT, "scripts", "gpu", "prof_direct_check.py")
+    LOG = "fp8wire: rank 0: 120 collectives, 120 on FP8 paths (one_shot 120); over host_memory 120\n"
+
+    def check(self, direct_exposed, direct_idle, marks=900):
+        with tempfile.TemporaryDirectory() as out:
+            write_prof_run(out, "direct", 156.0, direct_exposed, direct_exposed - 15.0, direct_idle, marks, self.LOG)
+            write_prof_run(out, "free", 60.0, 0.0, 0.0, 30.0)
+            return subprocess.run([sys.executable, self.SCRIPT, out, "--skip", "2"], capture_output=True, text=True)
+
+    def test_within_ten_percent_passes(self):
+        r = self.check(100.0, 32.0)  # estimate 156 - 60 = 96 ms: 4 % off
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("96.0 ms: 4.2 % off", r.stdout)
+        self.assertIn("exposed 15.0, idle 117.0", r.stdout)  # the earlier rule's figures, same run
+        self.assertIn("prof_direct: PASS", r.stdout)
+
+    def test_exposed_far_from_the_estimate_fails(self):
+        r = self.check(60.0, 32.0)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("(<= 10 %): FAIL", r.stdout)
+
+    def test_idle_that_grew_fails(self):
+        r = self.check(100.0, 60.0)  # 30 ms more idle than without communication, 15.6 allowed
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("idle: direct 60.0 ms vs free 30.0 ms (+30.0", r.stdout)
+
+    def test_no_marks_fails(self):
+        r = self.check(100.0, 32.0, marks=0)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("call-begin marks came (0): FAIL", r.stdout)
 
 
 class KernelFamilies(unittest.TestCase):

@@ -157,6 +157,7 @@ class InProcess(unittest.TestCase):
         t = fp8wire.totals()
         self.assertFalse(t.loaded)
         self.assertEqual((t.fp8_calls, t.total_calls, t.calls), (0, 0, {}))
+        self.assertEqual((t.direct_calls, t.transport_calls, fp8wire.transport_names()), (0, {}, {}))
         with fp8wire.step(3):
             pass
         fp8wire.profiler_flush()
@@ -169,7 +170,9 @@ class InProcess(unittest.TestCase):
             t = fp8wire.totals()
             print(json.dumps({"loaded": fp8wire.loaded(), "active": fp8wire.active(),
                               "paths": sorted(t.calls), "fp8": t.fp8_calls, "names": fp8wire.path_names(),
-                              "fp8_paths": sorted(fp8wire.fp8_paths())}))
+                              "fp8_paths": sorted(fp8wire.fp8_paths()),
+                              "transports": fp8wire.transport_names(), "by_transport": t.transport_calls,
+                              "direct": t.direct_calls}))
         """)
         r = fp8wire_cli("run", "--", sys.executable, "-c", code)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -185,6 +188,10 @@ class InProcess(unittest.TestCase):
         self.assertNotIn("passthrough", got["fp8_paths"])
         self.assertNotIn("fallback", got["fp8_paths"])
         self.assertEqual(got["fp8"], 0)
+        # Transports by the library's names; nothing carried, so no direct calls.
+        self.assertEqual(sorted(got["transports"].values()), ["host_memory", "nccl", "peer_memory"])
+        self.assertEqual(sorted(got["by_transport"]), sorted(got["transports"].values()))
+        self.assertEqual(got["direct"], 0)
         r = fp8wire_cli("run", "--", sys.executable, "-c", "import fp8wire; print(fp8wire.active())",
                         env=env_without_library(FP8WIRE_ENABLE="0"))
         self.assertEqual(r.stdout.strip(), "False", r.stderr)

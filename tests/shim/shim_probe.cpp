@@ -150,7 +150,11 @@ int main(int argc, char** argv) {
     auto active = reinterpret_cast<int (*)()>(dlsym(shim, "fp8wire_active"));
     auto path_name = reinterpret_cast<const char* (*)(int)>(dlsym(shim, "fp8wire_path_name"));
     auto path_is_fp8 = reinterpret_cast<int (*)(int)>(dlsym(shim, "fp8wire_path_is_fp8"));
-    if (!version || !totals || !step_begin || !step_end || !flush || !active || !path_name || !path_is_fp8) {
+    auto transport_name = reinterpret_cast<const char* (*)(int)>(dlsym(shim, "fp8wire_transport_name"));
+    auto transport_totals =
+        reinterpret_cast<void (*)(fp8wire_transport_totals*)>(dlsym(shim, "fp8wire_get_transport_totals"));
+    if (!version || !totals || !step_begin || !step_end || !flush || !active || !path_name || !path_is_fp8 ||
+        !transport_name || !transport_totals) {
       std::printf("capi missing\n");
       return 3;
     }
@@ -179,6 +183,21 @@ int main(int argc, char** argv) {
     for (uint64_t c : t.calls) calls += c;
     std::printf("capi version=%d calls=%llu dropped=%llu\n", version(), static_cast<unsigned long long>(calls),
                 static_cast<unsigned long long>(t.dropped_records));
+    std::string transports;
+    for (int i = -1; i <= FP8WIRE_MAX_TRANSPORTS; ++i) {
+      const char* n = transport_name(i);
+      transports += n ? (*n ? n : "-") : "null";
+      transports += i < FP8WIRE_MAX_TRANSPORTS ? "," : "";
+    }
+    transport_totals(nullptr);  // must be harmless
+    fp8wire_transport_totals by_transport;
+    std::memset(&by_transport, 0xff, sizeof(by_transport));
+    transport_totals(&by_transport);
+    uint64_t carried = 0;
+    for (uint64_t c : by_transport.calls) carried += c;
+    // Every call here is a pass-through: NCCL's transport carried all of them.
+    std::printf("capi transports=%s carried=%llu nccl=%llu\n", transports.c_str(),
+                static_cast<unsigned long long>(carried), static_cast<unsigned long long>(by_transport.calls[0]));
   } else if (script == "bench") {
     ncclComm_t comm = nullptr;
     api.CommInitRank(&comm, 2, probe::unique_id(1), 0);

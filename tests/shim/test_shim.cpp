@@ -323,6 +323,11 @@ TEST_CASE("C API: version, totals, step marks and flush are safe without a profi
     paths += "null";
     CHECK(count_of(r.output, paths) == 1);
     CHECK(count_of(r.output, "passthrough,two_shot*,") == 1);
+    // Transports likewise; every call a pass-through here, so all of them NCCL's.
+    const std::string calls = r.output.substr(r.output.find("calls=") + 6, r.output.find(" dropped=") - r.output.find("calls=") - 6);
+    CHECK(count_of(r.output, "capi transports=null,nccl,peer_memory,host_memory,-,-,-,-,-,null carried=" + calls +
+                                 " nccl=" + calls + "\n") == 1);
+    CHECK((on ? calls != "0" : true));
   }
 }
 
@@ -357,7 +362,7 @@ TEST_CASE("exported dynamic symbols: exactly the interposed NCCL functions and t
       "ncclCommInitAll", "ncclCommInitRankScalable", "ncclCommSplit", "ncclCommShrink", "ncclCommFinalize",
       "ncclCommDestroy", "ncclCommAbort", "ncclCommGetAsyncError", "fp8wire_version", "fp8wire_step_begin", "fp8wire_step_end",
       "fp8wire_profiler_flush", "fp8wire_get_totals", "fp8wire_set_feedback_key", "fp8wire_active",
-      "fp8wire_path_name", "fp8wire_path_is_fp8"};
+      "fp8wire_path_name", "fp8wire_path_is_fp8", "fp8wire_transport_name", "fp8wire_get_transport_totals"};
   CHECK(exported == expected);
 }
 

@@ -689,7 +689,7 @@ class RecordingBackend : public c10d::Backend {
 
 }  // namespace
 
-TEST_CASE("gradient buckets: overlap launches every bucket from backward, in order; after_backward uses one") {
+TEST_CASE("gradient buckets: overlap launches every bucket from backward, in order; after_backward uses one; skip none") {
   Config c = tiny_config();
   c.train.bucket_cap_mb = 0.02;  // ~5k fp32 elements: several buckets for the tiny model
   Batch b = tiny_batch(c);
@@ -716,6 +716,15 @@ TEST_CASE("gradient buckets: overlap launches every bucket from backward, in ord
   CHECK(s2.buckets_launched_in_backward == 0);
   REQUIRE(backend2->sizes.size() == 1);
   CHECK(backend2->sizes[0] == total);
+
+  // "skip", the measurement switch: the buckets of overlap, and no all-reduce at all.
+  Config skipped = c;
+  skipped.train.allreduce = "skip";
+  auto backend4 = c10::make_intrusive<RecordingBackend>(2);
+  Trainer skipping(skipped, 0, 2, backend4);
+  StepStats s4 = skipping.step(b);
+  CHECK(s4.buckets == s.buckets);
+  CHECK(backend4->sizes.empty());
 
   // Recomputed layers (activation checkpointing) still fire the hooks inside backward.
   Config remat = c;

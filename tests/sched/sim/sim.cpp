@@ -1090,6 +1090,14 @@ cudaError_t launch(World::State& w, cudaStream_t s, const char* what, std::vecto
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The profiler's call-begin mark (quant/call_mark.cu): an empty launch, counted and failed like any
+// codec launch.
+cudaError_t c_mark_call_begin(cudaStream_t s) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  return launch(w, s, "call-begin mark", {}, [] { return static_cast<const char*>(nullptr); });
+}
+
 cudaError_t c_quantize(const void* in, quant::ElemType t, size_t count, void* wire, quant::Segmented layout,
                        const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions opt) {
   World::State& w = W();
@@ -1242,6 +1250,7 @@ World::World(Options options) : state_(new State) {
   q.dequantize = c_dequantize;
   q.dequantize_reduce = c_reduce;
   q.dequantize_reduce_mixed = c_reduce_mixed;
+  q.mark_call_begin = c_mark_call_begin;
   p.host_facts = sim_host_facts;
   g_world = state_.get();
 }

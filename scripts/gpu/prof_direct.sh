@@ -11,15 +11,11 @@
 # of it, and when the direct run's idle time is no more than the free run's plus 10 % of its step
 # (before, the transport's peer waits were filed as idle: 173 ms of a 156 ms step on 2 ranks; the
 # table also shows what that rule, communication kernels only, gives for the same run).
-# With nvidia-cuda-mps-control present the runs go under a private MPS daemon (its own pipe and log
-# folders under $OUT, stopped at the end), as the direct transport's figures are measured; MPS=0
-# runs them time-sliced. A caller that set CUDA_MPS_PIPE_DIRECTORY keeps its own daemon.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT="${OUT:-$PWD/out/prof-direct}"
-mkdir -p "$OUT"
-build="${FP8WIRE_BUILD:-build}"
+# The runs go under a private MPS daemon where the machine has one (scripts/gpu/lib.sh; FP8WIRE_MPS=0
+# runs them time-sliced), as the direct transport's figures are measured.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_out prof-direct
+build="$BUILD"
 prof="$build/profiler/fp8wire-prof"
 train="$build/trainer/fp8wire-train"
 for f in "$prof" "$train" "$build/profiler/libfp8wire_prof.so" "$build/shim/libfp8wire.so"; do
@@ -32,28 +28,8 @@ config="${CONFIG:-trainer/configs/pi05_small.toml}"
 # The emulated testbed's NCCL setting of scripts/main-job.sh, for every run alike.
 export NCCL_P2P_NET_CHUNKSIZE="${NCCL_P2P_NET_CHUNKSIZE:-524288}"
 
-mode="time-sliced"
-mps_dir=""
-stop_mps() {
-  [[ -n "$mps_dir" ]] || return 0
-  echo quit | CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" nvidia-cuda-mps-control >/dev/null 2>&1
-  mps_dir=""
-}
-trap stop_mps EXIT
-if [[ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]]; then
-  mode="MPS (the caller's daemon)"
-elif [[ "${MPS:-1}" != 0 ]] && command -v nvidia-cuda-mps-control >/dev/null; then
-  mps_dir="$OUT/mps"
-  mkdir -p "$mps_dir/pipe" "$mps_dir/log"
-  export CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" CUDA_MPS_LOG_DIRECTORY="$mps_dir/log"
-  if nvidia-cuda-mps-control -d; then
-    mode="MPS (private daemon)"
-  else
-    echo "prof_direct: could not start an MPS daemon; running time-sliced"
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-    mps_dir=""
-  fi
-fi
+gpu_mps_start
+mode="$FP8WIRE_TESTBED_MODE"
 echo "prof_direct: $ranks ranks on one GPU, $steps steps, $config, $mode"
 
 run() {  # run <label> [fp8wire-prof options] -- [trainer --set options]
@@ -72,6 +48,5 @@ direct_env=(FP8WIRE_DIRECT_TRANSPORT=host_memory FP8WIRE_DIRECT_ASSUME_ONE_HOST=
 (export "${direct_env[@]}"; run direct --shim)
 (export "${direct_env[@]}"; run free --shim -- train.allreduce=skip)
 [[ "${SKIP_NCCL_RUN:-0}" == 1 ]] || run nccl
-stop_mps
 
-python3 scripts/gpu/prof_direct_check.py "$OUT" --skip "$skip" --mode "$mode"
+"$PY" scripts/gpu/prof_direct_check.py "$OUT" --skip "$skip" --mode "$mode"

@@ -5,11 +5,14 @@
 #      data parallel over NCCL: one rank per GPU, or RANKS ranks sharing one GPU (distinct
 #      NCCL_HOSTID per rank, so NCCL joins them over sockets) when there is a single GPU, side by side
 #      under a private MPS daemon where nvidia-cuda-mps-control exists (FP8WIRE_MPS=0: time-sliced);
-#   3. runs it twice under the exposure profiler: plain NCCL (bf16 gradients), then with
-#      LD_PRELOAD=libfp8wire.so (FP8 on the wire); same seed, same data;
-#   4. prints each run's exposure report, the side-by-side comparison (step ms, exposed
-#      communication ms, bytes on the wire) and the loss parity of the two runs.
-# Environment: RANKS (default: GPUs, or 2 on one GPU), STEPS (30), CONFIG, MAIN_OUT (default
+#   3. runs it under the exposure profiler: plain NCCL (bf16 gradients), then with
+#      LD_PRELOAD=libfp8wire.so (FP8 on the wire); same seed, same data. Ranks sharing one GPU stand in
+#      for two kinds of machine, and the fp8wire run is made once for each, labelled: ranks as
+#      separate hosts (fp8wire over NCCL's transports), and ranks as one PCIe host without P2P
+#      (fp8wire's direct transport over shared host memory; MAIN_DIRECT=0 leaves it out);
+#   4. prints each run's exposure report, the side-by-side comparison with plain NCCL (step ms,
+#      exposed communication ms, bytes on the wire) and the loss parity, for each fp8wire run.
+# Environment: RANKS (default: GPUs, or 2 on one GPU), STEPS (30), CONFIG, MAIN_DIRECT, MAIN_OUT (default
 #   $OUT/main-job, OUT default out), TRAIN_SET (extra --set overrides, space separated), SKIP_BUILD=1,
 #   FP8WIRE_MPS=0 (ranks sharing a GPU time-sliced). On one GPU, NCCL_P2P_NET_CHUNKSIZE (default there
 #   524288) and FP8WIRE_GATHER_TRANSPORT (default there sendrecv) as measured best. Every other
@@ -96,5 +99,23 @@ train baseline
   FP8WIRE_LOG_LEVEL="${FP8WIRE_LOG_LEVEL:-info}" train fp8wire --shim
 )
 
-echo; echo "================ comparison ================"
-{ cat "$out/testbed.txt"; "$PY" scripts/compare_runs.py "$out/baseline" "$out/fp8wire"; } | tee "$out/comparison.txt"
+direct=0
+if (( gpus == 1 )) && [[ "${MAIN_DIRECT:-1}" != 0 ]]; then
+  direct=1
+  (
+    (( ${#fp8_env[@]} )) && export "${fp8_env[@]}"
+    export FP8WIRE_DIRECT_TRANSPORT=host_memory FP8WIRE_DIRECT_ASSUME_ONE_HOST=1
+    FP8WIRE_LOG_LEVEL="${FP8WIRE_LOG_LEVEL:-info}" train fp8wire_direct --shim
+  )
+fi
+
+stand_in=""
+(( gpus == 1 )) && stand_in=", ranks as separate hosts (NCCL's transports)"
+echo; echo "================ comparison: fp8wire$stand_in ================"
+{ cat "$out/testbed.txt"; echo "fp8wire$stand_in"; "$PY" scripts/compare_runs.py "$out/baseline" "$out/fp8wire"; } |
+  tee "$out/comparison.txt"
+if (( direct )); then
+  echo; echo "================ comparison: fp8wire, ranks as one PCIe host without P2P (direct host memory) ================"
+  { cat "$out/testbed.txt"; echo "fp8wire, ranks as one PCIe host without P2P (direct transport over host memory)"
+    "$PY" scripts/compare_runs.py "$out/baseline" "$out/fp8wire_direct"; } | tee "$out/comparison_direct.txt"
+fi

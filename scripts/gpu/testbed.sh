@@ -25,7 +25,7 @@ if ! command -v nvidia-cuda-mps-control > /dev/null; then
 fi
 user_socket=""
 [[ -S /tmp/nvidia-mps/control ]] && user_socket=/tmp/nvidia-mps/control
-daemons_before=$(pgrep -xc nvidia-cuda-mps-control || true)
+daemons_before=$(pgrep -xc nvidia-cuda-mps || true)  # the kernel keeps 15 characters of a name
 
 # server_seen LOG PID: polls LOG for the launcher's pipe directory while PID runs, then asks that
 # daemon for its MPS servers; prints the server list (empty: none seen).
@@ -128,7 +128,7 @@ if [[ -n "$user_socket" ]]; then
   else row "the user's daemon (/tmp/nvidia-mps) still runs" "FAIL (its control socket is gone)"; fi
 fi
 sleep 2
-daemons_after=$(pgrep -xc nvidia-cuda-mps-control || true)
+daemons_after=$(pgrep -xc nvidia-cuda-mps || true)
 left=$(find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'fp8wire-mps-*' 2>/dev/null | head -3)
 if [[ "$daemons_after" == "$daemons_before" && -z "$left" ]]; then
   row "every private daemon stopped, its directory removed" "PASS ($daemons_after control daemon(s) before and after)"

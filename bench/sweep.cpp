@@ -22,10 +22,10 @@
 #include "common/config.hpp"
 #include "common/log.hpp"
 #include "common/status.hpp"
-#include "sched/accounting.hpp"
-#include "sched/engine.hpp"
-#include "sched/gpu_platform.hpp"
-#include "sched/nccl_api_linked.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/platform/gpu_platform.hpp"
+#include "sched/platform/nccl_api_linked.hpp"
 #if FP8WIRE_BENCH_HAVE_QUANT
 #include "quant/quant.hpp"
 #endif
@@ -593,7 +593,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   compute_speedups(result);
   const auto crossovers = analyze_crossovers(result, opt.crossover);
   Calibration calibration = calibrate(result);
-  // The job shape the figures belong to (sched/hierarchy.hpp: a flat FP8 path across hosts with
+  // The job shape the figures belong to (sched/plan/hierarchy.hpp: a flat FP8 path across hosts with
   // local peers is only taken where a calibrated profile of that very shape says it wins).
   {
     const sched::CommInfo info = w.variants.front().engine->comm_info(w.comm);

@@ -39,7 +39,7 @@ struct SweepOptions {
   // gather step is timed once with each. Each point records the transport its calls used.
   std::vector<GatherTransport> gather_transports;
   // --transport: what carries the FP8 paths. nccl: NCCL's transports; direct: a direct transport
-  // (peer GPU memory, or host memory under NCCL_P2P_DISABLE=1; sched/direct_transport.hpp), peer_memory /
+  // (peer GPU memory, or host memory under NCCL_P2P_DISABLE=1; sched/transport/direct_windows.hpp), peer_memory /
   // host_memory: that one; both: every FP8 path over NCCL's and over the direct one. Emulated ranks
   // share this machine's memory, so the direct transport assumes one host there (direct.assume_one_host).
   std::string transport = "nccl";

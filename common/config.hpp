@@ -33,7 +33,7 @@ enum class Algorithm : uint8_t { automatic, two_shot, one_shot, ring };
 // of the slot to every peer (one step deep, and NCCL's point-to-point channels). automatic: the
 // planner's cost model chooses (all_gather vs all_to_all figures; all-gather on a tie).
 enum class GatherTransport : uint8_t { automatic, allgather, sendrecv };
-// The direct transports (sched/direct_transport.hpp): FP8 slots in memory every rank of one machine
+// The direct transports (sched/transport/direct_windows.hpp): FP8 slots in memory every rank of one machine
 // loads and stores directly. off: never; automatic: where the communicator's ranks share a machine,
 // peer GPU memory unless NCCL_P2P_DISABLE=1 (then host memory), per call where the cost model says it
 // is cheaper than NCCL's transports; peer_memory / host_memory: that one, for every FP8 call it can carry.
@@ -86,7 +86,7 @@ struct CostModel {
   bool calibrated = false;      // false: the built-in defaults below are used
   // The job shape the figures were measured on (0 = not recorded): hosts and ranks per host. A flat
   // FP8 path on a communicator that spans hosts with several ranks each is only taken when a
-  // calibrated profile of that very shape says it wins (sched/hierarchy.hpp).
+  // calibrated profile of that very shape says it wins (sched/plan/hierarchy.hpp).
   double hosts = 0;
   double ranks_per_host = 0;
   // Fixed cost of one `op`: its own figure when measured, else op_latency_us.
@@ -141,13 +141,13 @@ struct Config {
   std::array<CostModel, kFabricCount> cost_model{};
 
   // --- jobs spanning hosts ---------------------------------------------------------------------
-  // Full precision inside each host, FP8 between hosts (sched/hierarchy.hpp).
+  // Full precision inside each host, FP8 between hosts (sched/plan/hierarchy.hpp).
   bool hierarchy_enable = true;             // hierarchy.enable
   // Ranks per host, consecutive in rank order (0: the hosts NCCL sees, from NCCL_HOSTID or hostname).
   // For tests: ranks emulated on one GPU as 2 hosts x 2 ranks while NCCL joins all over sockets.
   uint32_t hierarchy_ranks_per_host = 0;    // hierarchy.ranks_per_host
 
-  // --- direct transports (sched/direct_transport.hpp) -------------------------------------------
+  // --- direct transports (sched/transport/direct_windows.hpp) -------------------------------------------
   DirectMode direct_transport = DirectMode::automatic;  // direct.transport "off"|"auto"|"peer_memory"|"host_memory"
   // Treat all ranks of a communicator as ranks of this machine, whatever hosts NCCL sees (ranks
   // emulated on one GPU with NCCL_HOSTID, containers that set it): the direct transport is then set up

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "common/log.hpp"
-#include "sched/accounting.hpp"
+#include "sched/engine/accounting.hpp"
 #include "shim/runtime.hpp"
 
 #define FP8WIRE_EXPORT extern "C" __attribute__((visibility("default")))

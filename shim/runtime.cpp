@@ -9,8 +9,8 @@
 
 #include "common/log.hpp"
 #include "common/status.hpp"
-#include "sched/accounting.hpp"
-#include "sched/gpu_platform.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/platform/gpu_platform.hpp"
 
 namespace fp8wire::shim {
 

@@ -129,7 +129,7 @@ std::optional<PathShape> path_shape(Collective c, Path p, int nranks, GatherTran
     }
     return std::nullopt;
   }
-  // The operations each path issues are those sched/plan.cpp's fixed_latency_us counts.
+  // The operations each path issues are those sched/plan/plan.cpp's fixed_latency_us counts.
   switch (c) {
     case Collective::all_reduce:
       if (p == Path::two_shot) return shape(a2a_ag(1, 1), a2a_ag(part, part), 3, 3);

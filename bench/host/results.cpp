@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "sched/cost_model.hpp"
+#include "sched/plan/cost_model.hpp"
 
 namespace fp8wire::bench {
 

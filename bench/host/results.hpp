@@ -46,7 +46,7 @@ struct SweepPoint {
   // reduce-scatter: no gather step). Files written before it was recorded read as "allgather".
   std::string gather_transport;
   // "" when NCCL's transports carried the calls, else the direct transport that did ("peer_memory",
-  // "host_memory"; sched/direct_transport.hpp). A path over a direct transport is a curve of its own.
+  // "host_memory"; sched/transport/direct_windows.hpp). A path over a direct transport is a curve of its own.
   std::string transport;
   double speedup = 0;            // passthrough median / this median at the same size (0 = n/a)
   CheckResult check;
@@ -133,7 +133,7 @@ Calibration calibrate(const SweepResult& result);
 void fit_operation_latencies(const SweepResult& result, Calibration& cal);
 // The direct transport's barrier latency and link bandwidth (CostModel::direct_*), one relative-error
 // line fit over every point it carried: per barrier, the time less the codec and launches against the
-// link bytes (sched/cost_model.hpp direct_cost_parts). False when the sweep timed none.
+// link bytes (sched/plan/cost_model.hpp direct_cost_parts). False when the sweep timed none.
 bool fit_direct_transport(const SweepResult& result, Calibration& cal);
 
 nlohmann::json to_json(const SweepResult& result, const std::vector<CrossoverReport>& crossovers,

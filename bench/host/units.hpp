@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/config.hpp"
-#include "sched/accounting.hpp"
+#include "sched/engine/accounting.hpp"
 
 namespace fp8wire::bench {
 
@@ -64,7 +64,7 @@ std::optional<std::vector<GatherTransport>> parse_gather_transport_option(std::s
 // The option's value for such a list: "auto", "allgather", "sendrecv" or "both".
 std::string gather_transport_option_name(const std::vector<GatherTransport>& transports);
 
-// has_gather_step(collective, path): sched/accounting.hpp, shared with the planner.
+// has_gather_step(collective, path): sched/engine/accounting.hpp, shared with the planner.
 
 // The FP8 paths worth timing for a collective, given the requested ones (in the requested order):
 // all-reduce has three algorithms; reduce-scatter has one (sched/ runs it as two_shot) and

@@ -22,9 +22,9 @@
 #include "bench/host/profile.hpp"
 #include "bench/host/results.hpp"
 #include "common/config.hpp"
-#include "sched/cost_model.hpp"
-#include "sched/plan.hpp"
-#include "sched/stages.hpp"
+#include "sched/plan/cost_model.hpp"
+#include "sched/plan/plan.hpp"
+#include "sched/plan/stages.hpp"
 
 using namespace fp8wire;
 using namespace fp8wire::bench;

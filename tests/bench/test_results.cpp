@@ -3,7 +3,7 @@
 #include "bench/host/model_report.hpp"
 #include "bench/host/profile.hpp"
 #include "bench/host/results.hpp"
-#include "sched/cost_model.hpp"
+#include "sched/plan/cost_model.hpp"
 
 using namespace fp8wire;
 using namespace fp8wire::bench;

@@ -27,10 +27,10 @@
 
 #include "common/rank_launcher.hpp"
 #include "common/status.hpp"
-#include "sched/accounting.hpp"
-#include "sched/engine.hpp"
-#include "sched/gpu_platform.hpp"
-#include "sched/nccl_api_linked.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/platform/gpu_platform.hpp"
+#include "sched/platform/nccl_api_linked.hpp"
 
 using namespace fp8wire;
 

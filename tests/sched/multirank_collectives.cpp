@@ -41,11 +41,11 @@
 #include "common/rank_launcher.hpp"
 #include "common/status.hpp"
 #include "quant/reference.hpp"
-#include "sched/accounting.hpp"
-#include "sched/engine.hpp"
-#include "sched/gpu_platform.hpp"
-#include "sched/nccl_api_linked.hpp"
-#include "sched/plan.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/platform/gpu_platform.hpp"
+#include "sched/platform/nccl_api_linked.hpp"
+#include "sched/plan/plan.hpp"
 
 using namespace fp8wire;
 using fp8wire::quant::ElemType;

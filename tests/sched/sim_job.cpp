@@ -11,9 +11,9 @@
 #include <fmt/format.h>
 
 #include "quant/reference.hpp"
-#include "sched/accounting.hpp"
-#include "sched/nccl_types.hpp"
-#include "sched/stages.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/platform/nccl_types.hpp"
+#include "sched/plan/stages.hpp"
 
 namespace fp8wire::simtest {
 

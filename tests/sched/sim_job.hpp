@@ -10,8 +10,8 @@
 
 #include "common/config.hpp"
 #include "quant/wire_format.hpp"
-#include "sched/engine.hpp"
-#include "sched/types.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/plan/types.hpp"
 #include "tests/sched/sim/sim.hpp"
 
 namespace fp8wire::simtest {

@@ -1,4 +1,4 @@
-// The CPU tier of the direct transports (sched/direct_transport.hpp): the engine, unchanged, over the
+// The CPU tier of the direct transports (sched/transport/direct_windows.hpp): the engine, unchanged, over the
 // simulated machine, with windows every simulated rank maps and the flag handshakes as simulated
 // stream memory operations.
 //   - every direct algorithm (one-shot, two-shot, reduce-scatter, all-gather), both kinds (peer
@@ -26,9 +26,9 @@
 #include <fmt/format.h>
 
 #include "common/log.hpp"
-#include "sched/algorithms.hpp"
-#include "sched/direct_transport.hpp"
-#include "sched/engine.hpp"
+#include "sched/algorithms/algorithms.hpp"
+#include "sched/transport/direct_windows.hpp"
+#include "sched/engine/engine.hpp"
 #include "tests/sched/sim_job.hpp"
 
 using namespace fp8wire;

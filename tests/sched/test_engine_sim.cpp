@@ -24,10 +24,10 @@
 
 #include "common/log.hpp"
 #include "quant/reference.hpp"
-#include "sched/accounting.hpp"
-#include "sched/engine.hpp"
-#include "sched/nccl_types.hpp"
-#include "sched/stages.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/platform/nccl_types.hpp"
+#include "sched/plan/stages.hpp"
 #include "tests/sched/sim_job.hpp"
 
 using namespace fp8wire;

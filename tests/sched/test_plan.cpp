@@ -6,12 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "sched/accounting.hpp"
-#include "sched/agreement.hpp"
-#include "sched/coalesce.hpp"
-#include "sched/cost_model.hpp"
-#include "sched/plan.hpp"
-#include "sched/stages.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/plan/agreement.hpp"
+#include "sched/plan/coalesce.hpp"
+#include "sched/plan/cost_model.hpp"
+#include "sched/plan/plan.hpp"
+#include "sched/plan/stages.hpp"
 
 using namespace fp8wire;
 using namespace fp8wire::sched;

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "probe_script.hpp"
-#include "sched/types.hpp"
+#include "sched/plan/types.hpp"
 #include "shim/fp8wire.h"
 #include "shim/reentry_guard.hpp"
 

@@ -32,13 +32,13 @@ enum class Algorithm : uint8_t { automatic, two_shot, one_shot, ring };
 // the gather step of two-shot / ring, the FP8 all-gather): ncclAllGather, or grouped ncclSend/ncclRecv
 // of the slot to every peer (one step deep, and NCCL's point-to-point channels). automatic: the
 // planner's cost model chooses (all_gather vs all_to_all figures; all-gather on a tie).
-enum class GatherTransport : uint8_t { automatic, allgather, sendrecv };
+enum class GatherMethod : uint8_t { automatic, allgather, sendrecv };
 // The direct transports (sched/transport/direct_windows.hpp): FP8 slots in memory every rank of one machine
 // loads and stores directly. off: never; automatic: where the communicator's ranks share a machine,
 // peer GPU memory unless NCCL_P2P_DISABLE=1 (then host memory), per call where the cost model says it
 // is cheaper than NCCL's transports; peer_memory / host_memory: that one, for every FP8 call it can carry.
 enum class DirectMode : uint8_t { off, automatic, peer_memory, host_memory };
-// Fabric class of a communicator, decided once per communicator (sched/fabric.hpp).
+// Fabric class of a communicator, decided once per communicator (sched/plan/agreement.hpp, agree).
 enum class Fabric : uint8_t { nvlink = 0, pcie = 1, net = 2 };
 inline constexpr int kFabricCount = 3;
 // Collectives that have an FP8 path.
@@ -50,7 +50,7 @@ const char* to_string(ScaleType);
 const char* to_string(Rounding);
 const char* to_string(ConvertPath);
 const char* to_string(Algorithm);
-const char* to_string(GatherTransport);  // "auto" | "allgather" | "sendrecv"
+const char* to_string(GatherMethod);  // "auto" | "allgather" | "sendrecv"
 const char* to_string(DirectMode);       // "off" | "auto" | "peer_memory" | "host_memory"
 const char* to_string(Fabric);
 const char* to_string(Collective);
@@ -123,7 +123,7 @@ struct Config {
   // --- planning -------------------------------------------------------------------------------
   Algorithm algorithm = Algorithm::automatic;  // algorithm  "auto" | "two_shot" | "one_shot" | "ring"
   std::optional<Fabric> fabric_override;       // fabric     "auto" | "nvlink" | "pcie" | "net"
-  GatherTransport gather_transport = GatherTransport::automatic;  // gather_transport "auto" | "allgather" | "sendrecv"
+  GatherMethod gather_transport = GatherMethod::automatic;  // gather_transport "auto" | "allgather" | "sendrecv"
   // Smallest caller buffer (bytes) at which a collective goes FP8, per collective and fabric.
   // thresholds.<all_reduce|reduce_scatter|all_gather>.<nvlink|pcie|net>
   // From the 2x H200 sweeps (docs/PERF.md, "2x H200"): over NVLink FP8 was 0.91-1.05x from 4 to

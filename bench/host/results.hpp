@@ -79,7 +79,7 @@ struct SweepResult {
 // The transport the model costs a point's gather step with: sendrecv for "sendrecv", allgather
 // otherwise (paths without a gather step have no use for it); nullopt for "mixed", which no one shape
 // describes, and for the points of a direct transport, which issue no NCCL operation.
-std::optional<GatherTransport> modeled_transport(const SweepPoint& p);
+std::optional<GatherMethod> modeled_transport(const SweepPoint& p);
 // The point's path as tables show it: the path name, with "/sr" when its gather step went over
 // send/recv, "/mix" when mixed, "/direct" over a direct transport. A path measured over two transports (`sweep --gather-transport
 // both`) is two curves, told apart by this label ("one_shot" and "one_shot/sr").

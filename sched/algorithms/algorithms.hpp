@@ -20,7 +20,7 @@ struct Fp8Args {
   size_t count = 0;           // elements as the call names them (AR count, RS recvcount, AG sendcount)
   float post = 1.0f;          // 1 for sum, 1/n for avg: applied once, in fp32, before requantizing
   float* residual = nullptr;  // error feedback, `count` floats (one- and two-shot all-reduce only)
-  GatherTransport gather = GatherTransport::allgather;
+  GatherMethod gather = GatherMethod::allgather;
 };
 
 // A flat FP8 algorithm: a stage program over the arguments of one call.

@@ -29,7 +29,7 @@ constexpr int kReduced = 1;  // phase: two-shot's reduced shards
 
 // --- one-shot ---------------------------------------------------------------------------------------
 ncclResult_t DirectOneShotAllReduce::produce(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const char* src = static_cast<const char*>(a_.src) + st.offset * ops.elem_size();
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   FP8WIRE_TRY(ops.quantize(src, st.length, d.window(ops.rank(), st.set_index),
@@ -40,7 +40,7 @@ ncclResult_t DirectOneShotAllReduce::produce(StageOps& ops, const Stage& st) {
 }
 
 ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   std::array<const void*, quant::kMaxReduceInputs> inputs;
   for (int j = 0; j < ops.nranks(); ++j) inputs[j] = d.window(j, st.set_index);
@@ -53,7 +53,7 @@ ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
 
 // --- two-shot ---------------------------------------------------------------------------------------
 ncclResult_t DirectTwoShotAllReduce::produce(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const quant::WireFormat& f = ops.format();
   const ShardLayout l = shard_layout(st.length, n, f);
@@ -72,7 +72,7 @@ ncclResult_t DirectTwoShotAllReduce::produce(StageOps& ops, const Stage& st) {
 }
 
 ncclResult_t DirectTwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const quant::WireFormat& f = ops.format();
   const ShardLayout l = shard_layout(st.length, n, f);
@@ -103,7 +103,7 @@ ncclResult_t DirectTwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
 
 // --- reduce-scatter ---------------------------------------------------------------------------------
 ncclResult_t DirectReduceScatter::produce(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   const auto* src = static_cast<const char*>(a_.src);
@@ -118,7 +118,7 @@ ncclResult_t DirectReduceScatter::produce(StageOps& ops, const Stage& st) {
 }
 
 ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   char* mine = d.window(r, st.set_index);
@@ -134,7 +134,7 @@ ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
 
 // --- all-gather -------------------------------------------------------------------------------------
 ncclResult_t DirectAllGather::produce(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const char* src = static_cast<const char*>(a_.src) + st.offset * ops.elem_size();
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   FP8WIRE_TRY(ops.quantize(src, st.length, d.window(ops.rank(), st.set_index),
@@ -144,7 +144,7 @@ ncclResult_t DirectAllGather::produce(StageOps& ops, const Stage& st) {
 }
 
 ncclResult_t DirectAllGather::finish(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const quant::WireFormat& f = ops.format();
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   auto* dst = static_cast<char*>(a_.dst);

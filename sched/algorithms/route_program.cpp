@@ -4,7 +4,7 @@
 namespace fp8wire::sched {
 
 RouteProgram::RouteProgram(Collective collective, const Route& route, const Fp8Args& a, CommState& s) {
-  if (route.carrier != TransportKind::nccl) {  // a direct transport carries one-shot, two-shot, RS and AG
+  if (route.carrier != Carrier::nccl) {  // a direct transport carries one-shot, two-shot, RS and AG
     switch (collective) {
       case Collective::reduce_scatter: program_ = &storage_.emplace<DirectReduceScatter>(a); return;
       case Collective::all_gather: program_ = &storage_.emplace<DirectAllGather>(a); return;

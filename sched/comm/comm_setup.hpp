@@ -17,13 +17,6 @@
 
 namespace fp8wire::sched {
 
-// What this process brings to every agreement.
-struct LocalIdentity {
-  uint32_t version = 0;  // library version (10000*major + 100*minor + patch)
-  bool usable = true;    // configuration loaded and enabled, NCCL complete
-  std::string problem;   // why not usable (shown in every rank's log)
-};
-
 // Queries the communicator (ranks, rank, device). False while NCCL cannot answer yet.
 bool query_comm(CommState& s);
 // The agreement of the communicators one thread just created (usually one; several when one thread

@@ -48,9 +48,9 @@ void Accounting::record(const CallRecord& r) {
   g.calls[p].fetch_add(1, std::memory_order_relaxed);
   g.app_bytes[p].fetch_add(r.app_bytes, std::memory_order_relaxed);
   g.wire_bytes[p].fetch_add(r.wire_bytes, std::memory_order_relaxed);
-  if (r.gather != GatherTransport::automatic && static_cast<int>(r.gather) < 3)
+  if (r.gather != GatherMethod::automatic && static_cast<int>(r.gather) < 3)
     g.gather_calls[static_cast<int>(r.gather)].fetch_add(1, std::memory_order_relaxed);
-  if (r.transport != TransportKind::nccl) g.direct_calls.fetch_add(1, std::memory_order_relaxed);
+  if (r.transport != Carrier::nccl) g.direct_calls.fetch_add(1, std::memory_order_relaxed);
 
   const uint64_t index = g.written.fetch_add(1, std::memory_order_relaxed);
   Slot& slot = g.slots[index % kCapacity];

@@ -44,9 +44,9 @@ struct CallRecord {
   uint32_t coalesced_calls = 1;// >1 when several grouped calls were packed into this one
   // FP8 paths with a gather step: how the quantized slots were gathered (allgather or sendrecv);
   // automatic for pass-through, fallback and the FP8 reduce-scatter.
-  GatherTransport gather = GatherTransport::automatic;
+  GatherMethod gather = GatherMethod::automatic;
   // Which transport carried an FP8 call's bytes (NCCL's, or a direct transport's windows).
-  TransportKind transport = TransportKind::nccl;
+  Carrier transport = Carrier::nccl;
   uint64_t issue_ns = 0;       // host CLOCK_MONOTONIC when the application issued the call
 };
 
@@ -88,7 +88,7 @@ struct AccountingTotals {
   uint64_t calls[kMaxPaths] = {};       // by Path
   uint64_t app_bytes[kMaxPaths] = {};
   uint64_t wire_bytes[kMaxPaths] = {};
-  uint64_t gather_calls[3] = {};  // FP8 calls by CallRecord::gather (index = GatherTransport; [0] unused)
+  uint64_t gather_calls[3] = {};  // FP8 calls by CallRecord::gather (index = GatherMethod; [0] unused)
   uint64_t direct_calls = 0;      // FP8 calls a direct transport carried (CallRecord::transport)
   uint64_t dropped_records = 0;
 };

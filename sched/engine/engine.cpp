@@ -11,6 +11,8 @@
 #include "common/log.hpp"
 #include "common/status.hpp"
 #include "sched/engine/engine_impl.hpp"
+#include "sched/comm/comm_setup.hpp"
+#include "sched/transport/direct_windows.hpp"
 
 namespace fp8wire::sched {
 

@@ -15,9 +15,12 @@
 #include <string>
 
 #include "common/config.hpp"
-#include "sched/comm/comm_setup.hpp"
-#include "sched/platform/platform.hpp"
+#include "sched/plan/agreement.hpp"
 #include "sched/plan/types.hpp"
+
+namespace fp8wire {
+struct Platform;  // sched/platform/platform.hpp: what the engine calls CUDA, NCCL and the codec through
+}  // namespace fp8wire
 
 namespace fp8wire::sched {
 
@@ -37,9 +40,9 @@ struct CommInfo {
   int hosts = 0;
   std::string reason;    // why FP8 is off
   ncclResult_t failure = ncclSuccess;  // the first error of an FP8 call on it (sticky)
-  // The direct transport set up on it (sched/transport/direct_windows.hpp), false when none.
+  // The direct windows set up on it (sched/transport/direct_windows.hpp), false when none.
   bool direct = false;
-  TransportKind direct_kind = TransportKind::nccl;
+  Carrier direct_kind = Carrier::nccl;
 };
 
 class Engine {

@@ -11,7 +11,7 @@
 #include "quant/wire_format.hpp"
 #include "sched/engine/accounting.hpp"
 #include "sched/plan/coalesce.hpp"
-#include "sched/comm/comm_state.hpp"
+#include "sched/comm/registry.hpp"
 #include "sched/engine/engine.hpp"
 #include "sched/platform/nccl_types.hpp"
 #include "sched/exec/pipeline.hpp"

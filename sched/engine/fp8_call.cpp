@@ -124,7 +124,7 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
     if (batch > 1) program = &coalesced;
 
     StageOps ops(s, type, format, launch);
-    if (route.carrier != TransportKind::nccl) ops.use_direct(s.direct.get(), config.direct_ctas);
+    if (route.carrier != Carrier::nccl) ops.use_direct(s.direct.get(), config.direct_ctas);
     PipelineRun run(sref, c.stream, capturing, joins);
     res = run.finish(run.run(*program, ops, rec.count, route.stage_elems));
     rec.wire_bytes = ops.wire_bytes();
@@ -132,13 +132,13 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
   }
 
   const uint64_t choice = 1ull << (static_cast<int>(c.collective) * 16 + static_cast<int>(rec.path) * 2 +
-                                    (rec.transport == TransportKind::nccl ? 0 : 1));
+                                    (rec.transport == Carrier::nccl ? 0 : 1));
   if (!(s.logged_choices & choice)) {
     s.logged_choices |= choice;
     FP8WIRE_INFO("comm {} ({} ranks, fabric {}): first {} on path {} over {}{}{} ({} B of caller data, {} calls)",
                  s.id, s.nranks, to_string(s.agreement.fabric), to_string(c.collective), to_string(rec.path),
-                 to_string(rec.transport), rec.gather == GatherTransport::automatic ? "" : ", gather by ",
-                 rec.gather == GatherTransport::automatic ? "" : to_string(rec.gather), rec.app_bytes,
+                 to_string(rec.transport), rec.gather == GatherMethod::automatic ? "" : ", gather by ",
+                 rec.gather == GatherMethod::automatic ? "" : to_string(rec.gather), rec.app_bytes,
                  rec.coalesced_calls);
   }
   FP8WIRE_DEBUG("seq {} {} {} x{} {} comm {} -> {} ({} calls), wire {} B{}", seq, to_string(c.collective), rec.count,

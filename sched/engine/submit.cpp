@@ -4,6 +4,7 @@
 #include "common/log.hpp"
 #include "sched/engine/engine_impl.hpp"
 #include "sched/plan/route.hpp"
+#include "sched/transport/direct_windows.hpp"
 
 namespace fp8wire::sched {
 

@@ -72,7 +72,7 @@ ncclResult_t StageOps::exchange(Transport& over, std::span<const PeerSend> sends
   return res;
 }
 
-ncclResult_t StageOps::gather(Transport& over, int nranks, char* base, size_t slot_bytes, GatherTransport how) {
+ncclResult_t StageOps::gather(Transport& over, int nranks, char* base, size_t slot_bytes, GatherMethod how) {
   const ncclResult_t res = over.gather(base, slot_bytes, how, lane_);
   if (res == ncclSuccess) wire_bytes_ += slot_bytes * static_cast<uint64_t>(nranks - 1);
   return res;

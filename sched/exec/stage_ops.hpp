@@ -13,10 +13,11 @@
 
 #include "quant/quant.hpp"
 #include "sched/comm/comm_state.hpp"
+#include "sched/platform/platform.hpp"
 #include "sched/transport/transport.hpp"
 
 namespace fp8wire::sched {
-class DirectTransport;
+class DirectWindows;
 }
 
 namespace fp8wire::sched {
@@ -41,11 +42,11 @@ class StageOps {
 
   // The call runs over a direct transport (sched/transport/direct_windows.hpp): the direct programs reach
   // the windows through it, and every codec launch keeps to `max_ctas` thread blocks.
-  void use_direct(const DirectTransport* direct, uint32_t max_ctas) {
+  void use_direct(const DirectWindows* direct, uint32_t max_ctas) {
     direct_ = direct;
     launch_.max_ctas = max_ctas;
   }
-  const DirectTransport* direct() const { return direct_; }
+  const DirectWindows* direct() const { return direct_; }
 
   void set_lane(cudaStream_t lane) { lane_ = lane; }
   cudaStream_t lane() const { return lane_; }
@@ -88,10 +89,10 @@ class StageOps {
     return exchange(*transport_, sends, recvs);
   }
   ncclResult_t exchange(Transport& over, std::span<const PeerSend> sends, std::span<const PeerRecv> recvs);
-  ncclResult_t gather(char* base, size_t slot_bytes, GatherTransport how) {
+  ncclResult_t gather(char* base, size_t slot_bytes, GatherMethod how) {
     return gather(*transport_, nranks_, base, slot_bytes, how);
   }
-  ncclResult_t gather(Transport& over, int nranks, char* base, size_t slot_bytes, GatherTransport how);
+  ncclResult_t gather(Transport& over, int nranks, char* base, size_t slot_bytes, GatherMethod how);
 
  private:
   quant::LaunchOptions at(uint64_t sr_offset) const {
@@ -111,7 +112,7 @@ class StageOps {
   quant::LaunchOptions launch_;
   cudaStream_t lane_ = nullptr;
   uint64_t wire_bytes_ = 0;
-  const DirectTransport* direct_ = nullptr;
+  const DirectWindows* direct_ = nullptr;
 };
 
 }  // namespace fp8wire::sched

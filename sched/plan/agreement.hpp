@@ -14,6 +14,13 @@
 
 namespace fp8wire::sched {
 
+// What this process brings to every agreement.
+struct LocalIdentity {
+  uint32_t version = 0;  // library version (10000*major + 100*minor + patch)
+  bool usable = true;    // configuration loaded and enabled, NCCL complete
+  std::string problem;   // why not usable (shown in every rank's log)
+};
+
 // What one rank contributes to the agreement (exchanged as raw bytes with a real all-gather).
 struct RankFacts {
   uint64_t host_hash = 0;          // NCCL_HOSTID, else hostname + boot id: NCCL's own notion of a host

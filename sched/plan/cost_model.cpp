@@ -56,23 +56,23 @@ CostModel effective_cost_model(const Config& config, Fabric fabric) {
 }
 
 namespace {
-NcclOp gather_op(GatherTransport gather) {
-  return gather == GatherTransport::sendrecv ? NcclOp::all_to_all : NcclOp::all_gather;
+NcclOp gather_op(GatherMethod gather) {
+  return gather == GatherMethod::sendrecv ? NcclOp::all_to_all : NcclOp::all_gather;
 }
 }  // namespace
 
-GatherTransport gather_transport_for(const Config& config, Collective collective, Path path,
+GatherMethod gather_method_for(const Config& config, Collective collective, Path path,
                                      uint64_t caller_bytes, int nranks, Fabric fabric) {
-  if (!has_gather_step(collective, path)) return GatherTransport::allgather;
-  if (config.gather_transport != GatherTransport::automatic) return config.gather_transport;
+  if (!has_gather_step(collective, path)) return GatherMethod::allgather;
+  if (config.gather_transport != GatherMethod::automatic) return config.gather_transport;
   const CostModel model = effective_cost_model(config, fabric);
   const quant::WireFormat format = quant::WireFormat::from(config);
-  const double ag = predicted_us(model, collective, path, caller_bytes, nranks, format, GatherTransport::allgather);
-  const double sr = predicted_us(model, collective, path, caller_bytes, nranks, format, GatherTransport::sendrecv);
-  return sr < ag ? GatherTransport::sendrecv : GatherTransport::allgather;
+  const double ag = predicted_us(model, collective, path, caller_bytes, nranks, format, GatherMethod::allgather);
+  const double sr = predicted_us(model, collective, path, caller_bytes, nranks, format, GatherMethod::sendrecv);
+  return sr < ag ? GatherMethod::sendrecv : GatherMethod::allgather;
 }
 
-double fixed_latency_us(const CostModel& m, Collective collective, Path path, int nranks, GatherTransport gather) {
+double fixed_latency_us(const CostModel& m, Collective collective, Path path, int nranks, GatherMethod gather) {
   const double ar = m.latency_us(NcclOp::all_reduce), ag = m.latency_us(gather_op(gather));
   const double rs = m.latency_us(NcclOp::reduce_scatter), a2a = m.latency_us(NcclOp::all_to_all);
   switch (collective) {
@@ -93,7 +93,7 @@ double fixed_latency_us(const CostModel& m, Collective collective, Path path, in
 }
 
 double predicted_us(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes,
-                    int nranks, const quant::WireFormat& format, GatherTransport gather) {
+                    int nranks, const quant::WireFormat& format, GatherMethod gather) {
   const NcclOp g = gather_op(gather);  // the gather step's operation
   const double n = nranks;
   const double s = static_cast<double>(caller_bytes);
@@ -135,13 +135,13 @@ double predicted_us(const CostModel& m, Collective collective, Path path, uint64
 }
 
 DirectCost direct_cost_parts(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes, int nranks,
-                             const quant::WireFormat& format, TransportKind kind) {
+                             const quant::WireFormat& format, Carrier kind) {
   const double n = nranks;
   const double s = static_cast<double>(caller_bytes);
   const double elems = s / 2.0;  // bf16 assumed, as predicted_us
   const double w = elems * (1.0 + static_cast<double>(quant::scale_bytes(format.scale)) / format.block);
   const double part = (n - 1) / n;
-  const bool host = kind == TransportKind::host_memory;
+  const bool host = kind == Carrier::host_memory;
   const double codec = m.codec_gbps * 1e3;
   DirectCost d;
   double launches = 2, codec_us = 0;
@@ -173,24 +173,24 @@ DirectCost direct_cost_parts(const CostModel& m, Collective collective, Path pat
 }
 
 double predicted_direct_us(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes, int nranks,
-                           const quant::WireFormat& format, TransportKind kind) {
+                           const quant::WireFormat& format, Carrier kind) {
   if (m.direct_bandwidth_gbps <= 0 || !is_fp8(path) || path == Path::ring || path == Path::hierarchical) return 1e30;
   const DirectCost d = direct_cost_parts(m, collective, path, caller_bytes, nranks, format, kind);
   return d.barriers * m.direct_latency_us + d.link_bytes / (m.direct_bandwidth_gbps * 1e3) + d.other_us;
 }
 
-TransportKind transport_for(const Config& config, Collective collective, Path path, uint64_t caller_bytes,
-                            int nranks, Fabric fabric, TransportKind available) {
-  if (available == TransportKind::nccl || !is_fp8(path) || path == Path::ring || path == Path::hierarchical)
-    return TransportKind::nccl;
-  if (config.direct_transport == DirectMode::off) return TransportKind::nccl;
+Carrier carrier_for(const Config& config, Collective collective, Path path, uint64_t caller_bytes,
+                            int nranks, Fabric fabric, Carrier available) {
+  if (available == Carrier::nccl || !is_fp8(path) || path == Path::ring || path == Path::hierarchical)
+    return Carrier::nccl;
+  if (config.direct_transport == DirectMode::off) return Carrier::nccl;
   if (config.direct_transport != DirectMode::automatic) return available;  // set up as configured
   const CostModel model = effective_cost_model(config, fabric);
   const quant::WireFormat format = quant::WireFormat::from(config);
   const double direct = predicted_direct_us(model, collective, path, caller_bytes, nranks, format, available);
-  const GatherTransport gather = gather_transport_for(config, collective, path, caller_bytes, nranks, fabric);
+  const GatherMethod gather = gather_method_for(config, collective, path, caller_bytes, nranks, fabric);
   const double nccl = predicted_us(model, collective, path, caller_bytes, nranks, format, gather);
-  return direct < nccl ? available : TransportKind::nccl;
+  return direct < nccl ? available : Carrier::nccl;
 }
 
 }  // namespace fp8wire::sched

@@ -22,10 +22,10 @@ CostModel effective_cost_model(const Config& config, Fabric fabric);
 // `gather`: how the path's gather step moves the quantized slots; with sendrecv that step is costed
 // as an all_to_all operation (same bus bytes), else as an all_gather.
 double fixed_latency_us(const CostModel& model, Collective collective, Path path, int nranks,
-                        GatherTransport gather = GatherTransport::allgather);
+                        GatherMethod gather = GatherMethod::allgather);
 double predicted_us(const CostModel& model, Collective collective, Path path, uint64_t caller_bytes,
                     int nranks, const quant::WireFormat& format,
-                    GatherTransport gather = GatherTransport::allgather);
+                    GatherMethod gather = GatherMethod::allgather);
 
 // Predicted microseconds of one FP8 call over a direct transport of `kind`: each stage's barriers at
 // direct_latency_us, the bytes this rank's kernels move over its link (the busier direction; peer
@@ -33,7 +33,7 @@ double predicted_us(const CostModel& model, Collective collective, Path path, ui
 // direct_bandwidth_gbps, and the same codec work as over NCCL. 1e30 when the fabric's direct figures
 // are not measured (0).
 double predicted_direct_us(const CostModel& model, Collective collective, Path path, uint64_t caller_bytes,
-                           int nranks, const quant::WireFormat& format, TransportKind kind);
+                           int nranks, const quant::WireFormat& format, Carrier kind);
 // Its parts, for the benchmark's calibration: barriers per stage, the bytes one rank's kernels move
 // over its link, and the codec and launch time (everything but the link).
 struct DirectCost {
@@ -42,19 +42,19 @@ struct DirectCost {
   double other_us = 0;
 };
 DirectCost direct_cost_parts(const CostModel& model, Collective collective, Path path, uint64_t caller_bytes,
-                             int nranks, const quant::WireFormat& format, TransportKind kind);
+                             int nranks, const quant::WireFormat& format, Carrier kind);
 // The transport of one FP8 call, when the communicator has a direct transport of kind `available`
-// (TransportKind::nccl: none): a direct.transport the configuration names is taken for every path it
+// (Carrier::nccl: none): a direct.transport the configuration names is taken for every path it
 // carries (one-shot, two-shot, the reduce-scatter and the all-gather; not the ring or the
 // hierarchical path); with auto, the direct transport where the cost model of `fabric` predicts it
 // cheaper than NCCL's. A function of the config and the call's shape only: every rank picks the same.
-TransportKind transport_for(const Config& config, Collective collective, Path path, uint64_t caller_bytes,
-                            int nranks, Fabric fabric, TransportKind available);
+Carrier carrier_for(const Config& config, Collective collective, Path path, uint64_t caller_bytes,
+                            int nranks, Fabric fabric, Carrier available);
 
 // The transport of the gather step for one call: Config::gather_transport when set, else the
 // cheaper of the two by the cost model of `fabric` (all-gather on a tie, which the built-in figures
 // always are). A function of the config and the call's shape only, so every rank picks the same.
-GatherTransport gather_transport_for(const Config& config, Collective collective, Path path,
+GatherMethod gather_method_for(const Config& config, Collective collective, Path path,
                                      uint64_t caller_bytes, int nranks, Fabric fabric);
 
 }  // namespace fp8wire::sched

@@ -79,7 +79,7 @@ Plan plan_call(const Config& config, const CallShape& call, Fabric fabric) {
       case Algorithm::automatic: {
         // Each path with its own best gather transport.
         auto cost = [&](Path p) {
-          const GatherTransport g = gather_transport_for(config, call.collective, p, bytes, call.nranks, fabric);
+          const GatherMethod g = gather_method_for(config, call.collective, p, bytes, call.nranks, fabric);
           return predicted_us(model, call.collective, p, bytes, call.nranks, format, g);
         };
         fp8 = cost(Path::one_shot) <= cost(Path::two_shot) ? Path::one_shot : Path::two_shot;
@@ -87,7 +87,7 @@ Plan plan_call(const Config& config, const CallShape& call, Fabric fabric) {
       }
     }
   }
-  const GatherTransport gather = gather_transport_for(config, call.collective, fp8, bytes, call.nranks, fabric);
+  const GatherMethod gather = gather_method_for(config, call.collective, fp8, bytes, call.nranks, fabric);
   // Only a calibrated model may overrule the threshold: the built-in figures are too rough to
   // second-guess a threshold the user chose.
   if (model.calibrated && config.algorithm == Algorithm::automatic) {

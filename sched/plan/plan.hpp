@@ -54,9 +54,9 @@ bool below_every_threshold(const Config& config, const CallShape& call);
 struct Plan {
   Path path = Path::passthrough;
   PassReason reason = PassReason::none;
-  // FP8 paths with a gather step. The engine derives it again with gather_transport_for() from the
+  // FP8 paths with a gather step. The engine derives it again with gather_method_for() from the
   // size it actually sends (a coalesced batch's total), the same function on every rank.
-  GatherTransport gather = GatherTransport::allgather;
+  GatherMethod gather = GatherMethod::allgather;
 };
 // Full plan of one call on a communicator of a known fabric. Above the threshold the algorithm is
 // Config::algorithm, or, when automatic, the cheapest of one-shot and two-shot by the cost model; a

@@ -55,20 +55,20 @@ Route route_fp8(const Config& config, const CommFacts& comm, const CallShape& ca
   const size_t es = quant::elem_size(type);
   const uint64_t bytes = threshold_bytes(call);
   if (has_gather_step(call.collective, algorithm))
-    r.gather = gather_transport_for(config, call.collective, algorithm, bytes, call.nranks, comm.fabric);
+    r.gather = gather_method_for(config, call.collective, algorithm, bytes, call.nranks, comm.fabric);
   // A direct transport where the communicator has one and the configuration or the cost model takes
   // it; a call whose stage unit does not fit one buffer set of its window goes over NCCL's.
-  if (comm.direct != TransportKind::nccl) {
-    r.carrier = transport_for(config, call.collective, algorithm, bytes, call.nranks, comm.fabric, comm.direct);
-    if (r.carrier != TransportKind::nccl) {
+  if (comm.direct != Carrier::nccl) {
+    r.carrier = carrier_for(config, call.collective, algorithm, bytes, call.nranks, comm.fabric, comm.direct);
+    if (r.carrier != Carrier::nccl) {
       r.stage_elems = direct_stage_elems(config, comm.direct_set_bytes, call.collective, algorithm, call.count, es,
                                          call.nranks, format);
-      if (r.stage_elems == 0) r.carrier = TransportKind::nccl;
+      if (r.stage_elems == 0) r.carrier = Carrier::nccl;
     }
   }
   if (algorithm == Path::hierarchical) r.inner = inner_path(config, call, comm.topology);
-  if (r.carrier != TransportKind::nccl) {
-    r.gather = GatherTransport::automatic;  // the direct programs gather through the windows
+  if (r.carrier != Carrier::nccl) {
+    r.gather = GatherMethod::automatic;  // the direct programs gather through the windows
     return r;
   }
   r.stage_elems = algorithm == Path::hierarchical
@@ -79,7 +79,7 @@ Route route_fp8(const Config& config, const CommFacts& comm, const CallShape& ca
   if (r.stage_elems == 0) {
     r.path = Path::fallback;
     r.reason = PassReason::scratch;
-    r.gather = GatherTransport::automatic;
+    r.gather = GatherMethod::automatic;
   }
   return r;
 }

@@ -28,7 +28,7 @@ struct CommFacts {
   bool hierarchy_ready = false;  // the hierarchical path's sub-communicators exist on every rank
   int hosts = 0;                 // of those sub-communicators
   int ranks_per_host = 0;
-  TransportKind direct = TransportKind::nccl;  // the kind of its direct windows (nccl: it has none)
+  Carrier direct = Carrier::nccl;  // the kind of its direct windows (nccl: it has none)
   size_t direct_set_bytes = 0;                 // one buffer set of those windows
   ScratchLayout scratch;
 };
@@ -41,10 +41,10 @@ struct Route {
   // this algorithm (its batch is routed again on the batch's size).
   Path algorithm = Path::passthrough;
   Path inner = Path::passthrough;        // hierarchical: the FP8 algorithm between hosts
-  TransportKind carrier = TransportKind::nccl;
+  Carrier carrier = Carrier::nccl;
   // How NCCL's transports run the path's gather step; automatic when the path has none, or when
   // the carrier is a direct transport (its programs gather through the windows).
-  GatherTransport gather = GatherTransport::automatic;
+  GatherMethod gather = GatherMethod::automatic;
   size_t stage_elems = 0;                // elements per pipeline stage (FP8 routes only)
 };
 

@@ -105,7 +105,7 @@ size_t stage_elems(const Config& config, const ScratchLayout& scratch, Collectiv
                               (collective == Collective::all_reduce ? 1.0 : static_cast<double>(nranks));
   const double quantize_us = caller_bytes / (std::max(model.codec_gbps, 1e-3) * 1e3);
   // Fixed cost of one stage's NCCL operations (the a2a and all-gather of two-shot, ...).
-  const GatherTransport gather = gather_transport_for(config, collective, path, static_cast<uint64_t>(caller_bytes),
+  const GatherMethod gather = gather_method_for(config, collective, path, static_cast<uint64_t>(caller_bytes),
                                                      nranks, fabric);
   const double op_us = std::max(fixed_latency_us(model, collective, path, nranks, gather), 1e-3);
   auto predicted = [&](size_t k) { return static_cast<double>(k) * op_us + quantize_us / static_cast<double>(k); };

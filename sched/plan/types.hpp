@@ -40,8 +40,8 @@ inline constexpr bool elem_type_of(DataType t, quant::ElemType* out) {
   }
 }
 
-// What happened to one call. The FP8 values name the algorithm; which transport carried it is
-// recorded apart (TransportKind).
+// What happened to one call. The FP8 values name the algorithm; what carried its data is recorded
+// apart (Carrier).
 enum class Path : uint8_t {
   passthrough = 0,  // not eligible: the real NCCL call, untouched
   two_shot = 1,     // FP8 all-to-all + all-gather (DESIGN.md default)
@@ -73,14 +73,15 @@ inline bool has_gather_step(Collective collective, Path path) {
   return collective != Collective::reduce_scatter;
 }
 
-// Which transport carried an FP8 call's data: NCCL's own (send/recv, all-gather), or memory every
-// rank of a host loads and stores directly (peer GPU memory, or host memory shared by a host's ranks).
-enum class TransportKind : uint8_t { nccl = 0, peer_memory = 1, host_memory = 2 };
-inline const char* to_string(TransportKind t) {
+// What carried an FP8 call's data: NCCL's transports (send/recv, all-gather), or a direct transport's
+// windows, memory every rank of a host loads and stores (peer GPU memory, or host memory shared by a
+// host's ranks). The names are those of the direct.transport setting and of the records.
+enum class Carrier : uint8_t { nccl = 0, peer_memory = 1, host_memory = 2 };
+inline const char* to_string(Carrier t) {
   switch (t) {
-    case TransportKind::nccl: return "nccl";
-    case TransportKind::peer_memory: return "peer_memory";
-    case TransportKind::host_memory: return "host_memory";
+    case Carrier::nccl: return "nccl";
+    case Carrier::peer_memory: return "peer_memory";
+    case Carrier::host_memory: return "host_memory";
   }
   return "unknown";
 }

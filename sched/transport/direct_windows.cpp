@@ -17,20 +17,20 @@ void init_flags(DirectFlags& f) {
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
-DirectTransport::DirectTransport(const Platform& platform, TransportKind kind, int rank, int nranks,
+DirectWindows::DirectWindows(const Platform& platform, Carrier kind, int rank, int nranks,
                                  std::vector<DirectPeer> peers)
     : platform_(&platform), kind_(kind), rank_(rank), nranks_(nranks), peers_(std::move(peers)) {
   // Buffer sets start 256-byte aligned (the codec wants 16).
   set_bytes_ = peers_[static_cast<size_t>(rank_)].data.bytes / kDirectSets / 256 * 256;
 }
 
-DirectTransport::~DirectTransport() {
+DirectWindows::~DirectWindows() {
   const DirectMemoryApi& m = platform_->direct;
   for (int r = 0; r < nranks_; ++r) {
     DirectPeer& p = peers_[static_cast<size_t>(r)];
     if (r == rank_) {
       if (!m.destroy) continue;
-      if (keep_own_window_ && kind_ == TransportKind::peer_memory)
+      if (keep_own_window_ && kind_ == Carrier::peer_memory)
         FP8WIRE_WARN("direct transport, rank {}: its window stays allocated until the process ends (a peer may "
                      "still read it)", rank_);
       else
@@ -42,18 +42,18 @@ DirectTransport::~DirectTransport() {
   }
 }
 
-char* DirectTransport::window(int r, int set) const {
+char* DirectWindows::window(int r, int set) const {
   return peers_[static_cast<size_t>(r)].data.device + static_cast<size_t>(set) * set_bytes_;
 }
 
-ncclResult_t DirectTransport::op(cudaError_t err, const char* what) const {
+ncclResult_t DirectWindows::op(cudaError_t err, const char* what) const {
   if (err == cudaSuccess) return ncclSuccess;
   FP8WIRE_ERROR("direct transport ({}), rank {}: {} failed: {}", to_string(kind_), rank_, what,
                 platform_->cuda.GetErrorString(err));
   return ncclUnhandledCudaError;
 }
 
-ncclResult_t DirectTransport::reclaim(cudaStream_t lane, int set) const {
+ncclResult_t DirectWindows::reclaim(cudaStream_t lane, int set) const {
   const CudaApi& c = platform_->cuda;
   DirectFlags* mine = flags_device(rank_);
   for (int j = 0; j < nranks_; ++j) {
@@ -68,7 +68,7 @@ ncclResult_t DirectTransport::reclaim(cudaStream_t lane, int set) const {
   return ncclSuccess;
 }
 
-ncclResult_t DirectTransport::publish(cudaStream_t lane, int set, int phase) const {
+ncclResult_t DirectWindows::publish(cudaStream_t lane, int set, int phase) const {
   const CudaApi& c = platform_->cuda;
   for (int j = 0; j < nranks_; ++j) {
     if (j == rank_) continue;
@@ -80,7 +80,7 @@ ncclResult_t DirectTransport::publish(cudaStream_t lane, int set, int phase) con
   return ncclSuccess;
 }
 
-ncclResult_t DirectTransport::acquire(cudaStream_t lane, int set, int phase) const {
+ncclResult_t DirectWindows::acquire(cudaStream_t lane, int set, int phase) const {
   const CudaApi& c = platform_->cuda;
   DirectFlags* mine = flags_device(rank_);
   for (int j = 0; j < nranks_; ++j) {
@@ -94,7 +94,7 @@ ncclResult_t DirectTransport::acquire(cudaStream_t lane, int set, int phase) con
   return ncclSuccess;
 }
 
-ncclResult_t DirectTransport::release(cudaStream_t lane, int set) const {
+ncclResult_t DirectWindows::release(cudaStream_t lane, int set) const {
   const CudaApi& c = platform_->cuda;
   for (int j = 0; j < nranks_; ++j) {
     if (j == rank_) continue;
@@ -106,7 +106,7 @@ ncclResult_t DirectTransport::release(cudaStream_t lane, int set) const {
   return ncclSuccess;
 }
 
-void DirectTransport::release_waits() const {
+void DirectWindows::release_waits() const {
   DirectFlags* f = flags_host();
   if (!f) return;
   for (int s = 0; s < kDirectSets; ++s)
@@ -117,14 +117,14 @@ void DirectTransport::release_waits() const {
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
-bool DirectTransport::peers_alive() const {
+bool DirectWindows::peers_alive() const {
   if (!platform_->direct.process_alive) return true;
   for (int r = 0; r < nranks_; ++r)
     if (r != rank_ && !platform_->direct.process_alive(peers_[static_cast<size_t>(r)].pid)) return false;
   return true;
 }
 
-bool DirectTransport::wait_peers_done(const std::atomic<bool>& give_up) const {
+bool DirectWindows::wait_peers_done(const std::atomic<bool>& give_up) const {
   const DirectFlags* f = flags_host();
   if (!f) return true;
   auto pause = std::chrono::microseconds(1);
@@ -147,7 +147,7 @@ bool DirectTransport::wait_peers_done(const std::atomic<bool>& give_up) const {
   }
 }
 
-void DirectTransport::drain(const cudaStream_t* lanes, int count, const std::atomic<bool>& aborting) const {
+void DirectWindows::drain(const cudaStream_t* lanes, int count, const std::atomic<bool>& aborting) const {
   const CudaApi& c = platform_->cuda;
   auto pause = std::chrono::microseconds(1);
   bool warned = false;

@@ -66,16 +66,16 @@ struct DirectPeer {
   uint32_t pid = 0;
 };
 
-class DirectTransport {
+class DirectWindows {
  public:
   // `peers[r]` is rank r's windows as this process maps them (its own at `rank`, created here; the
   // others opened). Takes ownership: the destructor closes the peers' and destroys its own.
-  DirectTransport(const Platform& platform, TransportKind kind, int rank, int nranks, std::vector<DirectPeer> peers);
-  ~DirectTransport();
-  DirectTransport(const DirectTransport&) = delete;
-  DirectTransport& operator=(const DirectTransport&) = delete;
+  DirectWindows(const Platform& platform, Carrier kind, int rank, int nranks, std::vector<DirectPeer> peers);
+  ~DirectWindows();
+  DirectWindows(const DirectWindows&) = delete;
+  DirectWindows& operator=(const DirectWindows&) = delete;
 
-  TransportKind kind() const { return kind_; }
+  Carrier kind() const { return kind_; }
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   size_t set_bytes() const { return set_bytes_; }
@@ -110,7 +110,7 @@ class DirectTransport {
   ncclResult_t op(cudaError_t err, const char* what) const;
 
   const Platform* platform_;
-  TransportKind kind_;
+  Carrier kind_;
   int rank_;
   int nranks_;
   size_t set_bytes_ = 0;
@@ -119,8 +119,8 @@ class DirectTransport {
 };
 
 // Which window kind carries a transport.
-inline WindowKind window_kind(TransportKind t) {
-  return t == TransportKind::peer_memory ? WindowKind::device : WindowKind::host;
+inline WindowKind window_kind(Carrier t) {
+  return t == Carrier::peer_memory ? WindowKind::device : WindowKind::host;
 }
 
 }  // namespace fp8wire::sched

@@ -28,8 +28,8 @@ ncclResult_t NcclTransport::exchange(std::span<const PeerSend> sends, std::span<
   return ncclSuccess;
 }
 
-ncclResult_t NcclTransport::gather(char* base, size_t slot_bytes, GatherTransport how, cudaStream_t stream) {
-  if (how != GatherTransport::sendrecv) {
+ncclResult_t NcclTransport::gather(char* base, size_t slot_bytes, GatherMethod how, cudaStream_t stream) {
+  if (how != GatherMethod::sendrecv) {
     FP8WIRE_NCCL_CHECK(api_->AllGather(base + static_cast<size_t>(rank_) * slot_bytes, base, slot_bytes,
                                        ncclUint8, comm_, stream));
     return ncclSuccess;

@@ -30,13 +30,13 @@ struct PeerRecv {
 class Transport {
  public:
   virtual ~Transport() = default;
-  virtual TransportKind kind() const = 0;
+  virtual Carrier kind() const = 0;
   // One round of point-to-point transfers on `stream`, all posted together so that none waits for
   // another. Zero-byte entries are skipped.
   virtual ncclResult_t exchange(std::span<const PeerSend> sends, std::span<const PeerRecv> recvs,
                                 cudaStream_t stream) = 0;
   // The gather step: rank r's slot (base + r * slot_bytes) into slot r of every rank's buffer.
-  virtual ncclResult_t gather(char* base, size_t slot_bytes, GatherTransport how, cudaStream_t stream) = 0;
+  virtual ncclResult_t gather(char* base, size_t slot_bytes, GatherMethod how, cudaStream_t stream) = 0;
   // Collectives in the caller's precision (the hierarchical path's steps inside a host): a sum.
   virtual ncclResult_t reduce_scatter_plain(const void* send, void* recv, size_t recvcount, ncclDataType_t dtype,
                                             cudaStream_t stream) = 0;
@@ -49,7 +49,7 @@ class NcclTransport final : public Transport {
  public:
   NcclTransport(const NcclApi& api, ncclComm_t comm, int rank, int nranks)
       : api_(&api), comm_(comm), rank_(rank), nranks_(nranks) {}
-  TransportKind kind() const override { return TransportKind::nccl; }
+  Carrier kind() const override { return Carrier::nccl; }
   // Grouped ncclSend/ncclRecv. The group is always closed, also when a Send or Recv fails: the
   // application's thread must not be left inside an open NCCL group (its later calls would be
   // swallowed into it).
@@ -57,7 +57,7 @@ class NcclTransport final : public Transport {
                         cudaStream_t stream) override;
   // ncclAllGather in place, or the same slots by grouped send/recv to every peer (one step deep
   // instead of a ring of n-1, and NCCL's point-to-point channels).
-  ncclResult_t gather(char* base, size_t slot_bytes, GatherTransport how, cudaStream_t stream) override;
+  ncclResult_t gather(char* base, size_t slot_bytes, GatherMethod how, cudaStream_t stream) override;
   ncclResult_t reduce_scatter_plain(const void* send, void* recv, size_t recvcount, ncclDataType_t dtype,
                                     cudaStream_t stream) override;
   ncclResult_t all_gather_plain(const void* send, void* recv, size_t sendcount, ncclDataType_t dtype,

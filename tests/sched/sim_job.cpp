@@ -266,7 +266,7 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
   auto watchdog = [&](ncclComm_t c) {
     if (!aborted.exchange(true)) world.abort_comm(c);
   };
-  o.transports.assign(static_cast<size_t>(n), TransportKind::nccl);
+  o.transports.assign(static_cast<size_t>(n), Carrier::nccl);
   // Every rank has made its calls (cfg.abort_all): then each knows whether one failed.
   std::mutex called_mu;
   std::condition_variable called_cv;

@@ -16,6 +16,7 @@
 #include "common/log.hpp"
 #include "sched/engine/accounting.hpp"
 #include "sched/engine/engine.hpp"
+#include "sched/platform/platform.hpp"
 
 using namespace fp8wire;
 

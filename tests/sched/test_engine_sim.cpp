@@ -91,7 +91,7 @@ TEST_CASE("both gather transports and every wire format option") {
                             {Fp8Format::e4m3, ScaleType::e8m0, Rounding::nearest, 64},
                             {Fp8Format::e4m3, ScaleType::fp32, Rounding::stochastic, 32},
                             {Fp8Format::e5m2, ScaleType::e8m0, Rounding::stochastic, 256}};
-  for (GatherTransport g : {GatherTransport::allgather, GatherTransport::sendrecv}) {
+  for (GatherMethod g : {GatherMethod::allgather, GatherMethod::sendrecv}) {
     for (const Format& fm : formats) {
       for (int n : {3, 6}) {
         for (const Variant& v : kVariants) {

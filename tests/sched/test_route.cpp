@@ -21,8 +21,8 @@ namespace {
 
 struct Outcome {
   Path path = Path::passthrough;
-  TransportKind carrier = TransportKind::nccl;
-  GatherTransport gather = GatherTransport::automatic;
+  Carrier carrier = Carrier::nccl;
+  GatherMethod gather = GatherMethod::automatic;
   size_t stage = 0;
   Path inner = Path::passthrough;  // hierarchical only
   bool operator==(const Outcome&) const = default;
@@ -64,27 +64,27 @@ Outcome reference(const Config& config, const CommFacts& f, const CallShape& sha
   quant::ElemType type = quant::ElemType::f32;
   elem_type_of(shape.dtype, &type);
   const size_t es = quant::elem_size(type);
-  const GatherTransport gather =
+  const GatherMethod gather =
       has_gather_step(shape.collective, path)
-          ? gather_transport_for(config, shape.collective, path, threshold_bytes(shape), shape.nranks, f.fabric)
-          : GatherTransport::automatic;
+          ? gather_method_for(config, shape.collective, path, threshold_bytes(shape), shape.nranks, f.fabric)
+          : GatherMethod::automatic;
   Outcome o;
   o.path = path;
   o.gather = gather;
-  TransportKind transport = f.direct != TransportKind::nccl
-                                ? transport_for(config, shape.collective, path, threshold_bytes(shape), shape.nranks,
+  Carrier transport = f.direct != Carrier::nccl
+                                ? carrier_for(config, shape.collective, path, threshold_bytes(shape), shape.nranks,
                                                 f.fabric, f.direct)
-                                : TransportKind::nccl;
+                                : Carrier::nccl;
   size_t direct_stage = 0;
-  if (transport != TransportKind::nccl) {
+  if (transport != Carrier::nccl) {
     direct_stage = direct_stage_elems(config, f.direct_set_bytes, shape.collective, path, shape.count, es,
                                       shape.nranks, format);
-    if (direct_stage == 0) transport = TransportKind::nccl;
+    if (direct_stage == 0) transport = Carrier::nccl;
   }
   o.carrier = transport;
-  if (transport != TransportKind::nccl) o.gather = GatherTransport::automatic;
+  if (transport != Carrier::nccl) o.gather = GatherMethod::automatic;
   const Path inner = path == Path::hierarchical ? inner_path(config, shape, f.topology) : path;
-  o.stage = transport != TransportKind::nccl ? direct_stage
+  o.stage = transport != Carrier::nccl ? direct_stage
             : path == Path::hierarchical
                 ? hierarchical_stage_elems(f.scratch, shape.collective, shape.count, es, f.hosts, f.ranks_per_host,
                                            inner, format)
@@ -117,7 +117,7 @@ struct Comm {
 };
 
 CommFacts flat(const Config& c, int n, Fabric fabric, bool ok = true,
-               TransportKind direct = TransportKind::nccl, size_t set_bytes = 0) {
+               Carrier direct = Carrier::nccl, size_t set_bytes = 0) {
   CommFacts f;
   f.agreed = true;
   f.fp8_ok = ok;
@@ -153,7 +153,7 @@ std::vector<std::pair<const char*, Config>> configs() {
     x.algorithm = a;
     out.push_back({"algorithm", x});
   }
-  for (GatherTransport g : {GatherTransport::allgather, GatherTransport::sendrecv}) {
+  for (GatherMethod g : {GatherMethod::allgather, GatherMethod::sendrecv}) {
     Config x = c;
     x.gather_transport = g;
     out.push_back({"gather_transport", x});
@@ -232,9 +232,9 @@ TEST_CASE("route: one planner call takes every decision the engine took before, 
     comms.push_back({"8 x pcie", flat(config, 8, Fabric::pcie), 8});
     comms.push_back({"4 x net", flat(config, 4, Fabric::net), 4});
     comms.push_back({"4 x nvlink, FP8 ruled out", flat(config, 4, Fabric::nvlink, false), 4});
-    comms.push_back({"4 x nvlink, peer memory", flat(config, 4, Fabric::nvlink, true, TransportKind::peer_memory, 32 << 20), 4});
-    comms.push_back({"8 x pcie, host memory", flat(config, 8, Fabric::pcie, true, TransportKind::host_memory, 32 << 20), 8});
-    comms.push_back({"4 x nvlink, small window", flat(config, 4, Fabric::nvlink, true, TransportKind::peer_memory, 24 << 10), 4});
+    comms.push_back({"4 x nvlink, peer memory", flat(config, 4, Fabric::nvlink, true, Carrier::peer_memory, 32 << 20), 4});
+    comms.push_back({"8 x pcie, host memory", flat(config, 8, Fabric::pcie, true, Carrier::host_memory, 32 << 20), 8});
+    comms.push_back({"4 x nvlink, small window", flat(config, 4, Fabric::nvlink, true, Carrier::peer_memory, 24 << 10), 4});
     comms.push_back({"2 x 4 hosts, split", spanning(config, 2, 4, true), 8});
     comms.push_back({"2 x 4 hosts, not split", spanning(config, 2, 4, false), 8});
     comms.push_back({"2 hosts, uneven", spanning(config, 2, 4, false, true), 8});
@@ -269,7 +269,7 @@ TEST_CASE("route: one planner call takes every decision the engine took before, 
   // The table reaches every outcome, so agreeing on it means something.
   for (Path p : {Path::passthrough, Path::two_shot, Path::one_shot, Path::ring, Path::fallback, Path::hierarchical})
     CHECK_MESSAGE(by_path[static_cast<size_t>(p)] > 0, to_string(p));
-  for (TransportKind t : {TransportKind::nccl, TransportKind::peer_memory, TransportKind::host_memory})
+  for (Carrier t : {Carrier::nccl, Carrier::peer_memory, Carrier::host_memory})
     CHECK_MESSAGE(by_carrier[static_cast<size_t>(t)] > 0, to_string(t));
   CHECK(pipelined > 0);
 }
@@ -313,22 +313,22 @@ TEST_CASE("route: each pass-through and fallback says why") {
   CHECK(none_fits.path == Path::fallback);
   CHECK(none_fits.reason == PassReason::scratch);
   CHECK(none_fits.algorithm == Path::two_shot);
-  CHECK(none_fits.gather == GatherTransport::automatic);
+  CHECK(none_fits.gather == GatherMethod::automatic);
 
   // A direct transport carries it: no NCCL gather step; one stage unit beyond its window: NCCL's.
   Config direct = c;
   direct.direct_transport = DirectMode::peer_memory;
-  const Route d = route_call(direct, flat(direct, 4, Fabric::nvlink, true, TransportKind::peer_memory, 32 << 20), s,
+  const Route d = route_call(direct, flat(direct, 4, Fabric::nvlink, true, Carrier::peer_memory, 32 << 20), s,
                              Path::two_shot);
   CHECK(d.path == Path::two_shot);
-  CHECK(d.carrier == TransportKind::peer_memory);
-  CHECK(d.gather == GatherTransport::automatic);
+  CHECK(d.carrier == Carrier::peer_memory);
+  CHECK(d.gather == GatherMethod::automatic);
   CHECK(d.stage_elems > 0);
-  const Route small = route_call(direct, flat(direct, 4, Fabric::nvlink, true, TransportKind::peer_memory, 256),
+  const Route small = route_call(direct, flat(direct, 4, Fabric::nvlink, true, Carrier::peer_memory, 256),
                                  s, Path::two_shot);
-  CHECK(small.carrier == TransportKind::nccl);
-  CHECK(small.gather != GatherTransport::automatic);
+  CHECK(small.carrier == Carrier::nccl);
+  CHECK(small.gather != GatherMethod::automatic);
   // The ring is never carried directly.
-  CHECK(route_call(direct, flat(direct, 4, Fabric::nvlink, true, TransportKind::peer_memory, 32 << 20), s,
-                   Path::ring).carrier == TransportKind::nccl);
+  CHECK(route_call(direct, flat(direct, 4, Fabric::nvlink, true, Carrier::peer_memory, 32 << 20), s,
+                   Path::ring).carrier == Carrier::nccl);
 }

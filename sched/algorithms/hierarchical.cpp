@@ -27,9 +27,10 @@ ncclResult_t HierarchicalAllReduce::produce(StageOps& ops, const Stage& st) {
     FP8WIRE_TRY(ops.zero(padded + st.length * es, (L * l.shard - st.length) * es));
     src = padded;
   }
-  FP8WIRE_TRY(ops.reduce_scatter_plain(s_->host_transport, h.ranks_per_host, src, st.set + l.shard_at, l.shard));
+  FP8WIRE_TRY(
+      ops.reduce_scatter_plain(s_->hierarchy.host_transport, h.ranks_per_host, src, st.set + l.shard_at, l.shard));
   Stage inner_stage{st.index, 0, l.shard, st.set + l.rail_at, true, true};
-  StageOps rail = ops.over(s_->rail_transport, h.host_index, h.hosts);
+  StageOps rail = ops.over(s_->hierarchy.rail_transport, h.host_index, h.hosts);
   const Fp8Args in = inner_args(st, l, es);
   const ncclResult_t res = inner_ == Path::one_shot ? OneShotAllReduce(in).produce(rail, inner_stage)
                                                     : TwoShotAllReduce(in).produce(rail, inner_stage);
@@ -43,7 +44,7 @@ ncclResult_t HierarchicalAllReduce::finish(StageOps& ops, const Stage& st) {
   const Layout l = hierarchical_all_reduce_layout(st.length, es, h.hosts, h.ranks_per_host, inner_, ops.format());
   const size_t L = static_cast<size_t>(h.ranks_per_host);
   Stage inner_stage{st.index, 0, l.shard, st.set + l.rail_at, true, true};
-  StageOps rail = ops.over(s_->rail_transport, h.host_index, h.hosts);
+  StageOps rail = ops.over(s_->hierarchy.rail_transport, h.host_index, h.hosts);
   const Fp8Args in = inner_args(st, l, es);
   const ncclResult_t res = inner_ == Path::one_shot ? OneShotAllReduce(in).finish(rail, inner_stage)
                                                     : TwoShotAllReduce(in).finish(rail, inner_stage);
@@ -51,9 +52,10 @@ ncclResult_t HierarchicalAllReduce::finish(StageOps& ops, const Stage& st) {
   FP8WIRE_TRY(res);
   char* dst = static_cast<char*>(a_.dst) + st.offset * es;
   if (st.length % L == 0)
-    return ops.all_gather_plain(s_->host_transport, h.ranks_per_host, st.set + l.shard_at, dst, l.shard);
+    return ops.all_gather_plain(s_->hierarchy.host_transport, h.ranks_per_host, st.set + l.shard_at, dst, l.shard);
   char* padded = st.set + l.padded_out;
-  FP8WIRE_TRY(ops.all_gather_plain(s_->host_transport, h.ranks_per_host, st.set + l.shard_at, padded, l.shard));
+  FP8WIRE_TRY(
+      ops.all_gather_plain(s_->hierarchy.host_transport, h.ranks_per_host, st.set + l.shard_at, padded, l.shard));
   return ops.copy(dst, padded, st.length * es);
 }
 
@@ -72,7 +74,7 @@ ncclResult_t HierarchicalReduceScatter::produce(StageOps& ops, const Stage& st) 
       FP8WIRE_TRY(ops.copy(permuted + (lr * H + hh) * st.length * es, src + (parent * a_.count + st.offset) * es,
                            st.length * es));
     }
-  FP8WIRE_TRY(ops.reduce_scatter_plain(s_->host_transport, h.ranks_per_host, permuted, st.set + l.rail_in_at,
+  FP8WIRE_TRY(ops.reduce_scatter_plain(s_->hierarchy.host_transport, h.ranks_per_host, permuted, st.set + l.rail_in_at,
                                        H * st.length));
   Fp8Args in;
   in.src = st.set + l.rail_in_at;
@@ -80,7 +82,7 @@ ncclResult_t HierarchicalReduceScatter::produce(StageOps& ops, const Stage& st) 
   in.count = st.length;
   in.post = a_.post;
   Stage inner_stage{st.index, 0, st.length, st.set + l.rail_at, true, true};
-  StageOps rail = ops.over(s_->rail_transport, h.host_index, h.hosts);
+  StageOps rail = ops.over(s_->hierarchy.rail_transport, h.host_index, h.hosts);
   const ncclResult_t res = ReduceScatterFp8(in).produce(rail, inner_stage);
   ops.add_wire_bytes(rail.wire_bytes());
   return res;
@@ -96,7 +98,7 @@ ncclResult_t HierarchicalReduceScatter::finish(StageOps& ops, const Stage& st) {
   in.count = st.length;
   in.post = a_.post;
   Stage inner_stage{st.index, 0, st.length, st.set + l.rail_at, true, true};
-  StageOps rail = ops.over(s_->rail_transport, h.host_index, h.hosts);
+  StageOps rail = ops.over(s_->hierarchy.rail_transport, h.host_index, h.hosts);
   const ncclResult_t res = ReduceScatterFp8(in).finish(rail, inner_stage);
   ops.add_wire_bytes(rail.wire_bytes());
   return res;

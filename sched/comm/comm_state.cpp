@@ -7,8 +7,8 @@
 namespace fp8wire::sched {
 
 CommState::CommState(const Platform& p, std::atomic<int64_t>& feedback_budget, ncclComm_t c, uint64_t i)
-    : platform(&p), comm(c), id(i), transport(*p.nccl, c, 0, 1), host_transport(*p.nccl, nullptr, 0, 1),
-      rail_transport(*p.nccl, nullptr, 0, 1), feedback(p.cuda, feedback_budget) {}
+    : platform(&p), comm(c), id(i), transport(*p.nccl, c, 0, 1), hierarchy(*p.nccl),
+      feedback(p.cuda, feedback_budget) {}
 
 CommState::~CommState() {
   // After an abort the sub-communicators may hold operations that will never finish: abort them

@@ -39,9 +39,12 @@ struct CommIdentity {
 // agreement: the ranks of this rank's host (by local rank), and its rail, the ranks of every host with
 // its local rank (by host).
 struct Hierarchy {
+  explicit Hierarchy(const NcclApi& api) : host_transport(api, nullptr, 0, 1), rail_transport(api, nullptr, 0, 1) {}
   bool ready = false;           // split on every rank (the agreement's second round)
   ncclComm_t host = nullptr;
   ncclComm_t rail = nullptr;
+  NcclTransport host_transport;  // over `host`
+  NcclTransport rail_transport;  // over `rail`
   int hosts = 0;
   int ranks_per_host = 0;
   int host_index = 0;
@@ -79,8 +82,6 @@ struct CommState {
   CommResources res;
   NcclTransport transport;
   Hierarchy hierarchy;
-  NcclTransport host_transport;   // over hierarchy.host
-  NcclTransport rail_transport;   // over hierarchy.rail
   // Set up at the agreement when every rank is on this machine and every rank could map every
   // other's windows (sched/transport/direct_windows.hpp); null otherwise.
   std::unique_ptr<DirectWindows> direct;

@@ -22,8 +22,8 @@ void split_hierarchy(CommState& s, const Agreement& a) {
                   h.rail;
   if (all_agree(s, ok)) {
     h.ready = true;
-    s.host_transport = NcclTransport(api, h.host, h.local_rank, h.ranks_per_host);
-    s.rail_transport = NcclTransport(api, h.rail, h.host_index, h.hosts);
+    h.host_transport = NcclTransport(api, h.host, h.local_rank, h.ranks_per_host);
+    h.rail_transport = NcclTransport(api, h.rail, h.host_index, h.hosts);
     FP8WIRE_INFO("comm {}: hierarchical path ready: host {} of {}, local rank {} of {}", s.id, h.host_index, h.hosts,
                  h.local_rank, h.ranks_per_host);
     return;

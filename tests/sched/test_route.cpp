@@ -232,9 +232,11 @@ TEST_CASE("route: one planner call takes every decision the engine took before, 
     comms.push_back({"8 x pcie", flat(config, 8, Fabric::pcie), 8});
     comms.push_back({"4 x net", flat(config, 4, Fabric::net), 4});
     comms.push_back({"4 x nvlink, FP8 ruled out", flat(config, 4, Fabric::nvlink, false), 4});
-    comms.push_back({"4 x nvlink, peer memory", flat(config, 4, Fabric::nvlink, true, Carrier::peer_memory, 32 << 20), 4});
+    comms.push_back({"4 x nvlink, peer memory", flat(config, 4, Fabric::nvlink, true, Carrier::peer_memory, 32 << 20),
+                     4});
     comms.push_back({"8 x pcie, host memory", flat(config, 8, Fabric::pcie, true, Carrier::host_memory, 32 << 20), 8});
-    comms.push_back({"4 x nvlink, small window", flat(config, 4, Fabric::nvlink, true, Carrier::peer_memory, 24 << 10), 4});
+    comms.push_back({"4 x nvlink, small window",
+                     flat(config, 4, Fabric::nvlink, true, Carrier::peer_memory, 24 << 10), 4});
     comms.push_back({"2 x 4 hosts, split", spanning(config, 2, 4, true), 8});
     comms.push_back({"2 x 4 hosts, not split", spanning(config, 2, 4, false), 8});
     comms.push_back({"2 hosts, uneven", spanning(config, 2, 4, false, true), 8});

@@ -1,6 +1,6 @@
 // The engine's private state, shared by its parts: engine.cpp (entry points, lifecycle, groups),
-// submit.cpp (each call's route), fp8_call.cpp (running one FP8 call) and group_queue.cpp (calls
-// queued in an application group and their flush).
+// submit.cpp (each call's way in: rules, registry, route), fp8_call.cpp (running one FP8 route) and
+// group_queue.cpp (calls queued in an application group and their flush).
 #pragma once
 
 #include <array>

@@ -1,8 +1,9 @@
-// FP8 calls the application issued inside its group: queued at issue (decided then, from agreed
+// FP8 calls the application issued inside its group: queued at issue (routed then, from agreed
 // facts), run after its outermost real ncclGroupEnd, never later. Consecutive all-reduces of one
-// communicator, stream, dtype and op are packed up to a byte and a call cap (coalesce.hpp). Every
-// call of the batch forks from its caller's stream and all are joined only at the end, so calls on
-// different communicators never wait for one another, whatever order each rank issued them in.
+// communicator, stream, dtype and op are packed up to a byte and a call cap
+// (sched/plan/coalesce.hpp). Every call of the batch forks from its caller's stream and all are
+// joined only at the end, so calls on different communicators never wait for one another, whatever
+// order each rank issued them in.
 #include "common/log.hpp"
 #include "sched/engine/engine_impl.hpp"
 

@@ -22,10 +22,10 @@
 #include "common/config.hpp"
 #include "common/log.hpp"
 #include "common/status.hpp"
-#include "sched/accounting.hpp"
-#include "sched/engine.hpp"
-#include "sched/gpu_platform.hpp"
-#include "sched/nccl_api_linked.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/platform/gpu_platform.hpp"
+#include "sched/platform/nccl_api_linked.hpp"
 #if FP8WIRE_BENCH_HAVE_QUANT
 #include "quant/quant.hpp"
 #endif
@@ -60,7 +60,7 @@ struct RankReport {
   uint64_t wire_bytes;     // per application call, from Accounting
   uint64_t recorded_calls; // calls Accounting saw during the timed region
   uint64_t fallback_calls; // of those, calls an FP8 request ran as plain NCCL (fallback)
-  uint64_t gather_calls[3];// of those, by the transport of their gather step (index = GatherTransport)
+  uint64_t gather_calls[3];// of those, by the transport of their gather step (index = GatherMethod)
   uint64_t direct_calls;   // of those, calls a direct transport carried
   int32_t checked;
 };
@@ -95,9 +95,9 @@ struct Worker {
   // configuration, scratch and agreement: with --gather-transport both, every path with a gather
   // step is timed on each in turn; paths without one run on the first alone.
   struct Variant {
-    std::optional<GatherTransport> transport;  // nullopt: gather_transport as loaded ("auto")
+    std::optional<GatherMethod> transport;  // nullopt: gather_transport as loaded ("auto")
     std::unique_ptr<sched::Engine> engine;
-    std::optional<TransportKind> direct;       // a direct transport carries this variant's FP8 calls
+    std::optional<Carrier> direct;       // a direct transport carries this variant's FP8 calls
   };
   std::vector<Variant> variants;
   Config config;  // as loaded, with the benchmark's overrides (the variants' differ in gather_transport)
@@ -264,8 +264,8 @@ struct Worker {
       // Summed over ranks, so a rank that gathered differently from the others shows as mixed.
       uint64_t by_allgather = 0, by_sendrecv = 0;
       for (const auto& r : all) {
-        by_allgather += r.gather_calls[static_cast<int>(GatherTransport::allgather)];
-        by_sendrecv += r.gather_calls[static_cast<int>(GatherTransport::sendrecv)];
+        by_allgather += r.gather_calls[static_cast<int>(GatherMethod::allgather)];
+        by_sendrecv += r.gather_calls[static_cast<int>(GatherMethod::sendrecv)];
       }
       if (by_allgather > 0 && by_sendrecv > 0)
         point.gather_transport = "mixed";
@@ -426,7 +426,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   FP8WIRE_NCCL_OR(ncclCommInitRank(&w.comm, env.world_size, id, env.rank), return 2);
   w.api = nccl_api_from_linked();
   w.platform = gpu_platform(w.api);
-  std::vector<std::optional<GatherTransport>> transports(opt.gather_transports.begin(), opt.gather_transports.end());
+  std::vector<std::optional<GatherMethod>> transports(opt.gather_transports.begin(), opt.gather_transports.end());
   if (transports.empty()) transports.push_back(std::nullopt);
   // NCCL's transports: one engine per gather transport (with --transport direct only the first, for
   // the plain-NCCL baseline). The direct transport: one engine more, with it forced.
@@ -446,7 +446,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     const bool host = opt.transport == "host_memory" || (opt.transport != "peer_memory" && no_p2p);
     c.direct_transport = host ? DirectMode::host_memory : DirectMode::peer_memory;
     c.direct_assume_one_host = c.direct_assume_one_host || opt.emulate_ranks > 0;
-    const TransportKind kind = host ? TransportKind::host_memory : TransportKind::peer_memory;
+    const Carrier kind = host ? Carrier::host_memory : Carrier::peer_memory;
     w.variants.push_back({std::nullopt, std::make_unique<sched::Engine>(c, w.platform), kind});
     w.variants.back().engine->comm_created(w.comm);
     if (!w.variants.back().engine->comm_info(w.comm).direct && env.rank == 0)
@@ -594,7 +594,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   compute_speedups(result);
   const auto crossovers = analyze_crossovers(result, opt.crossover);
   Calibration calibration = calibrate(result);
-  // The job shape the figures belong to (sched/hierarchy.hpp: a flat FP8 path across hosts with
+  // The job shape the figures belong to (sched/plan/hierarchy.hpp: a flat FP8 path across hosts with
   // local peers is only taken where a calibrated profile of that very shape says it wins).
   {
     const sched::CommInfo info = w.variants.front().engine->comm_info(w.comm);

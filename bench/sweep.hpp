@@ -37,9 +37,9 @@ struct SweepOptions {
   // Empty ("auto"): the configuration as loaded, i.e. FP8WIRE_GATHER_TRANSPORT or the planner's
   // choice per call. One entry: that transport. Two ("both": allgather, sendrecv): every path with a
   // gather step is timed once with each. Each point records the transport its calls used.
-  std::vector<GatherTransport> gather_transports;
+  std::vector<GatherMethod> gather_transports;
   // --transport: what carries the FP8 paths. nccl: NCCL's transports; direct: a direct transport
-  // (peer GPU memory, or host memory under NCCL_P2P_DISABLE=1; sched/direct_transport.hpp), peer_memory /
+  // (peer GPU memory, or host memory under NCCL_P2P_DISABLE=1; sched/transport/direct_windows.hpp), peer_memory /
   // host_memory: that one; both: every FP8 path over NCCL's and over the direct one. Emulated ranks
   // share this machine's memory, so the direct transport assumes one host there (direct.assume_one_host).
   std::string transport = "nccl";

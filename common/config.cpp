@@ -67,11 +67,11 @@ const char* to_string(Algorithm v) {
   }
   return "?";
 }
-const char* to_string(GatherTransport v) {
+const char* to_string(GatherMethod v) {
   switch (v) {
-    case GatherTransport::automatic: return "auto";
-    case GatherTransport::allgather: return "allgather";
-    case GatherTransport::sendrecv: return "sendrecv";
+    case GatherMethod::automatic: return "auto";
+    case GatherMethod::allgather: return "allgather";
+    case GatherMethod::sendrecv: return "sendrecv";
   }
   return "?";
 }
@@ -451,10 +451,10 @@ std::vector<KeySpec> build_key_table() {
                                      {"two_shot", Algorithm::two_shot},
                                      {"one_shot", Algorithm::one_shot},
                                      {"ring", Algorithm::ring}}));
-  t.push_back(choice_key<GatherTransport>("gather_transport", [](auto& c) -> auto& { return c.gather_transport; },
-                                          {{"auto", GatherTransport::automatic},
-                                           {"allgather", GatherTransport::allgather},
-                                           {"sendrecv", GatherTransport::sendrecv}}));
+  t.push_back(choice_key<GatherMethod>("gather_transport", [](auto& c) -> auto& { return c.gather_transport; },
+                                          {{"auto", GatherMethod::automatic},
+                                           {"allgather", GatherMethod::allgather},
+                                           {"sendrecv", GatherMethod::sendrecv}}));
   t.push_back(choice_key<std::optional<Fabric>>(
       "fabric", [](auto& c) -> auto& { return c.fabric_override; },
       {{"auto", std::nullopt}, {"nvlink", Fabric::nvlink}, {"pcie", Fabric::pcie}, {"net", Fabric::net}}));

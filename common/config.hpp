@@ -33,8 +33,8 @@ enum class Algorithm : uint8_t { automatic, two_shot, one_shot, ring };
 // the gather step of two-shot / ring, the FP8 all-gather): ncclAllGather, or grouped ncclSend/ncclRecv
 // of the slot to every peer (one step deep, and NCCL's point-to-point channels). automatic: the
 // planner's cost model chooses (all_gather vs all_to_all figures; all-gather on a tie).
-enum class GatherTransport : uint8_t { automatic, allgather, sendrecv };
-// The direct transports (sched/direct_transport.hpp): FP8 slots in memory every rank of one machine
+enum class GatherMethod : uint8_t { automatic, allgather, sendrecv };
+// The direct transports (sched/transport/direct_windows.hpp): FP8 slots in memory every rank of one machine
 // loads and stores directly. off: never; automatic: where the communicator's ranks share a machine,
 // peer GPU memory unless NCCL_P2P_DISABLE=1 (then host memory), per call where the cost model says it
 // is cheaper than NCCL's transports; peer_memory / host_memory: that one, for every FP8 call it can carry.
@@ -52,7 +52,7 @@ const char* to_string(ScaleType);
 const char* to_string(Rounding);
 const char* to_string(ConvertPath);
 const char* to_string(Algorithm);
-const char* to_string(GatherTransport);  // "auto" | "allgather" | "sendrecv"
+const char* to_string(GatherMethod);  // "auto" | "allgather" | "sendrecv"
 const char* to_string(DirectMode);       // "off" | "auto" | "peer_memory" | "host_memory"
 const char* to_string(Fabric);
 const char* to_string(Collective);
@@ -88,7 +88,7 @@ struct CostModel {
   bool calibrated = false;      // false: the built-in defaults below are used
   // The job shape the figures were measured on (0 = not recorded): hosts and ranks per host. A flat
   // FP8 path on a communicator that spans hosts with several ranks each is only taken when a
-  // calibrated profile of that very shape says it wins (sched/hierarchy.hpp).
+  // calibrated profile of that very shape says it wins (sched/plan/hierarchy.hpp).
   double hosts = 0;
   double ranks_per_host = 0;
   // Fixed cost of one `op`: its own figure when measured, else op_latency_us.
@@ -125,7 +125,7 @@ struct Config {
   // --- planning -------------------------------------------------------------------------------
   Algorithm algorithm = Algorithm::automatic;  // algorithm  "auto" | "two_shot" | "one_shot" | "ring"
   std::optional<Fabric> fabric_override;       // fabric     "auto" | "nvlink" | "pcie" | "net"
-  GatherTransport gather_transport = GatherTransport::automatic;  // gather_transport "auto" | "allgather" | "sendrecv"
+  GatherMethod gather_transport = GatherMethod::automatic;  // gather_transport "auto" | "allgather" | "sendrecv"
   // Smallest caller buffer (bytes) at which a collective goes FP8, per collective and fabric.
   // thresholds.<all_reduce|reduce_scatter|all_gather>.<nvlink|pcie|net>
   // From the 2x H200 sweeps (docs/PERF.md, "2x H200"): over NVLink FP8 was 0.91-1.05x from 4 to
@@ -143,13 +143,13 @@ struct Config {
   std::array<CostModel, kFabricCount> cost_model{};
 
   // --- jobs spanning hosts ---------------------------------------------------------------------
-  // Full precision inside each host, FP8 between hosts (sched/hierarchy.hpp).
+  // Full precision inside each host, FP8 between hosts (sched/plan/hierarchy.hpp).
   bool hierarchy_enable = true;             // hierarchy.enable
   // Ranks per host, consecutive in rank order (0: the hosts NCCL sees, from NCCL_HOSTID or hostname).
   // For tests: ranks emulated on one GPU as 2 hosts x 2 ranks while NCCL joins all over sockets.
   uint32_t hierarchy_ranks_per_host = 0;    // hierarchy.ranks_per_host
 
-  // --- direct transports (sched/direct_transport.hpp) -------------------------------------------
+  // --- direct transports (sched/transport/direct_windows.hpp) -------------------------------------------
   DirectMode direct_transport = DirectMode::automatic;  // direct.transport "off"|"auto"|"peer_memory"|"host_memory"
   // Treat all ranks of a communicator as ranks of this machine, whatever hosts NCCL sees (ranks
   // emulated on one GPU with NCCL_HOSTID, containers that set it): the direct transport is then set up

@@ -67,7 +67,7 @@ struct Activity {
   uint32_t correlation = 0;
 };
 
-// One call the shim intercepted (sched/accounting.hpp CallRecord, as the profiler keeps it).
+// One call the shim intercepted (sched/engine/accounting.hpp CallRecord, as the profiler keeps it).
 struct CallInfo {
   uint64_t seq = 0;
   int64_t issue_ns = 0;      // on the profiler's clock (the one activities use)

@@ -60,7 +60,7 @@
 #include "profiler/exposure.hpp"
 #include "profiler/kineto.hpp"
 #include "profiler/report.hpp"
-#include "sched/accounting.hpp"
+#include "sched/engine/accounting.hpp"
 
 #define FP8WIRE_PROF_EXPORT extern "C" __attribute__((visibility("default")))
 

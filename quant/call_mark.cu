@@ -1,5 +1,5 @@
 // The call-begin mark: an empty kernel libfp8wire.so launches on an FP8 call's produce lane when the
-// exposure profiler is loaded (sched/pipeline.cpp), after the lane's waits for the caller's stream and
+// exposure profiler is loaded (sched/exec/pipeline.cpp), after the lane's waits for the caller's stream and
 // the previous call and before its first wait on the peers. The kernel does nothing; its CUPTI record
 // is the point: its start is when the call's lanes entered it, on the clock of every other record.
 // The waits on the peers' flags are stream memory operations no record shows, so without it a wait

@@ -5,7 +5,7 @@
 
 #include "common/cuda_devices.hpp"
 #include "common/log.hpp"
-#include "sched/accounting.hpp"
+#include "sched/engine/accounting.hpp"
 #include "shim/real_nccl.hpp"
 #include "shim/runtime.hpp"
 
@@ -103,8 +103,8 @@ FP8WIRE_EXPORT void fp8wire_get_totals(fp8wire_totals* out) {
 
 FP8WIRE_EXPORT const char* fp8wire_transport_name(int i) {
   if (i < 0 || i >= FP8WIRE_MAX_TRANSPORTS) return nullptr;
-  // to_string(TransportKind) is the one list of names; it answers "unknown" past the last one.
-  const char* name = fp8wire::to_string(static_cast<fp8wire::TransportKind>(i));
+  // to_string(Carrier) is the one list of names; it answers "unknown" past the last one.
+  const char* name = fp8wire::to_string(static_cast<fp8wire::Carrier>(i));
   return std::strcmp(name, "unknown") == 0 ? "" : name;
 }
 

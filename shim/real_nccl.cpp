@@ -52,7 +52,7 @@ NcclApi fill_table(Lookup lookup, std::string& missing) {
 #define FP8WIRE_NCCL_FN(name)                                                   \
   api.name = reinterpret_cast<decltype(api.name)>(find("nccl" #name));         \
   if (!api.name) missing += (missing.empty() ? "nccl" : ", nccl") + std::string(#name);
-#include "sched/nccl_functions.def"
+#include "sched/platform/nccl_functions.def"
 #undef FP8WIRE_NCCL_FN
   return api;
 }

@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "sched/nccl_api.hpp"
+#include "sched/platform/nccl_api.hpp"
 
 namespace fp8wire::shim {
 

@@ -10,8 +10,8 @@
 #include "common/commands.hpp"
 #include "common/log.hpp"
 #include "common/status.hpp"
-#include "sched/accounting.hpp"
-#include "sched/gpu_platform.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/platform/gpu_platform.hpp"
 
 namespace fp8wire::shim {
 

@@ -6,8 +6,8 @@
 #include <atomic>
 
 #include "common/config.hpp"
-#include "sched/engine.hpp"
-#include "sched/platform.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/platform/platform.hpp"
 #include "shim/real_nccl.hpp"
 
 namespace fp8wire::shim {

@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 
 #include "quant/wire_format.hpp"
-#include "sched/cost_model.hpp"
-#include "sched/hierarchy.hpp"
+#include "sched/plan/cost_model.hpp"
+#include "sched/plan/hierarchy.hpp"
 
 namespace fp8wire::bench {
 

@@ -1,5 +1,5 @@
 // Predictions for jobs spanning hosts, which these machines cannot run: NCCL's ring, the flat FP8
-// two-shot and the hierarchical FP8 path (sched/hierarchy.hpp) for hosts x GPUs with one network
+// two-shot and the hierarchical FP8 path (sched/plan/hierarchy.hpp) for hosts x GPUs with one network
 // card per GPU, NVLink or PCIe inside each host. Alpha-beta figures, labelled as predictions; the
 // multi-GPU run checks them where it can.
 #pragma once

@@ -99,9 +99,9 @@ double fixed_latency_us(const PathShape& shape, const Link& link) {
   return us;
 }
 
-std::optional<PathShape> path_shape(Collective c, Path p, int nranks, GatherTransport gather) {
-  const bool sendrecv_gather = has_gather_step(c, p) && gather == GatherTransport::sendrecv;
-  if (has_gather_step(c, p) && gather == GatherTransport::automatic) return std::nullopt;
+std::optional<PathShape> path_shape(Collective c, Path p, int nranks, GatherMethod gather) {
+  const bool sendrecv_gather = has_gather_step(c, p) && gather == GatherMethod::sendrecv;
+  if (has_gather_step(c, p) && gather == GatherMethod::automatic) return std::nullopt;
   const double n = std::max(nranks, 1);
   const double part = (n - 1) / n;
   // count of each kind, and the bus bytes (per byte of S) each kind moves.
@@ -129,7 +129,7 @@ std::optional<PathShape> path_shape(Collective c, Path p, int nranks, GatherTran
     }
     return std::nullopt;
   }
-  // The operations each path issues are those sched/plan.cpp's fixed_latency_us counts.
+  // The operations each path issues are those sched/plan/plan.cpp's fixed_latency_us counts.
   switch (c) {
     case Collective::all_reduce:
       if (p == Path::two_shot) return shape(a2a_ag(1, 1), a2a_ag(part, part), 3, 3);
@@ -154,7 +154,7 @@ struct Line {
   double slope_us_per_byte;
 };
 std::optional<Line> cost_line(Collective c, Path p, int nranks, const Link& link, const Codec& codec,
-                              const WireParams& wire, GatherTransport gather) {
+                              const WireParams& wire, GatherMethod gather) {
   const auto shape = path_shape(c, p, nranks, gather);
   if (!shape || !(link.bus_gbps > 0)) return std::nullopt;
   const bool fp8 = p != Path::passthrough && p != Path::fallback;
@@ -175,16 +175,16 @@ std::optional<Line> cost_line(Collective c, Path p, int nranks, const Link& link
 }  // namespace
 
 double predict_us(Collective c, Path p, int nranks, double bytes, const Link& link, const Codec& codec,
-                  const WireParams& wire, GatherTransport gather) {
+                  const WireParams& wire, GatherMethod gather) {
   const auto line = cost_line(c, p, nranks, link, codec, wire, gather);
   if (!line) return std::numeric_limits<double>::quiet_NaN();
   return line->intercept_us + line->slope_us_per_byte * bytes;
 }
 
 PredictedCrossover predict_crossover(Collective c, Path p, int nranks, const Link& link,
-                                     const Codec& codec, const WireParams& wire, GatherTransport gather) {
+                                     const Codec& codec, const WireParams& wire, GatherMethod gather) {
   PredictedCrossover out;
-  const auto base = cost_line(c, Path::passthrough, nranks, link, codec, wire, GatherTransport::allgather);
+  const auto base = cost_line(c, Path::passthrough, nranks, link, codec, wire, GatherMethod::allgather);
   const auto fp8 = cost_line(c, p, nranks, link, codec, wire, gather);
   if (!base || !fp8) return out;
   if (fp8->slope_us_per_byte > 0)

@@ -94,17 +94,17 @@ struct PathShape {
 };
 // Shape of the baseline (Path::passthrough) or an FP8 path whose gather step (has_gather_step)
 // goes over `gather`. Returns nullopt for a path the collective does not have (ring for all_gather),
-// and for GatherTransport::automatic on a path with a gather step: that is the planner's choice per
+// and for GatherMethod::automatic on a path with a gather step: that is the planner's choice per
 // call, not one shape.
 std::optional<PathShape> path_shape(Collective c, Path p, int nranks,
-                                    GatherTransport gather = GatherTransport::allgather);
+                                    GatherMethod gather = GatherMethod::allgather);
 
 // Sum of the fixed latencies of the path's NCCL operations on `link`.
 double fixed_latency_us(const PathShape& shape, const Link& link);
 
 // NaN where path_shape has no shape.
 double predict_us(Collective c, Path p, int nranks, double bytes, const Link& link, const Codec& codec,
-                  const WireParams& wire, GatherTransport gather = GatherTransport::allgather);
+                  const WireParams& wire, GatherMethod gather = GatherMethod::allgather);
 
 struct PredictedCrossover {
   bool wins = false;         // false: the FP8 path never wins (its per-byte cost is not lower)
@@ -114,6 +114,6 @@ struct PredictedCrossover {
 // Both costs are linear in S, so the crossover is where the lines cross (closed form).
 PredictedCrossover predict_crossover(Collective c, Path p, int nranks, const Link& link,
                                      const Codec& codec, const WireParams& wire,
-                                     GatherTransport gather = GatherTransport::allgather);
+                                     GatherMethod gather = GatherMethod::allgather);
 
 }  // namespace fp8wire::bench

@@ -87,8 +87,8 @@ std::optional<double> octaves_outside_ties(const PredictedCrossover& p, const Cr
 
 // The gather transport a measured curve's crossover is predicted with: the one its points ran with
 // (a curve of "mixed" points, which no one shape describes, as all-gather).
-GatherTransport crossover_transport(const CrossoverReport& x) {
-  return x.gather_transport == "sendrecv" ? GatherTransport::sendrecv : GatherTransport::allgather;
+GatherMethod crossover_transport(const CrossoverReport& x) {
+  return x.gather_transport == "sendrecv" ? GatherMethod::sendrecv : GatherMethod::allgather;
 }
 
 // The planner's candidates for a collective: plain NCCL and its FP8 algorithms (ring is a comparison
@@ -153,7 +153,7 @@ ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOpti
       if (!path || !single) continue;
       WireParams wire = s.wire;
       wire.dtype = x.dtype;
-      const GatherTransport gather = crossover_transport(x);
+      const GatherMethod gather = crossover_transport(x);
       const PredictedCrossover p = predict_crossover(x.collective, *path, s.machine.nranks, link, codec, wire, gather);
       const PredictedCrossover p1 = predict_crossover(x.collective, *path, s.machine.nranks, *single, codec, wire, gather);
       std::string measured = x.crossover.found ? format_bytes(x.crossover.bytes) : "never";

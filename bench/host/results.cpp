@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "sched/cost_model.hpp"
+#include "sched/plan/cost_model.hpp"
 
 namespace fp8wire::bench {
 
@@ -84,9 +84,9 @@ const SweepPoint* candidate_point(const SweepResult& r, Collective c, DType d, s
 
 }  // namespace
 
-std::optional<GatherTransport> modeled_transport(const SweepPoint& p) {
+std::optional<GatherMethod> modeled_transport(const SweepPoint& p) {
   if (p.gather_transport == "mixed" || !p.transport.empty()) return std::nullopt;
-  return p.gather_transport == "sendrecv" ? GatherTransport::sendrecv : GatherTransport::allgather;
+  return p.gather_transport == "sendrecv" ? GatherMethod::sendrecv : GatherMethod::allgather;
 }
 
 std::string path_label(const SweepPoint& p) {
@@ -381,7 +381,7 @@ bool fit_direct_transport(const SweepResult& result, Calibration& cal) {
   for (const auto& p : result.points) {
     if (p.transport.empty() || !usable(p)) continue;
     kind = p.transport;
-    const TransportKind tk = p.transport == "peer_memory" ? TransportKind::peer_memory : TransportKind::host_memory;
+    const Carrier tk = p.transport == "peer_memory" ? Carrier::peer_memory : Carrier::host_memory;
     const sched::DirectCost d =
         sched::direct_cost_parts(m, p.collective, p.path, p.bytes, result.machine.nranks, format, tk);
     x.push_back(d.link_bytes / d.barriers);

@@ -46,7 +46,7 @@ struct SweepPoint {
   // reduce-scatter: no gather step). Files written before it was recorded read as "allgather".
   std::string gather_transport;
   // "" when NCCL's transports carried the calls, else the direct transport that did ("peer_memory",
-  // "host_memory"; sched/direct_transport.hpp). A path over a direct transport is a curve of its own.
+  // "host_memory"; sched/transport/direct_windows.hpp). A path over a direct transport is a curve of its own.
   std::string transport;
   double speedup = 0;            // passthrough median / this median at the same size (0 = n/a)
   CheckResult check;
@@ -80,7 +80,7 @@ struct SweepResult {
 // The transport the model costs a point's gather step with: sendrecv for "sendrecv", allgather
 // otherwise (paths without a gather step have no use for it); nullopt for "mixed", which no one shape
 // describes, and for the points of a direct transport, which issue no NCCL operation.
-std::optional<GatherTransport> modeled_transport(const SweepPoint& p);
+std::optional<GatherMethod> modeled_transport(const SweepPoint& p);
 // The point's path as tables show it: the path name, with "/sr" when its gather step went over
 // send/recv, "/mix" when mixed, "/direct" over a direct transport. A path measured over two transports (`sweep --gather-transport
 // both`) is two curves, told apart by this label ("one_shot" and "one_shot/sr").
@@ -134,7 +134,7 @@ Calibration calibrate(const SweepResult& result);
 void fit_operation_latencies(const SweepResult& result, Calibration& cal);
 // The direct transport's barrier latency and link bandwidth (CostModel::direct_*), one relative-error
 // line fit over every point it carried: per barrier, the time less the codec and launches against the
-// link bytes (sched/cost_model.hpp direct_cost_parts). False when the sweep timed none.
+// link bytes (sched/plan/cost_model.hpp direct_cost_parts). False when the sweep timed none.
 bool fit_direct_transport(const SweepResult& result, Calibration& cal);
 
 nlohmann::json to_json(const SweepResult& result, const std::vector<CrossoverReport>& crossovers,

@@ -166,32 +166,32 @@ std::optional<Path> parse_path(std::string_view text) {
   return std::nullopt;
 }
 
-const char* gather_transport_name(GatherTransport t) {
+const char* gather_transport_name(GatherMethod t) {
   switch (t) {
-    case GatherTransport::automatic: return "auto";
-    case GatherTransport::allgather: return "allgather";
-    case GatherTransport::sendrecv: return "sendrecv";
+    case GatherMethod::automatic: return "auto";
+    case GatherMethod::allgather: return "allgather";
+    case GatherMethod::sendrecv: return "sendrecv";
   }
   return "?";
 }
 
-std::optional<GatherTransport> parse_gather_transport(std::string_view text) {
+std::optional<GatherMethod> parse_gather_transport(std::string_view text) {
   const std::string s = lower(text);
-  if (s == "auto") return GatherTransport::automatic;
-  if (s == "allgather") return GatherTransport::allgather;
-  if (s == "sendrecv") return GatherTransport::sendrecv;
+  if (s == "auto") return GatherMethod::automatic;
+  if (s == "allgather") return GatherMethod::allgather;
+  if (s == "sendrecv") return GatherMethod::sendrecv;
   return std::nullopt;
 }
 
-std::optional<std::vector<GatherTransport>> parse_gather_transport_option(std::string_view text) {
-  if (lower(text) == "both") return std::vector{GatherTransport::allgather, GatherTransport::sendrecv};
+std::optional<std::vector<GatherMethod>> parse_gather_transport_option(std::string_view text) {
+  if (lower(text) == "both") return std::vector{GatherMethod::allgather, GatherMethod::sendrecv};
   const auto one = parse_gather_transport(text);
   if (!one) return std::nullopt;
-  if (*one == GatherTransport::automatic) return std::vector<GatherTransport>{};
+  if (*one == GatherMethod::automatic) return std::vector<GatherMethod>{};
   return std::vector{*one};
 }
 
-std::string gather_transport_option_name(const std::vector<GatherTransport>& transports) {
+std::string gather_transport_option_name(const std::vector<GatherMethod>& transports) {
   if (transports.empty()) return "auto";
   if (transports.size() == 1) return gather_transport_name(transports.front());
   return "both";

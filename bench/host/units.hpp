@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/config.hpp"
-#include "sched/accounting.hpp"
+#include "sched/engine/accounting.hpp"
 
 namespace fp8wire::bench {
 
@@ -55,16 +55,16 @@ const char* path_name(Path p);
 std::optional<Path> parse_path(std::string_view);  // "passthrough"/"nccl", "two_shot", "one_shot", "ring"
 // Names of config.hpp's gather_transport values ("auto", "allgather", "sendrecv"), spelled here
 // because the host library links nothing from common/.
-const char* gather_transport_name(GatherTransport t);
-std::optional<GatherTransport> parse_gather_transport(std::string_view);
+const char* gather_transport_name(GatherMethod t);
+std::optional<GatherMethod> parse_gather_transport(std::string_view);
 // `sweep --gather-transport`: the transports every path with a gather step is timed with. "auto":
 // none forced (empty: the configuration as loaded); "allgather" or "sendrecv": that one; "both":
 // allgather, then sendrecv (each such path timed twice per size). nullopt for anything else.
-std::optional<std::vector<GatherTransport>> parse_gather_transport_option(std::string_view);
+std::optional<std::vector<GatherMethod>> parse_gather_transport_option(std::string_view);
 // The option's value for such a list: "auto", "allgather", "sendrecv" or "both".
-std::string gather_transport_option_name(const std::vector<GatherTransport>& transports);
+std::string gather_transport_option_name(const std::vector<GatherMethod>& transports);
 
-// has_gather_step(collective, path): sched/accounting.hpp, shared with the planner.
+// has_gather_step(collective, path): sched/engine/accounting.hpp, shared with the planner.
 
 // The FP8 paths worth timing for a collective, given the requested ones (in the requested order):
 // all-reduce has three algorithms; reduce-scatter has one (sched/ runs it as two_shot) and

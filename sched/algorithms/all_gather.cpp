@@ -1,7 +1,7 @@
 // FP8 all-gather: quantize, gather the chunks, decode every rank's chunk into its place. Lossy on
 // weights, so off unless configured (collectives.all_gather).
 #include "common/status.hpp"
-#include "sched/algorithms.hpp"
+#include "sched/algorithms/algorithms.hpp"
 
 namespace fp8wire::sched {
 

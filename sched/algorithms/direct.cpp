@@ -1,11 +1,11 @@
-// The FP8 algorithms over a direct transport (sched/direct_transport.hpp). The arithmetic is that of
+// The FP8 algorithms over a direct transport (sched/transport/direct_windows.hpp). The arithmetic is that of
 // their NCCL twins (one_shot.cpp, two_shot.cpp, reduce_scatter.cpp, all_gather.cpp: the same chunks,
 // the same rank order, the same stochastic-rounding offsets), so every rank ends with the same bytes
 // either way; what differs is who moves them. A quantize stores straight into the window its readers
 // read (its own for one-shot and the all-gather, the owner's inbox for two-shot and the
 // reduce-scatter), and a fused dequantize-reduce loads every rank's window in rank order: over NVLink
 // or PCIe P2P for peer memory, over PCIe from host memory. The flag handshakes of each phase are the
-// protocol of direct_transport.hpp, on the lane that reads or writes: a stage reclaims its buffer set
+// protocol of sched/transport/direct_windows.hpp, on the lane that reads or writes: a stage reclaims its buffer set
 // before its first write (the produce lane) and releases it after its last read (the transfer lane).
 //
 // Window of one buffer set:
@@ -16,9 +16,9 @@
 #include <array>
 
 #include "common/status.hpp"
-#include "sched/algorithms.hpp"
-#include "sched/direct_transport.hpp"
-#include "sched/stages.hpp"
+#include "sched/algorithms/algorithms.hpp"
+#include "sched/transport/direct_windows.hpp"
+#include "sched/plan/stages.hpp"
 
 namespace fp8wire::sched {
 
@@ -27,39 +27,9 @@ constexpr int kInputs = 0;   // phase: the quantized inputs (or shards, or block
 constexpr int kReduced = 1;  // phase: two-shot's reduced shards
 }  // namespace
 
-size_t direct_set_bytes(Collective collective, Path path, size_t len, int nranks, const quant::WireFormat& f) {
-  const size_t ranks = static_cast<size_t>(nranks);
-  switch (collective) {
-    case Collective::all_reduce:
-      if (path == Path::two_shot) return (ranks + 1) * shard_layout(len, nranks, f).seg_stride;
-      return quant::chunk_bytes(len, f);
-    case Collective::reduce_scatter: return ranks * quant::chunk_bytes(len, f);
-    case Collective::all_gather: return quant::chunk_bytes(len, f);
-  }
-  return 0;
-}
-
-size_t direct_stage_elems(const Config& config, size_t set_bytes, Collective collective, Path path, size_t count,
-                          size_t elem_bytes, int nranks, const quant::WireFormat& f) {
-  if (count == 0) return 0;
-  const size_t unit = stage_unit_elems(collective, path, nranks, f);
-  auto fits = [&](size_t n) { return direct_set_bytes(collective, path, n, nranks, f) <= set_bytes; };
-  // Caller bytes per element of `count`: the reduce-scatter's stage spans every rank's block.
-  const size_t per_elem = elem_bytes * (collective == Collective::all_reduce ? 1 : static_cast<size_t>(nranks));
-  const size_t want = std::max<size_t>(config.direct_stage_bytes / std::max<size_t>(per_elem, 1), 1);
-  if (count <= unit || (count <= want && fits(count))) return fits(count) ? count : 0;
-  if (!fits(unit)) return 0;
-  size_t lo = 1, hi = (std::min(count, std::max(want, unit)) + unit - 1) / unit;
-  while (lo < hi) {
-    const size_t mid = lo + (hi - lo + 1) / 2;
-    if (fits(mid * unit)) lo = mid; else hi = mid - 1;
-  }
-  return std::min(count, lo * unit);
-}
-
 // --- one-shot ---------------------------------------------------------------------------------------
 ncclResult_t DirectOneShotAllReduce::produce(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const char* src = static_cast<const char*>(a_.src) + st.offset * ops.elem_size();
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   FP8WIRE_TRY(ops.quantize(src, st.length, d.window(ops.rank(), st.set_index),
@@ -70,7 +40,7 @@ ncclResult_t DirectOneShotAllReduce::produce(StageOps& ops, const Stage& st) {
 }
 
 ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   std::array<const void*, quant::kMaxReduceInputs> inputs;
   for (int j = 0; j < ops.nranks(); ++j) inputs[j] = d.window(j, st.set_index);
@@ -83,7 +53,7 @@ ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
 
 // --- two-shot ---------------------------------------------------------------------------------------
 ncclResult_t DirectTwoShotAllReduce::produce(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const quant::WireFormat& f = ops.format();
   const ShardLayout l = shard_layout(st.length, n, f);
@@ -102,7 +72,7 @@ ncclResult_t DirectTwoShotAllReduce::produce(StageOps& ops, const Stage& st) {
 }
 
 ncclResult_t DirectTwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const quant::WireFormat& f = ops.format();
   const ShardLayout l = shard_layout(st.length, n, f);
@@ -133,7 +103,7 @@ ncclResult_t DirectTwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
 
 // --- reduce-scatter ---------------------------------------------------------------------------------
 ncclResult_t DirectReduceScatter::produce(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   const auto* src = static_cast<const char*>(a_.src);
@@ -148,7 +118,7 @@ ncclResult_t DirectReduceScatter::produce(StageOps& ops, const Stage& st) {
 }
 
 ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   char* mine = d.window(r, st.set_index);
@@ -164,7 +134,7 @@ ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
 
 // --- all-gather -------------------------------------------------------------------------------------
 ncclResult_t DirectAllGather::produce(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const char* src = static_cast<const char*>(a_.src) + st.offset * ops.elem_size();
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   FP8WIRE_TRY(ops.quantize(src, st.length, d.window(ops.rank(), st.set_index),
@@ -174,7 +144,7 @@ ncclResult_t DirectAllGather::produce(StageOps& ops, const Stage& st) {
 }
 
 ncclResult_t DirectAllGather::finish(StageOps& ops, const Stage& st) {
-  const DirectTransport& d = *ops.direct();
+  const DirectWindows& d = *ops.direct();
   const quant::WireFormat& f = ops.format();
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   auto* dst = static_cast<char*>(a_.dst);

@@ -4,7 +4,7 @@
 #include <array>
 
 #include "common/status.hpp"
-#include "sched/algorithms.hpp"
+#include "sched/algorithms/algorithms.hpp"
 
 namespace fp8wire::sched {
 

@@ -2,8 +2,8 @@
 // of one chunk, adding the local (exact) values and requantizing, then the same gather and decode as
 // two-shot. It quantizes N-1 times where two-shot quantizes twice.
 #include "common/status.hpp"
-#include "sched/algorithms.hpp"
-#include "sched/stages.hpp"
+#include "sched/algorithms/algorithms.hpp"
+#include "sched/plan/stages.hpp"
 
 namespace fp8wire::sched {
 

@@ -5,8 +5,8 @@
 #include <array>
 
 #include "common/status.hpp"
-#include "sched/algorithms.hpp"
-#include "sched/stages.hpp"
+#include "sched/algorithms/algorithms.hpp"
+#include "sched/plan/stages.hpp"
 
 namespace fp8wire::sched {
 

@@ -4,7 +4,7 @@
 
 #include "bench/host/hierarchy_model.hpp"
 #include "bench/host/model.hpp"
-#include "sched/hierarchy.hpp"
+#include "sched/plan/hierarchy.hpp"
 
 using namespace fp8wire;
 using namespace fp8wire::bench;
@@ -113,7 +113,7 @@ TEST_CASE("sendrecv gather transport: the gather step moves from all_gather to a
     CAPTURE(path_name(k.p));
     CAPTURE(collective_name(k.c));
     const auto ag = path_shape(k.c, k.p, n);
-    const auto sr = path_shape(k.c, k.p, n, GatherTransport::sendrecv);
+    const auto sr = path_shape(k.c, k.p, n, GatherMethod::sendrecv);
     REQUIRE((ag && sr));
     CHECK(ag->ops.all_gather == 1);
     CHECK(sr->ops.all_gather == 0);
@@ -125,13 +125,13 @@ TEST_CASE("sendrecv gather transport: the gather step moves from all_gather to a
     CHECK(sr->codec_bytes_per_s == ag->codec_bytes_per_s);
     CHECK(sr->launches == ag->launches);
     // automatic is the planner's choice per call, not a shape.
-    CHECK_FALSE(path_shape(k.c, k.p, n, GatherTransport::automatic));
+    CHECK_FALSE(path_shape(k.c, k.p, n, GatherMethod::automatic));
   }
   // No gather step: plain NCCL and the FP8 reduce-scatter are the same under any transport.
   for (const auto& [c, p] : {std::pair{Collective::reduce_scatter, Path::two_shot},
                              std::pair{Collective::all_reduce, Path::passthrough},
                              std::pair{Collective::all_gather, Path::passthrough}})
-    for (GatherTransport g : {GatherTransport::automatic, GatherTransport::sendrecv}) {
+    for (GatherMethod g : {GatherMethod::automatic, GatherMethod::sendrecv}) {
       const auto base = path_shape(c, p, n);
       const auto other = path_shape(c, p, n, g);
       REQUIRE((base && other));
@@ -156,21 +156,21 @@ TEST_CASE("sendrecv gather transport: predicted times use the all_to_all figures
   const double codec_us = 5 * S / 1e6 + 4;
   CHECK(predict_us(Collective::all_reduce, Path::one_shot, 4, S, link, codec, wire) ==
         doctest::Approx(1000 + 3 * S * r / 1e4 + codec_us));
-  CHECK(predict_us(Collective::all_reduce, Path::one_shot, 4, S, link, codec, wire, GatherTransport::sendrecv) ==
+  CHECK(predict_us(Collective::all_reduce, Path::one_shot, 4, S, link, codec, wire, GatherMethod::sendrecv) ==
         doctest::Approx(400 + 3 * S * r / 5e4 + codec_us));
   // two_shot: the a2a was already there; the gather step becomes a second one.
   const double two_codec_us = 3 * S / 1e6 + 6;
   CHECK(predict_us(Collective::all_reduce, Path::two_shot, 4, S, link, codec, wire) ==
         doctest::Approx(400 + 1000 + 0.75 * S * r / 5e4 + 0.75 * S * r / 1e4 + two_codec_us));
-  CHECK(predict_us(Collective::all_reduce, Path::two_shot, 4, S, link, codec, wire, GatherTransport::sendrecv) ==
+  CHECK(predict_us(Collective::all_reduce, Path::two_shot, 4, S, link, codec, wire, GatherMethod::sendrecv) ==
         doctest::Approx(2 * 400 + 1.5 * S * r / 5e4 + two_codec_us));
   // Reduce-scatter has no gather step: unchanged.
-  CHECK(predict_us(Collective::reduce_scatter, Path::two_shot, 4, S, link, codec, wire, GatherTransport::sendrecv) ==
+  CHECK(predict_us(Collective::reduce_scatter, Path::two_shot, 4, S, link, codec, wire, GatherMethod::sendrecv) ==
         doctest::Approx(predict_us(Collective::reduce_scatter, Path::two_shot, 4, S, link, codec, wire)));
-  CHECK(std::isnan(predict_us(Collective::all_gather, Path::one_shot, 4, S, link, codec, wire, GatherTransport::automatic)));
+  CHECK(std::isnan(predict_us(Collective::all_gather, Path::one_shot, 4, S, link, codec, wire, GatherMethod::automatic)));
   // The faster send/recv figures move the crossover down.
   const auto ag = predict_crossover(Collective::all_reduce, Path::one_shot, 4, link, codec, wire);
-  const auto sr = predict_crossover(Collective::all_reduce, Path::one_shot, 4, link, codec, wire, GatherTransport::sendrecv);
+  const auto sr = predict_crossover(Collective::all_reduce, Path::one_shot, 4, link, codec, wire, GatherMethod::sendrecv);
   REQUIRE((ag.wins && sr.wins));
   CHECK(sr.bytes < ag.bytes);
 }

@@ -22,9 +22,9 @@
 #include "bench/host/profile.hpp"
 #include "bench/host/results.hpp"
 #include "common/config.hpp"
-#include "sched/cost_model.hpp"
-#include "sched/plan.hpp"
-#include "sched/stages.hpp"
+#include "sched/plan/cost_model.hpp"
+#include "sched/plan/plan.hpp"
+#include "sched/plan/stages.hpp"
 
 using namespace fp8wire;
 using namespace fp8wire::bench;
@@ -273,7 +273,7 @@ SweepResult both_transports_sweep() {
   const Link truth = both_truth();
   const WireParams wire{DType::bf16, 128, 4};
   for (uint64_t bytes = 256ull << 10; bytes <= (1ull << 30); bytes *= 4) {
-    auto add = [&](Path path, GatherTransport gather) {
+    auto add = [&](Path path, GatherMethod gather) {
       SweepPoint p;
       p.collective = Collective::all_reduce;
       p.path = path;
@@ -285,9 +285,9 @@ SweepResult both_transports_sweep() {
       p.time = summarize(p.times_us);
       r.points.push_back(p);
     };
-    add(Path::passthrough, GatherTransport::allgather);
+    add(Path::passthrough, GatherMethod::allgather);
     for (Path path : {Path::two_shot, Path::one_shot})
-      for (GatherTransport g : {GatherTransport::allgather, GatherTransport::sendrecv}) add(path, g);
+      for (GatherMethod g : {GatherMethod::allgather, GatherMethod::sendrecv}) add(path, g);
   }
   compute_speedups(r);
   return r;
@@ -306,7 +306,7 @@ TEST_CASE("both gather transports: calibration lets the planner pick send/recv s
   CHECK(m.alltoall_bandwidth_gbps == doctest::Approx(truth.alltoall_gbps).epsilon(1e-6));
 
   const Config profile = profile_config(s);
-  CHECK(profile.gather_transport == GatherTransport::automatic);  // both measured: the planner chooses
+  CHECK(profile.gather_transport == GatherMethod::automatic);  // both measured: the planner chooses
   for (const Config& config : {profile, without_thresholds(profile)}) {
     // The fastest measured (path, transport) at every size, to rounding: one_shot/sr up to 1 MiB,
     // two_shot/sr at 4 and 16 MiB, two_shot over all-gather from 64 MiB.
@@ -322,24 +322,24 @@ TEST_CASE("both gather transports: calibration lets the planner pick send/recv s
       return sched::plan_call(config, call, Fabric::net);
     };
     CHECK(plan(1ull << 20).path == Path::one_shot);
-    CHECK(plan(1ull << 20).gather == GatherTransport::sendrecv);
+    CHECK(plan(1ull << 20).gather == GatherMethod::sendrecv);
     CHECK(plan(16ull << 20).path == Path::two_shot);
-    CHECK(plan(16ull << 20).gather == GatherTransport::sendrecv);
+    CHECK(plan(16ull << 20).gather == GatherMethod::sendrecv);
     CHECK(plan(1ull << 30).path == Path::two_shot);
-    CHECK(plan(1ull << 30).gather == GatherTransport::allgather);
+    CHECK(plan(1ull << 30).gather == GatherMethod::allgather);
     // Each path's own crossover: one-shot's gather step switches between 4 and 16 MiB, two-shot's
     // between 16 and 64 MiB.
-    using sched::gather_transport_for;
-    for (uint64_t mib : {1, 4}) CHECK(gather_transport_for(config, Collective::all_reduce, Path::one_shot, mib << 20, 4, Fabric::net) == GatherTransport::sendrecv);
-    for (uint64_t mib : {16, 64}) CHECK(gather_transport_for(config, Collective::all_reduce, Path::one_shot, mib << 20, 4, Fabric::net) == GatherTransport::allgather);
-    for (uint64_t mib : {4, 16}) CHECK(gather_transport_for(config, Collective::all_reduce, Path::two_shot, mib << 20, 4, Fabric::net) == GatherTransport::sendrecv);
-    for (uint64_t mib : {64, 1024}) CHECK(gather_transport_for(config, Collective::all_reduce, Path::two_shot, mib << 20, 4, Fabric::net) == GatherTransport::allgather);
+    using sched::gather_method_for;
+    for (uint64_t mib : {1, 4}) CHECK(gather_method_for(config, Collective::all_reduce, Path::one_shot, mib << 20, 4, Fabric::net) == GatherMethod::sendrecv);
+    for (uint64_t mib : {16, 64}) CHECK(gather_method_for(config, Collective::all_reduce, Path::one_shot, mib << 20, 4, Fabric::net) == GatherMethod::allgather);
+    for (uint64_t mib : {4, 16}) CHECK(gather_method_for(config, Collective::all_reduce, Path::two_shot, mib << 20, 4, Fabric::net) == GatherMethod::sendrecv);
+    for (uint64_t mib : {64, 1024}) CHECK(gather_method_for(config, Collective::all_reduce, Path::two_shot, mib << 20, 4, Fabric::net) == GatherMethod::allgather);
   }
 
   // The same sweep with the send/recv points alone: one transport, which the planner is held to.
   SweepResult sr = s;
   std::erase_if(sr.points, [](const SweepPoint& p) { return p.gather_transport == "allgather"; });
   const Config sr_only = profile_config(sr);
-  CHECK(sr_only.gather_transport == GatherTransport::sendrecv);
+  CHECK(sr_only.gather_transport == GatherMethod::sendrecv);
   CHECK(check_choices(sr, sr_only, Collective::all_reduce, "send/recv only").off == 0);
 }

@@ -69,16 +69,16 @@ TEST_CASE("profile pins the gather transport its sweep measured, and only that")
     return r.config.gather_transport;
   };
   CHECK(sweep_with({"sendrecv", "sendrecv"}).gather_transport == "sendrecv");
-  CHECK(loaded(sweep_with({"sendrecv", "sendrecv"})) == GatherTransport::sendrecv);
-  CHECK(loaded(sweep_with({"allgather"})) == GatherTransport::allgather);
+  CHECK(loaded(sweep_with({"sendrecv", "sendrecv"})) == GatherMethod::sendrecv);
+  CHECK(loaded(sweep_with({"allgather"})) == GatherMethod::allgather);
   // Both measured (a --gather-transport both sweep), or a rank disagreeing: the automatic choice.
   CHECK(sweep_with({"allgather", "sendrecv"}).gather_transport.empty());
-  CHECK(loaded(sweep_with({"allgather", "sendrecv"})) == GatherTransport::automatic);
-  CHECK(loaded(sweep_with({"mixed"})) == GatherTransport::automatic);
+  CHECK(loaded(sweep_with({"allgather", "sendrecv"})) == GatherMethod::automatic);
+  CHECK(loaded(sweep_with({"mixed"})) == GatherMethod::automatic);
   // Fabrics of one document that disagree: the key (one for all fabrics) is left out.
   FabricProfile a = sweep_with({"sendrecv"}), b = sweep_with({"allgather"});
   b.fabric = Fabric::pcie;
   const ConfigResult r = parse_config_toml(render_profile_toml({a, b}), "profile.toml");
   REQUIRE(r.ok());
-  CHECK(r.config.gather_transport == GatherTransport::automatic);
+  CHECK(r.config.gather_transport == GatherMethod::automatic);
 }

@@ -3,7 +3,7 @@
 #include "bench/host/model_report.hpp"
 #include "bench/host/profile.hpp"
 #include "bench/host/results.hpp"
-#include "sched/cost_model.hpp"
+#include "sched/plan/cost_model.hpp"
 
 using namespace fp8wire;
 using namespace fp8wire::bench;
@@ -267,7 +267,7 @@ TEST_CASE("calibration: one-shot points over send/recv calibrate all_to_all and 
   CHECK(m.allgather_bandwidth_gbps == 0);
   WireParams wire{DType::bf16, 128, 4};
   const double S = 64.0 * (1 << 20);
-  CHECK(predict_us(Collective::all_reduce, Path::one_shot, 2, S, cal.link, cal.codec, wire, GatherTransport::sendrecv) ==
+  CHECK(predict_us(Collective::all_reduce, Path::one_shot, 2, S, cal.link, cal.codec, wire, GatherMethod::sendrecv) ==
         doctest::Approx(50 + 0.8 * S / 10e3));
   CHECK(cal.link.basis.find("all_to_all 44 us") != std::string::npos);
   CHECK(cal.link.basis.find("all_reduce over send/recv") != std::string::npos);
@@ -286,7 +286,7 @@ TEST_CASE("calibration: two-shot over send/recv is two a2a, none of them an all-
   CHECK(m.allgather_latency_us == 0);
   WireParams wire{DType::bf16, 128, 4};
   const double S = 64.0 * (1 << 20);
-  CHECK(predict_us(Collective::all_reduce, Path::two_shot, 2, S, cal.link, cal.codec, wire, GatherTransport::sendrecv) ==
+  CHECK(predict_us(Collective::all_reduce, Path::two_shot, 2, S, cal.link, cal.codec, wire, GatherMethod::sendrecv) ==
         doctest::Approx(70 + 0.5 * S / 10e3));
   // Mixed points fit nothing: no single shape describes them.
   for (auto& p : s.points)
@@ -322,7 +322,7 @@ SweepResult both_transports_sweep() {
     const double us = p.path == Path::one_shot ? 20 + b / 10e3
                       : p.path == Path::two_shot
                           ? predict_us(Collective::all_reduce, Path::two_shot, r.machine.nranks, b, a2a, r.codec,
-                                       WireParams{DType::bf16, 128, 4}, GatherTransport::sendrecv)
+                                       WireParams{DType::bf16, 128, 4}, GatherMethod::sendrecv)
                           : 0;
     if (us == 0) continue;
     p.gather_transport = "sendrecv";
@@ -411,7 +411,7 @@ TEST_CASE("both gather transports: JSON says both; calibration fits all_gather a
   const double S = 64.0 * (1 << 20);
   CHECK(predict_us(Collective::all_reduce, Path::one_shot, 2, S, cal.link, cal.codec, wire) ==
         doctest::Approx(50 + 0.8 * S / 10e3));
-  CHECK(predict_us(Collective::all_reduce, Path::one_shot, 2, S, cal.link, cal.codec, wire, GatherTransport::sendrecv) ==
+  CHECK(predict_us(Collective::all_reduce, Path::one_shot, 2, S, cal.link, cal.codec, wire, GatherMethod::sendrecv) ==
         doctest::Approx(20 + S / 10e3));
 
   // The profile: the threshold from "best" (FP8 from the smallest size), both operations' figures.
@@ -453,7 +453,7 @@ TEST_CASE("the direct transport: its own curves, JSON round trip, and its barrie
   for (uint64_t bytes = 4096; bytes <= (64u << 20); bytes *= 4)
     for (Path p : {Path::two_shot, Path::one_shot}) {
       const sched::DirectCost d =
-          sched::direct_cost_parts(m, Collective::all_reduce, p, bytes, 2, f, TransportKind::host_memory);
+          sched::direct_cost_parts(m, Collective::all_reduce, p, bytes, 2, f, Carrier::host_memory);
       const double us = d.barriers * 20.0 + d.link_bytes / 45e3 + d.other_us;
       SweepPoint pt;
       pt.collective = Collective::all_reduce;

@@ -113,7 +113,7 @@ TEST_CASE("paths per collective: all-reduce keeps every request; RS and AG have 
 }
 
 TEST_CASE("--gather-transport: auto forces nothing, one transport, or both in turn") {
-  using G = GatherTransport;
+  using G = GatherMethod;
   CHECK(parse_gather_transport_option("auto") == std::vector<G>{});
   CHECK(parse_gather_transport_option("allgather") == std::vector<G>{G::allgather});
   CHECK(parse_gather_transport_option("sendrecv") == std::vector<G>{G::sendrecv});

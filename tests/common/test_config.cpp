@@ -386,7 +386,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.seed = UINT64_MAX;  // beyond TOML's signed integers: must still round-trip
   c.convert_path = ConvertPath::native;
   c.algorithm = Algorithm::ring;
-  c.gather_transport = GatherTransport::sendrecv;
+  c.gather_transport = GatherMethod::sendrecv;
   c.fabric_override = Fabric::net;
   c.thresholds[2][1] = 767 * 1024 + 3;
   c.cost_model[1] = {.op_latency_us = 12.5, .bus_bandwidth_gbps = 21.75, .codec_gbps = 400, .kernel_launch_us = 3.25,

@@ -31,10 +31,10 @@
 
 #include "common/rank_launcher.hpp"
 #include "common/status.hpp"
-#include "sched/accounting.hpp"
-#include "sched/engine.hpp"
-#include "sched/gpu_platform.hpp"
-#include "sched/nccl_api_linked.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/platform/gpu_platform.hpp"
+#include "sched/platform/nccl_api_linked.hpp"
 
 using namespace fp8wire;
 
@@ -68,7 +68,7 @@ int rank_main(const std::string& scenario, DirectMode mode, int rank, const nccl
   FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream), return 1);
   CallRecord rec[8];
   const size_t n = Accounting::instance().snapshot(rec, 8, 0);
-  const TransportKind want = mode == DirectMode::peer_memory ? TransportKind::peer_memory : TransportKind::host_memory;
+  const Carrier want = mode == DirectMode::peer_memory ? Carrier::peer_memory : Carrier::host_memory;
   if (n == 0 || rec[n - 1].transport != want) {
     std::printf("FAIL %s rank %d: the healthy call went over %s, expected %s\n", scenario.c_str(), rank,
                 n ? to_string(rec[n - 1].transport) : "nothing", to_string(want));

@@ -27,8 +27,8 @@
 
 #include "common/status.hpp"
 #include "quant/quant.hpp"
-#include "sched/algorithms.hpp"
-#include "sched/stages.hpp"
+#include "sched/algorithms/algorithms.hpp"
+#include "sched/plan/stages.hpp"
 #include "tests/sched/sim_job.hpp"
 
 using namespace fp8wire;

@@ -41,11 +41,11 @@
 #include "common/rank_launcher.hpp"
 #include "common/status.hpp"
 #include "quant/reference.hpp"
-#include "sched/accounting.hpp"
-#include "sched/engine.hpp"
-#include "sched/gpu_platform.hpp"
-#include "sched/nccl_api_linked.hpp"
-#include "sched/plan.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/platform/gpu_platform.hpp"
+#include "sched/platform/nccl_api_linked.hpp"
+#include "sched/plan/plan.hpp"
 
 using namespace fp8wire;
 using fp8wire::quant::ElemType;
@@ -111,7 +111,7 @@ struct Rank {
 
 // The gather transport test_config() gives engines: the whole matrix runs once with the
 // all-gather and once with the send/recv gather (Config::gather_transport).
-GatherTransport g_gather = GatherTransport::allgather;
+GatherMethod g_gather = GatherMethod::allgather;
 // --ranks-per-host R: fp8wire's host map forced to blocks of R ranks (hierarchy.ranks_per_host), and
 // the hierarchical path among the cases (only the step between "hosts" quantized).
 int g_ranks_per_host = 0;
@@ -220,7 +220,7 @@ Config test_config() {
 // could carry (one-shot, two-shot, reduce-scatter, all-gather; not the ring or the fallbacks).
 void report_direct_usage(Rank& R) {
   if (g_direct == DirectMode::off) return;
-  const TransportKind want = g_direct == DirectMode::peer_memory ? TransportKind::peer_memory : TransportKind::host_memory;
+  const Carrier want = g_direct == DirectMode::peer_memory ? Carrier::peer_memory : Carrier::host_memory;
   std::vector<CallRecord> records(Accounting::kCapacity);
   const size_t got = Accounting::instance().snapshot(records.data(), records.size(), 0);
   size_t carried = 0, eligible = 0;
@@ -677,7 +677,7 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
   if (g_direct == DirectMode::off) {
     // The same FP8 paths with their gather step done by grouped send/recv (no pass-through or
     // reduce-scatter cases: those have no gather step). The direct transports have no gather step.
-    g_gather = GatherTransport::sendrecv;
+    g_gather = GatherMethod::sendrecv;
     R.tag = "sr/";
     sched::Engine eng(test_config(), R.platform);
     eng.comm_created(R.comm);

@@ -11,9 +11,9 @@
 #include <fmt/format.h>
 
 #include "quant/reference.hpp"
-#include "sched/accounting.hpp"
-#include "sched/nccl_types.hpp"
-#include "sched/stages.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/platform/nccl_types.hpp"
+#include "sched/plan/stages.hpp"
 
 namespace fp8wire::simtest {
 
@@ -266,7 +266,7 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
   auto watchdog = [&](ncclComm_t c) {
     if (!aborted.exchange(true)) world.abort_comm(c);
   };
-  o.transports.assign(static_cast<size_t>(n), TransportKind::nccl);
+  o.transports.assign(static_cast<size_t>(n), Carrier::nccl);
   // Every rank has made its calls (cfg.abort_all): then each knows whether one failed.
   std::mutex called_mu;
   std::condition_variable called_cv;

@@ -10,8 +10,8 @@
 
 #include "common/config.hpp"
 #include "quant/wire_format.hpp"
-#include "sched/engine.hpp"
-#include "sched/types.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/plan/types.hpp"
 #include "tests/sched/sim/sim.hpp"
 
 namespace fp8wire::simtest {
@@ -91,7 +91,7 @@ struct Outcome {
   std::vector<std::string> races, protocol, leaks;
   bool deadlocked = false;
   size_t live_windows = 0;                  // direct-transport windows left after every rank is gone
-  std::vector<TransportKind> transports;    // per rank: what carried its first call's last record
+  std::vector<Carrier> transports;    // per rank: what carried its first call's last record
 };
 
 // Runs `spec` (spec.count elements per call; `group` calls when grouped) on every rank of a fresh

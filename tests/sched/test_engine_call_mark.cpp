@@ -1,4 +1,4 @@
-// The profiler's call-begin mark (quant/call_mark.cu, launched by sched/pipeline.cpp) over the
+// The profiler's call-begin mark (quant/call_mark.cu, launched by sched/exec/pipeline.cpp) over the
 // simulated machine: with the profiler's call hooks installed every FP8 call launches exactly one,
 // over NCCL's transport and over a direct one; without them none; and a mark that fails to launch
 // leaves the call's result as it was (the mark only informs the profiler).
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/log.hpp"
-#include "sched/accounting.hpp"
+#include "sched/engine/accounting.hpp"
 #include "tests/sched/sim_job.hpp"
 
 using namespace fp8wire;
@@ -46,7 +46,7 @@ TEST_CASE("call-begin mark: one per FP8 call while the profiler's hooks are in, 
       const Outcome marked = run(cfg, spec, inputs);
       set_call_hooks(nullptr);
       REQUIRE(check_clean(cfg, spec, inputs, marked) == "");
-      const TransportKind want = mode == DirectMode::off ? TransportKind::nccl : TransportKind::host_memory;
+      const Carrier want = mode == DirectMode::off ? Carrier::nccl : Carrier::host_memory;
       for (size_t r = 0; r < inputs.size(); ++r) {
         CHECK(marked.transports[r] == want);
         CHECK(codec_launches(marked)[r] == codec_launches(plain)[r] + 1);

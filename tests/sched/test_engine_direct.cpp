@@ -1,4 +1,4 @@
-// The CPU tier of the direct transports (sched/direct_transport.hpp): the engine, unchanged, over the
+// The CPU tier of the direct transports (sched/transport/direct_windows.hpp): the engine, unchanged, over the
 // simulated machine, with windows every simulated rank maps and the flag handshakes as simulated
 // stream memory operations.
 //   - every direct algorithm (one-shot, two-shot, reduce-scatter, all-gather), both kinds (peer
@@ -26,9 +26,9 @@
 #include <fmt/format.h>
 
 #include "common/log.hpp"
-#include "sched/algorithms.hpp"
-#include "sched/direct_transport.hpp"
-#include "sched/engine.hpp"
+#include "sched/algorithms/algorithms.hpp"
+#include "sched/transport/direct_windows.hpp"
+#include "sched/engine/engine.hpp"
 #include "tests/sched/sim_job.hpp"
 
 using namespace fp8wire;
@@ -50,8 +50,8 @@ Config direct_config(DirectMode kind, size_t window, size_t stage_bytes = 8 << 2
   return c;
 }
 
-TransportKind kind_of(DirectMode m) {
-  return m == DirectMode::peer_memory ? TransportKind::peer_memory : TransportKind::host_memory;
+Carrier kind_of(DirectMode m) {
+  return m == DirectMode::peer_memory ? Carrier::peer_memory : Carrier::host_memory;
 }
 
 }  // namespace
@@ -123,7 +123,7 @@ TEST_CASE("a call whose unit does not fit one buffer set of the window goes over
   const auto inputs = inputs_for(spec, n);
   const Outcome o = run(cfg, spec, inputs);
   CHECK(check_clean(cfg, spec, inputs, o) == "");
-  for (int r = 0; r < n; ++r) CHECK(o.transports[static_cast<size_t>(r)] == TransportKind::nccl);
+  for (int r = 0; r < n; ++r) CHECK(o.transports[static_cast<size_t>(r)] == Carrier::nccl);
 }
 
 TEST_CASE("direct transport sizes: one stage when the call fits, whole units otherwise") {
@@ -234,7 +234,7 @@ TEST_CASE("a window that cannot be made or mapped on one rank: every rank goes o
           const Outcome o = run(r, spec, inputs);
           INFO(to_string(mode) << ": " << sim::to_string(site) << " #" << index << " fails on rank " << rank);
           CHECK(check_clean(r, spec, inputs, o) == "");
-          for (int k = 0; k < n; ++k) CHECK(o.transports[static_cast<size_t>(k)] == TransportKind::nccl);
+          for (int k = 0; k < n; ++k) CHECK(o.transports[static_cast<size_t>(k)] == Carrier::nccl);
         }
       }
     }

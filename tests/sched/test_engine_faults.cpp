@@ -47,7 +47,7 @@ std::vector<Scenario> scenarios() {
   {
     Scenario s{"one-shot all-reduce, send/recv gather, pipelined", {Collective::all_reduce, Path::one_shot, DataType::f32, ReduceOp::sum, 5000, 4}, {}};
     s.run.config = piped(sim_config());
-    s.run.config.gather_transport = GatherTransport::sendrecv;
+    s.run.config.gather_transport = GatherMethod::sendrecv;
     v.push_back(s);
   }
   {

@@ -1,4 +1,4 @@
-// Jobs spanning hosts over the simulated machine (sched/hierarchy.hpp):
+// Jobs spanning hosts over the simulated machine (sched/plan/hierarchy.hpp):
 //   - the guard: which route each shape takes (flat, hierarchical, pass-through), as a table;
 //   - the hierarchical all-reduce and reduce-scatter, for 2..8 hosts x 1..8 ranks per host, every
 //     dtype, sum/avg, odd counts, one stage and many: bit for bit the reference (the simulator's
@@ -18,9 +18,9 @@
 
 #include "common/log.hpp"
 #include "quant/reference.hpp"
-#include "sched/algorithms.hpp"
-#include "sched/hierarchy.hpp"
-#include "sched/stages.hpp"
+#include "sched/algorithms/algorithms.hpp"
+#include "sched/plan/hierarchy.hpp"
+#include "sched/plan/stages.hpp"
 #include "tests/sched/sim_job.hpp"
 
 using namespace fp8wire;

@@ -19,10 +19,10 @@
 
 #include "common/log.hpp"
 #include "quant/reference.hpp"
-#include "sched/accounting.hpp"
-#include "sched/engine.hpp"
-#include "sched/error_feedback.hpp"
-#include "sched/nccl_types.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/comm/error_feedback.hpp"
+#include "sched/platform/nccl_types.hpp"
 #include "tests/sched/sim_job.hpp"
 
 using namespace fp8wire;

@@ -14,8 +14,9 @@
 #include <vector>
 
 #include "common/log.hpp"
-#include "sched/accounting.hpp"
-#include "sched/engine.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/platform/platform.hpp"
 
 using namespace fp8wire;
 

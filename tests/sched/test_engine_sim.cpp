@@ -24,10 +24,10 @@
 
 #include "common/log.hpp"
 #include "quant/reference.hpp"
-#include "sched/accounting.hpp"
-#include "sched/engine.hpp"
-#include "sched/nccl_types.hpp"
-#include "sched/stages.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/platform/nccl_types.hpp"
+#include "sched/plan/stages.hpp"
 #include "tests/sched/sim_job.hpp"
 
 using namespace fp8wire;
@@ -91,7 +91,7 @@ TEST_CASE("both gather transports and every wire format option") {
                             {Fp8Format::e4m3, ScaleType::e8m0, Rounding::nearest, 64},
                             {Fp8Format::e4m3, ScaleType::fp32, Rounding::stochastic, 32},
                             {Fp8Format::e5m2, ScaleType::e8m0, Rounding::stochastic, 256}};
-  for (GatherTransport g : {GatherTransport::allgather, GatherTransport::sendrecv}) {
+  for (GatherMethod g : {GatherMethod::allgather, GatherMethod::sendrecv}) {
     for (const Format& fm : formats) {
       for (int n : {3, 6}) {
         for (const Variant& v : kVariants) {

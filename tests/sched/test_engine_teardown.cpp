@@ -1,4 +1,4 @@
-// The direct transports at the end of a job (sched/direct_transport.hpp, "Liveness"), on the simulated
+// The direct transports at the end of a job (sched/transport/direct_windows.hpp, "Liveness"), on the simulated
 // machine: ranks end at different times and in different ways, as real jobs do.
 //   - every order in which 2, 3 and 4 ranks end, each by destroying its communicator, shutting the
 //     process group down (the watchdog's error poll, then an abort), aborting, or its process ending
@@ -23,7 +23,7 @@
 #include <fmt/format.h>
 
 #include "common/log.hpp"
-#include "sched/engine.hpp"
+#include "sched/engine/engine.hpp"
 #include "tests/sched/sim_job.hpp"
 
 using namespace fp8wire;

@@ -6,13 +6,13 @@
 #include <string>
 #include <vector>
 
-#include "sched/accounting.hpp"
-#include "sched/agreement.hpp"
-#include "sched/coalesce.hpp"
-#include "sched/cost_model.hpp"
-#include "sched/hierarchy.hpp"
-#include "sched/plan.hpp"
-#include "sched/stages.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/plan/agreement.hpp"
+#include "sched/plan/coalesce.hpp"
+#include "sched/plan/cost_model.hpp"
+#include "sched/plan/hierarchy.hpp"
+#include "sched/plan/plan.hpp"
+#include "sched/plan/stages.hpp"
 
 using namespace fp8wire;
 using namespace fp8wire::sched;
@@ -150,7 +150,7 @@ TEST_CASE("cost model: one-shot vs two-shot vs pass-through") {
     CostModel m = default_cost_model(Fabric::net);
     m.allgather_latency_us = 11000;
     m.alltoall_latency_us = 7000;
-    const auto sr = GatherTransport::sendrecv;
+    const auto sr = GatherMethod::sendrecv;
     CHECK(fixed_latency_us(m, Collective::all_reduce, Path::one_shot, 4, sr) == 7000);
     CHECK(fixed_latency_us(m, Collective::all_reduce, Path::two_shot, 4, sr) == 14000);
     CHECK(fixed_latency_us(m, Collective::all_reduce, Path::ring, 4, sr) == 4 * 7000);
@@ -169,15 +169,15 @@ TEST_CASE("cost model: one-shot vs two-shot vs pass-through") {
     Config t = c;
     t.thresholds[0].fill(0);
     // The built-in figures tie: the all-gather.
-    CHECK(plan_call(t, ar(2 * MiB, 4), Fabric::net).gather == GatherTransport::allgather);
+    CHECK(plan_call(t, ar(2 * MiB, 4), Fabric::net).gather == GatherMethod::allgather);
     // Forced by the config, for paths with a gather step only.
     t.gather_transport = sr;
     CHECK(plan_call(t, ar(2 * MiB, 4), Fabric::net).gather == sr);
-    CHECK(gather_transport_for(t, Collective::reduce_scatter, Path::two_shot, 64 * MiB, 4, Fabric::net) ==
-          GatherTransport::allgather);
+    CHECK(gather_method_for(t, Collective::reduce_scatter, Path::two_shot, 64 * MiB, 4, Fabric::net) ==
+          GatherMethod::allgather);
     // Calibrated on the emulated 4-rank testbed (send/recv exchange 9.1 ms vs all-gather 14.5 ms for
     // 2.1 MiB per rank): automatic picks send/recv, and one-shot stays the choice at 4 MiB.
-    t.gather_transport = GatherTransport::automatic;
+    t.gather_transport = GatherMethod::automatic;
     t.cost_model[static_cast<int>(Fabric::net)] = {.op_latency_us = 14000, .bus_bandwidth_gbps = 1.16,
                                                     .codec_gbps = 2100, .kernel_launch_us = 5,
                                                     .allreduce_latency_us = 14000, .allgather_latency_us = 11000,
@@ -186,11 +186,11 @@ TEST_CASE("cost model: one-shot vs two-shot vs pass-through") {
     const Plan p = plan_call(t, ar(2 * MiB, 4), Fabric::net);
     CHECK(p.path == Path::one_shot);
     CHECK(p.gather == sr);
-    CHECK(gather_transport_for(t, Collective::all_reduce, Path::two_shot, 64 * MiB, 4, Fabric::net) == sr);
+    CHECK(gather_method_for(t, Collective::all_reduce, Path::two_shot, 64 * MiB, 4, Fabric::net) == sr);
     // And an all-gather that is the cheaper operation keeps the all-gather.
     t.cost_model[static_cast<int>(Fabric::net)].alltoall_latency_us = 20000;
     t.cost_model[static_cast<int>(Fabric::net)].alltoall_bandwidth_gbps = 0.5;
-    CHECK(plan_call(t, ar(2 * MiB, 4), Fabric::net).gather == GatherTransport::allgather);
+    CHECK(plan_call(t, ar(2 * MiB, 4), Fabric::net).gather == GatherMethod::allgather);
   }
   SUBCASE("each path costs the latencies of the operations it issues") {
     CostModel m = default_cost_model(Fabric::net);
@@ -527,7 +527,7 @@ TEST_CASE("fabric agreement: identical facts give identical decisions") {
     CHECK(config_fingerprint(e5) != fp);
     // One rank gathering by send/recv while its peers all-gather would hang: ruled out at agreement.
     Config sr = c;
-    sr.gather_transport = GatherTransport::sendrecv;
+    sr.gather_transport = GatherMethod::sendrecv;
     CHECK(config_fingerprint(sr) != fp);
   }
 }
@@ -614,31 +614,31 @@ TEST_CASE("below every threshold: no agreement needed") {
 TEST_CASE("the transport per call: the direct transport where configured or cheaper, NCCL's otherwise") {
   Config c;
   const uint64_t big = 64 * MiB, small = 64 * 1024;
-  using TK = TransportKind;
+  using TK = Carrier;
   // No direct transport on the communicator: always NCCL's.
   for (Fabric f : {Fabric::nvlink, Fabric::pcie, Fabric::net})
-    CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, big, 4, f, TK::nccl) == TK::nccl);
+    CHECK(carrier_for(c, Collective::all_reduce, Path::two_shot, big, 4, f, TK::nccl) == TK::nccl);
   // Paths it does not carry: the ring (a comparison), the hierarchical path, pass-through.
   for (Path p : {Path::ring, Path::hierarchical, Path::passthrough, Path::fallback})
-    CHECK(transport_for(c, Collective::all_reduce, p, big, 4, Fabric::pcie, TK::host_memory) == TK::nccl);
+    CHECK(carrier_for(c, Collective::all_reduce, p, big, 4, Fabric::pcie, TK::host_memory) == TK::nccl);
   // auto over PCIe (built-in host-memory figures, measured on one H200): the direct transport.
-  CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::pcie, TK::host_memory) == TK::host_memory);
-  CHECK(transport_for(c, Collective::all_reduce, Path::one_shot, big, 2, Fabric::pcie, TK::peer_memory) == TK::peer_memory);
-  CHECK(transport_for(c, Collective::reduce_scatter, Path::two_shot, big, 8, Fabric::pcie, TK::host_memory) == TK::host_memory);
+  CHECK(carrier_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::pcie, TK::host_memory) == TK::host_memory);
+  CHECK(carrier_for(c, Collective::all_reduce, Path::one_shot, big, 2, Fabric::pcie, TK::peer_memory) == TK::peer_memory);
+  CHECK(carrier_for(c, Collective::reduce_scatter, Path::two_shot, big, 8, Fabric::pcie, TK::host_memory) == TK::host_memory);
   // auto over NVLink: no measured figures, so NCCL's until a profile gives them.
-  CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::nvlink, TK::peer_memory) == TK::nccl);
+  CHECK(carrier_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::nvlink, TK::peer_memory) == TK::nccl);
   c.cost_model[static_cast<int>(Fabric::nvlink)].direct_latency_us = 10;
   c.cost_model[static_cast<int>(Fabric::nvlink)].direct_bandwidth_gbps = 400;
-  CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::nvlink, TK::peer_memory) == TK::peer_memory);
+  CHECK(carrier_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::nvlink, TK::peer_memory) == TK::peer_memory);
   // A slow measured direct link loses to NCCL's figures.
   c.cost_model[static_cast<int>(Fabric::nvlink)].direct_bandwidth_gbps = 1;
-  CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::nvlink, TK::peer_memory) == TK::nccl);
+  CHECK(carrier_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::nvlink, TK::peer_memory) == TK::nccl);
   // Configured: taken for every path it carries, whatever the model says; off: never.
   c.direct_transport = DirectMode::host_memory;
-  CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, small, 4, Fabric::net, TK::host_memory) == TK::host_memory);
-  CHECK(transport_for(c, Collective::all_gather, Path::one_shot, small, 4, Fabric::nvlink, TK::host_memory) == TK::host_memory);
+  CHECK(carrier_for(c, Collective::all_reduce, Path::two_shot, small, 4, Fabric::net, TK::host_memory) == TK::host_memory);
+  CHECK(carrier_for(c, Collective::all_gather, Path::one_shot, small, 4, Fabric::nvlink, TK::host_memory) == TK::host_memory);
   c.direct_transport = DirectMode::off;
-  CHECK(transport_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::pcie, TK::host_memory) == TK::nccl);
+  CHECK(carrier_for(c, Collective::all_reduce, Path::two_shot, big, 4, Fabric::pcie, TK::host_memory) == TK::nccl);
   // Unmeasured figures price it out of reach; host memory moves every slot, its own included.
   const CostModel pcie = default_cost_model(Fabric::pcie);
   const quant::WireFormat fmt = quant::WireFormat::from(Config{});

@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "sched/nccl_api.hpp"
+#include "sched/platform/nccl_api.hpp"
 
 namespace probe {
 

@@ -19,7 +19,7 @@
 #include "probe_script.hpp"
 #include "shim/fp8wire.h"
 #ifdef PROBE_LINKED
-#include "sched/nccl_api_linked.hpp"
+#include "sched/platform/nccl_api_linked.hpp"
 #endif
 
 namespace {
@@ -40,7 +40,7 @@ FakeControls controls_from(void* handle) {
 fp8wire::NcclApi api_from(void* handle) {
   fp8wire::NcclApi api;
 #define FP8WIRE_NCCL_FN(name) api.name = reinterpret_cast<decltype(api.name)>(dlsym(handle, "nccl" #name));
-#include "sched/nccl_functions.def"
+#include "sched/platform/nccl_functions.def"
 #undef FP8WIRE_NCCL_FN
   return api;
 }

@@ -19,7 +19,7 @@
 
 #include "common/cuda_devices.hpp"
 #include "probe_script.hpp"
-#include "sched/types.hpp"
+#include "sched/plan/types.hpp"
 #include "shim/fp8wire.h"
 #include "shim/reentry_guard.hpp"
 

@@ -18,7 +18,7 @@
 #include <fmt/format.h>
 
 #include "quant/reference.hpp"
-#include "sched/nccl_types.hpp"
+#include "sched/platform/nccl_types.hpp"
 
 namespace fp8wire::sim {
 

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "sched/platform.hpp"
+#include "sched/platform/platform.hpp"
 
 namespace fp8wire::sim {
 

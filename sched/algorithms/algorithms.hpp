@@ -1,0 +1,172 @@
+// The FP8 algorithms as stage programs (sched/exec/pipeline.hpp): each says what one stage quantizes on
+// the produce lane and what it exchanges, reduces, gathers and decodes on the transfer lane. They
+// issue only StageOps (codec launches and Transport operations), so the same programs run on GPUs
+// over NCCL and on the CPU over the simulated transport of the CPU tier.
+// docs/DESIGN.md ("Algorithms") describes them.
+#pragma once
+
+#include <cstddef>
+
+#include "common/config.hpp"
+#include "sched/exec/pipeline.hpp"
+#include "sched/plan/stages.hpp"
+#include "sched/plan/types.hpp"
+
+namespace fp8wire::sched {
+
+// One FP8 collective as its program sees it.
+struct Fp8Args {
+  const void* src = nullptr;
+  void* dst = nullptr;        // may alias src (in place)
+  size_t count = 0;           // elements as the call names them (AR count, RS recvcount, AG sendcount)
+  float post = 1.0f;          // 1 for sum, 1/n for avg: applied once, in fp32, before requantizing
+  float* residual = nullptr;  // error feedback, `count` floats (one- and two-shot all-reduce only)
+  GatherMethod gather = GatherMethod::allgather;
+};
+
+// A flat FP8 algorithm: a stage program over the arguments of one call.
+class Fp8Program : public StageProgram {
+ public:
+  explicit Fp8Program(const Fp8Args& a) : a_(a) {}
+
+ protected:
+  Fp8Args a_;
+};
+
+// All-reduce by all-to-all decomposition: quantize N shards, send shard j to rank j, rank j reduces
+// its N copies in rank order and requantizes, then every rank gathers and decodes the same bytes.
+class TwoShotAllReduce final : public Fp8Program {
+ public:
+  using Fp8Program::Fp8Program;
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+};
+
+// All-reduce by one all-gather of the quantized inputs; every rank reduces all N in rank order.
+class OneShotAllReduce final : public Fp8Program {
+ public:
+  using Fp8Program::Fp8Program;
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+};
+
+// Ring all-reduce, requantizing at each of the N-1 hops (kept as the benchmark's comparison).
+class RingAllReduce final : public Fp8Program {
+ public:
+  using Fp8Program::Fp8Program;
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+};
+
+// Reduce-scatter: quantize the N blocks of the send buffer, all-to-all, reduce in rank order into
+// the caller's dtype.
+class ReduceScatterFp8 final : public Fp8Program {
+ public:
+  using Fp8Program::Fp8Program;
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+};
+
+// All-gather: quantize, gather the chunks, decode every rank's chunk.
+class AllGatherFp8 final : public Fp8Program {
+ public:
+  using Fp8Program::Fp8Program;
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+};
+
+}  // namespace fp8wire::sched
+
+namespace fp8wire::sched {
+
+// The hierarchical all-reduce (sched/plan/hierarchy.hpp): per stage, a reduce-scatter in the caller's
+// precision inside the host (each local rank keeps a shard), the FP8 all-reduce of that shard among
+// the rail (one-shot or two-shot, the flat programs over the rail), an all-gather inside the host.
+// A stage whose length is not a multiple of the ranks per host goes through a zero-padded copy.
+class HierarchicalAllReduce final : public StageProgram {
+ public:
+  HierarchicalAllReduce(const Fp8Args& a, CommState& s, Path inner) : a_(a), s_(&s), inner_(inner) {}
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+  using Layout = HierAllReduceLayout;  // sched/plan/stages.hpp
+
+ private:
+  Fp8Args inner_args(const Stage& st, const Layout& l, size_t es) const;
+  Fp8Args a_;
+  CommState* s_;
+  Path inner_;
+};
+
+// The hierarchical reduce-scatter: the send buffer's blocks are reordered by (local rank, host), a
+// reduce-scatter in the caller's precision inside the host leaves each local rank the blocks of its
+// rail, and the FP8 reduce-scatter among the rail delivers each rank its own block.
+class HierarchicalReduceScatter final : public StageProgram {
+ public:
+  HierarchicalReduceScatter(const Fp8Args& a, CommState& s) : a_(a), s_(&s) {}
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+  using Layout = HierReduceScatterLayout;  // sched/plan/stages.hpp
+
+ private:
+  Fp8Args a_;
+  CommState* s_;
+};
+
+}  // namespace fp8wire::sched
+
+namespace fp8wire::sched {
+
+// The same four collectives over a direct transport (sched/transport/direct_windows.hpp, algorithms/direct.cpp):
+// the codec kernels load and store the windows of the machine's ranks themselves. Same arithmetic,
+// same bytes on every rank as their NCCL twins above.
+class DirectOneShotAllReduce final : public Fp8Program {
+ public:
+  using Fp8Program::Fp8Program;
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+};
+class DirectTwoShotAllReduce final : public Fp8Program {
+ public:
+  using Fp8Program::Fp8Program;
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+};
+class DirectReduceScatter final : public Fp8Program {
+ public:
+  using Fp8Program::Fp8Program;
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+};
+class DirectAllGather final : public Fp8Program {
+ public:
+  using Fp8Program::Fp8Program;
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+};
+
+}  // namespace fp8wire::sched
+
+#include <variant>
+
+#include "sched/plan/route.hpp"
+
+namespace fp8wire::sched {
+
+// The one place a route becomes a stage program: the program of `route` (an FP8 route) for
+// `collective`, built in place, and only that one (nothing allocated per call).
+class RouteProgram {
+ public:
+  RouteProgram(Collective collective, const Route& route, const Fp8Args& a, CommState& s);
+  RouteProgram(const RouteProgram&) = delete;
+  RouteProgram& operator=(const RouteProgram&) = delete;
+  StageProgram& get() { return *program_; }
+
+ private:
+  std::variant<std::monostate, TwoShotAllReduce, OneShotAllReduce, RingAllReduce, ReduceScatterFp8, AllGatherFp8,
+               HierarchicalAllReduce, HierarchicalReduceScatter, DirectTwoShotAllReduce, DirectOneShotAllReduce,
+               DirectReduceScatter, DirectAllGather>
+      storage_;
+  StageProgram* program_ = nullptr;
+};
+
+}  // namespace fp8wire::sched

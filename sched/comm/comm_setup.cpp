@@ -1,0 +1,252 @@
+// The agreement's flow (comm_setup.hpp): this rank's resources and facts, the 64-byte exchange of
+// every communicator one thread created, the decision, then the later rounds where FP8 may run
+// (rounds.hpp). The exchange's primitives are in exchange.cpp.
+#include "sched/comm/comm_setup.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "common/log.hpp"
+#include "common/nvtx.hpp"
+#include "common/status.hpp"
+#include "sched/comm/exchange.hpp"
+#include "sched/comm/rounds.hpp"
+#include "sched/plan/hierarchy.hpp"
+#include "sched/transport/direct_windows.hpp"
+
+namespace fp8wire::sched {
+
+namespace {
+
+class DeviceGuard {
+ public:
+  DeviceGuard(const CudaApi& cuda, int device) : cuda_(&cuda) {
+    if (device >= 0 && cuda.GetDevice(&previous_) == cudaSuccess && previous_ != device)
+      changed_ = cuda.SetDevice(device) == cudaSuccess;
+  }
+  ~DeviceGuard() {
+    if (changed_) cuda_->SetDevice(previous_);
+  }
+
+ private:
+  const CudaApi* cuda_;
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+// Local resources for FP8 on this communicator. Failure is not an error: it is reported in the
+// agreement, and every rank then passes through.
+bool allocate_resources(CommState& s, const Config& config) {
+  const CudaApi& cuda = s.platform->cuda;
+  CommResources& r = s.res;
+  r.layout = scratch_layout(config);
+  if (cuda.StreamCreateWithFlags(&r.produce, cudaStreamNonBlocking) != cudaSuccess ||
+      cuda.StreamCreateWithFlags(&r.transfer, cudaStreamNonBlocking) != cudaSuccess)
+    return false;
+  for (cudaEvent_t* e : {&r.fork, &r.produce_end, &r.last, &r.capture_produce_end, &r.capture_transfer_end,
+                         &r.ready[0], &r.ready[1], &r.done[0], &r.done[1]})
+    if (cuda.EventCreateWithFlags(e, cudaEventDisableTiming) != cudaSuccess) return false;
+  void* p = nullptr;
+  if (cuda.Malloc(&p, r.layout.total_bytes) != cudaSuccess) {
+    cuda.GetLastError();  // clear the allocation error so it is not reported by an unrelated call
+    FP8WIRE_WARN("cannot allocate {} of scratch (scratch.max_bytes) on device {}",
+                 format_size(r.layout.total_bytes), s.device);
+    return false;
+  }
+  r.scratch = static_cast<char*>(p);
+  return true;
+}
+
+void log_agreement(const CommState& s) {
+  const Agreement& a = s.agreement;
+  FP8WIRE_INFO("comm {}: {} ranks on {} host(s), rank {}, device {}, fabric {}, FP8 {}{}", s.id, s.nranks,
+               a.hosts.hosts, s.rank, s.device, to_string(a.fabric), a.fp8_ok ? "on" : "off: ", a.reason);
+  // A job run with enable = false everywhere is not worth a warning per communicator.
+  if (!a.fp8_ok && a.reason.find("enable = false") == std::string::npos)
+    FP8WIRE_WARN("comm {}: FP8 off, every call passes through: {}", s.id, a.reason);
+}
+
+}  // namespace
+
+bool query_comm(CommState& s) {
+  const NcclApi& api = *s.platform->nccl;
+  int nranks = 0, rank = -1, device = -1;
+  const bool ok = api.CommCount && api.CommUserRank && api.CommCuDevice &&
+                  api.CommCount(s.comm, &nranks) == ncclSuccess && api.CommUserRank(s.comm, &rank) == ncclSuccess &&
+                  api.CommCuDevice(s.comm, &device) == ncclSuccess && nranks >= 1 && rank >= 0 && rank < nranks;
+  if (!ok) return false;
+  s.nranks = nranks;
+  s.rank = rank;
+  s.device = device;
+  s.transport = NcclTransport(api, s.comm, rank, nranks);
+  return true;
+}
+
+namespace {
+
+// One communicator's part of the agreement, across the phases that several communicators of one
+// thread go through together.
+struct Round {
+  CommState* s = nullptr;
+  RankFacts mine;
+  std::vector<RankFacts> all;
+  ExchangeBuffer buffer;
+  cudaStream_t stream = nullptr;
+  cudaStream_t own = nullptr;  // a stream made for the exchange, destroyed after it
+  bool can_take_part = false;
+  ncclResult_t result = ncclSuccess;
+};
+
+void prepare(Round& round, const Config& config, const LocalIdentity& me) {
+  CommState& s = *round.s;
+  const CudaApi& cuda = s.platform->cuda;
+  RankFacts& mine = round.mine;
+  mine.version = me.version;
+  mine.device = s.device;
+  mine.config_fingerprint = config_fingerprint(config);
+  const HostFacts host = s.platform->host_facts ? s.platform->host_facts(s.device) : HostFacts{};
+  mine.host_hash = host.host_hash;
+  mine.p2p_disabled = host.p2p_disabled;
+  mine.nvlink_local = host.nvlink_local;
+  mine.process = host.process_id;
+  mine.usable = me.usable && config.enable && s.nranks <= quant::kMaxReduceInputs;
+  if (!me.usable) set_problem(mine, me.problem.c_str());
+  else if (!config.enable) set_problem(mine, "enable = false");
+  else if (s.nranks > quant::kMaxReduceInputs) set_problem(mine, "more ranks than FP8 serves");
+  // Scratch only where FP8 could run: a pass-through communicator holds no memory of ours.
+  mine.scratch_ok = mine.usable && allocate_resources(s, config);
+
+  round.all.resize(static_cast<size_t>(s.nranks));
+  if (!get_exchange_buffer(s, round.all.size() * sizeof(RankFacts), &round.buffer)) {
+    FP8WIRE_ERROR("comm {}: no memory for the 64-byte agreement exchange on device {}; this rank cannot take "
+                  "part and its peers wait in the exchange until the communicator is aborted", s.id, s.device);
+    round.result = ncclSystemError;
+    return;
+  }
+  round.can_take_part = true;
+  // The exchange runs on the communicator's own transfer lane when it has one, else on a stream made
+  // for it (the legacy stream only if even that fails: it would order against the application's).
+  round.stream = s.res.transfer;
+  if (!round.stream && cuda.StreamCreateWithFlags(&round.own, cudaStreamNonBlocking) == cudaSuccess)
+    round.stream = round.own;
+  char* mine_at = round.buffer.data + static_cast<size_t>(s.rank) * sizeof(RankFacts);
+  if (round.buffer.owned_host) std::memcpy(mine_at, &mine, sizeof(RankFacts));
+  else if (cuda.MemcpyAsync(mine_at, &mine, sizeof(RankFacts), cudaMemcpyHostToDevice, round.stream) != cudaSuccess)
+    round.result = ncclUnhandledCudaError;  // the all-gather is still issued: the peers are in it
+}
+
+void issue(Round& round) {
+  if (!round.can_take_part) return;
+  CommState& s = *round.s;
+  char* mine_at = round.buffer.data + static_cast<size_t>(s.rank) * sizeof(RankFacts);
+  const ncclResult_t r = s.platform->nccl->AllGather(mine_at, round.buffer.data, sizeof(RankFacts), ncclUint8,
+                                                     s.comm, round.stream);
+  if (!nccl_ok(r)) {
+    round.can_take_part = false;
+    if (nccl_ok(round.result)) round.result = r;
+  }
+}
+
+void complete(Round& round, const Config& config) {
+  CommState& s = *round.s;
+  const CudaApi& cuda = s.platform->cuda;
+  if (round.can_take_part) {
+    const ncclResult_t waited = wait_exchange(s, round.stream);
+    if (nccl_ok(round.result)) round.result = waited;
+  }
+  const size_t bytes = round.all.size() * sizeof(RankFacts);
+  if (nccl_ok(round.result)) {
+    if (round.buffer.owned_host) std::memcpy(round.all.data(), round.buffer.data, bytes);
+    else if (cuda.Memcpy(round.all.data(), round.buffer.data, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+      round.result = ncclUnhandledCudaError;
+  }
+  if (round.own) cuda.StreamDestroy(round.own);
+  s.setup = CommSetup::agreed;
+  if (!nccl_ok(round.result)) {
+    s.agreement = Agreement{};
+    s.agreement.reason = "the agreement exchange failed";
+    FP8WIRE_ERROR("comm {}: the agreement exchange failed (NCCL {}); FP8 off for it", s.id,
+                  static_cast<int>(round.result));
+    // The exchange may still be in flight on the transfer lane: the lanes and scratch stay until the
+    // communicator is destroyed or aborted (a synchronize here could wait forever).
+    round.buffer.abandon();
+    return;
+  }
+  s.agreement = agree(config, round.all);
+  log_agreement(s);
+  if (!s.agreement.fp8_ok) {
+    release_resources(s);  // a pass-through communicator keeps no memory
+    return;
+  }
+  if (hierarchy_possible(config, s.agreement.topology)) {
+    // Sub-communicators the planner would never use are not worth their set-up and memory.
+    if (const std::string why = hierarchy_guard_reason(config, s.agreement.topology); !why.empty())
+      FP8WIRE_INFO("comm {}: {}", s.id, why);
+    else
+      split_hierarchy(s, s.agreement);
+  }
+  setup_direct(s, config, round.all);
+}
+
+}  // namespace
+
+void agree_at_creation(std::span<CommState* const> comms, const Config& config, const LocalIdentity& me) {
+  if (comms.empty()) return;
+  const CudaApi& cuda = comms[0]->platform->cuda;
+  const NcclApi& nccl = *comms[0]->platform->nccl;
+  NvtxRange range("fp8wire agree");
+  std::vector<Round> rounds(comms.size());
+  for (size_t i = 0; i < comms.size(); ++i) {
+    rounds[i].s = comms[i];
+    DeviceGuard guard(cuda, comms[i]->device);
+    prepare(rounds[i], config, me);
+  }
+  const bool grouped = rounds.size() > 1;
+  if (grouped) nccl.GroupStart();
+  for (Round& r : rounds) {
+    DeviceGuard guard(cuda, r.s->device);
+    issue(r);
+  }
+  if (grouped) {
+    const ncclResult_t end = nccl.GroupEnd();
+    if (!nccl_ok(end))
+      for (Round& r : rounds)
+        if (nccl_ok(r.result)) r.result = end;
+  }
+  for (Round& r : rounds) {
+    DeviceGuard guard(cuda, r.s->device);
+    complete(r, config);
+  }
+}
+
+void release_resources(CommState& s) {
+  CommResources& r = s.res;
+  if (!r.produce && !r.transfer && !r.scratch && !r.fork && !s.direct) return;  // touch no device it never used
+  const CudaApi& cuda = s.platform->cuda;
+  DeviceGuard guard(cuda, s.device);
+  if (s.direct) {
+    // A lane may wait on a peer's flag: after an abort, or once that peer is gone, no signal comes,
+    // and this rank releases its own waits. Then the windows go once every peer has read what this
+    // rank wrote (their release flags), so that no peer's kernel reads freed memory.
+    const cudaStream_t lanes[] = {r.produce, r.transfer};
+    s.direct->drain(lanes, 2, s.aborting);
+    // Every release this rank owes is written: from here its peers may see it as closed in order.
+    s.direct->mark_closed();
+    if (!s.direct->wait_peers_done(s.aborting)) s.direct->keep_own_window();
+    s.direct.reset();
+  }
+  // The lanes may still run an FP8 call of this communicator (its last one, or one an abort cut
+  // short): wait for them before freeing what they read.
+  if (r.produce) cuda.StreamSynchronize(r.produce);
+  if (r.transfer) cuda.StreamSynchronize(r.transfer);
+  if (r.scratch) cuda.Free(r.scratch);
+  for (cudaEvent_t e : {r.fork, r.produce_end, r.last, r.capture_produce_end, r.capture_transfer_end,
+                        r.ready[0], r.ready[1], r.done[0], r.done[1]})
+    if (e) cuda.EventDestroy(e);
+  if (r.produce) cuda.StreamDestroy(r.produce);
+  if (r.transfer) cuda.StreamDestroy(r.transfer);
+  r = CommResources{};
+}
+
+}  // namespace fp8wire::sched

@@ -1,0 +1,126 @@
+// The direct windows' round of the agreement (rounds.hpp): each rank creates a flag page and a data
+// window, the ranks exchange the handles, open each other's windows and confirm on every rank; then
+// the names are unlinked (nothing is left behind when a process dies).
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "common/log.hpp"
+#include "common/status.hpp"
+#include "sched/comm/exchange.hpp"
+#include "sched/comm/rounds.hpp"
+#include "sched/plan/cost_model.hpp"
+#include "sched/transport/direct_windows.hpp"
+
+namespace fp8wire::sched {
+
+namespace {
+
+// What one rank offers: its flag page and data window, by handle.
+struct DirectOffer {
+  uint32_t ok = 0;
+  uint32_t pid = 0;
+  WindowHandle flags;
+  WindowHandle data;
+};
+
+// The kinds to try, in order: the configured one, or with auto peer memory unless some rank has P2P
+// disabled, then host memory.
+std::vector<Carrier> direct_kinds(const Config& config, std::span<const RankFacts> facts) {
+  switch (config.direct_transport) {
+    case DirectMode::off: return {};
+    case DirectMode::peer_memory: return {Carrier::peer_memory};
+    case DirectMode::host_memory: return {Carrier::host_memory};
+    case DirectMode::automatic: break;
+  }
+  for (const RankFacts& f : facts)
+    if (f.p2p_disabled) return {Carrier::host_memory};
+  return {Carrier::peer_memory, Carrier::host_memory};
+}
+
+// Whether the direct transport can exist on this communicator at all: every rank on this machine
+// (as NCCL sees hosts, or assumed by configuration) and few enough ranks for one fused reduce.
+bool direct_possible(const Config& config, const Agreement& a, std::span<const RankFacts> facts) {
+  if (config.direct_transport == DirectMode::off || facts.size() > static_cast<size_t>(kDirectMaxRanks)) return false;
+  // auto takes the direct transport only where the fabric's cost model has figures for it (measured,
+  // or the built-in host-memory ones): elsewhere its windows would be memory held for nothing.
+  if (config.direct_transport == DirectMode::automatic &&
+      effective_cost_model(config, a.fabric).direct_bandwidth_gbps <= 0)
+    return false;
+  if (config.direct_assume_one_host) return true;
+  for (const RankFacts& f : facts)
+    if (f.host_hash != facts[0].host_hash) return false;
+  return true;
+}
+
+// One attempt at one kind: create this rank's windows, exchange handles, open every peer's, confirm
+// on every rank. On any failure anywhere, everything made here is undone on every rank alike.
+bool try_direct(CommState& s, const Config& config, Carrier kind) {
+  const DirectMemoryApi& m = s.platform->direct;
+  // A rank whose platform or driver has no windows or no stream memory operations still takes both
+  // exchanges of the round (its peers are in them) and says no.
+  const bool capable = m.available && m.available() && m.create && m.open && m.close && m.destroy && s.platform->cuda.StreamWaitValue32 &&
+                       s.platform->cuda.StreamWriteValue32;
+  const size_t n = static_cast<size_t>(s.nranks);
+  std::vector<DirectPeer> peers(n);
+  DirectPeer& own = peers[static_cast<size_t>(s.rank)];
+  DirectOffer offer;
+  const uint64_t tag = (s.id << 8) | static_cast<uint64_t>(s.rank);
+  bool ok = capable && m.create(WindowKind::host, sizeof(DirectFlags), tag, &own.flags, &offer.flags) == cudaSuccess;
+  if (ok) {
+    init_flags(*reinterpret_cast<DirectFlags*>(own.flags.host));
+    ok = m.create(window_kind(kind), config.direct_window_bytes, tag, &own.data, &offer.data) == cudaSuccess;
+  }
+  s.platform->cuda.GetLastError();
+  offer.ok = ok ? 1 : 0;
+  offer.pid = s.platform->host_facts ? s.platform->host_facts(s.device).process_id : 0;
+  own.pid = offer.pid;
+  std::vector<char> all;
+  const bool exchanged = gather_bytes(s, &offer, sizeof(offer), all) == ncclSuccess;
+  std::vector<DirectOffer> offers(n);
+  bool everyone = exchanged;
+  if (exchanged)
+    for (size_t r = 0; r < n; ++r) {
+      std::memcpy(&offers[r], all.data() + r * sizeof(DirectOffer), sizeof(DirectOffer));
+      everyone &= offers[r].ok == 1;
+    }
+  // Open every peer's windows (only if everyone could offer: the round's second exchange follows
+  // either way, so every rank takes the same number of all-gathers).
+  bool opened = everyone;
+  for (size_t r = 0; r < n && opened; ++r) {
+    if (static_cast<int>(r) == s.rank) continue;
+    peers[r].pid = offers[r].pid;
+    opened = m.open(offers[r].flags, &peers[r].flags) == cudaSuccess &&
+             m.open(offers[r].data, &peers[r].data) == cudaSuccess && peers[r].data.bytes == own.data.bytes;
+  }
+  s.platform->cuda.GetLastError();
+  if (all_agree(s, opened)) {
+    if (m.unlink) m.unlink(own.flags), m.unlink(own.data);
+    s.direct = std::make_unique<DirectWindows>(*s.platform, kind, s.rank, s.nranks, std::move(peers));
+    FP8WIRE_INFO("comm {}: direct transport {} ready: {} ranks, {} per window, {} per buffer set", s.id,
+                 to_string(kind), s.nranks, format_size(config.direct_window_bytes),
+                 format_size(s.direct->set_bytes()));
+    return true;
+  }
+  for (size_t r = 0; r < n; ++r) {
+    DirectPeer& p = peers[r];
+    const bool mine = static_cast<int>(r) == s.rank;
+    for (Window* w : {&p.data, &p.flags})
+      if (w->token) (mine ? m.destroy : m.close)(*w);
+  }
+  FP8WIRE_INFO("comm {}: direct transport {} not possible on every rank", s.id, to_string(kind));
+  return false;
+}
+
+}  // namespace
+
+void setup_direct(CommState& s, const Config& config, std::span<const RankFacts> facts) {
+  if (!direct_possible(config, s.agreement, facts)) return;
+  for (Carrier kind : direct_kinds(config, facts))
+    if (try_direct(s, config, kind)) return;
+  if (config.direct_transport != DirectMode::automatic)
+    FP8WIRE_WARN("comm {}: direct.transport = {}, but not every rank could map every other's windows; FP8 goes "
+                 "over NCCL's transports", s.id, to_string(config.direct_transport));
+}
+
+}  // namespace fp8wire::sched

@@ -1,0 +1,96 @@
+#include "sched/comm/exchange.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/log.hpp"
+#include "common/status.hpp"
+#include "sched/platform/platform.hpp"
+
+namespace fp8wire::sched {
+
+bool get_exchange_buffer(CommState& s, size_t bytes, ExchangeBuffer* out) {
+  const CudaApi& cuda = s.platform->cuda;
+  out->cuda = &cuda;
+  if (s.res.scratch && s.res.layout.total_bytes >= bytes) {
+    out->data = s.res.scratch;
+    return true;
+  }
+  void* p = nullptr;
+  if (cuda.Malloc(&p, bytes) == cudaSuccess) {
+    out->data = static_cast<char*>(p);
+    out->owned_device = true;
+    return true;
+  }
+  cuda.GetLastError();
+  if (cuda.HostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable) == cudaSuccess) {
+    out->data = static_cast<char*>(p);
+    out->owned_host = true;
+    return true;
+  }
+  cuda.GetLastError();
+  return false;
+}
+
+ncclResult_t wait_exchange(CommState& s, cudaStream_t stream) {
+  const CudaApi& cuda = s.platform->cuda;
+  const NcclApi& nccl = *s.platform->nccl;
+  auto pause = std::chrono::microseconds(1);
+  for (;;) {
+    const cudaError_t q = cuda.StreamQuery(stream);
+    if (q == cudaSuccess) return ncclSuccess;
+    if (q != cudaErrorNotReady) {
+      FP8WIRE_ERROR("comm {}: the agreement exchange failed: {}", s.id, cuda.GetErrorString(q));
+      return ncclUnhandledCudaError;
+    }
+    if (s.aborting.load(std::memory_order_acquire)) {
+      FP8WIRE_WARN("comm {}: aborted during the agreement exchange", s.id);
+      return ncclInvalidUsage;
+    }
+    ncclResult_t async = ncclSuccess;
+    if (nccl.CommGetAsyncError && nccl.CommGetAsyncError(s.comm, &async) == ncclSuccess && !nccl_ok(async)) {
+      FP8WIRE_ERROR("comm {}: NCCL error {} during the agreement exchange", s.id, static_cast<int>(async));
+      return async;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(200));
+  }
+}
+
+ncclResult_t gather_bytes(CommState& s, const void* mine, size_t bytes, std::vector<char>& all) {
+  const NcclApi& api = *s.platform->nccl;
+  const CudaApi& cuda = s.platform->cuda;
+  all.assign(bytes * static_cast<size_t>(s.nranks), 0);
+  if (!s.res.scratch || all.size() > s.res.layout.total_bytes) return ncclInternalError;
+  char* base = s.res.scratch;
+  char* mine_at = base + static_cast<size_t>(s.rank) * bytes;
+  ncclResult_t res = cuda.MemcpyAsync(mine_at, mine, bytes, cudaMemcpyHostToDevice, s.res.transfer) == cudaSuccess
+                         ? ncclSuccess
+                         : ncclUnhandledCudaError;
+  // Issued even when the copy failed: the peers are in it.
+  const ncclResult_t gathered = api.AllGather(mine_at, base, bytes, ncclUint8, s.comm, s.res.transfer);
+  if (nccl_ok(res)) res = gathered;
+  if (nccl_ok(gathered)) {
+    const ncclResult_t waited = wait_exchange(s, s.res.transfer);
+    if (nccl_ok(res)) res = waited;
+  }
+  if (nccl_ok(res) && cuda.Memcpy(all.data(), base, all.size(), cudaMemcpyDeviceToHost) != cudaSuccess)
+    res = ncclUnhandledCudaError;
+  return nccl_ok(res) ? ncclSuccess : res;
+}
+
+bool all_agree(CommState& s, bool mine) {
+  const int32_t v = mine ? 1 : 0;
+  std::vector<char> all;
+  if (gather_bytes(s, &v, sizeof(v), all) != ncclSuccess) return false;
+  for (int r = 0; r < s.nranks; ++r) {
+    int32_t x = 0;
+    std::memcpy(&x, all.data() + static_cast<size_t>(r) * sizeof(x), sizeof(x));
+    if (x == 0) return false;
+  }
+  return true;
+}
+
+}  // namespace fp8wire::sched

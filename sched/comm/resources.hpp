@@ -1,0 +1,36 @@
+// One communicator's FP8 pipeline resources: its two lanes, their events and the scratch, allocated
+// at the agreement (sched/comm/comm_setup.cpp) only where FP8 may run, released with the communicator.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+
+#include "sched/plan/stages.hpp"
+
+namespace fp8wire::sched {
+
+// Streams, events and scratch of one communicator's FP8 pipeline (sched/exec/pipeline.hpp), allocated at
+// the agreement. Two lanes of its own: `produce` quantizes stage i+1 while `transfer` moves and
+// reduces stage i; the caller's stream only forks to them and joins them.
+struct CommResources {
+  cudaStream_t produce = nullptr;
+  cudaStream_t transfer = nullptr;
+  cudaEvent_t fork = nullptr;
+  // End of the most recent eager FP8 call on each lane: the next call's produce lane waits for the
+  // transfer lane's before it reuses the scratch.
+  cudaEvent_t produce_end = nullptr;
+  cudaEvent_t last = nullptr;
+  bool has_last = false;
+  // The joins of a captured call. Apart from the eager ones so that a capture neither re-records
+  // `last` inside a graph (an eager stream may not wait on that) nor makes the next eager call forget
+  // the previous eager one, whose transfer work may still be reading the scratch.
+  cudaEvent_t capture_produce_end = nullptr;
+  cudaEvent_t capture_transfer_end = nullptr;
+  std::array<cudaEvent_t, 2> ready{};  // stage i quantized (produce -> transfer), per buffer set
+  std::array<cudaEvent_t, 2> done{};   // stage i finished with its buffer set (transfer -> produce)
+  char* scratch = nullptr;
+  ScratchLayout layout;
+};
+
+}  // namespace fp8wire::sched

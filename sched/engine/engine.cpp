@@ -1,0 +1,257 @@
+// The engine's entry points: lifecycle, the collectives' wrappers and the application's groups. Each
+// call's route is in submit.cpp, the running of an FP8 call in fp8_call.cpp, grouped calls in
+// group_queue.cpp. Nothing throws out of Engine, since an exported function must not throw: an
+// exception becomes an NCCL error code with a log line.
+#include "sched/engine/engine.hpp"
+
+#include <time.h>
+
+#include <exception>
+
+#include "common/log.hpp"
+#include "common/status.hpp"
+#include "sched/engine/engine_impl.hpp"
+#include "sched/comm/comm_setup.hpp"
+#include "sched/transport/direct_windows.hpp"
+
+namespace fp8wire::sched {
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+CallKind kind_of(Collective c) {
+  switch (c) {
+    case Collective::all_reduce: return CallKind::all_reduce;
+    case Collective::reduce_scatter: return CallKind::reduce_scatter;
+    case Collective::all_gather: return CallKind::all_gather;
+  }
+  return CallKind::all_reduce;
+}
+
+namespace {
+// Allocated at a thread's first group call and freed when the thread ends (threads of a job come and go).
+thread_local std::unique_ptr<ThreadGroup> tl_group;
+
+template <typename Fn>
+auto guarded(const char* what, Fn&& fn) noexcept -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    FP8WIRE_ERROR("fp8wire {}: {}", what, e.what());
+  } catch (...) {
+    FP8WIRE_ERROR("fp8wire {}: unknown exception", what);
+  }
+  if constexpr (std::is_same_v<decltype(fn()), ncclResult_t>) return ncclInternalError;
+}
+}  // namespace
+
+ThreadGroup& thread_group() {
+  if (!tl_group) tl_group = std::make_unique<ThreadGroup>();  // once per thread, outside any hot loop
+  return *tl_group;
+}
+
+Engine::Impl::Impl(const Config& c, const Platform& p, LocalIdentity identity)
+    : config(c), platform(&p), api(p.nccl), me(std::move(identity)),
+      format(quant::WireFormat::from(c)),
+      feedback_budget(static_cast<int64_t>(c.error_feedback_max_bytes)), registry(p, feedback_budget) {
+  launch.path = c.convert_path;
+}
+
+void Engine::Impl::set_up(const std::vector<CommRef>& comms) {
+  std::vector<CommState*> ready;
+  for (const CommRef& s : comms) {
+    if (s->dead.load(std::memory_order_acquire) || s->setup != CommSetup::pending) continue;
+    if (!query_comm(*s)) {
+      s->setup = CommSetup::pass_through;
+      s->pass_reason = "NCCL could not say its size, rank and device at creation";
+      FP8WIRE_WARN("comm {}: {}; it passes through", s->id, s->pass_reason);
+      continue;
+    }
+    if (s->nranks == 1) {
+      s->setup = CommSetup::pass_through;
+      s->pass_reason = "a single rank";
+      continue;
+    }
+    ready.push_back(s.get());
+  }
+  agree_at_creation(ready, config, me);
+}
+
+Engine::Engine(const Config& config, const Platform& platform, LocalIdentity me)
+    : impl_(new Impl(config, platform, std::move(me))) {}
+Engine::~Engine() { impl_->registry.clear(); }
+const Config& Engine::config() const { return impl_->config; }
+
+void Engine::comm_created(ncclComm_t comm, CommCreation how) {
+  guarded("comm_created", [&] {
+    if (!comm) return;  // e.g. ncclCommSplit with NCCL_SPLIT_NOCOLOR
+    CommRef s = impl_->registry.add(comm);
+    if (how.nonblocking || how.single_process) {
+      // Non-blocking: a blocking exchange would break its contract, and its calls could return
+      // ncclInProgress mid-algorithm. One process for every rank: one thread issues all ranks' calls
+      // in one group, and an FP8 stage run for one rank at a time would wait for the others.
+      s->setup = CommSetup::pass_through;
+      s->single_process = how.single_process;
+      s->pass_reason = how.nonblocking ? "non-blocking communicator" : "one process drives every rank";
+      query_comm(*s);
+      FP8WIRE_INFO("comm {}: {}: every call passes through", s->id, s->pass_reason);
+      return;
+    }
+    ThreadGroup& tg = thread_group();
+    if (tg.group.inside()) {
+      tg.setups.push_back(std::move(s));  // ready only at the group's end
+      return;
+    }
+    impl_->set_up({s});
+  });
+}
+
+bool Engine::comm_single_process(ncclComm_t comm) const {
+  const CommRef s = impl_->registry.find(comm);
+  return s && s->single_process;
+}
+
+void Engine::comm_destroyed(ncclComm_t comm) {
+  // The registry's reference goes now; the resources with the last call still holding one.
+  guarded("comm_destroyed", [&] { impl_->registry.detach(comm); });
+}
+
+ncclResult_t Engine::comm_abort(ncclComm_t comm) {
+  // Detached first: once the real abort has freed the communicator, a new one may be created at the
+  // same address and must not find this one's state.
+  CommRef state;
+  guarded("comm_abort", [&] {
+    state = impl_->registry.detach(comm);
+    if (state) state->aborting.store(true, std::memory_order_release);
+    // A direct transport's lanes may wait on a peer that will never signal (NCCL's own kernels are
+    // released by its abort; ours by this rank's host stores into its own flags).
+    if (state && state->direct) state->direct->release_waits();
+  });
+  const ncclResult_t result = impl_->api->CommAbort ? impl_->api->CommAbort(comm) : ncclInternalError;
+  guarded("comm_abort", [&] { state.reset(); });
+  return result;
+}
+
+bool Engine::comm_peer_lost(ncclComm_t comm) const {
+  bool lost = false;
+  guarded("comm_peer_lost", [&] {
+    const CommRef s = impl_->registry.find(comm);
+    if (!s || !s->direct) return;
+    // A peer that has gone is an error only for an operation that waits on it: a job whose ranks
+    // finish, destroy or shut down at different times ends cleanly.
+    const int peer = s->direct->waits_on_gone_peer();
+    lost = peer >= 0;
+    if (lost && !s->reported_lost_peer.exchange(true, std::memory_order_relaxed))
+      FP8WIRE_WARN("comm {}: rank {} waits on rank {} of its direct transport, which has gone: ncclRemoteError",
+                   s->id, s->rank, peer);
+  });
+  return lost;
+}
+
+CommInfo Engine::comm_info(ncclComm_t comm) const {
+  CommInfo info;
+  const CommRef s = impl_->registry.find(comm);
+  if (!s) return info;
+  info.registered = true;
+  info.agreed = s->setup == CommSetup::agreed;
+  info.fp8_ok = s->fp8_allowed();
+  info.fabric = s->agreement.fabric;
+  info.nranks = s->nranks;
+  info.hosts = s->agreement.hosts.hosts;
+  info.reason = s->setup == CommSetup::pass_through ? s->pass_reason : s->agreement.reason;
+  info.failure = s->failed();
+  info.direct = s->direct != nullptr;
+  if (s->direct) info.direct_kind = s->direct->kind();
+  return info;
+}
+
+ncclResult_t Engine::all_reduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                                cudaStream_t st) {
+  return guarded("collective", [&] { return impl_->submit({Collective::all_reduce, s, r, n, t, op, c, st}, std::nullopt); });
+}
+ncclResult_t Engine::reduce_scatter(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op,
+                                    ncclComm_t c, cudaStream_t st) {
+  return guarded("collective", [&] { return impl_->submit({Collective::reduce_scatter, s, r, n, t, op, c, st}, std::nullopt); });
+}
+ncclResult_t Engine::all_gather(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
+  return guarded("collective", [&] { return impl_->submit({Collective::all_gather, s, r, n, t, ncclSum, c, st}, std::nullopt); });
+}
+
+ncclResult_t Engine::all_reduce_forced(Path p, const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op,
+                                       ncclComm_t c, cudaStream_t st) {
+  return guarded("collective", [&] { return impl_->submit({Collective::all_reduce, s, r, n, t, op, c, st}, p); });
+}
+ncclResult_t Engine::reduce_scatter_forced(Path p, const void* s, void* r, size_t n, ncclDataType_t t,
+                                           ncclRedOp_t op, ncclComm_t c, cudaStream_t st) {
+  // reduce_scatter has one flat FP8 algorithm; any flat FP8 path selects it.
+  if (is_fp8(p) && p != Path::hierarchical) p = Path::two_shot;
+  return guarded("collective", [&] { return impl_->submit({Collective::reduce_scatter, s, r, n, t, op, c, st}, p); });
+}
+ncclResult_t Engine::all_gather_forced(Path p, const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c,
+                                       cudaStream_t st) {
+  if (is_fp8(p)) p = Path::one_shot;
+  return guarded("collective", [&] { return impl_->submit({Collective::all_gather, s, r, n, t, ncclSum, c, st}, p); });
+}
+
+ncclResult_t Engine::group_start() {
+  return guarded("group_start", [&] {
+    thread_group().group.start();
+    return impl_->api->GroupStart();
+  });
+}
+
+ncclResult_t Engine::group_end() {
+  return guarded("group_end", [&] {
+    ThreadGroup& tg = thread_group();
+    const bool outermost = tg.group.end();
+    const ncclResult_t res = impl_->api->GroupEnd();
+    if (!outermost) return res;
+    // Communicators created in the group exist now: agree on them before running its FP8 calls.
+    if (!tg.setups.empty()) {
+      std::vector<CommRef> setups;
+      setups.swap(tg.setups);
+      if (nccl_ok(res)) impl_->set_up(setups);
+    }
+    if (tg.npending == 0) return res;
+    if (!nccl_ok(res)) {
+      // The application's own group failed: its communicators are out of step with their peers
+      // already. Its queued FP8 calls are not started; their communicators fail from now on.
+      FP8WIRE_ERROR("ncclGroupEnd failed (NCCL {}): the group's {} queued FP8 call(s) are not run",
+                    static_cast<int>(res), tg.npending);
+      for (size_t i = 0; i < tg.npending; ++i) {
+        tg.pending[i].state->fail(res);
+        tg.pending[i].state.reset();
+      }
+      tg.npending = 0;
+      return res;
+    }
+    return impl_->flush(tg);
+  });
+}
+
+ncclResult_t Engine::group_simulate_end(ncclSimInfo_t* sim_info) {
+  return guarded("group_simulate_end", [&] {
+    ThreadGroup& tg = thread_group();
+    // Left open, the engine's depth would stay above NCCL's: every later FP8 candidate of this
+    // thread would be queued until some later GroupEnd, which would also run the simulated calls.
+    if (tg.group.end()) {
+      for (size_t i = 0; i < tg.npending; ++i) tg.pending[i].state.reset();
+      tg.npending = 0;
+      tg.setups.clear();  // nothing was created: they stay pass-through
+    }
+    return impl_->api->GroupSimulateEnd ? impl_->api->GroupSimulateEnd(sim_info) : ncclSystemError;
+  });
+}
+
+Fabric Engine::fabric_of(ncclComm_t comm) const {
+  const CommRef s = impl_->registry.find(comm);
+  if (s && s->setup == CommSetup::agreed) return s->agreement.fabric;
+  return impl_->config.fabric_override.value_or(Fabric::net);
+}
+
+void Engine::set_feedback_key(uint64_t key) { set_thread_feedback_key(key); }
+
+}  // namespace fp8wire::sched

@@ -1,0 +1,118 @@
+// The scheduler's entry points. The shim forwards every intercepted NCCL call here; fp8wire-bench
+// drives the same code with a forced algorithm; the CPU tier drives it over a simulated platform.
+// The engine decides per call, from facts agreed once per communicator at its creation: pass
+// through (the real NCCL function, no extra work), or an FP8 algorithm run by the pipeline executor.
+//
+// Every function returns an ncclResult_t (or nothing) and never throws.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/config.hpp"
+#include "sched/plan/agreement.hpp"
+#include "sched/plan/types.hpp"
+
+namespace fp8wire {
+struct Platform;  // sched/platform/platform.hpp: what the engine calls CUDA, NCCL and the codec through
+}  // namespace fp8wire
+
+namespace fp8wire::sched {
+
+// How a communicator came to be, as the shim saw its creation.
+struct CommCreation {
+  bool nonblocking = false;     // ncclConfig_t::blocking = 0, or NCCL_COMM_BLOCKING=0: always passes through
+  bool single_process = false;  // ncclCommInitAll (or a split of one): one thread drives every rank
+};
+
+// The agreed view of one communicator, for logs, the benchmark and tests.
+struct CommInfo {
+  bool registered = false;
+  bool agreed = false;   // the agreement ran
+  bool fp8_ok = false;   // and allows FP8
+  Fabric fabric = Fabric::net;
+  int nranks = 0;
+  int hosts = 0;
+  std::string reason;    // why FP8 is off
+  ncclResult_t failure = ncclSuccess;  // the first error of an FP8 call on it (sticky)
+  // The direct windows set up on it (sched/transport/direct_windows.hpp), false when none.
+  bool direct = false;
+  Carrier direct_kind = Carrier::nccl;
+};
+
+class Engine {
+ public:
+  // `platform` must outlive the engine. `me`: this process's identity in every agreement (a process
+  // whose configuration failed passes `usable = false` and the reason, and still takes part).
+  Engine(const Config& config, const Platform& platform, LocalIdentity me = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const Config& config() const;
+
+  // --- communicator lifecycle: called by the shim after the real call succeeded -----------------
+  // Registers the communicator and runs its agreement (blocking: one all-gather of 64 bytes per rank
+  // with every other rank of it). Inside an application group the communicator is only ready at the
+  // group's end, so its agreement runs there, for all communicators created in that group together.
+  void comm_created(ncclComm_t comm, CommCreation how = {});
+  // Whether a registered communicator is driven by one thread for all its ranks (a split or shrink
+  // of it is too).
+  bool comm_single_process(ncclComm_t comm) const;
+  // Before the real ncclCommDestroy: unregisters it; its resources go with the last call using them.
+  void comm_destroyed(ncclComm_t comm);
+  // ncclCommAbort in place of the real one: unregisters the communicator and releases an agreement
+  // waiting on it, runs the real abort, and only then releases its resources. The abort is what
+  // stops a collective that will never finish; freeing first would wait for it and hang the abort.
+  ncclResult_t comm_abort(ncclComm_t comm);
+  // True when an operation of the communicator's direct transport waits, or will wait, on a peer
+  // that has gone (closed its communicator or ended): a flag nobody will set. The shim reports it
+  // through ncclCommGetAsyncError as ncclRemoteError, so the application's watchdog aborts. A peer
+  // gone while nothing waits on it is not reported.
+  bool comm_peer_lost(ncclComm_t comm) const;
+  CommInfo comm_info(ncclComm_t comm) const;
+
+  // --- collectives with an FP8 path ------------------------------------------------------------
+  ncclResult_t all_reduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t dtype,
+                          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+  ncclResult_t reduce_scatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                              ncclDataType_t dtype, ncclRedOp_t op, ncclComm_t comm,
+                              cudaStream_t stream);
+  ncclResult_t all_gather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                          ncclDataType_t dtype, ncclComm_t comm, cudaStream_t stream);
+
+  // --- groups: FP8 calls issued inside the application's group run at its outermost GroupEnd -----
+  ncclResult_t group_start();
+  ncclResult_t group_end();
+  // ncclGroupSimulateEnd closes the group like ncclGroupEnd but runs nothing: the FP8 calls queued
+  // in it are dropped, not run later (NCCL's estimate covers only the calls it saw: pass-through).
+  ncclResult_t group_simulate_end(ncclSimInfo_t* sim_info);
+
+  // --- benchmark entry: the same code with the algorithm forced (Path::passthrough = plain NCCL) ---
+  ncclResult_t all_reduce_forced(Path path, const void* sendbuff, void* recvbuff, size_t count,
+                                 ncclDataType_t dtype, ncclRedOp_t op, ncclComm_t comm,
+                                 cudaStream_t stream);
+  ncclResult_t reduce_scatter_forced(Path path, const void* sendbuff, void* recvbuff,
+                                     size_t recvcount, ncclDataType_t dtype, ncclRedOp_t op,
+                                     ncclComm_t comm, cudaStream_t stream);
+  ncclResult_t all_gather_forced(Path path, const void* sendbuff, void* recvbuff, size_t sendcount,
+                                 ncclDataType_t dtype, ncclComm_t comm, cudaStream_t stream);
+
+  // The fabric class agreed for a communicator (the override, or net, before it is agreed).
+  Fabric fabric_of(ncclComm_t comm) const;
+
+  // Error feedback: the identity the next FP8 all-reduce issued on this thread carries (0: none).
+  static void set_feedback_key(uint64_t key);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fp8wire::sched

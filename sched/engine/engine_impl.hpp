@@ -1,0 +1,99 @@
+// The engine's private state, shared by its parts: engine.cpp (entry points, lifecycle, groups),
+// submit.cpp (each call's way in: rules, registry, route), fp8_call.cpp (running one FP8 route) and
+// group_queue.cpp (calls queued in an application group and their flush).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <optional>
+#include <vector>
+
+#include "quant/wire_format.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/plan/coalesce.hpp"
+#include "sched/comm/registry.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/platform/nccl_types.hpp"
+#include "sched/exec/pipeline.hpp"
+#include "sched/plan/route.hpp"
+
+namespace fp8wire::sched {
+
+struct Call {
+  Collective collective = Collective::all_reduce;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+  ncclDataType_t dtype = ncclFloat32;
+  ncclRedOp_t op = ncclSum;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+// One FP8 call the application issued inside its group, routed at issue time, run at the group's end.
+struct Pending {
+  Call call;
+  CommRef state;          // kept alive until the flush, even if the communicator is destroyed meanwhile
+  Route route;
+  uint64_t seq = 0;
+  uint64_t issue_ns = 0;
+  uint64_t feedback_key = 0;
+};
+
+// Group state follows NCCL's: per thread. The call queue is fixed-size so queuing never allocates;
+// a call beyond it passes through (the call sequence is the same on every rank, so is the overflow).
+inline constexpr size_t kMaxPending = 1024;
+struct ThreadGroup {
+  GroupState group;
+  std::array<Pending, kMaxPending> pending;
+  std::array<PendingShape, kMaxPending> shapes;
+  size_t npending = 0;
+  std::vector<CommRef> setups;  // communicators created inside the group: agreed at its end
+};
+ThreadGroup& thread_group();
+
+struct Engine::Impl {
+  Impl(const Config& c, const Platform& p, LocalIdentity me);
+
+  Config config;
+  const Platform* platform;
+  const NcclApi* api;
+  LocalIdentity me;
+  quant::WireFormat format;
+  quant::LaunchOptions launch;
+  std::atomic<int64_t> feedback_budget;
+  Registry registry;
+
+  // --- lifecycle (engine.cpp) ---
+  void set_up(const std::vector<CommRef>& comms);
+
+  // --- routing (submit.cpp) ---
+  ncclResult_t submit(const Call& c, std::optional<Path> forced);
+  // The real NCCL function of the call, and the same with its record and hooks.
+  ncclResult_t issue_plain(const Call& c);
+  ncclResult_t run_plain(const Call& c, const CommIdentity* who, Path path, uint64_t seq, uint64_t issue);
+  ncclResult_t run_plain(const Call& c, const CommState* s, Path path, uint64_t seq, uint64_t issue) {
+    const CommIdentity who = s ? s->identity() : CommIdentity{};
+    return run_plain(c, s ? &who : nullptr, path, seq, issue);
+  }
+  CallShape shape_of(const Call& c, const CommState* s) const;
+  // What the planner may know of a communicator (sched/plan/route.hpp).
+  static CommFacts facts_of(const CommState& s);
+
+  // --- one FP8 call (fp8_call.cpp) ---
+  // Runs the FP8 route of one call, or of a batch of `batch` grouped all-reduces packed into one
+  // (items). With `joins`, the join of the caller's stream is left to that list (a group flush).
+  ncclResult_t run_fp8(const CommRef& s, const Call& c, const Route& route, uint64_t seq, uint64_t issue,
+                       uint64_t feedback_key, const Pending* items = nullptr, size_t batch = 1,
+                       JoinList* joins = nullptr);
+
+  // --- groups (group_queue.cpp) ---
+  ncclResult_t queue(ThreadGroup& tg, const Call& c, const CommRef& s, const Route& route, uint64_t seq, uint64_t issue,
+                     uint64_t feedback_key);
+  ncclResult_t flush(ThreadGroup& tg);
+};
+
+uint64_t now_ns();
+CallKind kind_of(Collective c);
+
+}  // namespace fp8wire::sched

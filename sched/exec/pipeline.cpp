@@ -1,0 +1,118 @@
+#include "sched/exec/pipeline.hpp"
+
+#include <algorithm>
+
+#include "common/log.hpp"
+#include "common/nvtx.hpp"
+#include "common/status.hpp"
+
+namespace fp8wire::sched {
+
+namespace {
+// Makes `caller` wait for both lanes of `s`: the transfer lane's end covers every finished stage,
+// the produce lane's end a stage an error cut short before its hand-over.
+cudaError_t join_lanes(const CudaApi& cuda, CommState& s, cudaStream_t caller, bool capturing) {
+  CommResources& r = s.res;
+  cudaEvent_t produce_end = capturing ? r.capture_produce_end : r.produce_end;
+  cudaEvent_t transfer_end = capturing ? r.capture_transfer_end : r.last;
+  cudaError_t err = cuda.EventRecord(produce_end, r.produce);
+  if (err == cudaSuccess) err = cuda.EventRecord(transfer_end, r.transfer);
+  if (err == cudaSuccess) err = cuda.StreamWaitEvent(caller, produce_end, 0);
+  if (err == cudaSuccess) err = cuda.StreamWaitEvent(caller, transfer_end, 0);
+  if (err == cudaSuccess && !capturing) r.has_last = true;
+  return err;
+}
+}  // namespace
+
+ncclResult_t JoinList::join_all() {
+  ncclResult_t first = ncclSuccess;
+  for (Pending& p : joins_) {
+    const CudaApi& cuda = p.state->platform->cuda;
+    const cudaError_t err = join_lanes(cuda, *p.state, p.caller, p.capturing);
+    if (err != cudaSuccess) {
+      FP8WIRE_ERROR("comm {}: joining the caller's stream failed: {}", p.state->id, cuda.GetErrorString(err));
+      p.state->fail(ncclUnhandledCudaError);
+      if (first == ncclSuccess) first = ncclUnhandledCudaError;
+    }
+  }
+  joins_.clear();
+  return first;
+}
+
+PipelineRun::PipelineRun(const CommRef& s, cudaStream_t caller, bool capturing, bool mark_begin, JoinList* deferred)
+    : s_(s), cuda_(&s->platform->cuda), caller_(caller), capturing_(capturing), deferred_(deferred) {
+  CommResources& r = s->res;
+  // A previous eager call may still read the scratch on the transfer lane. Under capture the event
+  // lies outside the graph and must not be waited on (the application orders eager work and graph
+  // replays on its stream, as PyTorch's process group does).
+  cudaError_t err = cudaSuccess;
+  if (r.has_last && !capturing) err = cuda_->StreamWaitEvent(r.produce, r.last, 0);
+  if (err == cudaSuccess) err = cuda_->EventRecord(r.fork, caller);
+  if (err == cudaSuccess) err = cuda_->StreamWaitEvent(r.produce, r.fork, 0);
+  if (err == cudaSuccess) err = cuda_->StreamWaitEvent(r.transfer, r.fork, 0);
+  begin_ = check(err, "forking the pipeline lanes");
+  // With the exposure profiler's hooks installed (the caller says), an empty kernel marks when the
+  // lanes entered the call: the waits on the peers that follow show in no record of their own
+  // (quant/call_mark.cu). A mark that could not be launched only shortens the call's span in the
+  // report, so the call goes on.
+  if (begin_ == ncclSuccess && mark_begin && s->platform->codec.mark_call_begin)
+    (void)s->platform->codec.mark_call_begin(r.produce);
+}
+
+PipelineRun::~PipelineRun() {
+  if (!joined_) finish(ncclSuccess);
+}
+
+ncclResult_t PipelineRun::check(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return ncclSuccess;
+  FP8WIRE_ERROR("comm {}: {} failed: {}", s_->id, what, cuda_->GetErrorString(err));
+  return ncclUnhandledCudaError;
+}
+
+ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count, size_t stage_elems) {
+  if (begin_ != ncclSuccess) return begin_;
+  CommResources& r = s_->res;
+  const size_t stages = stage_count(count, stage_elems);
+  for (size_t i = 0; i < stages; ++i) {
+    Stage st;
+    st.index = i;
+    st.offset = i * stage_elems;
+    st.length = std::min(stage_elems, count - st.offset);
+    st.set = r.scratch + r.layout.set_offset(static_cast<int>(i % 2));
+    st.set_index = static_cast<int>(i % 2);
+    st.only = stages == 1;
+    st.last = i + 1 == stages;
+    const size_t set = i % 2;
+    // The set was last read by stage i-2's finish.
+    if (i >= 2) FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.produce, r.done[set], 0), "waiting for a buffer set"));
+    ops.set_lane(r.produce);
+    {
+      NvtxRange q("fp8wire produce");
+      FP8WIRE_TRY(program.produce(ops, st));
+    }
+    FP8WIRE_TRY(check(cuda_->EventRecord(r.ready[set], r.produce), "handing a stage over"));
+    FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.transfer, r.ready[set], 0), "handing a stage over"));
+    ops.set_lane(r.transfer);
+    FP8WIRE_TRY(program.finish(ops, st));
+    FP8WIRE_TRY(check(cuda_->EventRecord(r.done[set], r.transfer), "releasing a buffer set"));
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t PipelineRun::join() {
+  if (deferred_) {
+    deferred_->add(s_, caller_, capturing_);
+    return ncclSuccess;
+  }
+  return check(join_lanes(*cuda_, *s_, caller_, capturing_), "joining the caller's stream");
+}
+
+ncclResult_t PipelineRun::finish(ncclResult_t result) {
+  if (joined_) return result;
+  joined_ = true;
+  const ncclResult_t joined = join();
+  if (joined != ncclSuccess) s_->fail(joined);  // the scratch may still be in use: no further FP8 here
+  return result != ncclSuccess ? result : joined;
+}
+
+}  // namespace fp8wire::sched

@@ -1,0 +1,96 @@
+// The pipeline executor: runs one FP8 collective's stage program on the communicator's two lanes
+// and joins the caller's stream on every exit path.
+//
+//   caller:   fork ........................................................ join (waits both lanes)
+//   produce:   \-> [wait last] produce(0) | produce(1) | [wait done 0] produce(2) ...  -^
+//   transfer:   \-> [wait ready 0] finish(0) | [wait ready 1] finish(1) | ...           -^
+//
+// Stage i uses buffer set i % 2, so the quantize of stage i+1 overlaps the transfer of stage i, and
+// the produce lane waits for stage i-2 to finish with a set before reusing it. Only events link the
+// streams, so the same code is legal under CUDA graph capture (fork/join of a captured stream), and
+// nothing allocates or synchronises. The caller's stream itself runs none of the work: calls of one
+// application group on different communicators never wait for one another, whatever order each
+// rank issued them in.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "sched/comm/comm_state.hpp"
+#include "sched/exec/stage_ops.hpp"
+
+namespace fp8wire::sched {
+
+// One stage of a call: elements [offset, offset + length) of the call's count, buffer set `set`.
+struct Stage {
+  size_t index = 0;
+  size_t offset = 0;
+  size_t length = 0;
+  char* set = nullptr;
+  int set_index = 0;  // which of the two buffer sets (the direct transports' windows have two as well)
+  bool only = false;  // the call's single stage (it may use both buffer sets)
+  bool last = false;
+};
+
+// An FP8 algorithm as a stage program: what runs on the produce lane (quantize into the stage's
+// buffer set) and what runs on the transfer lane (exchange, reduce, gather, decode), per stage.
+class StageProgram {
+ public:
+  virtual ~StageProgram() = default;
+  virtual ncclResult_t produce(StageOps& ops, const Stage& stage) = 0;
+  virtual ncclResult_t finish(StageOps& ops, const Stage& stage) = 0;
+};
+
+// Joins gathered from several calls, made together at the end of a batch (a group flush).
+class JoinList {
+ public:
+  JoinList() = default;
+  JoinList(const JoinList&) = delete;
+  JoinList& operator=(const JoinList&) = delete;
+  ~JoinList() { join_all(); }
+  void add(CommRef state, cudaStream_t caller, bool capturing) { joins_.push_back({std::move(state), caller, capturing}); }
+  // Makes every caller stream wait for its call's lanes; returns the first error.
+  ncclResult_t join_all();
+
+ private:
+  struct Pending {
+    CommRef state;
+    cudaStream_t caller;
+    bool capturing;
+  };
+  std::vector<Pending> joins_;
+};
+
+class PipelineRun {
+ public:
+  // Forks the communicator's lanes from `caller`; with `deferred`, the join is left to that list.
+  // `mark_begin`: launch the call-begin mark (the exposure profiler's hooks are installed).
+  PipelineRun(const CommRef& s, cudaStream_t caller, bool capturing, bool mark_begin, JoinList* deferred = nullptr);
+  ~PipelineRun();  // joins if finish() was not reached: no exit path leaves the lanes unjoined
+  PipelineRun(const PipelineRun&) = delete;
+  PipelineRun& operator=(const PipelineRun&) = delete;
+
+  ncclResult_t started() const { return begin_; }
+  // Runs `program` over `count` elements in stages of `stage_elems` (a multiple of the program's
+  // unit, stages.hpp). Returns at the first error; the join still follows.
+  ncclResult_t run(StageProgram& program, StageOps& ops, size_t count, size_t stage_elems);
+  // Joins (or hands the join to the deferred list) and returns `result`, or the join's error.
+  ncclResult_t finish(ncclResult_t result);
+
+ private:
+  ncclResult_t join();
+  ncclResult_t check(cudaError_t err, const char* what);
+
+  CommRef s_;
+  const CudaApi* cuda_;
+  cudaStream_t caller_;
+  bool capturing_;
+  JoinList* deferred_;
+  ncclResult_t begin_ = ncclSuccess;
+  bool joined_ = false;
+};
+
+}  // namespace fp8wire::sched

@@ -1,0 +1,86 @@
+#include "sched/exec/stage_ops.hpp"
+
+#include "common/log.hpp"
+#include "sched/transport/direct_windows.hpp"
+
+namespace fp8wire::sched {
+
+ncclResult_t StageOps::codec_result(cudaError_t err, const char* what) const {
+  if (err == cudaSuccess) return ncclSuccess;
+  FP8WIRE_ERROR("comm {}: {} launch failed: {}", state_->id, what, state_->platform->cuda.GetErrorString(err));
+  return ncclUnhandledCudaError;
+}
+
+ncclResult_t StageOps::quantize(const void* in, size_t count, void* wire, quant::Segmented layout,
+                                uint64_t sr_offset, float* residual) {
+  if (residual)
+    return codec_result(codec_->quantize_with_residual(in, type_, count, residual, wire, layout, format_, lane_,
+                                                       at(sr_offset)),
+                        "quantize (error feedback)");
+  return codec_result(codec_->quantize(in, type_, count, wire, layout, format_, lane_, at(sr_offset)), "quantize");
+}
+
+ncclResult_t StageOps::dequantize(const void* wire, quant::Segmented layout, size_t count, void* out) {
+  return codec_result(codec_->dequantize(wire, layout, count, out, type_, format_, lane_, launch_), "dequantize");
+}
+
+ncclResult_t StageOps::reduce(const void* const* inputs, int k, size_t count, float post, quant::ReduceOutput out,
+                              uint64_t sr_offset) {
+  return codec_result(codec_->dequantize_reduce(inputs, k, count, post, out, format_, lane_, at(sr_offset)),
+                      "dequantize-reduce");
+}
+
+ncclResult_t StageOps::reduce_with_plain(const void* const* inputs, int k, const void* plain, int plain_position,
+                                         size_t count, float post, quant::ReduceOutput out, uint64_t sr_offset) {
+  return codec_result(codec_->dequantize_reduce_mixed(inputs, k, plain, type_, plain_position, count, post, out,
+                                                      format_, lane_, at(sr_offset)),
+                      "dequantize-reduce (with a plain addend)");
+}
+
+ncclResult_t StageOps::copy(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return ncclSuccess;
+  const cudaError_t err = state_->platform->cuda.MemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, lane_);
+  return codec_result(err, "staging copy");
+}
+
+ncclResult_t StageOps::zero(void* dst, size_t bytes) {
+  if (!bytes) return ncclSuccess;
+  return codec_result(state_->platform->cuda.MemsetAsync(dst, 0, bytes, lane_), "zeroing");
+}
+
+ncclDataType_t StageOps::nccl_dtype() const {
+  return type_ == quant::ElemType::f32 ? ncclFloat32 : type_ == quant::ElemType::f16 ? ncclFloat16 : ncclBfloat16;
+}
+
+ncclResult_t StageOps::reduce_scatter_plain(Transport& over, int nranks, const void* send, void* recv,
+                                            size_t recvcount) {
+  const ncclResult_t res = over.reduce_scatter_plain(send, recv, recvcount, nccl_dtype(), lane_);
+  if (res == ncclSuccess) wire_bytes_ += recvcount * elem_size() * static_cast<uint64_t>(nranks - 1);
+  return res;
+}
+
+ncclResult_t StageOps::all_gather_plain(Transport& over, int nranks, const void* send, void* recv, size_t sendcount) {
+  const ncclResult_t res = over.all_gather_plain(send, recv, sendcount, nccl_dtype(), lane_);
+  if (res == ncclSuccess) wire_bytes_ += sendcount * elem_size() * static_cast<uint64_t>(nranks - 1);
+  return res;
+}
+
+ncclResult_t StageOps::exchange(Transport& over, std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) {
+  const ncclResult_t res = over.exchange(sends, recvs, lane_);
+  if (res == ncclSuccess)
+    for (const PeerSend& s : sends) wire_bytes_ += s.bytes;
+  return res;
+}
+
+ncclResult_t StageOps::gather(Transport& over, int nranks, char* base, size_t slot_bytes, GatherMethod how) {
+  const ncclResult_t res = over.gather(base, slot_bytes, how, lane_);
+  if (res == ncclSuccess) wire_bytes_ += slot_bytes * static_cast<uint64_t>(nranks - 1);
+  return res;
+}
+
+ncclResult_t StageOps::reclaim(int set) { return direct_->reclaim(lane_, set); }
+ncclResult_t StageOps::publish(int set, int phase) { return direct_->publish(lane_, set, phase); }
+ncclResult_t StageOps::acquire(int set, int phase) { return direct_->acquire(lane_, set, phase); }
+ncclResult_t StageOps::release(int set) { return direct_->release(lane_, set); }
+
+}  // namespace fp8wire::sched

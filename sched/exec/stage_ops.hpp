@@ -1,0 +1,118 @@
+// The operations a stage program issues: codec launches (through the codec table) and wire
+// operations (through a Transport), each on the lane the pipeline executor set for the current half
+// of the stage. Every failure is logged here with what failed, so the programs read as the data
+// flow and return the first error as it comes.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "quant/quant.hpp"
+#include "sched/comm/comm_state.hpp"
+#include "sched/platform/platform.hpp"
+#include "sched/transport/transport.hpp"
+
+namespace fp8wire::sched {
+class DirectWindows;
+}
+
+namespace fp8wire::sched {
+
+class StageOps {
+ public:
+  StageOps(CommState& s, quant::ElemType type, const quant::WireFormat& format, quant::LaunchOptions launch)
+      : state_(&s), codec_(&s.platform->codec), transport_(&s.transport), rank_(s.rank), nranks_(s.nranks),
+        type_(type), format_(format), launch_(launch) {}
+
+  // The same operations over another group of ranks (a sub-communicator of the hierarchical path),
+  // on the same lane; its bytes are added back with add_wire_bytes.
+  StageOps over(Transport& transport, int rank, int nranks) const {
+    StageOps sub = *this;
+    sub.transport_ = &transport;
+    sub.rank_ = rank;
+    sub.nranks_ = nranks;
+    sub.wire_bytes_ = 0;
+    return sub;
+  }
+  void add_wire_bytes(uint64_t bytes) { wire_bytes_ += bytes; }
+
+  // The call runs over a direct transport (sched/transport/direct_windows.hpp): the direct programs reach
+  // the windows through it, and every codec launch keeps to `max_ctas` thread blocks.
+  void use_direct(const DirectWindows* direct, uint32_t max_ctas) {
+    direct_ = direct;
+    launch_.max_ctas = max_ctas;
+  }
+  const DirectWindows* direct() const { return direct_; }
+
+  void set_lane(cudaStream_t lane) { lane_ = lane; }
+  cudaStream_t lane() const { return lane_; }
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  ncclDataType_t nccl_dtype() const;
+  const quant::WireFormat& format() const { return format_; }
+  quant::ElemType type() const { return type_; }
+  size_t elem_size() const { return quant::elem_size(type_); }
+  // Bytes this rank has sent so far (accounting).
+  uint64_t wire_bytes() const { return wire_bytes_; }
+
+  // --- codec: caller-dtype elements <-> wire chunks (quant/quant.hpp) ---------------------------
+  // `sr_offset`: index of in[0] in the whole call (stochastic rounding must not depend on the
+  // cut). With `residual` (count floats), error feedback: quantize in + residual, keep the new one.
+  ncclResult_t quantize(const void* in, size_t count, void* wire, quant::Segmented layout, uint64_t sr_offset,
+                        float* residual = nullptr);
+  ncclResult_t dequantize(const void* wire, quant::Segmented layout, size_t count, void* out);
+  // Sum of k wire chunks in order, in fp32, times `post` once, written as caller dtype or as one chunk.
+  ncclResult_t reduce(const void* const* inputs, int k, size_t count, float post, quant::ReduceOutput out,
+                      uint64_t sr_offset);
+  // The same with a caller-dtype addend at position `plain_position` of the order.
+  ncclResult_t reduce_with_plain(const void* const* inputs, int k, const void* plain, int plain_position,
+                                 size_t count, float post, quant::ReduceOutput out, uint64_t sr_offset);
+  // Device-to-device copy (the coalescing staging area), and zeroing (padding).
+  ncclResult_t copy(void* dst, const void* src, size_t bytes);
+  ncclResult_t zero(void* dst, size_t bytes);
+  // Sums in the caller's precision over `over`'s ranks (the hierarchical path inside a host).
+  ncclResult_t reduce_scatter_plain(Transport& over, int nranks, const void* send, void* recv, size_t recvcount);
+  ncclResult_t all_gather_plain(Transport& over, int nranks, const void* send, void* recv, size_t sendcount);
+
+  // --- direct transport: the flag handshakes (transport/direct_windows.hpp), on the current lane -------------
+  ncclResult_t reclaim(int set);
+  ncclResult_t publish(int set, int phase);
+  ncclResult_t acquire(int set, int phase);
+  ncclResult_t release(int set);
+
+  // --- wire --------------------------------------------------------------------------------------
+  ncclResult_t exchange(std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) {
+    return exchange(*transport_, sends, recvs);
+  }
+  ncclResult_t exchange(Transport& over, std::span<const PeerSend> sends, std::span<const PeerRecv> recvs);
+  ncclResult_t gather(char* base, size_t slot_bytes, GatherMethod how) {
+    return gather(*transport_, nranks_, base, slot_bytes, how);
+  }
+  ncclResult_t gather(Transport& over, int nranks, char* base, size_t slot_bytes, GatherMethod how);
+
+ private:
+  quant::LaunchOptions at(uint64_t sr_offset) const {
+    quant::LaunchOptions o = launch_;
+    o.sr_offset = sr_offset;
+    return o;
+  }
+  ncclResult_t codec_result(cudaError_t err, const char* what) const;
+
+  CommState* state_;
+  const CodecApi* codec_;
+  Transport* transport_;
+  int rank_;
+  int nranks_;
+  quant::ElemType type_;
+  quant::WireFormat format_;
+  quant::LaunchOptions launch_;
+  cudaStream_t lane_ = nullptr;
+  uint64_t wire_bytes_ = 0;
+  const DirectWindows* direct_ = nullptr;
+};
+
+}  // namespace fp8wire::sched

@@ -1,0 +1,196 @@
+#include "sched/plan/cost_model.hpp"
+
+#include <algorithm>
+
+namespace fp8wire::sched {
+
+CostModel default_cost_model(Fabric fabric) {
+  // Rough figures for an H100/H200-class node; fp8wire-bench replaces them (cost_model.<fabric>.*).
+  // No per-operation latencies: on real fabrics the kinds of operation cost about the same fixed
+  // time, so every one costs op_latency_us until a profile says otherwise.
+  auto model = [](double latency_us, double bus_gbps) {
+    return CostModel{.op_latency_us = latency_us, .bus_bandwidth_gbps = bus_gbps, .codec_gbps = 1000.0,
+                     .kernel_launch_us = 4.0};
+  };
+  switch (fabric) {
+    case Fabric::nvlink: return model(15.0, 150.0);  // the direct transport over NVLink: not measured yet
+    case Fabric::pcie: {
+      // The direct transport through host memory, measured on one H200 (PCIe Gen5 x16): codec kernels
+      // store to and load from mapped host memory at 51-52 GB/s (95 / 93 % of cudaMemcpyAsync's), a
+      // barrier round trip of stream memory operations between two processes 12.5 us (docs/PERF.md).
+      CostModel m = model(25.0, 12.0);
+      m.direct_latency_us = 15.0;
+      m.direct_bandwidth_gbps = 45.0;
+      return m;
+    }
+    case Fabric::net: return model(50.0, 5.0);  // ranks on different machines share no memory
+  }
+  return model(50.0, 5.0);
+}
+
+CostModel effective_cost_model(const Config& config, Fabric fabric) {
+  CostModel model = default_cost_model(fabric);
+  const CostModel& given = config.cost_model[static_cast<int>(fabric)];
+  // Fields given in the profile win one by one, so a partial profile still works.
+  auto take = [](double& field, double value) {
+    if (value > 0) field = value;
+  };
+  take(model.op_latency_us, given.op_latency_us);
+  take(model.bus_bandwidth_gbps, given.bus_bandwidth_gbps);
+  take(model.codec_gbps, given.codec_gbps);
+  take(model.kernel_launch_us, given.kernel_launch_us);
+  take(model.allreduce_latency_us, given.allreduce_latency_us);
+  take(model.allgather_latency_us, given.allgather_latency_us);
+  take(model.reduce_scatter_latency_us, given.reduce_scatter_latency_us);
+  take(model.alltoall_latency_us, given.alltoall_latency_us);
+  take(model.allreduce_bandwidth_gbps, given.allreduce_bandwidth_gbps);
+  take(model.allgather_bandwidth_gbps, given.allgather_bandwidth_gbps);
+  take(model.reduce_scatter_bandwidth_gbps, given.reduce_scatter_bandwidth_gbps);
+  take(model.alltoall_bandwidth_gbps, given.alltoall_bandwidth_gbps);
+  take(model.direct_latency_us, given.direct_latency_us);
+  take(model.direct_bandwidth_gbps, given.direct_bandwidth_gbps);
+  model.hosts = given.hosts;
+  model.ranks_per_host = given.ranks_per_host;
+  model.calibrated = given.calibrated;
+  return model;
+}
+
+namespace {
+NcclOp gather_op(GatherMethod gather) {
+  return gather == GatherMethod::sendrecv ? NcclOp::all_to_all : NcclOp::all_gather;
+}
+}  // namespace
+
+GatherMethod gather_method_for(const Config& config, Collective collective, Path path,
+                                     uint64_t caller_bytes, int nranks, Fabric fabric) {
+  if (!has_gather_step(collective, path)) return GatherMethod::allgather;
+  if (config.gather_transport != GatherMethod::automatic) return config.gather_transport;
+  const CostModel model = effective_cost_model(config, fabric);
+  const quant::WireFormat format = quant::WireFormat::from(config);
+  const double ag = predicted_us(model, collective, path, caller_bytes, nranks, format, GatherMethod::allgather);
+  const double sr = predicted_us(model, collective, path, caller_bytes, nranks, format, GatherMethod::sendrecv);
+  return sr < ag ? GatherMethod::sendrecv : GatherMethod::allgather;
+}
+
+double fixed_latency_us(const CostModel& m, Collective collective, Path path, int nranks, GatherMethod gather) {
+  const double ar = m.latency_us(NcclOp::all_reduce), ag = m.latency_us(gather_op(gather));
+  const double rs = m.latency_us(NcclOp::reduce_scatter), a2a = m.latency_us(NcclOp::all_to_all);
+  switch (collective) {
+    case Collective::all_reduce:
+      switch (path) {
+        case Path::passthrough:
+        case Path::fallback: return ar;
+        case Path::two_shot: return a2a + ag;                               // a2a, then all-gather
+        case Path::one_shot: return ag;                                     // all-gather of inputs
+        case Path::ring: return static_cast<double>(std::max(nranks - 1, 0)) * a2a + ag;  // hops
+        case Path::hierarchical: return rs + a2a + ag + ag;  // never priced flat (hierarchy.cpp)
+      }
+      break;
+    case Collective::reduce_scatter: return is_fp8(path) ? a2a : rs;  // FP8: a2a + local reduce
+    case Collective::all_gather: return ag;                           // FP8: all-gather of FP8 chunks
+  }
+  return m.op_latency_us;
+}
+
+double predicted_us(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes,
+                    int nranks, const quant::WireFormat& format, GatherMethod gather) {
+  const NcclOp g = gather_op(gather);  // the gather step's operation
+  const double n = nranks;
+  const double s = static_cast<double>(caller_bytes);
+  // Wire bytes of the same data: one byte per element plus one scale per block. The element size is
+  // unknown here, so bf16 (the common gradient type) is assumed: elements = bytes / 2.
+  const double elems = s / 2.0;
+  const double w = elems * (1.0 + static_cast<double>(quant::scale_bytes(format.scale)) / format.block);
+  const double codec = m.codec_gbps * 1e3;  // bytes per microsecond
+  const double launch = m.kernel_launch_us;
+  // One NCCL operation of kind `op` moving `bus_bytes` (busbw convention): its fixed cost plus the
+  // bytes at its bandwidth. The operations each path issues are those fixed_latency_us() counts.
+  auto op = [&m](NcclOp kind, double bus_bytes) {
+    return m.latency_us(kind) + bus_bytes / (m.bandwidth_gbps(kind) * 1e3);
+  };
+  const double part = (n - 1) / n;
+  switch (collective) {
+    case Collective::all_reduce:
+      switch (path) {
+        case Path::passthrough:
+        case Path::fallback: return op(NcclOp::all_reduce, 2.0 * part * s);
+        case Path::two_shot:
+          return op(NcclOp::all_to_all, part * w) + op(g, part * w) + 3.0 * s / codec + 3 * launch;
+        case Path::one_shot: return op(g, (n - 1) * w) + (1.0 + n) * s / codec + 2 * launch;
+        case Path::ring:
+          // n-1 hops of one shard each (w/n): one a2a latency per hop, the bytes once.
+          return (n - 2) * m.latency_us(NcclOp::all_to_all) + op(NcclOp::all_to_all, part * w) +
+                 op(g, part * w) + (2.0 + part) * s / codec + (n + 1) * launch;
+        case Path::hierarchical: break;  // priced per level by the hierarchy model, never here
+      }
+      break;
+    case Collective::reduce_scatter:
+      if (!is_fp8(path)) return op(NcclOp::reduce_scatter, part * s);
+      return op(NcclOp::all_to_all, part * w) + 2.0 * s / codec + (n + 1) * launch;
+    case Collective::all_gather:
+      if (!is_fp8(path)) return op(NcclOp::all_gather, part * s);
+      return op(g, part * w) + (s / n + s) / codec + 2 * launch;
+  }
+  return 1e30;  // a path this model cannot price is never the cheapest
+}
+
+DirectCost direct_cost_parts(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes, int nranks,
+                             const quant::WireFormat& format, Carrier kind) {
+  const double n = nranks;
+  const double s = static_cast<double>(caller_bytes);
+  const double elems = s / 2.0;  // bf16 assumed, as predicted_us
+  const double w = elems * (1.0 + static_cast<double>(quant::scale_bytes(format.scale)) / format.block);
+  const double part = (n - 1) / n;
+  const bool host = kind == Carrier::host_memory;
+  const double codec = m.codec_gbps * 1e3;
+  DirectCost d;
+  double launches = 2, codec_us = 0;
+  switch (collective) {
+    case Collective::all_reduce:
+      if (path == Path::two_shot) {
+        d.link_bytes = host ? 2.0 * w : part * w;  // shards out, reduced shards in
+        d.barriers = 2;
+        codec_us = 3.0 * s / codec;
+        launches = 2 * n + 1;
+      } else {
+        d.link_bytes = host ? n * w : (n - 1) * w;  // every rank's slot read
+        codec_us = (1.0 + n) * s / codec;
+      }
+      break;
+    case Collective::reduce_scatter:
+      d.link_bytes = host ? w : part * w;
+      codec_us = 2.0 * s / codec;
+      launches = n + 1;
+      break;
+    case Collective::all_gather:
+      d.link_bytes = host ? w : part * w;
+      codec_us = (s / n + s) / codec;
+      launches = n + 1;
+      break;
+  }
+  d.other_us = codec_us + launches * m.kernel_launch_us;
+  return d;
+}
+
+double predicted_direct_us(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes, int nranks,
+                           const quant::WireFormat& format, Carrier kind) {
+  if (m.direct_bandwidth_gbps <= 0 || !is_fp8(path) || path == Path::ring || path == Path::hierarchical) return 1e30;
+  const DirectCost d = direct_cost_parts(m, collective, path, caller_bytes, nranks, format, kind);
+  return d.barriers * m.direct_latency_us + d.link_bytes / (m.direct_bandwidth_gbps * 1e3) + d.other_us;
+}
+
+Carrier carrier_for(const Config& config, Collective collective, Path path, uint64_t caller_bytes,
+                            int nranks, Fabric fabric, Carrier available) {
+  if (available == Carrier::nccl || !is_fp8(path) || path == Path::ring || path == Path::hierarchical)
+    return Carrier::nccl;
+  if (config.direct_transport == DirectMode::off) return Carrier::nccl;
+  if (config.direct_transport != DirectMode::automatic) return available;  // set up as configured
+  const CostModel model = effective_cost_model(config, fabric);
+  const quant::WireFormat format = quant::WireFormat::from(config);
+  const double direct = predicted_direct_us(model, collective, path, caller_bytes, nranks, format, available);
+  const GatherMethod gather = gather_method_for(config, collective, path, caller_bytes, nranks, fabric);
+  const double nccl = predicted_us(model, collective, path, caller_bytes, nranks, format, gather);
+  return direct < nccl ? available : Carrier::nccl;
+}
+
+}  // namespace fp8wire::sched

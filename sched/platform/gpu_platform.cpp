@@ -1,0 +1,99 @@
+#include "sched/platform/gpu_platform.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include <cuda_runtime.h>
+
+#include "sched/plan/agreement.hpp"
+
+namespace fp8wire {
+
+namespace {
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
+}
+
+uint64_t local_host_hash() {
+  if (const char* id = std::getenv("NCCL_HOSTID")) return sched::fnv1a(id, std::strlen(id));
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  std::string key = name;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  if (boot >> boot_id) key += boot_id;
+  return sched::fnv1a(key.data(), key.size());
+}
+
+// Native atomics over P2P are the NVLink signature (PCIe P2P lacks them). A process that sees one
+// GPU cannot tell and says no.
+bool local_nvlink(int device) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) return false;
+  for (int peer = 0; peer < count; ++peer) {
+    if (peer == device) continue;
+    int access = 0, atomics = 0;
+    if (cudaDeviceGetP2PAttribute(&access, cudaDevP2PAttrAccessSupported, device, peer) != cudaSuccess ||
+        cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, device, peer) != cudaSuccess ||
+        !access || !atomics)
+      return false;
+  }
+  return true;
+}
+
+cudaError_t event_record(cudaEvent_t e, cudaStream_t s) { return cudaEventRecord(e, s); }
+
+}  // namespace
+
+HostFacts gpu_host_facts(int device) {
+  HostFacts f;
+  f.host_hash = local_host_hash();
+  f.p2p_disabled = env_is("NCCL_P2P_DISABLE", "1");
+  f.nvlink_local = local_nvlink(device);
+  f.process_id = static_cast<uint32_t>(getpid());
+  return f;
+}
+
+Platform gpu_platform(const NcclApi& nccl) {
+  Platform p;
+  p.nccl = &nccl;
+  CudaApi& c = p.cuda;
+  c.GetDevice = cudaGetDevice;
+  c.SetDevice = cudaSetDevice;
+  c.StreamCreateWithFlags = cudaStreamCreateWithFlags;
+  c.StreamDestroy = cudaStreamDestroy;
+  c.StreamQuery = cudaStreamQuery;
+  c.StreamSynchronize = cudaStreamSynchronize;
+  c.StreamWaitEvent = cudaStreamWaitEvent;
+  c.StreamIsCapturing = cudaStreamIsCapturing;
+  c.EventCreateWithFlags = cudaEventCreateWithFlags;
+  c.EventDestroy = cudaEventDestroy;
+  c.EventRecord = event_record;
+  c.Malloc = cudaMalloc;
+  c.Free = cudaFree;
+  c.HostAlloc = cudaHostAlloc;
+  c.FreeHost = cudaFreeHost;
+  c.MemcpyAsync = cudaMemcpyAsync;
+  c.Memcpy = cudaMemcpy;
+  c.MemsetAsync = cudaMemsetAsync;
+  c.GetLastError = cudaGetLastError;
+  c.GetErrorString = cudaGetErrorString;
+  CodecApi& q = p.codec;
+  q.quantize = quant::quantize;
+  q.quantize_with_residual = quant::quantize_with_residual;
+  q.dequantize = quant::dequantize;
+  q.dequantize_reduce = quant::dequantize_reduce;
+  q.dequantize_reduce_mixed = quant::dequantize_reduce_mixed;
+  q.mark_call_begin = quant::mark_call_begin;
+  p.host_facts = gpu_host_facts;
+  fill_direct_platform(p);
+  return p;
+}
+
+}  // namespace fp8wire

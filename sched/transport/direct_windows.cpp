@@ -1,0 +1,208 @@
+#include "sched/transport/direct_windows.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "common/log.hpp"
+
+namespace fp8wire::sched {
+
+void init_flags(DirectFlags& f) {
+  for (auto& set : f.ready)
+    for (auto& phase : set)
+      for (uint32_t& w : phase) __atomic_store_n(&w, 0u, __ATOMIC_RELAXED);
+  for (auto& set : f.free)
+    for (uint32_t& w : set) __atomic_store_n(&w, 1u, __ATOMIC_RELAXED);
+  __atomic_store_n(&f.closed, 0u, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+DirectWindows::DirectWindows(const Platform& platform, Carrier kind, int rank, int nranks,
+                                 std::vector<DirectPeer> peers)
+    : platform_(&platform), kind_(kind), rank_(rank), nranks_(nranks), peers_(std::move(peers)) {
+  // Buffer sets start 256-byte aligned (the codec wants 16).
+  set_bytes_ = peers_[static_cast<size_t>(rank_)].data.bytes / kDirectSets / 256 * 256;
+}
+
+DirectWindows::~DirectWindows() {
+  // Before the flag page goes (and with it the lock the peers ask about): a peer that still looks
+  // at it sees an orderly close, not a death.
+  mark_closed();
+  const DirectMemoryApi& m = platform_->direct;
+  for (int r = 0; r < nranks_; ++r) {
+    DirectPeer& p = peers_[static_cast<size_t>(r)];
+    if (r == rank_) {
+      if (!m.destroy) continue;
+      if (keep_own_window_ && kind_ == Carrier::peer_memory)
+        FP8WIRE_WARN("direct transport, rank {}: its window stays allocated until the process ends (a peer may "
+                     "still read it)", rank_);
+      else
+        m.destroy(p.data);
+      m.destroy(p.flags);
+    } else {
+      if (m.close) m.close(p.data), m.close(p.flags);
+    }
+  }
+}
+
+char* DirectWindows::window(int r, int set) const {
+  return peers_[static_cast<size_t>(r)].data.device + static_cast<size_t>(set) * set_bytes_;
+}
+
+ncclResult_t DirectWindows::op(cudaError_t err, const char* what) const {
+  if (err == cudaSuccess) return ncclSuccess;
+  FP8WIRE_ERROR("direct transport ({}), rank {}: {} failed: {}", to_string(kind_), rank_, what,
+                platform_->cuda.GetErrorString(err));
+  return ncclUnhandledCudaError;
+}
+
+ncclResult_t DirectWindows::reclaim(cudaStream_t lane, int set) const {
+  const CudaApi& c = platform_->cuda;
+  DirectFlags* mine = flags_device(rank_);
+  for (int j = 0; j < nranks_; ++j) {
+    if (j == rank_) continue;
+    uint32_t* f = &mine->free[set][j];
+    if (const ncclResult_t r = op(c.StreamWaitValue32(lane, f, 1), "waiting for a peer to release a buffer set");
+        r != ncclSuccess)
+      return r;
+    if (const ncclResult_t r = op(c.StreamWriteValue32(lane, f, 0), "resetting a release flag"); r != ncclSuccess)
+      return r;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t DirectWindows::publish(cudaStream_t lane, int set, int phase) const {
+  const CudaApi& c = platform_->cuda;
+  for (int j = 0; j < nranks_; ++j) {
+    if (j == rank_) continue;
+    if (const ncclResult_t r = op(c.StreamWriteValue32(lane, &flags_device(j)->ready[set][phase][rank_], 1),
+                                  "signalling written data to a peer");
+        r != ncclSuccess)
+      return r;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t DirectWindows::acquire(cudaStream_t lane, int set, int phase) const {
+  const CudaApi& c = platform_->cuda;
+  DirectFlags* mine = flags_device(rank_);
+  for (int j = 0; j < nranks_; ++j) {
+    if (j == rank_) continue;
+    uint32_t* f = &mine->ready[set][phase][j];
+    if (const ncclResult_t r = op(c.StreamWaitValue32(lane, f, 1), "waiting for a peer's data"); r != ncclSuccess)
+      return r;
+    if (const ncclResult_t r = op(c.StreamWriteValue32(lane, f, 0), "resetting a ready flag"); r != ncclSuccess)
+      return r;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t DirectWindows::release(cudaStream_t lane, int set) const {
+  const CudaApi& c = platform_->cuda;
+  for (int j = 0; j < nranks_; ++j) {
+    if (j == rank_) continue;
+    if (const ncclResult_t r = op(c.StreamWriteValue32(lane, &flags_device(j)->free[set][rank_], 1),
+                                  "releasing a peer's buffer set");
+        r != ncclSuccess)
+      return r;
+  }
+  return ncclSuccess;
+}
+
+void DirectWindows::release_waits() const {
+  DirectFlags* f = flags_host();
+  if (!f) return;
+  for (int s = 0; s < kDirectSets; ++s)
+    for (int j = 0; j < nranks_; ++j) {
+      for (int p = 0; p < kDirectPhases; ++p) __atomic_store_n(&f->ready[s][p][j], 1u, __ATOMIC_RELAXED);
+      __atomic_store_n(&f->free[s][j], 1u, __ATOMIC_RELAXED);
+    }
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+void DirectWindows::mark_closed() const {
+  if (DirectFlags* f = flags_host()) {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);  // after every flag this rank's host stored
+    __atomic_store_n(&f->closed, 1u, __ATOMIC_RELEASE);
+  }
+}
+
+bool DirectWindows::peer_gone(int j) const {
+  if (j == rank_ || j < 0 || j >= nranks_) return false;
+  const DirectFlags* f = flags_host(j);
+  if (f && __atomic_load_n(&f->closed, __ATOMIC_ACQUIRE) == 1u) return true;
+  const DirectMemoryApi& m = platform_->direct;
+  return m.owner_gone && m.owner_gone(peers_[static_cast<size_t>(j)].flags);
+}
+
+bool DirectWindows::holds_a_set(int j) const {
+  const DirectFlags* f = flags_host();
+  if (!f) return false;
+  for (int s = 0; s < kDirectSets; ++s)
+    if (__atomic_load_n(&f->free[s][j], __ATOMIC_ACQUIRE) != 1u) return true;
+  return false;
+}
+
+int DirectWindows::waits_on_gone_peer() const {
+  for (int j = 0; j < nranks_; ++j)
+    if (j != rank_ && holds_a_set(j) && peer_gone(j)) {
+      // The flag may have been set between the two loads (the peer released, then closed): a second
+      // look after "gone" is final, since a gone peer writes nothing more.
+      if (holds_a_set(j)) return j;
+    }
+  return -1;
+}
+
+bool DirectWindows::wait_peers_done(const std::atomic<bool>& give_up) const {
+  const DirectFlags* f = flags_host();
+  if (!f) return true;
+  auto pause = std::chrono::microseconds(1);
+  // A peer that never runs its side (the application destroyed the communicator out of step) must
+  // not hold this rank forever: past this, the window is kept instead (keep_own_window).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    bool done = true;
+    for (int j = 0; j < nranks_ && done; ++j) {
+      if (j == rank_ || !holds_a_set(j)) continue;
+      // A peer that closed in order has drained its lanes: it reads nothing of this rank's any more.
+      // One that ended without releasing may have been reading when it went: keep the window.
+      if (const DirectFlags* p = flags_host(j); p && __atomic_load_n(&p->closed, __ATOMIC_ACQUIRE) == 1u) continue;
+      if (peer_gone(j)) {
+        FP8WIRE_WARN("direct transport, rank {}: rank {} ended while it still held a buffer set of this rank's", rank_, j);
+        return false;
+      }
+      done = false;
+    }
+    if (done) return true;
+    if (give_up.load(std::memory_order_acquire)) return false;
+    if (std::chrono::steady_clock::now() > deadline) {
+      FP8WIRE_WARN("direct transport, rank {}: a peer has not finished reading this rank's window after 30 s", rank_);
+      return false;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(500));
+  }
+}
+
+void DirectWindows::drain(const cudaStream_t* lanes, int count, const std::atomic<bool>& aborting) const {
+  const CudaApi& c = platform_->cuda;
+  auto pause = std::chrono::microseconds(1);
+  bool warned = false;
+  for (;;) {
+    bool idle = true;
+    for (int i = 0; i < count; ++i)
+      if (lanes[i] && c.StreamQuery(lanes[i]) == cudaErrorNotReady) idle = false;
+    if (idle) return;
+    const bool hopeless = aborting.load(std::memory_order_acquire) || waits_on_gone_peer() >= 0;
+    if (hopeless) {
+      if (!warned) FP8WIRE_WARN("direct transport, rank {}: releasing this rank's waits (abort, or a wait on a peer that has gone)", rank_);
+      warned = true;
+      release_waits();
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(500));
+  }
+}
+
+}  // namespace fp8wire::sched

@@ -358,6 +358,52 @@ struct Worker {
     return 0;
   }
 
+  // The host link's pinned-copy rates (cudaMemcpyAsync through pinned host memory), with every rank
+  // copying at once as the direct transport's traffic runs, for the link limit (bench/host/
+  // link_limit.hpp). Off the timed path: before the first point. The ranks start together after a
+  // small all-reduce; each direction's rate is its bytes over the slowest rank's time. Fills `rates`
+  // on rank 0.
+  int measure_pinned(PinnedRates& rates) {
+    constexpr size_t kBytes = 32ull << 20;
+    constexpr int kCopies = 8;  // 256 MiB per rank and direction: start skew stays well under 1 %
+    void* host = nullptr;
+    void* dev = nullptr;
+    cudaEvent_t a = nullptr, b = nullptr;
+    struct Free {
+      void*& host; void*& dev; cudaEvent_t& a; cudaEvent_t& b;
+      ~Free() { cudaFreeHost(host); cudaFree(dev); if (a) cudaEventDestroy(a); if (b) cudaEventDestroy(b); }
+    } release{host, dev, a, b};
+    FP8WIRE_CUDA_OR(cudaHostAlloc(&host, kBytes, cudaHostAllocDefault), return 2);
+    FP8WIRE_CUDA_OR(cudaMalloc(&dev, kBytes), return 2);
+    FP8WIRE_CUDA_OR(cudaEventCreate(&a), return 2);
+    FP8WIRE_CUDA_OR(cudaEventCreate(&b), return 2);
+    double us[2] = {0, 0};  // D2H, H2D: this rank's time, then the slowest rank's
+    for (int dir = 0; dir < 2; ++dir) {
+      const cudaMemcpyKind kind = dir == 0 ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+      FP8WIRE_CUDA_OR(cudaMemcpyAsync(dir == 0 ? host : dev, dir == 0 ? dev : host, kBytes, kind, stream), return 2);
+      FP8WIRE_NCCL_OR(api.AllReduce(report_send, report_send, 1, ncclFloat64, ncclMax, comm, stream), return 2);
+      FP8WIRE_CUDA_OR(cudaEventRecord(a, stream), return 2);
+      for (int i = 0; i < kCopies; ++i)
+        FP8WIRE_CUDA_OR(cudaMemcpyAsync(dir == 0 ? host : dev, dir == 0 ? dev : host, kBytes, kind, stream), return 2);
+      FP8WIRE_CUDA_OR(cudaEventRecord(b, stream), return 2);
+      FP8WIRE_CUDA_OR(cudaEventSynchronize(b), return 2);
+      float ms = 0;
+      FP8WIRE_CUDA_OR(cudaEventElapsedTime(&ms, a, b), return 2);
+      us[dir] = 1e3 * ms;
+    }
+    FP8WIRE_CUDA_OR(cudaMemcpyAsync(report_send, us, sizeof(us), cudaMemcpyHostToDevice, stream), return 2);
+    FP8WIRE_NCCL_OR(api.AllReduce(report_send, report_send, 2, ncclFloat64, ncclMax, comm, stream), return 2);
+    FP8WIRE_CUDA_OR(cudaMemcpyAsync(us, report_send, sizeof(us), cudaMemcpyDeviceToHost, stream), return 2);
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream), return 2);
+    // Emulated ranks share this GPU's one link; else each rank has its own.
+    rates.ranks_per_link = opt.emulate_ranks > 0 ? env.world_size : 1;
+    rates.bytes = kBytes * kCopies;
+    const double link_bytes = static_cast<double>(rates.bytes) * rates.ranks_per_link;
+    rates.d2h_gbps = us[0] > 0 ? link_bytes / (us[0] * 1e3) : 0;
+    rates.h2d_gbps = us[1] > 0 ? link_bytes / (us[1] * 1e3) : 0;
+    return 0;
+  }
+
   void progress(const std::string& what, size_t done, size_t total) {
     if (env.rank != 0) return;
     if (progress_tty)
@@ -479,6 +525,11 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   }
 
   SweepResult result;
+  for (const auto& v : w.variants)
+    if (v.direct == TransportKind::host_memory) {
+      if (int rc = w.measure_pinned(result.pinned)) return rc;
+      break;
+    }
   {
     auto& m = result.machine;
     char host[256] = {};
@@ -591,6 +642,12 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   if (!forced_fabric) result.machine.fabric = w.variants.front().engine->fabric_of(w.comm);
 
   compute_speedups(result);
+  compute_link_limits(result);
+  if (result.pinned.measured())
+    fmt::print("# pinned cudaMemcpyAsync, every rank at once: D2H {:.1f} GB/s, H2D {:.1f} GB/s per link "
+               "({} rank{} per link)\n",
+               result.pinned.d2h_gbps, result.pinned.h2d_gbps, result.pinned.ranks_per_link,
+               result.pinned.ranks_per_link == 1 ? "" : "s");
   const auto crossovers = analyze_crossovers(result, opt.crossover);
   Calibration calibration = calibrate(result);
   // The job shape the figures belong to (sched/hierarchy.hpp: a flat FP8 path across hosts with

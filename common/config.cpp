@@ -498,6 +498,7 @@ std::vector<KeySpec> build_key_table() {
   t.push_back(size_key("direct.window_bytes", [](auto& c) -> auto& { return c.direct_window_bytes; }, 64ull << 10));
   t.push_back(size_key("direct.stage_bytes", [](auto& c) -> auto& { return c.direct_stage_bytes; }, 4096));
   t.push_back(uint_key("direct.ctas", [](auto& c) -> auto& { return c.direct_ctas; }, 1, 1024));
+  t.push_back(bool_key("direct.own_on_device", [](auto& c) -> auto& { return c.direct_own_on_device; }));
   t.push_back(bool_key("coalesce.enable", [](auto& c) -> auto& { return c.coalesce_enable; }));
   t.push_back(size_key("coalesce.max_bytes", [](auto& c) -> auto& { return c.coalesce_max_bytes; }, 1));
   t.push_back(uint_key("coalesce.max_calls", [](auto& c) -> auto& { return c.coalesce_max_calls; }, 1, 1u << 16));

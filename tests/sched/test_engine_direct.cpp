@@ -119,8 +119,9 @@ TEST_CASE("own data on the device (direct.own_on_device): the same bytes, its wi
         for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
           if (v.collective == Collective::all_gather && op == ReduceOp::avg) continue;
           for (size_t count : {size_t{127}, size_t(3 * n * 128 + 5), size_t{4099}}) {
-            // One stage in a 1 MiB window; many in 24 KiB; and a device buffer set of 3 KiB
-            // (scratch.max_bytes 8 KiB): the larger stages' own data then goes through the window.
+            // At least 3 stages in a 1 MiB window (direct.min_stages), many in 24 KiB; and a device
+            // buffer set of 3 KiB (scratch.max_bytes 8 KiB): the larger stages' own data then goes
+            // through the window.
             for (auto [window, stage, scratch] : {std::tuple<size_t, size_t, size_t>{1 << 20, 8 << 20, 512 << 10},
                                                   {24 << 10, 2 << 10, 512 << 10},
                                                   {1 << 20, 8 << 20, 8 << 10}}) {
@@ -128,6 +129,7 @@ TEST_CASE("own data on the device (direct.own_on_device): the same bytes, its wi
               cfg.config = direct_config(DirectMode::host_memory, window, stage);
               cfg.config.direct_own_on_device = true;
               cfg.config.scratch_max_bytes = scratch;
+              cfg.config.direct_min_stages = window == (1 << 20) ? 3 : 1;  // pipelined in a large window too
               cfg.abort_all = true;
               cfg.second_call = count == 4099;
               Spec spec{v.collective, v.path, t, op, count, 11u + count};
@@ -196,6 +198,17 @@ TEST_CASE("direct transport sizes: one stage when the call fits, whole units oth
   CHECK(big % 512 == 0);
   CHECK(big * 2 <= (64u << 10));  // the stage cap in caller bytes
   CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::two_shot, big, 4, f) <= (512u << 10));
+  // direct.min_stages 4: a call direct.stage_bytes would leave whole is cut into at least 4 stages
+  // of whole units; one too small for 4 units stays in as few as its units allow.
+  Config k4 = c;
+  k4.direct_min_stages = 4;
+  for (size_t count : {size_t{4096}, size_t{5000}, size_t{20000}, size_t{2047}}) {
+    const size_t st = sched::direct_stage_elems(k4, 512 << 10, Collective::all_reduce, Path::two_shot, count, 2, 4, f);
+    CHECK(st % 512 == 0);
+    CHECK(sched::stage_count(count, st) >= 4);
+  }
+  CHECK(sched::direct_stage_elems(k4, 512 << 10, Collective::all_reduce, Path::two_shot, 1000, 2, 4, f) == 512);
+  CHECK(sched::direct_stage_elems(k4, 512 << 10, Collective::all_reduce, Path::two_shot, 1 << 20, 2, 4, f) == big);
   // One-shot: only this rank's chunk lives in its window.
   CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, 128, 8, f) == quant::chunk_bytes(128, f));
   CHECK(sched::direct_set_bytes(Collective::reduce_scatter, Path::two_shot, 128, 8, f) == 8 * quant::chunk_bytes(128, f));

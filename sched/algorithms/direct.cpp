@@ -64,8 +64,8 @@ size_t direct_stage_elems(const Config& config, size_t set_bytes, Collective col
   // direct.min_stages: smaller stages for the calls direct.stage_bytes would leave in too few to
   // overlap (whole units, rounded down: at least that many stages where the call has the units).
   const size_t by_stages = std::max<size_t>(count / std::max<uint32_t>(config.direct_min_stages, 1), 1);
-  const bool cut_by_stages = by_stages < want;
-  want = std::min(want, by_stages);
+  const bool cut_by_stages = config.direct_min_stages > 1 && by_stages < want;
+  if (cut_by_stages) want = by_stages;
   if (count <= unit || (count <= want && fits(count))) return fits(count) ? count : 0;
   if (!fits(unit)) return 0;
   size_t lo = 1, hi = cut_by_stages ? std::max<size_t>(want / unit, 1) : (std::min(count, std::max(want, unit)) + unit - 1) / unit;

@@ -119,9 +119,8 @@ TEST_CASE("own data on the device (direct.own_on_device): the same bytes, its wi
         for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
           if (v.collective == Collective::all_gather && op == ReduceOp::avg) continue;
           for (size_t count : {size_t{127}, size_t(3 * n * 128 + 5), size_t{4099}}) {
-            // At least 3 stages in a 1 MiB window (direct.min_stages), many in 24 KiB; and a device
-            // buffer set of 3 KiB (scratch.max_bytes 8 KiB): the larger stages' own data then goes
-            // through the window.
+            // One stage in a 1 MiB window; many in 24 KiB; and a device buffer set of 3 KiB
+            // (scratch.max_bytes 8 KiB): the larger stages' own data then goes through the window.
             for (auto [window, stage, scratch] : {std::tuple<size_t, size_t, size_t>{1 << 20, 8 << 20, 512 << 10},
                                                   {24 << 10, 2 << 10, 512 << 10},
                                                   {1 << 20, 8 << 20, 8 << 10}}) {
@@ -129,7 +128,6 @@ TEST_CASE("own data on the device (direct.own_on_device): the same bytes, its wi
               cfg.config = direct_config(DirectMode::host_memory, window, stage);
               cfg.config.direct_own_on_device = true;
               cfg.config.scratch_max_bytes = scratch;
-              cfg.config.direct_min_stages = window == (1 << 20) ? 3 : 1;  // pipelined in a large window too
               cfg.abort_all = true;
               cfg.second_call = count == 4099;
               Spec spec{v.collective, v.path, t, op, count, 11u + count};
@@ -171,6 +169,37 @@ TEST_CASE("own data on the device (direct.own_on_device): the same bytes, its wi
   MESSAGE(runs << " runs with own data on the device: bit-exact, alike, in bound");
 }
 
+TEST_CASE("direct.min_stages cuts a call the stage size leaves whole: the same bytes, with and without own data on the device") {
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  for (int n : {2, 4}) {
+    for (const Variant& v : kVariants) {
+      for (bool own : {false, true}) {
+        // 3 MiB of bf16 input (all-reduce; the reduce-scatter and all-gather per rank's part): one
+        // stage by direct.stage_bytes, at least 3 with direct.min_stages = 3 (stages >= 1 MiB).
+        const size_t count = (size_t{3} << 20) / 2 / (v.collective == Collective::all_reduce ? 1 : n) + 5;
+        Run cfg;
+        cfg.config = direct_config(DirectMode::host_memory, 16 << 20, 8 << 20);
+        cfg.config.direct_min_stages = 3;
+        cfg.config.direct_own_on_device = own;
+        cfg.config.scratch_max_bytes = 16 << 20;
+        cfg.abort_all = true;
+        Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 3};
+        const quant::WireFormat f = quant::WireFormat::from(cfg.config);
+        const size_t st = sched::direct_stage_elems(cfg.config, 8 << 20, v.collective, v.path, count, 2, n, f);
+        if (sched::stage_count(count, st) < 3) {
+          failures.push_back(fmt::format("{}: {} stages", describe(spec, n, cfg.config), sched::stage_count(count, st)));
+          continue;
+        }
+        const auto inputs = inputs_for(spec, n);
+        const Outcome o = run(cfg, spec, inputs);
+        if (std::string e = check_clean(cfg, spec, inputs, o); !e.empty()) failures.push_back(e);
+      }
+    }
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+}
+
 TEST_CASE("a call whose unit does not fit one buffer set of the window goes over NCCL, on every rank alike") {
   log_set_level(LogLevel::error);
   // Blocks of 4096 elements, 8 ranks: one two-shot unit needs 9 shard slots of 4100 bytes, more
@@ -199,16 +228,22 @@ TEST_CASE("direct transport sizes: one stage when the call fits, whole units oth
   CHECK(big * 2 <= (64u << 10));  // the stage cap in caller bytes
   CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::two_shot, big, 4, f) <= (512u << 10));
   // direct.min_stages 4: a call direct.stage_bytes would leave whole is cut into at least 4 stages
-  // of whole units; one too small for 4 units stays in as few as its units allow.
-  Config k4 = c;
+  // of whole units, none under 1 MiB of caller data; smaller calls are cut as before.
+  Config k4 = direct_config(DirectMode::host_memory, 64 << 20, 64 << 20);
   k4.direct_min_stages = 4;
-  for (size_t count : {size_t{4096}, size_t{5000}, size_t{20000}, size_t{2047}}) {
-    const size_t st = sched::direct_stage_elems(k4, 512 << 10, Collective::all_reduce, Path::two_shot, count, 2, 4, f);
+  const size_t set64 = 32 << 20;
+  for (size_t count : {size_t{4} << 20, size_t{5} << 20, size_t{20} << 20}) {
+    const size_t st = sched::direct_stage_elems(k4, set64, Collective::all_reduce, Path::two_shot, count, 2, 4, f);
     CHECK(st % 512 == 0);
+    CHECK(st * 2 >= (1u << 20));
     CHECK(sched::stage_count(count, st) >= 4);
   }
-  CHECK(sched::direct_stage_elems(k4, 512 << 10, Collective::all_reduce, Path::two_shot, 1000, 2, 4, f) == 512);
-  CHECK(sched::direct_stage_elems(k4, 512 << 10, Collective::all_reduce, Path::two_shot, 1 << 20, 2, 4, f) == big);
+  // 2 MiB of bf16: two stages of 1 MiB; 1 MiB: one stage, as without the option.
+  CHECK(sched::direct_stage_elems(k4, set64, Collective::all_reduce, Path::two_shot, 1 << 20, 2, 4, f) == 1 << 19);
+  CHECK(sched::direct_stage_elems(k4, set64, Collective::all_reduce, Path::two_shot, 1 << 19, 2, 4, f) == 1 << 19);
+  k4.direct_min_stages = 1;
+  CHECK(sched::direct_stage_elems(k4, set64, Collective::all_reduce, Path::two_shot, size_t{20} << 20, 2, 4, f) ==
+        size_t{20} << 20);
   // One-shot: only this rank's chunk lives in its window.
   CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, 128, 8, f) == quant::chunk_bytes(128, f));
   CHECK(sched::direct_set_bytes(Collective::reduce_scatter, Path::two_shot, 128, 8, f) == 8 * quant::chunk_bytes(128, f));

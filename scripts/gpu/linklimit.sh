@@ -19,6 +19,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 export NCCL_NVLS_ENABLE=0
 OUT="${OUT:-$PWD/out/linklimit}"; mkdir -p "$OUT"
+rm -rf "$OUT"/*_n[0-9]*  # the table reads every sweep under $OUT: none from an earlier run
 BIN=build/bench/fp8wire-bench
 budget="${LINKLIMIT_BUDGET:-145}"
 t0=$(date +%s)

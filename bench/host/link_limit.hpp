@@ -45,6 +45,9 @@ struct PinnedRates {
   double h2d_gbps = 0;
   int ranks_per_link = 1;  // ranks whose traffic shares one link (all of them when emulated on one GPU)
   uint64_t bytes = 0;      // bytes each rank copied per direction
+  // Both directions at once (PCIe is full duplex): what each keeps. Reported, not used in the limit.
+  double duplex_d2h_gbps = 0;
+  double duplex_h2d_gbps = 0;
   bool measured() const { return d2h_gbps > 0 && h2d_gbps > 0 && ranks_per_link > 0; }
 };
 

@@ -496,6 +496,7 @@ json to_json(const SweepResult& r, const std::vector<CrossoverReport>& crossover
       if (std::string b = link_limit_basis(r, c, d); !b.empty())
         bases[fmt::format("{} {}", collective_name(c), to_string(d))] = b;
     j["pinned_copy"] = {{"d2h_gbps", r.pinned.d2h_gbps}, {"h2d_gbps", r.pinned.h2d_gbps},
+                        {"duplex_d2h_gbps", r.pinned.duplex_d2h_gbps}, {"duplex_h2d_gbps", r.pinned.duplex_h2d_gbps},
                         {"ranks_per_link", r.pinned.ranks_per_link}, {"bytes_per_rank", r.pinned.bytes},
                         {"link_limit_basis", bases}};
   }
@@ -565,6 +566,8 @@ std::optional<SweepResult> sweep_from_json(const json& j, std::string& error) {
       const auto& pc = j["pinned_copy"];
       r.pinned.d2h_gbps = pc.value("d2h_gbps", 0.0);
       r.pinned.h2d_gbps = pc.value("h2d_gbps", 0.0);
+      r.pinned.duplex_d2h_gbps = pc.value("duplex_d2h_gbps", 0.0);
+      r.pinned.duplex_h2d_gbps = pc.value("duplex_h2d_gbps", 0.0);
       r.pinned.ranks_per_link = pc.value("ranks_per_link", 1);
       r.pinned.bytes = pc.value("bytes_per_rank", uint64_t{0});
     }

@@ -87,7 +87,7 @@ TEST_CASE("link_limit: a sweep's host-memory points get their percent, in the ta
   r.machine.nranks = 2;
   r.machine.fabric = Fabric::pcie;
   r.wire = kBf16;
-  r.pinned = {54.5, 49.5, 2, 64 * kMiB};
+  r.pinned = {54.5, 49.5, 2, 64 * kMiB, 50.0, 45.0};
   auto point = [](Path path, const char* transport, double us) {
     SweepPoint p;
     p.collective = Collective::all_reduce;
@@ -120,6 +120,7 @@ TEST_CASE("link_limit: a sweep's host-memory points get their percent, in the ta
   const auto back = sweep_from_json(j, error);
   REQUIRE_MESSAGE(back.has_value(), error);
   CHECK(back->pinned.ranks_per_link == 2);
+  CHECK(back->pinned.duplex_h2d_gbps == doctest::Approx(45.0));
   CHECK(back->points[3].link_limit_pct == doctest::Approx(r.points[3].link_limit_pct));
   // Without the rates (a sweep of NCCL's transports only): nothing.
   r.pinned = {};

@@ -358,6 +358,82 @@ struct Worker {
     return 0;
   }
 
+  // The host link's pinned-copy rates (cudaMemcpyAsync through pinned host memory), with every rank
+  // copying at once as the direct transport's traffic runs, for the link limit (bench/host/
+  // link_limit.hpp): D2H alone, H2D alone, then both at once on two streams (PCIe is full duplex;
+  // what it keeps of each direction then is reported beside the limit, not used in it). Off the
+  // timed path: before the first point. Every pass starts on all ranks together after a small
+  // all-reduce, and its rate is its bytes over the slowest rank's time.
+  int measure_pinned(PinnedRates& rates) {
+    constexpr size_t kBytes = 32ull << 20;
+    constexpr int kCopies = 8;  // 256 MiB per rank and direction: start skew stays well under 1 %
+    void* host[2] = {nullptr, nullptr};
+    void* dev[2] = {nullptr, nullptr};
+    cudaStream_t second = nullptr;
+    cudaEvent_t ev[4] = {nullptr, nullptr, nullptr, nullptr};  // start, end on `stream`; start, end on `second`
+    struct Free {
+      void** host; void** dev; cudaStream_t& second; cudaEvent_t* ev;
+      ~Free() {
+        for (int i = 0; i < 2; ++i) cudaFreeHost(host[i]), cudaFree(dev[i]);
+        for (int i = 0; i < 4; ++i) if (ev[i]) cudaEventDestroy(ev[i]);
+        if (second) cudaStreamDestroy(second);
+      }
+    } release{host, dev, second, ev};
+    for (int i = 0; i < 2; ++i) {
+      FP8WIRE_CUDA_OR(cudaHostAlloc(&host[i], kBytes, cudaHostAllocDefault), return 2);
+      FP8WIRE_CUDA_OR(cudaMalloc(&dev[i], kBytes), return 2);
+    }
+    for (auto& e : ev) FP8WIRE_CUDA_OR(cudaEventCreate(&e), return 2);
+    FP8WIRE_CUDA_OR(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking), return 2);
+    auto copies = [&](bool d2h, cudaStream_t st, int n) {
+      cudaError_t err = cudaSuccess;
+      for (int i = 0; i < n && err == cudaSuccess; ++i)
+        err = d2h ? cudaMemcpyAsync(host[0], dev[0], kBytes, cudaMemcpyDeviceToHost, st)
+                  : cudaMemcpyAsync(dev[1], host[1], kBytes, cudaMemcpyHostToDevice, st);
+      return err;
+    };
+    auto elapsed_us = [&](cudaEvent_t from, cudaEvent_t to, double& us) {
+      float ms = 0;
+      const cudaError_t err = cudaEventElapsedTime(&ms, from, to);
+      us = 1e3 * ms;
+      return err;
+    };
+    // D2H alone, H2D alone, then D2H and H2D together: this rank's times, then the slowest rank's.
+    double us[4] = {0, 0, 0, 0};
+    for (int pass = 0; pass < 3; ++pass) {
+      const bool both = pass == 2;
+      FP8WIRE_CUDA_OR(copies(pass != 1, stream, 1), return 2);  // warm
+      FP8WIRE_NCCL_OR(api.AllReduce(report_send, report_send, 1, ncclFloat64, ncclMax, comm, stream), return 2);
+      FP8WIRE_CUDA_OR(cudaEventRecord(ev[0], stream), return 2);
+      if (both) {
+        FP8WIRE_CUDA_OR(cudaStreamWaitEvent(second, ev[0], 0), return 2);
+        FP8WIRE_CUDA_OR(cudaEventRecord(ev[2], second), return 2);
+        FP8WIRE_CUDA_OR(copies(false, second, kCopies), return 2);
+        FP8WIRE_CUDA_OR(cudaEventRecord(ev[3], second), return 2);
+      }
+      FP8WIRE_CUDA_OR(copies(pass != 1, stream, kCopies), return 2);
+      FP8WIRE_CUDA_OR(cudaEventRecord(ev[1], stream), return 2);
+      FP8WIRE_CUDA_OR(cudaEventSynchronize(ev[1]), return 2);
+      if (both) FP8WIRE_CUDA_OR(cudaEventSynchronize(ev[3]), return 2);
+      FP8WIRE_CUDA_OR(elapsed_us(ev[0], ev[1], us[pass]), return 2);
+      if (both) FP8WIRE_CUDA_OR(elapsed_us(ev[2], ev[3], us[3]), return 2);
+    }
+    FP8WIRE_CUDA_OR(cudaMemcpyAsync(report_send, us, sizeof(us), cudaMemcpyHostToDevice, stream), return 2);
+    FP8WIRE_NCCL_OR(api.AllReduce(report_send, report_send, 4, ncclFloat64, ncclMax, comm, stream), return 2);
+    FP8WIRE_CUDA_OR(cudaMemcpyAsync(us, report_send, sizeof(us), cudaMemcpyDeviceToHost, stream), return 2);
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream), return 2);
+    // Emulated ranks share this GPU's one link; else each rank has its own.
+    rates.ranks_per_link = opt.emulate_ranks > 0 ? env.world_size : 1;
+    rates.bytes = kBytes * kCopies;
+    const double link_bytes = static_cast<double>(rates.bytes) * rates.ranks_per_link;
+    auto gbps = [&](double t) { return t > 0 ? link_bytes / (t * 1e3) : 0.0; };
+    rates.d2h_gbps = gbps(us[0]);
+    rates.h2d_gbps = gbps(us[1]);
+    rates.duplex_d2h_gbps = gbps(us[2]);
+    rates.duplex_h2d_gbps = gbps(us[3]);
+    return 0;
+  }
+
   void progress(const std::string& what, size_t done, size_t total) {
     if (env.rank != 0) return;
     if (progress_tty)
@@ -479,6 +555,11 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   }
 
   SweepResult result;
+  for (const auto& v : w.variants)
+    if (v.direct == Carrier::host_memory) {
+      if (int rc = w.measure_pinned(result.pinned)) return rc;
+      break;
+    }
   {
     auto& m = result.machine;
     char host[256] = {};
@@ -592,6 +673,13 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   if (!forced_fabric) result.machine.fabric = w.variants.front().engine->fabric_of(w.comm);
 
   compute_speedups(result);
+  compute_link_limits(result);
+  if (result.pinned.measured())
+    fmt::print("# pinned cudaMemcpyAsync, every rank at once: D2H {:.1f} GB/s, H2D {:.1f} GB/s per link "
+               "({} rank{} per link); both directions at once: D2H {:.1f} + H2D {:.1f} GB/s\n",
+               result.pinned.d2h_gbps, result.pinned.h2d_gbps, result.pinned.ranks_per_link,
+               result.pinned.ranks_per_link == 1 ? "" : "s", result.pinned.duplex_d2h_gbps,
+               result.pinned.duplex_h2d_gbps);
   const auto crossovers = analyze_crossovers(result, opt.crossover);
   Calibration calibration = calibrate(result);
   // The job shape the figures belong to (sched/plan/hierarchy.hpp: a flat FP8 path across hosts with

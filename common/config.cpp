@@ -499,6 +499,8 @@ std::vector<KeySpec> build_key_table() {
   t.push_back(size_key("direct.window_bytes", [](auto& c) -> auto& { return c.direct_window_bytes; }, 64ull << 10));
   t.push_back(size_key("direct.stage_bytes", [](auto& c) -> auto& { return c.direct_stage_bytes; }, 4096));
   t.push_back(uint_key("direct.ctas", [](auto& c) -> auto& { return c.direct_ctas; }, 1, 1024));
+  t.push_back(uint_key("direct.min_stages", [](auto& c) -> auto& { return c.direct_min_stages; }, 1, 64));
+  t.push_back(bool_key("direct.own_on_device", [](auto& c) -> auto& { return c.direct_own_on_device; }));
   t.push_back(bool_key("coalesce.enable", [](auto& c) -> auto& { return c.coalesce_enable; }));
   t.push_back(size_key("coalesce.max_bytes", [](auto& c) -> auto& { return c.coalesce_max_bytes; }, 1));
   t.push_back(uint_key("coalesce.max_calls", [](auto& c) -> auto& { return c.coalesce_max_calls; }, 1, 1u << 16));
@@ -548,7 +550,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 832 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 840 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

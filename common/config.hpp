@@ -158,6 +158,14 @@ struct Config {
   uint64_t direct_window_bytes = 64ull << 20; // direct.window_bytes  per rank and communicator, two buffer sets
   uint64_t direct_stage_bytes = 8ull << 20;   // direct.stage_bytes   caller bytes per pipeline stage (at most)
   uint32_t direct_ctas = 16;                // direct.ctas  thread blocks per codec kernel over direct memory
+  // Cut every direct call into at least this many stages, of 1 MiB of caller data at the least: a call
+  // of one stage overlaps nothing (its quantize, then its reduce), one of k balanced stages reaches at
+  // most k / (k + 1) of the host link; direct.stage_bytes still bounds the larger calls' stages.
+  uint32_t direct_min_stages = 1;           // direct.min_stages
+  // Host memory: a rank's own quantized data (its input, its own shard and reduced shard) stays on
+  // its GPU for its own reads, and what the peers read is written to its window by a copy engine
+  // (sched/algorithms/direct.cpp): fewer bytes over the host link, the same bytes in every result.
+  bool direct_own_on_device = false;        // direct.own_on_device
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------
   bool coalesce_enable = true;              // coalesce.enable

@@ -107,6 +107,27 @@ void compute_speedups(SweepResult& result) {
   }
 }
 
+void compute_link_limits(SweepResult& result) {
+  for (auto& p : result.points) {
+    p.link_limit_us = p.link_limit_pct = 0;
+    if (p.transport != "host_memory" || !usable(p)) continue;
+    WireParams wire = result.wire;
+    wire.dtype = p.dtype;
+    p.link_limit_us = link_limit(p.collective, result.machine.nranks, p.bytes, wire, result.pinned).us;
+    p.link_limit_pct = percent_of_limit(p.link_limit_us, p.time.median);
+  }
+}
+
+std::string link_limit_basis(const SweepResult& result, Collective c, DType dtype) {
+  for (const auto& p : result.points)
+    if (p.collective == c && p.dtype == dtype && p.link_limit_us > 0) {
+      WireParams wire = result.wire;
+      wire.dtype = dtype;
+      return link_limit(c, result.machine.nranks, p.bytes, wire, result.pinned).basis;
+    }
+  return "";
+}
+
 std::vector<CrossoverReport> analyze_crossovers(const SweepResult& result, const CrossoverOptions& options) {
   std::vector<CrossoverReport> out;
   for (const auto& [c, d] : measured_pairs(result)) {
@@ -138,6 +159,24 @@ std::vector<CrossoverReport> analyze_crossovers(const SweepResult& result, const
       if (curve.empty()) continue;
       out.push_back({c, d, cand.name, find_crossover(curve, options), cand.path, cand.transport});
     }
+    // Where the direct transport starts to pay against fp8wire over NCCL's transports: per size the
+    // fastest FP8 point of each (a sweep with --transport both).
+    std::vector<CurvePoint> direct_curve;
+    for (uint64_t bytes : sizes_of(result, c, d)) {
+      const SweepPoint* over_nccl = nullptr;
+      const SweepPoint* direct = nullptr;
+      for (const auto& p : result.points) {
+        if (p.collective != c || p.dtype != d || p.bytes != bytes || p.path == Path::passthrough || !usable(p)) continue;
+        if (p.path != Path::two_shot && p.path != Path::one_shot) continue;
+        const SweepPoint*& slot = p.transport.empty() ? over_nccl : direct;
+        if (!slot || p.time.median < slot->time.median) slot = &p;
+      }
+      if (over_nccl && direct)
+        direct_curve.push_back({bytes, over_nccl->time.median, over_nccl->time.rel_noise(), direct->time.median,
+                                direct->time.rel_noise()});
+    }
+    if (!direct_curve.empty())
+      out.push_back({c, d, kDirectOverNccl, find_crossover(direct_curve, options), std::nullopt, ""});
   }
   return out;
 }
@@ -447,9 +486,20 @@ json to_json(const SweepResult& r, const std::vector<CrossoverReport>& crossover
                       {"busbw_gbps", p.busbw_gbps}, {"wire_bytes", p.wire_bytes},
                       {"wire_source", p.wire_source}, {"gather_transport", p.gather_transport},
                       {"transport", p.transport},
-                      {"speedup", p.speedup}, {"check", c}});
+                      {"speedup", p.speedup}, {"link_limit_us", p.link_limit_us},
+                      {"link_limit_pct", p.link_limit_pct}, {"check", c}});
   }
   j["points"] = points;
+  if (r.pinned.measured()) {
+    json bases = json::object();
+    for (const auto& [c, d] : measured_pairs(r))
+      if (std::string b = link_limit_basis(r, c, d); !b.empty())
+        bases[fmt::format("{} {}", collective_name(c), to_string(d))] = b;
+    j["pinned_copy"] = {{"d2h_gbps", r.pinned.d2h_gbps}, {"h2d_gbps", r.pinned.h2d_gbps},
+                        {"duplex_d2h_gbps", r.pinned.duplex_d2h_gbps}, {"duplex_h2d_gbps", r.pinned.duplex_h2d_gbps},
+                        {"ranks_per_link", r.pinned.ranks_per_link}, {"bytes_per_rank", r.pinned.bytes},
+                        {"link_limit_basis", bases}};
+  }
   json xs = json::array();
   for (const auto& x : crossovers) xs.push_back(crossover_json(x));
   j["crossovers"] = xs;
@@ -513,6 +563,15 @@ std::optional<SweepResult> sweep_from_json(const json& j, std::string& error) {
           return std::nullopt;
         }
     }
+    if (j.contains("pinned_copy")) {
+      const auto& pc = j["pinned_copy"];
+      r.pinned.d2h_gbps = pc.value("d2h_gbps", 0.0);
+      r.pinned.h2d_gbps = pc.value("h2d_gbps", 0.0);
+      r.pinned.duplex_d2h_gbps = pc.value("duplex_d2h_gbps", 0.0);
+      r.pinned.duplex_h2d_gbps = pc.value("duplex_h2d_gbps", 0.0);
+      r.pinned.ranks_per_link = pc.value("ranks_per_link", 1);
+      r.pinned.bytes = pc.value("bytes_per_rank", uint64_t{0});
+    }
     size_t index = 0;
     for (const auto& pj : j.at("points")) {
       SweepPoint p;
@@ -571,6 +630,7 @@ std::optional<SweepResult> sweep_from_json(const json& j, std::string& error) {
     return std::nullopt;
   }
   compute_speedups(r);
+  compute_link_limits(r);
   return r;
 }
 
@@ -592,12 +652,14 @@ std::string render_table(const SweepResult& r, Collective c, DType d) {
       "# {} {}  ranks {}{}  fabric {}  fp8 {} block {}\n", collective_name(c), to_string(d),
       r.machine.nranks, emulated_label(r.machine), fabric_name(r.machine.fabric),
       r.fp8_format, r.wire.block);
+  const std::string basis = link_limit_basis(r, c, d);
+  if (!basis.empty()) out += fmt::format("# % of link limit (host memory points): {}\n", basis);
   // Path column: the path, "/sr" when its gather step went over send/recv ("/mix": both).
-  out += fmt::format("# {:>10} {:>12} {:>12} {:>10} {:>7} {:>8} {:>8} {:>11} {:>7} {:>10}  {}\n", "size",
+  out += fmt::format("# {:>10} {:>12} {:>12} {:>10} {:>7} {:>8} {:>8} {:>11} {:>7} {:>10} {:>6}  {}\n", "size",
                      "count", "path", "time(us)", "+-%", "algbw", "busbw", "wire(B)", "speedup",
-                     "maxerr", "check");
-  out += fmt::format("# {:>10} {:>12} {:>12} {:>10} {:>7} {:>8} {:>8} {:>11} {:>7} {:>10}\n", "", "", "",
-                     "median", "", "GB/s", "GB/s", "per rank", "", "");
+                     "maxerr", "link%", "check");
+  out += fmt::format("# {:>10} {:>12} {:>12} {:>10} {:>7} {:>8} {:>8} {:>11} {:>7} {:>10} {:>6}\n", "", "", "",
+                     "median", "", "GB/s", "GB/s", "per rank", "", "", "limit");
   for (uint64_t bytes : sizes_of(r, c, d)) {
     // A path measured over both gather transports has a row for each.
     std::vector<const SweepPoint*> rows;
@@ -615,11 +677,12 @@ std::string render_table(const SweepResult& r, Collective c, DType d) {
         check = p->check.pass ? "PASS" : "FAIL";
         if (p->check.bitwise_required) check += p->check.bitwise_identical ? " same" : " DIFF";
       }
-      out += fmt::format("  {:>10} {:>12} {:>12} {:>10.1f} {:>7.1f} {:>8.2f} {:>8.2f} {:>11} {:>7} {:>10.2e}  {}\n",
+      out += fmt::format("  {:>10} {:>12} {:>12} {:>10.1f} {:>7.1f} {:>8.2f} {:>8.2f} {:>11} {:>7} {:>10.2e} {:>6}  {}\n",
                          format_bytes(bytes), p->count, path_label(*p), p->time.median,
                          100 * p->time.rel_spread(), p->algbw_gbps, p->busbw_gbps, p->wire_bytes,
                          p->speedup > 0 ? fmt::format("{:.2f}x", p->speedup) : std::string("-"),
-                         p->check.max_err_ratio, check);
+                         p->check.max_err_ratio,
+                         p->link_limit_pct > 0 ? fmt::format("{:.1f}%", p->link_limit_pct) : std::string("-"), check);
     }
   }
   return out;
@@ -637,8 +700,9 @@ std::string render_crossovers(const SweepResult& r, const std::vector<CrossoverR
   std::string out = fmt::format("# crossovers, fabric {} ({} ranks): smallest size from which fp8wire wins at every larger size\n",
                                 fabric_name(r.machine.fabric), r.machine.nranks);
   for (const auto& x : reports)
-    out += fmt::format("  {:<15} {:<5} {:<12} {}\n", collective_name(x.collective), to_string(x.dtype),
-                       x.candidate, crossover_cell(x.crossover));
+    out += fmt::format("  {:<15} {:<5} {:<12} {}{}\n", collective_name(x.collective), to_string(x.dtype),
+                       x.candidate, crossover_cell(x.crossover),
+                       x.candidate == kDirectOverNccl ? "  [the direct transport against fp8wire over NCCL's]" : "");
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/host/crossover.hpp"
+#include "bench/host/link_limit.hpp"
 #include "bench/host/model.hpp"
 #include "bench/host/stats.hpp"
 #include "bench/host/units.hpp"
@@ -49,6 +50,10 @@ struct SweepPoint {
   // "host_memory"; sched/transport/direct_windows.hpp). A path over a direct transport is a curve of its own.
   std::string transport;
   double speedup = 0;            // passthrough median / this median at the same size (0 = n/a)
+  // Points of the direct transport through host memory, with the sweep's pinned-copy rates: the
+  // host-link limit of this collective and size (link_limit.hpp) and the percent of it reached.
+  double link_limit_us = 0;
+  double link_limit_pct = 0;
   CheckResult check;
 };
 
@@ -74,6 +79,9 @@ struct SweepResult {
   // the value the ranks ran with ("auto": the planner chose per call; "both": one engine per
   // transport; each point records what was used). Empty in files written before the option existed.
   std::string gather_transport_requested, gather_transport_config;
+  // Pinned cudaMemcpyAsync rates measured in the same run, every rank at once (sweeps with the direct
+  // transport through host memory; not measured otherwise).
+  PinnedRates pinned;
   std::vector<SweepPoint> points;
 };
 
@@ -88,6 +96,11 @@ std::string path_label(const SweepPoint& p);
 
 // Fills speedup from the passthrough point of the same (collective, dtype, size).
 void compute_speedups(SweepResult& result);
+// Fills link_limit_us and link_limit_pct of every usable host-memory point from result.pinned (left
+// 0 when the rates were not measured).
+void compute_link_limits(SweepResult& result);
+// The basis of the link limits of one collective, as tables and the JSON name it ("" when none).
+std::string link_limit_basis(const SweepResult& result, Collective c, DType dtype);
 
 struct CrossoverReport {
   Collective collective;
@@ -100,7 +113,10 @@ struct CrossoverReport {
   std::string gather_transport;  // the curve's SweepPoint::gather_transport; "" for "best"
 };
 // One report per (collective, dtype, FP8 curve measured: path and gather transport) plus "best" per
-// (collective, dtype).
+// (collective, dtype), all against plain NCCL (the passthrough points: fp8wire hands the call to NCCL
+// unchanged); and, where a sweep timed the FP8 paths over NCCL's transports and a direct one,
+// kDirectOverNccl: per size the fastest direct point against the fastest FP8 point over NCCL's.
+inline constexpr const char* kDirectOverNccl = "direct/fp8";
 std::vector<CrossoverReport> analyze_crossovers(const SweepResult& result, const CrossoverOptions& options);
 
 // Alpha/beta of the baseline of one collective (x = bus bytes), from the sweep's passthrough points.

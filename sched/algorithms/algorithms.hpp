@@ -22,6 +22,9 @@ struct Fp8Args {
   float post = 1.0f;          // 1 for sum, 1/n for avg: applied once, in fp32, before requantizing
   float* residual = nullptr;  // error feedback, `count` floats (one- and two-shot all-reduce only)
   GatherMethod gather = GatherMethod::allgather;
+  // Direct transport through host memory with direct.own_on_device: bytes of the stage's device
+  // buffer set the direct programs may keep this rank's own data in (0: through its window).
+  size_t own_device_bytes = 0;
 };
 
 // A flat FP8 algorithm: a stage program over the arguments of one call.

@@ -37,9 +37,9 @@ ncclResult_t StageOps::reduce_with_plain(const void* const* inputs, int k, const
                       "dequantize-reduce (with a plain addend)");
 }
 
-ncclResult_t StageOps::copy(void* dst, const void* src, size_t bytes) {
+ncclResult_t StageOps::copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (!bytes) return ncclSuccess;
-  const cudaError_t err = state_->platform->cuda.MemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, lane_);
+  const cudaError_t err = state_->platform->cuda.MemcpyAsync(dst, src, bytes, kind, lane_);
   return codec_result(err, "staging copy");
 }
 

@@ -71,8 +71,9 @@ class StageOps {
   // The same with a caller-dtype addend at position `plain_position` of the order.
   ncclResult_t reduce_with_plain(const void* const* inputs, int k, const void* plain, int plain_position,
                                  size_t count, float post, quant::ReduceOutput out, uint64_t sr_offset);
-  // Device-to-device copy (the coalescing staging area), and zeroing (padding).
-  ncclResult_t copy(void* dst, const void* src, size_t bytes);
+  // Device-to-device copy (the coalescing staging area), and zeroing (padding). cudaMemcpyDefault
+  // for a copy into a host window (its mapped address), which CUDA resolves through unified addressing.
+  ncclResult_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind = cudaMemcpyDeviceToDevice);
   ncclResult_t zero(void* dst, size_t bytes);
   // Sums in the caller's precision over `over`'s ranks (the hierarchical path inside a host).
   ncclResult_t reduce_scatter_plain(Transport& over, int nranks, const void* send, void* recv, size_t recvcount);

@@ -147,10 +147,19 @@ size_t direct_stage_elems(const Config& config, size_t set_bytes, Collective col
   auto fits = [&](size_t n) { return direct_set_bytes(collective, path, n, nranks, f) <= set_bytes; };
   // Caller bytes per element of `count`: the reduce-scatter's stage spans every rank's block.
   const size_t per_elem = elem_bytes * (collective == Collective::all_reduce ? 1 : static_cast<size_t>(nranks));
-  const size_t want = std::max<size_t>(config.direct_stage_bytes / std::max<size_t>(per_elem, 1), 1);
+  size_t want = std::max<size_t>(config.direct_stage_bytes / std::max<size_t>(per_elem, 1), 1);
+  // direct.min_stages: smaller stages for the calls direct.stage_bytes would leave in too few to
+  // overlap (whole units, rounded down: at least that many stages where the call has the units), but
+  // none under kMinCutStageBytes of caller data: each stage costs a flag round trip between the ranks
+  // (~12.5 us between processes), about what a smaller stage's bytes take over the host link.
+  constexpr size_t kMinCutStageBytes = 1u << 20;
+  const size_t by_stages = std::max<size_t>(count / std::max<uint32_t>(config.direct_min_stages, 1),
+                                            std::max<size_t>(kMinCutStageBytes / std::max<size_t>(per_elem, 1), 1));
+  const bool cut_by_stages = config.direct_min_stages > 1 && by_stages < want;
+  if (cut_by_stages) want = by_stages;
   if (count <= unit || (count <= want && fits(count))) return fits(count) ? count : 0;
   if (!fits(unit)) return 0;
-  size_t lo = 1, hi = (std::min(count, std::max(want, unit)) + unit - 1) / unit;
+  size_t lo = 1, hi = cut_by_stages ? std::max<size_t>(want / unit, 1) : (std::min(count, std::max(want, unit)) + unit - 1) / unit;
   while (lo < hi) {
     const size_t mid = lo + (hi - lo + 1) / 2;
     if (fits(mid * unit)) lo = mid; else hi = mid - 1;

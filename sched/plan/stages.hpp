@@ -56,8 +56,9 @@ inline size_t stage_count(size_t count, size_t stage) { return stage ? (count + 
 
 // The direct transports (sched/transport/direct_windows.hpp): bytes one buffer set of a window needs
 // for a stage of `len` elements, and the stage size of a call: one stage when the call fits a set and
-// direct.stage_bytes, else the largest whole number of units (stage_unit_elems) within both. 0 when
-// not even one unit fits (the call then goes over NCCL's transports, on every rank alike).
+// direct.stage_bytes (and, with direct.min_stages k, a k-th of the call), else the largest whole
+// number of units (stage_unit_elems) within them. 0 when not even one unit fits (the call then goes
+// over NCCL's transports, on every rank alike).
 size_t direct_set_bytes(Collective collective, Path path, size_t len, int nranks, const quant::WireFormat& f);
 size_t direct_stage_elems(const Config& config, size_t set_bytes, Collective collective, Path path, size_t count,
                           size_t elem_bytes, int nranks, const quant::WireFormat& f);

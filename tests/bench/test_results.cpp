@@ -477,7 +477,18 @@ TEST_CASE("the direct transport: its own curves, JSON round trip, and its barrie
   std::vector<std::string> names;
   for (const auto& x : analyze_crossovers(r, {}))
     if (x.collective == Collective::all_reduce) names.push_back(x.candidate);
-  CHECK(names == std::vector<std::string>{"two_shot", "two_shot/direct", "one_shot", "one_shot/direct", "best"});
+  CHECK(names == std::vector<std::string>{"two_shot", "two_shot/direct", "one_shot", "one_shot/direct", "best",
+                                          kDirectOverNccl});
+  // Where the direct transport starts to pay against fp8wire over NCCL's transports: its 20 us
+  // barriers and 45 GB/s beat the NCCL paths' 30 us operations and 10 GB/s at every size here.
+  for (const auto& x : analyze_crossovers(r, {}))
+    if (x.candidate == kDirectOverNccl) {
+      CHECK(x.crossover.found);
+      CHECK(x.crossover.at_smallest);
+      CHECK(x.crossover.bytes == 4096);
+      CHECK_FALSE(x.path.has_value());
+    }
+  CHECK(render_crossovers(r, analyze_crossovers(r, {})).find("against fp8wire over NCCL's") != std::string::npos);
   // The profile carries the direct figures; the JSON keeps each point's transport.
   const std::string toml = render_profile_toml({profile_from_sweep(r, analyze_crossovers(r, {}), cal)});
   CHECK(toml.find("direct_latency_us = 20.0") != std::string::npos);

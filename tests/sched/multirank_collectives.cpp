@@ -17,6 +17,8 @@
 // The test reports err / bound and fails above 1.
 //
 // Usage: multirank_collectives [--ranks 2,3,4] [--big] [--timeout S] [--per-gpu] [--direct peer_memory|host_memory]
+//                              [--direct-own-on-device] [--direct-min-stages K]
+//   --direct-own-on-device, --direct-min-stages K: direct.own_on_device and direct.min_stages.
 //   --per-gpu: rank r runs on GPU r % (visible GPUs) with no NCCL_HOSTID, so NCCL joins real GPUs by
 //   its own transports (NVLink/P2P, or host memory under NCCL_P2P_DISABLE=1) instead of sockets.
 //   --big: the big all-reduce case moves 256 MiB (64 Mi fp32) instead of 64 MiB, at the first world
@@ -118,6 +120,8 @@ int g_ranks_per_host = 0;
 // --direct peer_memory|host_memory: every FP8 call the direct transport can carry goes over it (the
 // ranks share this machine's GPU, so direct.assume_one_host), and a case checks that they did.
 DirectMode g_direct = DirectMode::off;
+bool g_own_on_device = false;   // --direct-own-on-device: direct.own_on_device
+uint32_t g_min_stages = 1;      // --direct-min-stages K: direct.min_stages
 
 void report(Rank& R, const std::string& name, bool ok, double ratio, uint64_t hash, bool identical_required) {
   fprintf(R.out, "%s%s %s %.4f %016llx %d\n", R.tag.c_str(), name.c_str(), ok ? "PASS" : "FAIL", ratio,
@@ -213,6 +217,8 @@ Config test_config() {
   c.hierarchy_ranks_per_host = static_cast<uint32_t>(g_ranks_per_host);
   c.direct_transport = g_direct;
   c.direct_assume_one_host = g_direct != DirectMode::off;
+  c.direct_own_on_device = g_own_on_device;
+  c.direct_min_stages = g_min_stages;
   return c;
 }
 
@@ -733,10 +739,20 @@ int main(int argc, char** argv) {
         fprintf(stderr, "--direct: got '%s', expected peer_memory or host_memory\n", m.c_str());
         return 2;
       }
+    } else if (a == "--direct-own-on-device") {
+      g_own_on_device = true;
+    } else if (a == "--direct-min-stages" && i + 1 < argc) {
+      const int k = std::atoi(argv[++i]);
+      if (k < 1 || k > 64) {
+        fprintf(stderr, "--direct-min-stages: got '%s', expected 1..64\n", argv[i]);
+        return 2;
+      }
+      g_min_stages = static_cast<uint32_t>(k);
     } else if (a == "--rank-output" && i + 1 < argc) {
       child_out = argv[++i];
     } else {
-      fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu | --ranks-per-host R | --direct peer_memory|host_memory\n", a.c_str());
+      fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu | --ranks-per-host R | "
+                      "--direct peer_memory|host_memory | --direct-own-on-device | --direct-min-stages K\n", a.c_str());
       return 2;
     }
   }
@@ -785,6 +801,8 @@ int main(int argc, char** argv) {
     spec.argv = {"/proc/self/exe", "--rank-output", prefix, "--timeout", std::to_string(timeout_s)};
     if (g_ranks_per_host) spec.argv.insert(spec.argv.end(), {"--ranks-per-host", std::to_string(g_ranks_per_host)});
     if (g_direct != DirectMode::off) spec.argv.insert(spec.argv.end(), {"--direct", to_string(g_direct)});
+    if (g_own_on_device) spec.argv.push_back("--direct-own-on-device");
+    if (g_min_stages > 1) spec.argv.insert(spec.argv.end(), {"--direct-min-stages", std::to_string(g_min_stages)});
     if (big && n == worlds.front()) spec.argv.push_back("--big");
     if (per_gpu) spec.argv.push_back("--per-gpu");
     else spec.one_gpu = true;

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -108,6 +109,97 @@ TEST_CASE("every algorithm over both direct transports: the reference bit for bi
   MESSAGE(runs << " runs over the direct transports (" << pipelined << " pipelined): bit-exact, alike, in bound");
 }
 
+TEST_CASE("own data on the device (direct.own_on_device): the same bytes, its windows still written for the peers") {
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  size_t runs = 0, copied = 0;
+  for (int n : {2, 3, 4, 8}) {
+    for (const Variant& v : kVariants) {
+      for (DataType t : {DataType::f32, DataType::bf16}) {
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+          if (v.collective == Collective::all_gather && op == ReduceOp::avg) continue;
+          for (size_t count : {size_t{127}, size_t(3 * n * 128 + 5), size_t{4099}}) {
+            // One stage in a 1 MiB window; many in 24 KiB; and a device buffer set of 3 KiB
+            // (scratch.max_bytes 8 KiB): the larger stages' own data then goes through the window.
+            for (auto [window, stage, scratch] : {std::tuple<size_t, size_t, size_t>{1 << 20, 8 << 20, 512 << 10},
+                                                  {24 << 10, 2 << 10, 512 << 10},
+                                                  {1 << 20, 8 << 20, 8 << 10}}) {
+              Run cfg;
+              cfg.config = direct_config(DirectMode::host_memory, window, stage);
+              cfg.config.direct_own_on_device = true;
+              cfg.config.scratch_max_bytes = scratch;
+              cfg.abort_all = true;
+              cfg.second_call = count == 4099;
+              Spec spec{v.collective, v.path, t, op, count, 11u + count};
+              const quant::WireFormat f = quant::WireFormat::from(cfg.config);
+              const size_t set = cfg.config.direct_window_bytes / sched::kDirectSets / 256 * 256;
+              if (sched::direct_stage_elems(cfg.config, set, v.collective, v.path, count, dtype_size(t), n, f) == 0)
+                continue;
+              const auto inputs = inputs_for(spec, n);
+              const Outcome o = run(cfg, spec, inputs);
+              ++runs;
+              std::string e = check_clean(cfg, spec, inputs, o);
+              for (int r = 0; r < n && e.empty(); ++r)
+                if (o.transports[static_cast<size_t>(r)] != Carrier::host_memory)
+                  e = fmt::format("{}: rank {} went over {}", describe(spec, n, cfg.config), r,
+                                  to_string(o.transports[static_cast<size_t>(r)]));
+              if (e.empty() && cfg.second_call)
+                for (int r = 0; r < n && e.empty(); ++r)
+                  if (o.second[static_cast<size_t>(r)].out != o.first[static_cast<size_t>(r)].out)
+                    e = fmt::format("{}: rank {}: the second call differs from the first", describe(spec, n, cfg.config), r);
+              // What its peers read of its own (one-shot and all-gather: its input; two-shot: its
+              // reduced shard) reaches its window by a copy; the reduce-scatter's own block needs none.
+              const auto copies = [&](int r) {
+                const int site = static_cast<int>(sim::Site::memcpy_async);
+                return o.after_calls[static_cast<size_t>(r)][site] - o.after_setup[static_cast<size_t>(r)][site];
+              };
+              if (e.empty() && v.collective != Collective::reduce_scatter && scratch > (8 << 10)) {
+                if (copies(0) == 0) e = fmt::format("{}: rank 0 copied nothing into its window", describe(spec, n, cfg.config));
+                else ++copied;
+              }
+              if (!e.empty()) failures.push_back(e);
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+  CHECK(copied > 50);
+  MESSAGE(runs << " runs with own data on the device: bit-exact, alike, in bound");
+}
+
+TEST_CASE("direct.min_stages cuts a call the stage size leaves whole: the same bytes, with and without own data on the device") {
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  for (int n : {2, 4}) {
+    for (const Variant& v : kVariants) {
+      for (bool own : {false, true}) {
+        // 3 MiB of bf16 input (all-reduce; the reduce-scatter and all-gather per rank's part): one
+        // stage by direct.stage_bytes, at least 3 with direct.min_stages = 3 (stages >= 1 MiB).
+        const size_t count = (size_t{3} << 20) / 2 / (v.collective == Collective::all_reduce ? 1 : n) + 5;
+        Run cfg;
+        cfg.config = direct_config(DirectMode::host_memory, 16 << 20, 8 << 20);
+        cfg.config.direct_min_stages = 3;
+        cfg.config.direct_own_on_device = own;
+        cfg.config.scratch_max_bytes = 16 << 20;
+        cfg.abort_all = true;
+        Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 3};
+        const quant::WireFormat f = quant::WireFormat::from(cfg.config);
+        const size_t st = sched::direct_stage_elems(cfg.config, 8 << 20, v.collective, v.path, count, 2, n, f);
+        if (sched::stage_count(count, st) < 3) {
+          failures.push_back(fmt::format("{}: {} stages", describe(spec, n, cfg.config), sched::stage_count(count, st)));
+          continue;
+        }
+        const auto inputs = inputs_for(spec, n);
+        const Outcome o = run(cfg, spec, inputs);
+        if (std::string e = check_clean(cfg, spec, inputs, o); !e.empty()) failures.push_back(e);
+      }
+    }
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+}
+
 TEST_CASE("a call whose unit does not fit one buffer set of the window goes over NCCL, on every rank alike") {
   log_set_level(LogLevel::error);
   // Blocks of 4096 elements, 8 ranks: one two-shot unit needs 9 shard slots of 4100 bytes, more
@@ -135,6 +227,23 @@ TEST_CASE("direct transport sizes: one stage when the call fits, whole units oth
   CHECK(big % 512 == 0);
   CHECK(big * 2 <= (64u << 10));  // the stage cap in caller bytes
   CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::two_shot, big, 4, f) <= (512u << 10));
+  // direct.min_stages 4: a call direct.stage_bytes would leave whole is cut into at least 4 stages
+  // of whole units, none under 1 MiB of caller data; smaller calls are cut as before.
+  Config k4 = direct_config(DirectMode::host_memory, 64 << 20, 64 << 20);
+  k4.direct_min_stages = 4;
+  const size_t set64 = 32 << 20;
+  for (size_t count : {size_t{4} << 20, size_t{5} << 20, size_t{20} << 20}) {
+    const size_t st = sched::direct_stage_elems(k4, set64, Collective::all_reduce, Path::two_shot, count, 2, 4, f);
+    CHECK(st % 512 == 0);
+    CHECK(st * 2 >= (1u << 20));
+    CHECK(sched::stage_count(count, st) >= 4);
+  }
+  // 2 MiB of bf16: two stages of 1 MiB; 1 MiB: one stage, as without the option.
+  CHECK(sched::direct_stage_elems(k4, set64, Collective::all_reduce, Path::two_shot, 1 << 20, 2, 4, f) == 1 << 19);
+  CHECK(sched::direct_stage_elems(k4, set64, Collective::all_reduce, Path::two_shot, 1 << 19, 2, 4, f) == 1 << 19);
+  k4.direct_min_stages = 1;
+  CHECK(sched::direct_stage_elems(k4, set64, Collective::all_reduce, Path::two_shot, size_t{20} << 20, 2, 4, f) ==
+        size_t{20} << 20);
   // One-shot: only this rank's chunk lives in its window.
   CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, 128, 8, f) == quant::chunk_bytes(128, f));
   CHECK(sched::direct_set_bytes(Collective::reduce_scatter, Path::two_shot, 128, 8, f) == 8 * quant::chunk_bytes(128, f));

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The direct transport through host memory against its host-link limit, ranks emulated on one GPU (run
+# from the repo root, build in build/). It runs under whatever the caller set up: with a private MPS
+# daemon the emulated ranks' kernels run side by side (the testbed the limit is meant for); without
+# one they take turns and the percentages say more about time-slicing than about the code.
+#   fp8wire-bench sweep --emulate-ranks 2 and 4, all_reduce and reduce_scatter, bf16, --transport
+#   host_memory (plain NCCL over sockets timed beside it): 64 KiB..256 MiB in x4 steps with the default
+#   knobs, then 16..256 MiB once per variant below (env overrides of configuration keys). Each sweep
+#   measures the pinned-copy rates itself (every rank at once) and prints "link%" per direct point:
+#   the percent of the host-link limit reached (bench/host/link_limit.hpp names the bytes: the fewest
+#   any of the algorithms must move, the rank's own data kept on the GPU). The default and own_* runs
+#   check every point; the other variants only re-cut or re-size the same work and skip the checks.
+# At the end, one table: ranks x collective x size x variant -> ms (plain NCCL, each direct path) and
+# % of the link limit of the faster direct path.
+# Env: LINKLIMIT_RANKS (default "2 4"), LINKLIMIT_VARIANTS (labels from the list below, default all),
+# LINKLIMIT_BUDGET (seconds, default 145: a sweep that would end past it, judged by the last one of the
+# same world size, is skipped and named).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
+export NCCL_NVLS_ENABLE=0
+OUT="${OUT:-$PWD/out/linklimit}"; mkdir -p "$OUT"
+rm -rf "$OUT"/*_n[0-9]*  # the table reads every sweep under $OUT: none from an earlier run
+BIN=build/bench/fp8wire-bench
+budget="${LINKLIMIT_BUDGET:-145}"
+t0=$(date +%s)
+status=0
+
+# label | env overrides (space separated; "-" for none)
+# In order of interest: the budget skips the last ones first.
+variants=(
+  "default|-"
+  "own_on_gpu|FP8WIRE_DIRECT_OWN_ON_DEVICE=1"
+  "stages8|FP8WIRE_DIRECT_MIN_STAGES=8"
+  "own_stages8|FP8WIRE_DIRECT_OWN_ON_DEVICE=1 FP8WIRE_DIRECT_MIN_STAGES=8"
+  "ctas32|FP8WIRE_DIRECT_CTAS=32"
+  "stage2M|FP8WIRE_DIRECT_STAGE_BYTES=2MiB"
+  "stage32M|FP8WIRE_DIRECT_STAGE_BYTES=32MiB"
+  "ctas8|FP8WIRE_DIRECT_CTAS=8"
+  "own_on_gpu_ctas32|FP8WIRE_DIRECT_OWN_ON_DEVICE=1 FP8WIRE_DIRECT_CTAS=32"
+)
+wanted="${LINKLIMIT_VARIANTS:-}"
+
+mode="time-sliced (no MPS daemon answered)"
+if [[ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]] && command -v nvidia-cuda-mps-control >/dev/null &&
+   echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1; then
+  mode="side by side (MPS daemon at $CUDA_MPS_PIPE_DIRECTORY)"
+elif [[ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]] && command -v nvidia-cuda-mps-control >/dev/null &&
+     echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1; then
+  mode="side by side (the default MPS daemon)"
+fi
+echo "== linklimit: testbed $mode; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)"
+
+sweep() {  # sweep <label> <ranks> <min> <max> <env overrides...>
+  local label="$1" ranks="$2" min="$3" max="$4"; shift 4
+  local dir="$OUT/${label}_n${ranks}" s=$(date +%s) limit=90
+  mkdir -p "$dir"
+  # The knobs that only cut or size the work differently are bit-exact on the CPU tier: their sweeps
+  # skip the host-side checks (seconds per 256 MiB point); the default and own_* (another data flow) keep them.
+  local check=(); [[ "$label" == default || "$label" == own* ]] || check=(--no-check)
+  env "$@" timeout -k 5 "$limit" "$BIN" sweep --emulate-ranks "$ranks" --transport host_memory ${check[@]+"${check[@]}"} \
+    --collectives all_reduce,reduce_scatter --dtypes bf16 --paths passthrough,two_shot,one_shot \
+    --min "$min" --max "$max" --step 4 --warmup 1 --repeats 3 --buffers 2 --timeout $(( limit - 5 )) \
+    --json "$dir/sweep.json" --profile "$dir/profile.toml" > "$dir/sweep.log" 2> "$dir/sweep.err.log"
+  local rc=$?
+  (( rc == 0 )) || status=1
+  last[$ranks]=$(( $(date +%s) - s ))
+  echo "==== $label, $ranks ranks, $min..$max ${*:-}: rc=$rc (${last[$ranks]} s)"
+  grep -E "^# pinned|^FAIL|^(PASS|FAIL) checks" "$dir/sweep.log"
+  (( rc == 0 )) || tail -n 8 "$dir/sweep.err.log"
+}
+
+declare -A last=()
+for entry in "${variants[@]}"; do
+  label="${entry%%|*}"; envs="${entry#*|}"; [[ "$envs" == "-" ]] && envs=""
+  [[ -n "$wanted" && " $wanted " != *" $label "* ]] && continue
+  for n in ${LINKLIMIT_RANKS:-2 4}; do
+    if (( $(date +%s) - t0 + ${last[$n]:-0} > budget )); then
+      echo "==== $label, $n ranks: skipped (it would end past LINKLIMIT_BUDGET=${budget} s)"; continue
+    fi
+    if [[ "$label" == default ]]; then sweep "$label" "$n" 64KiB 256MiB $envs
+    else sweep "$label" "$n" 16MiB 256MiB $envs; fi
+  done
+done
+
+# The default run's crossovers: where the direct transport starts to pay against plain NCCL
+# (".../direct" rows) and against fp8wire over NCCL's transports ("direct/fp8", when timed).
+for n in ${LINKLIMIT_RANKS:-2 4}; do
+  log="$OUT/default_n$n/sweep.log"
+  [[ -f "$log" ]] && { echo "==== crossovers, $n ranks (default knobs)"; sed -n '/^# crossovers/,/^$/p' "$log" | grep -E "direct|^#"; }
+done
+
+python3 - "$OUT" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+rows = []
+for f in sorted(out.glob("*_n*/sweep.json")):
+    variant, n = f.parent.name.rsplit("_n", 1)
+    j = json.loads(f.read_text())
+    pc = j.get("pinned_copy", {})
+    by = {}
+    for p in j["points"]:
+        if not p.get("supported", True) or p["time_us"]["median"] <= 0:
+            continue
+        key = (p["collective"], p["bytes"])
+        d = by.setdefault(key, {})
+        name = "nccl" if p["path"] == "passthrough" else p["path"] + ("/direct" if p.get("transport") else "")
+        d[name] = p
+    for (coll, size), d in by.items():
+        direct = [p for k, p in d.items() if k.endswith("/direct")]
+        best = min(direct, key=lambda p: p["time_us"]["median"]) if direct else None
+        rows.append((int(n), coll, size, variant, d, best, pc))
+order = {"default": 0}
+rows.sort(key=lambda r: (r[0], r[1], r[2], order.get(r[3], 1), r[3]))
+def ms(p):
+    return f"{p['time_us']['median'] / 1e3:9.3f}" if p else f"{'-':>9}"
+def size(b):
+    for u, s in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if b >= 1 << s and b % (1 << s) == 0:
+            return f"{b >> s}{u}"
+    return str(b)
+print("\n# link limit table (ms = median of the slowest rank; link% = limit / time of the faster direct path)")
+print(f"# {'ranks':>5} {'collective':<15} {'size':>7} {'variant':<18} {'nccl':>9} {'two_shot':>9} {'one_shot':>9} {'limit':>9} {'link%':>6}  pinned D2H/H2D GB/s (both at once)")
+for n, coll, sz, variant, d, best, pc in rows:
+    lim = best["link_limit_us"] / 1e3 if best and best.get("link_limit_us") else 0
+    pct = f"{best['link_limit_pct']:5.1f}%" if best and best.get("link_limit_pct") else f"{'-':>6}"
+    print(f"  {n:>5} {coll:<15} {size(sz):>7} {variant:<18} {ms(d.get('nccl'))} {ms(d.get('two_shot/direct'))} "
+          f"{ms(d.get('one_shot/direct'))} {lim:9.3f} {pct}  {pc.get('d2h_gbps', 0):.1f}/{pc.get('h2d_gbps', 0):.1f} "
+          f"({pc.get('duplex_d2h_gbps', 0):.1f}/{pc.get('duplex_h2d_gbps', 0):.1f})")
+bases = {}
+for f in sorted(out.glob("default_n*/sweep.json")):
+    for k, v in json.loads(f.read_text()).get("pinned_copy", {}).get("link_limit_basis", {}).items():
+        bases[f"{f.parent.name.rsplit('_n', 1)[1]} ranks, {k}"] = v
+for k, v in bases.items():
+    print(f"# limit basis, {k}: {v}")
+EOF
+echo "== linklimit: $(( $(date +%s) - t0 )) s, testbed $mode"
+exit $status

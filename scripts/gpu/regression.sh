@@ -2,7 +2,8 @@
 # The current library against a base version, same GPU, same run (run from the repo root, current
 # build in build/ with fp8wire, fp8wire-bench and tests/shim built):
 #   1. fp8wire-bench sweep, bf16 all-reduce, passthrough/two_shot/one_shot: 2 ranks 1..256 MiB and
-#      4 ranks 4..256 MiB (x4 steps), emulated on GPU 0; base and current alternately;
+#      4 ranks 4..256 MiB (x4 steps; REGRESSION_RANKS picks), emulated on GPU 0, both under the
+#      script's private MPS daemon where there is one; base and current alternately;
 #   2. the pass-through cost per ncclAllReduce (test_shim's timing over a fake NCCL): base, current;
 #   3. communicator creation (with its first 4-byte all-reduce): plain NCCL, base, current library.
 # The base tree comes as .carry/base-src.tar.gz (git archive of the base commit); it is built into
@@ -28,7 +29,8 @@ sweep() {  # sweep <label> <bench> <ranks> <min> <max>
   echo "== sweep $label rc=$? ($(( $(date +%s) - s )) s)"
 }
 parts="${REGRESSION_PARTS:-sweeps passthrough creation}"
-for n in 2 4; do
+ranks="${REGRESSION_RANKS:-2 4}"
+for n in $ranks; do
   [[ " $parts " == *" sweeps "* ]] || break
   min=1MiB; (( n == 4 )) && min=4MiB
   sweep "ar${n}_base" "$BASE/build/bench/fp8wire-bench" "$n" "$min" 256MiB
@@ -41,8 +43,8 @@ for v in base new; do
 done
 [[ " $parts " == *" creation "* ]] && timeout -k 5 "${CREATE_LIMIT:-150}" python3 tests/sched/comm_creation_cost.py --nproc 2 --groups 12 \
   --lib "$BASE/build/shim/libfp8wire.so" --lib build/shim/libfp8wire.so > "$OUT/comm_creation.txt" 2>&1
-echo "==== regression tables"
-for n in 2 4; do
+echo "==== regression tables ($FP8WIRE_TESTBED_MODE)"
+for n in $ranks; do
   for v in base new; do echo "-- ar${n}_$v"; grep -vE '^\s*$' "$OUT/ar${n}_$v.log" | grep -E "MiB|size|path" | head -n 14; done
 done
 for v in base new; do echo "-- pass-through cost, $v"; grep -E "FP8WIRE_ENABLE|enabled, not" "$OUT/passthrough_$v.txt" | head -2; done

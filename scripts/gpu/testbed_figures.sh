@@ -5,7 +5,8 @@
 # over shared host memory (NCCL_P2P_DISABLE=1 makes `--transport both` pick host memory), first
 # time-sliced (FP8WIRE_MPS=0: the ranks' kernels take turns on the GPU) and then side by side under a
 # private MPS daemon. Each sweep's table and JSON (machine.testbed says which) land under $OUT; the
-# table printed last puts the two testbeds side by side.
+# table printed last puts the two testbeds side by side. TESTBED_FIGURE_MODES picks testbeds (default
+# "time-sliced mps"); SWEEP_LIMIT bounds each sweep (default 90 s; time-sliced 4-rank sweeps need more).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_out testbed-figures
 unset FP8WIRE_TESTBED_MODE CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY  # each sweep's launcher owns its daemon
@@ -13,7 +14,7 @@ bench="$BUILD/bench/fp8wire-bench"
 nccl_dir="$("$PY" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)/lib"
 export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 failed=0
-for mode in time-sliced mps; do
+for mode in ${TESTBED_FIGURE_MODES:-time-sliced mps}; do
   for n in 2 4; do
     label="ar${n}_${mode}"
     s=$(date +%s)

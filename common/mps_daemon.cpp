@@ -1,6 +1,7 @@
 #include "common/mps_daemon.hpp"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -8,7 +9,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -95,6 +95,15 @@ std::string tail_of(const std::string& path, size_t bytes) {
   return text;
 }
 
+// Removes the daemon's directory tree (its pipe and log folders). POSIX rather than
+// std::filesystem: a launcher in a process that has loaded LibTorch (fp8wire-train) binds that
+// library's exported copy of std::filesystem::remove_all, which crashed there.
+void remove_tree(const std::string& dir) {
+  // Children first; a file that cannot be removed leaves its folder behind, nothing worse.
+  ::nftw(dir.c_str(), [](const char* path, const struct stat*, int, FTW*) { ::remove(path); return 0; }, 16,
+         FTW_DEPTH | FTW_PHYS);
+}
+
 }  // namespace
 
 PrivateMps::PrivateMps() {
@@ -139,8 +148,7 @@ PrivateMps::PrivateMps() {
     const std::string log = tail_of(log_dir_ + "/control.log", 300);
     why_ = fmt::format("the private MPS daemon did not start ({} -d exited with {}{}{})", control, rc,
                        log.empty() ? "" : "; its log: ", log);
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
+    remove_tree(dir_);
     dir_.clear();
     pipe_dir_.clear();
     log_dir_.clear();
@@ -163,8 +171,7 @@ void PrivateMps::stop() {
       std::fprintf(stderr, "fp8wire launcher: stopping the private MPS daemon (%s) failed: exit %d\n", pipe_dir_.c_str(), rc);
   }
   if (!dir_.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
+    remove_tree(dir_);
     dir_.clear();
   }
 }

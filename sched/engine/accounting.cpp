@@ -25,7 +25,6 @@ struct Ring {
   std::atomic<uint64_t> app_bytes[kMaxPaths] = {};
   std::atomic<uint64_t> wire_bytes[kMaxPaths] = {};
   std::atomic<uint64_t> gather_calls[3] = {};
-  std::atomic<uint64_t> direct_calls{0};
   std::atomic<uint64_t> transport_calls[kMaxTransports] = {};
   std::atomic<uint64_t> transport_app_bytes[kMaxTransports] = {};
   std::atomic<uint64_t> transport_wire_bytes[kMaxTransports] = {};
@@ -53,11 +52,14 @@ void Accounting::record(const CallRecord& r) {
   g.wire_bytes[p].fetch_add(r.wire_bytes, std::memory_order_relaxed);
   if (r.gather != GatherMethod::automatic && static_cast<int>(r.gather) < 3)
     g.gather_calls[static_cast<int>(r.gather)].fetch_add(1, std::memory_order_relaxed);
-  if (r.transport != Carrier::nccl) g.direct_calls.fetch_add(1, std::memory_order_relaxed);
-  const int t = static_cast<int>(r.transport) < kMaxTransports ? static_cast<int>(r.transport) : 0;
-  g.transport_calls[t].fetch_add(1, std::memory_order_relaxed);
-  g.transport_app_bytes[t].fetch_add(r.app_bytes, std::memory_order_relaxed);
-  g.transport_wire_bytes[t].fetch_add(r.wire_bytes, std::memory_order_relaxed);
+  // Only the direct transports count here: NCCL's row is every call less theirs, made when totals are
+  // read, so a call that passes through pays nothing more for it.
+  if (r.transport != Carrier::nccl && static_cast<int>(r.transport) < kMaxTransports) {
+    const int t = static_cast<int>(r.transport);
+    g.transport_calls[t].fetch_add(1, std::memory_order_relaxed);
+    g.transport_app_bytes[t].fetch_add(r.app_bytes, std::memory_order_relaxed);
+    g.transport_wire_bytes[t].fetch_add(r.wire_bytes, std::memory_order_relaxed);
+  }
 
   const uint64_t index = g.written.fetch_add(1, std::memory_order_relaxed);
   Slot& slot = g.slots[index % kCapacity];
@@ -95,18 +97,32 @@ size_t Accounting::snapshot(CallRecord* out, size_t max, uint64_t since) const {
 AccountingTotals Accounting::totals() const {
   Ring& g = ring();
   AccountingTotals t;
+  // The direct transports' rows first, then the paths' (a call counts in its path's row before its
+  // transport's); NCCL's row is the difference, clamped at 0 for a reader racing a writer.
+  for (int i = 0; i < kMaxTransports; ++i) {
+    if (i == static_cast<int>(Carrier::nccl)) continue;
+    t.transport_calls[i] = g.transport_calls[i].load(std::memory_order_acquire);
+    t.transport_app_bytes[i] = g.transport_app_bytes[i].load(std::memory_order_acquire);
+    t.transport_wire_bytes[i] = g.transport_wire_bytes[i].load(std::memory_order_acquire);
+    t.direct_calls += t.transport_calls[i];
+  }
+  uint64_t calls = 0, app = 0, wire = 0;
   for (int i = 0; i < kMaxPaths; ++i) {
     t.calls[i] = g.calls[i].load(std::memory_order_relaxed);
     t.app_bytes[i] = g.app_bytes[i].load(std::memory_order_relaxed);
     t.wire_bytes[i] = g.wire_bytes[i].load(std::memory_order_relaxed);
+    calls += t.calls[i], app += t.app_bytes[i], wire += t.wire_bytes[i];
   }
   for (int i = 0; i < 3; ++i) t.gather_calls[i] = g.gather_calls[i].load(std::memory_order_relaxed);
-  t.direct_calls = g.direct_calls.load(std::memory_order_relaxed);
-  for (int i = 0; i < kMaxTransports; ++i) {
-    t.transport_calls[i] = g.transport_calls[i].load(std::memory_order_relaxed);
-    t.transport_app_bytes[i] = g.transport_app_bytes[i].load(std::memory_order_relaxed);
-    t.transport_wire_bytes[i] = g.transport_wire_bytes[i].load(std::memory_order_relaxed);
-  }
+  auto rest = [](uint64_t all, const uint64_t* rows) {
+    uint64_t direct = 0;
+    for (int i = 0; i < kMaxTransports; ++i) direct += rows[i];
+    return all > direct ? all - direct : 0;
+  };
+  const int nccl = static_cast<int>(Carrier::nccl);
+  t.transport_calls[nccl] = rest(calls, t.transport_calls);
+  t.transport_app_bytes[nccl] = rest(app, t.transport_app_bytes);
+  t.transport_wire_bytes[nccl] = rest(wire, t.transport_wire_bytes);
   t.dropped_records = g.dropped.load(std::memory_order_relaxed);
   return t;
 }
@@ -119,7 +135,6 @@ void Accounting::reset() {
     g.wire_bytes[i].store(0);
   }
   for (auto& c : g.gather_calls) c.store(0);
-  g.direct_calls.store(0);
   for (int i = 0; i < kMaxTransports; ++i) {
     g.transport_calls[i].store(0);
     g.transport_app_bytes[i].store(0);

@@ -6,11 +6,7 @@
 // FP8WIRE_MPS=0 turns it off). Children inherit the environment, LD_PRELOAD included.
 // Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set) it runs that one rank.
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -36,21 +32,12 @@ constexpr int kMaxRanks = 1024;  // ranks one launcher starts on one host
 // Ranks go through the project's one launcher (common/rank_launcher.hpp): torchrun's variables, a
 // rendezvous on a free port, every rank stopped when one fails or the launcher is interrupted, and
 // ranks sharing GPU 0 under a private MPS daemon where one can be started.
-// GPUs the driver shows, counted by a short-lived child process (0 when it cannot tell).
-int gpu_count_in_child() {
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) std::_Exit(std::min(fp8wire::trainer::visible_gpu_count(), 250));
-  int status = 0;
-  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
-  return WEXITSTATUS(status);
-}
-
-int launch(const std::vector<std::string>& argv, int ranks, int gpus, const Config& cfg) {
+int launch(const std::vector<std::string>& argv, int ranks, const Config& cfg) {
   if (cfg.train.device != "cuda") {
     fmt::print(stderr, "fp8wire-train: --ranks {}: train.device \"{}\" runs one rank only\n", ranks, cfg.train.device);
     return 2;
   }
+  const int gpus = fp8wire::trainer::visible_gpu_count();  // main() has refused a machine without one
   fp8wire::LaunchSpec spec;
   spec.argv = argv;
   spec.argv[0] = "/proc/self/exe";
@@ -113,14 +100,8 @@ int main(int argc, char** argv) {
     fmt::print("{}", fp8wire::trainer::describe(cfg));
     return 0;
   }
-  // Before any rank starts: LibTorch's own error here is a driver message and a page of stack. A
-  // process that launches ranks counts in a child, so that it never initialises CUDA itself: it
-  // starts and stops the ranks' MPS daemon, and outlives them.
-  const bool launches = !std::getenv("RANK") && ranks > 1;
-  const int gpus = cfg.train.device != "cuda" ? 0
-                   : launches                 ? gpu_count_in_child()
-                                              : fp8wire::trainer::visible_gpu_count();
-  if (cfg.train.device == "cuda" && gpus == 0) {
+  // Before any rank starts: LibTorch's own error here is a driver message and a page of stack.
+  if (cfg.train.device == "cuda" && fp8wire::trainer::visible_gpu_count() == 0) {
     fmt::print(stderr, "fp8wire-train: train.device is \"cuda\" but no GPU is visible "
                        "(train.device = \"cpu\" runs on the CPU, as trainer/configs/tiny.toml does)\n");
     return 2;
@@ -139,5 +120,5 @@ int main(int argc, char** argv) {
     return fp8wire::trainer::run_rank(cfg, rank, world, local);
   }
   if (ranks == 1) return fp8wire::trainer::run_rank(cfg, 0, 1, 0);
-  return launch(std::vector<std::string>(argv, argv + argc), ranks, gpus, cfg);
+  return launch(std::vector<std::string>(argv, argv + argc), ranks, cfg);
 }

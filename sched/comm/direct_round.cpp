@@ -19,7 +19,7 @@ namespace {
 // What one rank offers: its flag page and data window, by handle.
 struct DirectOffer {
   uint32_t ok = 0;
-  uint32_t pid = 0;
+  uint32_t reserved = 0;  // explicit padding: the handles start 8-byte aligned
   WindowHandle flags;
   WindowHandle data;
 };
@@ -73,8 +73,6 @@ bool try_direct(CommState& s, const Config& config, Carrier kind) {
   }
   s.platform->cuda.GetLastError();
   offer.ok = ok ? 1 : 0;
-  offer.pid = s.platform->host_facts ? s.platform->host_facts(s.device).process_id : 0;
-  own.pid = offer.pid;
   std::vector<char> all;
   const bool exchanged = gather_bytes(s, &offer, sizeof(offer), all) == ncclSuccess;
   std::vector<DirectOffer> offers(n);
@@ -89,7 +87,6 @@ bool try_direct(CommState& s, const Config& config, Carrier kind) {
   bool opened = everyone;
   for (size_t r = 0; r < n && opened; ++r) {
     if (static_cast<int>(r) == s.rank) continue;
-    peers[r].pid = offers[r].pid;
     opened = m.open(offers[r].flags, &peers[r].flags) == cudaSuccess &&
              m.open(offers[r].data, &peers[r].data) == cudaSuccess && peers[r].data.bytes == own.data.bytes;
   }

@@ -76,7 +76,6 @@ void init_flags(DirectFlags& f);
 struct DirectPeer {
   Window flags;   // the rank's flag page (a host window)
   Window data;    // the rank's data window: two buffer sets
-  uint32_t pid = 0;
 };
 
 class DirectWindows {

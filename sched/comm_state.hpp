@@ -27,6 +27,8 @@
 
 namespace fp8wire::sched {
 
+class TelemetryMonitor;  // sched/telemetry.hpp
+
 // Streams, events and scratch of one communicator's FP8 pipeline (sched/pipeline.hpp), allocated at
 // the agreement. Two lanes of its own: `produce` quantizes stage i+1 while `transfer` moves and
 // reduces stage i; the caller's stream only forks to them and joins them.
@@ -102,6 +104,8 @@ struct CommState {
   // other's windows (sched/direct_transport.hpp); null otherwise.
   std::unique_ptr<DirectTransport> direct;
   FeedbackStore feedback;
+  // Telemetry records and the guard's scopes; made at the first FP8 call when telemetry is on.
+  std::unique_ptr<TelemetryMonitor> telemetry;
   std::atomic<bool> dead{false};      // destroyed or aborted: queued calls return an error
   std::atomic<bool> aborting{false};  // an abort has begun: the agreement's wait gives up
   std::atomic<bool> reported_lost_peer{false};  // the direct transport's lost peer is logged once

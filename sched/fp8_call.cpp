@@ -2,6 +2,8 @@
 // the communicator's FP8 path unusable. A call whose single stage cannot fit the scratch passes
 // through instead (a function of the configuration, the size and the world size only, so every rank
 // falls back together).
+#include <optional>
+
 #include "common/log.hpp"
 #include "common/nvtx.hpp"
 #include "common/status.hpp"
@@ -11,6 +13,7 @@
 #include "sched/engine_impl.hpp"
 #include "sched/hierarchy.hpp"
 #include "sched/plan.hpp"
+#include "sched/telemetry.hpp"
 
 namespace fp8wire::sched {
 
@@ -53,6 +56,16 @@ class CoalescedAllReduce final : public StageProgram {
   char* staging_;
   size_t es_;
 };
+
+// Telemetry and the guard's choice for this call (sched/telemetry.hpp); nothing while telemetry is off.
+ncclResult_t telemetry_begin(CommState& s, const Config& config, const quant::WireFormat& format, const Call& c,
+                             Path path, uint64_t scope, bool capturing, uint64_t seq, TelemetryMonitor::Call* out) {
+  const GuardSettings g = GuardSettings::from(config);
+  if (g.sample_every == 0) return ncclSuccess;
+  if (!s.telemetry) s.telemetry = std::make_unique<TelemetryMonitor>(*s.platform, s.id, s.rank);
+  const bool eligible = guard_eligible(c.collective, path, format.scale);
+  return s.telemetry->begin(g, scope, c.collective, path, eligible, capturing, seq, out);
+}
 
 const char* range_name(Collective c, Path p) {
   if (c == Collective::reduce_scatter) return "fp8wire reduce_scatter";
@@ -130,10 +143,17 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, Path path
           ? hierarchical_stage_elems(s.res.layout, c.collective, rec.count, es, s.hierarchy.hosts,
                                      s.hierarchy.ranks_per_host, inner, format)
           : stage_elems(config, s.res.layout, c.collective, path, rec.count, es, s.nranks, format, s.agreement.fabric);
-  ncclResult_t res = ncclSuccess;
-  if (stage == 0) {
-    FP8WIRE_WARN_ONCE("scratch.max_bytes too small for one pipeline stage of a {} on {} ranks; passing through",
-                      to_string(c.collective), s.nranks);
+  // Telemetry and the guard (sched/guard.hpp): the scope is the call's tensor, or the communicator.
+  TelemetryMonitor::Call measured;
+  bool measuring_recorded = false;
+  ncclResult_t res =
+      telemetry_begin(s, config, format, c, rec.path, batch > 1 ? 0 : feedback_key, capturing, seq, &measured);
+  if (res != ncclSuccess) {
+    s.fail(res);
+  } else if (stage == 0 || measured.choice.full_precision) {
+    if (stage == 0)
+      FP8WIRE_WARN_ONCE("scratch.max_bytes too small for one pipeline stage of a {} on {} ranks; passing through",
+                        to_string(c.collective), s.nranks);
     rec.path = Path::fallback;
     rec.gather = GatherTransport::automatic;
     if (batch > 1) {
@@ -177,14 +197,23 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, Path path
     }
     CoalescedAllReduce coalesced(*program, items, batch, s.res.scratch, es);
     if (batch > 1) program = &coalesced;
+    std::optional<MeasuredProgram> measuring;
+    quant::LaunchOptions call_launch = launch;
+    if (measured.slot >= 0) {
+      measuring.emplace(*program, *s.telemetry, measured.slot, platform->cuda);
+      program = &*measuring;
+      call_launch.telemetry = measured.options;
+    }
 
-    StageOps ops(s, type, format, launch);
+    StageOps ops(s, type, format, call_launch);
     if (transport != TransportKind::nccl) ops.use_direct(s.direct.get(), config.direct_ctas);
     PipelineRun run(sref, c.stream, capturing, joins);
     res = run.finish(run.run(*program, ops, rec.count, stage));
     rec.wire_bytes = ops.wire_bytes();
+    measuring_recorded = measuring && measuring->recorded();
     if (res != ncclSuccess) s.fail(res);
   }
+  if (s.telemetry) s.telemetry->end(measured, measuring_recorded);
 
   const uint64_t choice = 1ull << (static_cast<int>(c.collective) * 16 + static_cast<int>(rec.path) * 2 +
                                     (rec.transport == TransportKind::nccl ? 0 : 1));

@@ -1,5 +1,6 @@
 #include "sched/comm_setup.hpp"
 #include "sched/comm_state.hpp"
+#include "sched/telemetry.hpp"
 
 namespace fp8wire::sched {
 

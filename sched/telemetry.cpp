@@ -1,0 +1,289 @@
+#include "sched/telemetry.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/log.hpp"
+#include "common/status.hpp"
+#include "sched/accounting.hpp"
+
+namespace fp8wire::sched {
+
+namespace {
+
+// The process-wide totals, and every live monitor (a totals query folds their completed records).
+// Lock order: monitors_mutex, then a monitor's own mutex, then totals_mutex.
+struct Store {
+  std::mutex monitors_mutex;
+  std::vector<TelemetryMonitor*> monitors;
+  std::mutex totals_mutex;
+  ErrorTotals totals;
+};
+Store& store() {
+  static Store* s = new Store();  // never destroyed: monitors may outlive static destruction
+  return *s;
+}
+
+int collective_index(Collective c) {
+  const int i = static_cast<int>(c);
+  return i < kErrorCollectives ? i : kErrorCollectives - 1;
+}
+
+std::string reasons(uint32_t vote) {
+  std::string out;
+  auto add = [&](uint32_t bit, const char* name) {
+    if (vote & bit) out += (out.empty() ? "" : ", ") + std::string(name);
+  };
+  add(quant::kGuardRelError, "relative error");
+  add(quant::kGuardSaturated, "saturation");
+  add(quant::kGuardFlushed, "flushed to zero");
+  add(quant::kGuardNonfinite, "non-finite input");
+  return out.empty() ? "none" : out;
+}
+
+double rel_error(const quant::ErrorStats& s) { return s.sq_input > 0 ? std::sqrt(s.sq_error / s.sq_input) : 0.0; }
+
+std::string figures(const quant::ErrorStats& s) {
+  return fmt::format("relative error {:.3e}, flushed {}, saturated {}, non-finite {} of {} elements", rel_error(s),
+                     s.flushed, s.saturated, s.nonfinite, s.elements);
+}
+
+std::string scope_name(uint64_t scope) {
+  return scope ? fmt::format("tensor (feedback key {})", scope) : std::string("communicator");
+}
+
+}  // namespace
+
+ErrorTotals error_totals() {
+  Store& st = store();
+  {
+    std::lock_guard lock(st.monitors_mutex);
+    for (TelemetryMonitor* m : st.monitors) m->fold_completed();
+  }
+  std::lock_guard lock(st.totals_mutex);
+  return st.totals;
+}
+
+TelemetryMonitor::TelemetryMonitor(const Platform& platform, uint64_t comm_id, int rank)
+    : platform_(&platform), comm_id_(comm_id), rank_(rank) {
+  Store& st = store();
+  std::lock_guard lock(st.monitors_mutex);
+  st.monitors.push_back(this);
+}
+
+TelemetryMonitor::~TelemetryMonitor() {
+  {
+    Store& st = store();
+    std::lock_guard lock(st.monitors_mutex);
+    st.monitors.erase(std::remove(st.monitors.begin(), st.monitors.end(), this), st.monitors.end());
+  }
+  std::lock_guard lock(mutex_);
+  fold_completed_locked();
+  if (!allocated_) return;
+  const CudaApi& cuda = platform_->cuda;
+  for (Slot& s : slots_)
+    if (s.done) cuda.EventDestroy(s.done);
+  cuda.Free(device_);
+  cuda.FreeHost(host_);
+}
+
+bool TelemetryMonitor::allocate() {
+  if (allocated_) return true;
+  if (failed_) return false;
+  const CudaApi& cuda = platform_->cuda;
+  void* d = nullptr;
+  void* h = nullptr;
+  const size_t bytes = sizeof(quant::CallTelemetry) * kSlots;
+  bool ok = cuda.Malloc(&d, bytes) == cudaSuccess;
+  ok = ok && cuda.HostAlloc(&h, bytes, cudaHostAllocDefault) == cudaSuccess;
+  int events = 0;
+  for (; ok && events < kSlots; ++events)
+    ok = cuda.EventCreateWithFlags(&slots_[static_cast<size_t>(events)].done, cudaEventDisableTiming) == cudaSuccess;
+  if (!ok) {
+    FP8WIRE_ERROR("comm {}: telemetry: cannot allocate its {} records (device, pinned host memory, events)", comm_id_,
+                  kSlots);
+    for (int i = 0; i < events; ++i) {
+      cuda.EventDestroy(slots_[static_cast<size_t>(i)].done);
+      slots_[static_cast<size_t>(i)].done = nullptr;
+    }
+    if (d) cuda.Free(d);
+    if (h) cuda.FreeHost(h);
+    failed_ = true;
+    return false;
+  }
+  device_ = static_cast<quant::CallTelemetry*>(d);
+  host_ = static_cast<quant::CallTelemetry*>(h);
+  allocated_ = true;
+  return true;
+}
+
+ncclResult_t TelemetryMonitor::wait(int slot) {
+  const CudaApi& cuda = platform_->cuda;
+  const cudaError_t err = cuda.EventSynchronize(slots_[static_cast<size_t>(slot)].done);
+  if (err == cudaSuccess) return ncclSuccess;
+  FP8WIRE_ERROR("comm {}: telemetry: waiting for the record of call {} failed: {}", comm_id_,
+                slots_[static_cast<size_t>(slot)].seq, cuda.GetErrorString(err));
+  return ncclUnhandledCudaError;
+}
+
+int TelemetryMonitor::take_slot() {
+  for (int i = 0; i < kSlots; ++i)
+    if (!slots_[static_cast<size_t>(i)].busy) return i;
+  // Every record is in flight: the host is kSlots measured calls ahead of the GPU. Wait for the oldest.
+  int oldest = -1;
+  for (int i = 0; i < kSlots; ++i) {
+    const Slot& s = slots_[static_cast<size_t>(i)];
+    if (s.in_flight && (oldest < 0 || s.order < slots_[static_cast<size_t>(oldest)].order)) oldest = i;
+  }
+  if (oldest < 0 || wait(oldest) != ncclSuccess) return -1;
+  fold(oldest);
+  return oldest;
+}
+
+void TelemetryMonitor::fold(int slot) {
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  const quant::CallTelemetry& r = host_[slot];
+  const int c = collective_index(s.collective);
+  const int p = static_cast<int>(s.path) < kMaxPaths ? static_cast<int>(s.path) : 0;
+  {
+    Store& st = store();
+    std::lock_guard lock(st.totals_mutex);
+    ++st.totals.measured_calls[c][p];
+    st.totals.input[c][p].add(r.input);
+    st.totals.requant[c][p].add(r.requant);
+  }
+  FP8WIRE_DEBUG("comm {} rank {}: seq {} {} {}: input {}; requantized {}{}", comm_id_, rank_, s.seq,
+                to_string(s.collective), to_string(s.path), figures(r.input),
+                r.requant.elements ? figures(r.requant) : std::string("none"),
+                s.guard ? fmt::format("; guard: this rank's vote {}, decision {}", reasons(r.vote),
+                                      r.decision ? "full precision" : "FP8")
+                        : std::string());
+  if (s.guard) {
+    ScopeState& scope = scopes_[s.scope];
+    if (scope.pending == slot) {
+      scope.pending = -1;
+      scope.has_decision = true;
+      scope.decision = r.decision != 0;
+      if (scope.decision)
+        FP8WIRE_WARN("comm {} rank {}: seq {} {} {}: the guard votes crossed a bound (this rank: {}; {}; "
+                     "requantized: {}); the {} goes to full precision from its next call",
+                     comm_id_, rank_, s.seq, to_string(s.collective), to_string(s.path), reasons(r.vote),
+                     figures(r.input), r.requant.elements ? figures(r.requant) : std::string("none"),
+                     scope_name(s.scope));
+    }
+  }
+  const cudaEvent_t done = s.done;
+  s = Slot{};
+  s.done = done;
+}
+
+void TelemetryMonitor::fold_completed_locked() {
+  if (!allocated_) return;
+  const CudaApi& cuda = platform_->cuda;
+  for (int i = 0; i < kSlots; ++i) {
+    Slot& s = slots_[static_cast<size_t>(i)];
+    if (s.in_flight && cuda.EventQuery(s.done) == cudaSuccess) fold(i);
+  }
+}
+
+void TelemetryMonitor::fold_completed() {
+  std::lock_guard lock(mutex_);
+  fold_completed_locked();
+}
+
+ncclResult_t TelemetryMonitor::begin(const GuardSettings& g, uint64_t scope_key, Collective collective, Path path,
+                                     bool eligible, bool capturing, uint64_t seq, Call* call) {
+  std::lock_guard lock(mutex_);
+  fold_completed_locked();
+  *call = Call{};
+  call->scope = scope_key;
+  ScopeState& scope = scopes_[scope_key];
+  const int c = collective_index(collective);
+  // Never under capture: another rank may not have the record yet, and capturing it cannot wait.
+  // Both ranks then apply it at the scope's first call outside capture.
+  if (!capturing) {
+    if (scope.pending >= 0) {
+      const int slot = scope.pending;
+      if (const ncclResult_t r = wait(slot); r != ncclSuccess) return r;
+      fold(slot);
+    }
+    if (scope.has_decision) {
+      scope.has_decision = false;
+      if (apply_decision(scope, scope.decision, g.retry_after)) {
+        Store& st = store();
+        std::lock_guard tl(st.totals_mutex);
+        ++st.totals.guard_trips[c];
+      }
+    }
+  }
+  call->choice = choose(scope, g, eligible, capturing);
+  const uint64_t index = scope.calls - 1;
+  if (call->choice.full_precision) {
+    Store& st = store();
+    std::lock_guard tl(st.totals_mutex);
+    ++st.totals.guard_full_calls[c];
+    return ncclSuccess;
+  }
+  if (scope.resume_at != 0 && index == scope.resume_at) {
+    FP8WIRE_INFO("comm {} rank {}: seq {}: the {} goes back to FP8 after {} calls in full precision (guard.retry_after)",
+                 comm_id_, rank_, seq, scope_name(scope_key), g.retry_after);
+    Store& st = store();
+    std::lock_guard tl(st.totals_mutex);
+    ++st.totals.guard_resumed[c];
+  }
+  if (!call->choice.measure) return ncclSuccess;
+  // No record: an error like any resource the call cannot get (with the guard, the other ranks would
+  // read flags this rank never wrote).
+  if (!allocate()) return ncclSystemError;
+  const int slot = take_slot();
+  if (slot < 0) return ncclUnhandledCudaError;
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  s.busy = true;
+  s.seq = seq;
+  s.scope = scope_key;
+  s.collective = collective;
+  s.path = path;
+  s.guard = call->choice.guard;
+  call->slot = slot;
+  call->options.record = device_ + slot;
+  call->options.guard = call->choice.guard;
+  call->options.bounds = g.bounds;
+  return ncclSuccess;
+}
+
+void TelemetryMonitor::end(const Call& call, bool recorded) {
+  if (call.slot < 0) return;
+  std::lock_guard lock(mutex_);
+  Slot& s = slots_[static_cast<size_t>(call.slot)];
+  if (!recorded) {
+    const cudaEvent_t done = s.done;
+    s = Slot{};
+    s.done = done;
+    return;
+  }
+  s.in_flight = true;
+  s.order = ++order_;
+  if (s.guard) scopes_[call.scope].pending = call.slot;
+}
+
+ncclResult_t MeasuredProgram::produce(StageOps& ops, const Stage& st) {
+  if (st.index == 0) FP8WIRE_TRY(ops.zero(device_, sizeof(*device_)));
+  return inner_->produce(ops, st);
+}
+
+ncclResult_t MeasuredProgram::finish(StageOps& ops, const Stage& st) {
+  FP8WIRE_TRY(inner_->finish(ops, st));
+  if (!st.last) return ncclSuccess;
+  cudaError_t err = cuda_->MemcpyAsync(host_, device_, sizeof(*host_), cudaMemcpyDeviceToHost, ops.lane());
+  if (err == cudaSuccess) err = cuda_->EventRecord(done_, ops.lane());
+  if (err != cudaSuccess) {
+    FP8WIRE_ERROR("telemetry: copying the call's record back failed: {}", cuda_->GetErrorString(err));
+    return ncclUnhandledCudaError;
+  }
+  recorded_ = true;
+  return ncclSuccess;
+}
+
+}  // namespace fp8wire::sched

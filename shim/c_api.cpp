@@ -5,6 +5,7 @@
 
 #include "common/log.hpp"
 #include "sched/accounting.hpp"
+#include "sched/telemetry.hpp"
 #include "shim/runtime.hpp"
 
 #define FP8WIRE_EXPORT extern "C" __attribute__((visibility("default")))
@@ -15,6 +16,9 @@ static_assert(FP8WIRE_MAX_PATHS == fp8wire::kMaxPaths);
 static_assert(sizeof(fp8wire_totals::calls) == sizeof(fp8wire::AccountingTotals::calls));
 static_assert(sizeof(fp8wire_totals::app_bytes) == sizeof(fp8wire::AccountingTotals::app_bytes));
 static_assert(sizeof(fp8wire_totals::wire_bytes) == sizeof(fp8wire::AccountingTotals::wire_bytes));
+static_assert(FP8WIRE_MAX_COLLECTIVES == fp8wire::sched::kErrorCollectives);
+static_assert(sizeof(fp8wire_error_stats) == sizeof(fp8wire::quant::ErrorStats));
+static_assert(sizeof(fp8wire_error_totals) == sizeof(fp8wire::sched::ErrorTotals));
 
 void step_mark(int64_t step, int begin) {
   try {
@@ -88,6 +92,27 @@ FP8WIRE_EXPORT void fp8wire_get_totals(fp8wire_totals* out) {
   } catch (...) {
     FP8WIRE_ERROR("fp8wire_get_totals: internal error; returning zeros");
   }
+}
+
+FP8WIRE_EXPORT void fp8wire_get_error_totals(fp8wire_error_totals* out) {
+  if (!out) return;
+  std::memset(out, 0, sizeof(*out));
+  try {
+    const fp8wire::sched::ErrorTotals t = fp8wire::sched::error_totals();
+    std::memcpy(out->measured_calls, t.measured_calls, sizeof(out->measured_calls));
+    std::memcpy(out->input, t.input, sizeof(out->input));
+    std::memcpy(out->requant, t.requant, sizeof(out->requant));
+    std::memcpy(out->guard_trips, t.guard_trips, sizeof(out->guard_trips));
+    std::memcpy(out->guard_full_calls, t.guard_full_calls, sizeof(out->guard_full_calls));
+    std::memcpy(out->guard_resumed, t.guard_resumed, sizeof(out->guard_resumed));
+  } catch (...) {
+    FP8WIRE_ERROR("fp8wire_get_error_totals: internal error; returning zeros");
+  }
+}
+
+FP8WIRE_EXPORT const char* fp8wire_collective_name(int i) {
+  if (i < 0 || i >= FP8WIRE_MAX_COLLECTIVES) return nullptr;
+  return i < fp8wire::kCollectiveCount ? fp8wire::to_string(static_cast<fp8wire::Collective>(i)) : "";
 }
 
 FP8WIRE_EXPORT void fp8wire_set_feedback_key(uint64_t key) { fp8wire::sched::Engine::set_feedback_key(key); }

@@ -157,6 +157,7 @@ class InProcess(unittest.TestCase):
         t = fp8wire.totals()
         self.assertFalse(t.loaded)
         self.assertEqual((t.fp8_calls, t.total_calls, t.calls), (0, 0, {}))
+        self.assertEqual((t.errors, t.guard), ({}, {}))
         with fp8wire.step(3):
             pass
         fp8wire.profiler_flush()
@@ -169,7 +170,8 @@ class InProcess(unittest.TestCase):
             t = fp8wire.totals()
             print(json.dumps({"loaded": fp8wire.loaded(), "active": fp8wire.active(),
                               "paths": sorted(t.calls), "fp8": t.fp8_calls, "names": fp8wire.path_names(),
-                              "fp8_paths": sorted(fp8wire.fp8_paths())}))
+                              "fp8_paths": sorted(fp8wire.fp8_paths()), "errors": t.errors, "guard": t.guard,
+                              "dict": sorted(t.to_dict())}))
         """)
         r = fp8wire_cli("run", "--", sys.executable, "-c", code)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -183,6 +185,9 @@ class InProcess(unittest.TestCase):
         self.assertNotIn("passthrough", got["fp8_paths"])
         self.assertNotIn("fallback", got["fp8_paths"])
         self.assertEqual(got["fp8"], 0)
+        # Telemetry through fp8wire_get_error_totals: nothing measured in a job without collectives.
+        self.assertEqual((got["errors"], got["guard"]), ({}, {}))
+        self.assertIn("errors", got["dict"])
         r = fp8wire_cli("run", "--", sys.executable, "-c", "import fp8wire; print(fp8wire.active())",
                         env=env_without_library(FP8WIRE_ENABLE="0"))
         self.assertEqual(r.stdout.strip(), "False", r.stderr)

@@ -54,9 +54,11 @@ __device__ __forceinline__ bool input_flags(const ReduceParams& p) {
   return any;
 }
 
-// kStats: the telemetry instance of a requantizing reduce (ReduceParams::rec set, wire output).
+// kStats: the telemetry instance of a requantizing reduce (ReduceParams::rec set, wire output), one
+// CTA per SM fewer (its figures' registers would otherwise spill).
 template <OutKind kOut, Fp8Format F, bool kNative, bool kPlain, bool kStats = false>
-__global__ void __launch_bounds__(kThreads, kPlain ? 3 : 4) dequantize_reduce_kernel(const __grid_constant__ ReduceParams p) {
+__global__ void __launch_bounds__(kThreads, (kPlain ? 3 : 4) - (kStats ? 1 : 0))
+    dequantize_reduce_kernel(const __grid_constant__ ReduceParams p) {
   __shared__ uint32_t smem[kThreads / 32];
   constexpr int kBatch = 4;
   StatsAcc stats;
@@ -131,16 +133,25 @@ __global__ void __launch_bounds__(kThreads) reduce_f32_kernel(const __grid_const
   }
 }
 
+// The fused kernel's instance: the telemetry one only for a requantizing reduce given a record.
+template <OutKind kOut, Fp8Format F, bool kNative>
+void launch_fused(const ReduceParams& p, unsigned grid, cudaStream_t stream) {
+  if constexpr (kOut == OutKind::wire) {
+    if (p.rec) {
+      if (p.plain) dequantize_reduce_kernel<kOut, F, kNative, true, true><<<grid, kThreads, 0, stream>>>(p);
+      else dequantize_reduce_kernel<kOut, F, kNative, false, true><<<grid, kThreads, 0, stream>>>(p);
+      return;
+    }
+  }
+  if (p.plain) dequantize_reduce_kernel<kOut, F, kNative, true><<<grid, kThreads, 0, stream>>>(p);
+  else dequantize_reduce_kernel<kOut, F, kNative, false><<<grid, kThreads, 0, stream>>>(p);
+}
+
 cudaError_t launch_reduce_kernel(const ReduceParams& p, OutKind out, Fp8Format fp8, bool native, bool f32_inputs,
                                  unsigned grid, cudaStream_t stream) {
   FP8WIRE_DISPATCH_OUT(out, kOut, FP8WIRE_DISPATCH_FP8(fp8, F, FP8WIRE_DISPATCH_BOOL(native, kNative, {
     if (f32_inputs) reduce_f32_kernel<kOut, F, kNative><<<grid, kThreads, 0, stream>>>(p);
-    else if (kOut == OutKind::wire && p.rec && p.plain)
-      dequantize_reduce_kernel<kOut, F, kNative, true, true><<<grid, kThreads, 0, stream>>>(p);
-    else if (kOut == OutKind::wire && p.rec)
-      dequantize_reduce_kernel<kOut, F, kNative, false, true><<<grid, kThreads, 0, stream>>>(p);
-    else if (p.plain) dequantize_reduce_kernel<kOut, F, kNative, true><<<grid, kThreads, 0, stream>>>(p);
-    else dequantize_reduce_kernel<kOut, F, kNative, false><<<grid, kThreads, 0, stream>>>(p);
+    else launch_fused<kOut, F, kNative>(p, grid, stream);
   })));
   return cudaGetLastError();
 }

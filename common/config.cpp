@@ -525,6 +525,7 @@ std::vector<KeySpec> build_key_table() {
   t.push_back(fraction_key("guard.max_saturated", [](auto& c) -> auto& { return c.guard_max_saturated; }));
   t.push_back(fraction_key("guard.max_flushed", [](auto& c) -> auto& { return c.guard_max_flushed; }));
   t.push_back(fraction_key("guard.max_nonfinite", [](auto& c) -> auto& { return c.guard_max_nonfinite; }));
+  t.push_back(uint_key("audit.every", [](auto& c) -> auto& { return c.audit_every; }, 0, UINT32_MAX));
 
   t.push_back(choice_key<std::string>("log.level", [](auto& c) -> auto& { return c.log_level; },
                                       {{"off", "off"}, {"error", "error"}, {"warn", "warn"},
@@ -567,7 +568,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 880 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 888 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

@@ -194,6 +194,9 @@ struct Config {
   // Gaussian data flushes ~1e-5 of its elements; an outlier 1e5x larger in every block ~17 %.
   double guard_max_flushed = 1e-2;          // guard.max_flushed    fraction of elements
   double guard_max_nonfinite = 0;           // guard.max_nonfinite  fraction (0: any NaN/Inf trips)
+  // Every Nth FP8 call of a communicator (not grouped, not captured) also runs in full precision
+  // through the real NCCL on a copy of its input, and the FP8 result's true error is reported (0 = off).
+  uint32_t audit_every = 0;                 // audit.every
 
   // --- logging --------------------------------------------------------------------------------
   std::string log_level = "warn";           // log.level   "off"|"error"|"warn"|"info"|"debug"|"trace"

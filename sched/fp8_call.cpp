@@ -61,10 +61,17 @@ class CoalescedAllReduce final : public StageProgram {
 ncclResult_t telemetry_begin(CommState& s, const Config& config, const quant::WireFormat& format, const Call& c,
                              Path path, uint64_t scope, bool capturing, uint64_t seq, TelemetryMonitor::Call* out) {
   const GuardSettings g = GuardSettings::from(config);
-  if (g.sample_every == 0) return ncclSuccess;
+  if (g.sample_every == 0 && config.audit_every == 0) return ncclSuccess;
   if (!s.telemetry) s.telemetry = std::make_unique<TelemetryMonitor>(*s.platform, s.id, s.rank);
   const bool eligible = guard_eligible(c.collective, path, format.scale);
   return s.telemetry->begin(g, scope, c.collective, path, eligible, capturing, seq, out);
+}
+
+size_t send_bytes_of(const Call& c, int nranks, size_t es) {
+  return c.count * es * (c.collective == Collective::reduce_scatter ? static_cast<size_t>(nranks) : 1);
+}
+size_t recv_bytes_of(const Call& c, int nranks, size_t es) {
+  return c.count * es * (c.collective == Collective::all_gather ? static_cast<size_t>(nranks) : 1);
 }
 
 const char* range_name(Collective c, Path p) {
@@ -205,12 +212,35 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, Path path
       call_launch.telemetry = measured.options;
     }
 
-    StageOps ops(s, type, format, call_launch);
-    if (transport != TransportKind::nccl) ops.use_direct(s.direct.get(), config.direct_ctas);
-    PipelineRun run(sref, c.stream, capturing, joins);
-    res = run.finish(run.run(*program, ops, rec.count, stage));
-    rec.wire_bytes = ops.wire_bytes();
-    measuring_recorded = measuring && measuring->recorded();
+    // The audit (audit.every): the same collective in full precision through the real NCCL, on a copy
+    // of the input made before the FP8 call may overwrite it (in place), compared once both are back.
+    const bool audited = batch == 1 && !capturing && !joins && s.telemetry && s.telemetry->audit_due(config.audit_every);
+    if (audited) {
+      void *in = nullptr, *out = nullptr;
+      res = s.telemetry->audit_buffers(send_bytes_of(c, s.nranks, es), recv_bytes_of(c, s.nranks, es), &in, &out);
+      if (res == ncclSuccess &&
+          platform->cuda.MemcpyAsync(in, c.send, send_bytes_of(c, s.nranks, es), cudaMemcpyDeviceToDevice, c.stream) !=
+              cudaSuccess)
+        res = ncclUnhandledCudaError;
+      if (res == ncclSuccess) {
+        Call exact = c;
+        exact.send = in;
+        exact.recv = out;
+        res = issue_plain(exact);
+      }
+    }
+
+    if (res == ncclSuccess) {
+      StageOps ops(s, type, format, call_launch);
+      if (transport != TransportKind::nccl) ops.use_direct(s.direct.get(), config.direct_ctas);
+      PipelineRun run(sref, c.stream, capturing, joins);
+      res = run.finish(run.run(*program, ops, rec.count, stage));
+      rec.wire_bytes = ops.wire_bytes();
+      measuring_recorded = measuring && measuring->recorded();
+    }
+    if (res == ncclSuccess && audited)
+      res = s.telemetry->audit_read_back(c.stream, c.recv, recv_bytes_of(c, s.nranks, es), dtype_of(c.dtype),
+                                         c.collective, path, seq);
     if (res != ncclSuccess) s.fail(res);
   }
   if (s.telemetry) s.telemetry->end(measured, measuring_recorded);

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "common/log.hpp"
 #include "common/status.hpp"
+#include "quant/fp8_math.hpp"
 #include "sched/accounting.hpp"
 
 namespace fp8wire::sched {
@@ -66,6 +68,13 @@ ErrorTotals error_totals() {
   return st.totals;
 }
 
+void reset_error_totals() {
+  error_totals();
+  Store& st = store();
+  std::lock_guard lock(st.totals_mutex);
+  st.totals = ErrorTotals{};
+}
+
 TelemetryMonitor::TelemetryMonitor(const Platform& platform, uint64_t comm_id, int rank)
     : platform_(&platform), comm_id_(comm_id), rank_(rank) {
   Store& st = store();
@@ -81,8 +90,12 @@ TelemetryMonitor::~TelemetryMonitor() {
   }
   std::lock_guard lock(mutex_);
   fold_completed_locked();
-  if (!allocated_) return;
   const CudaApi& cuda = platform_->cuda;
+  if (audit_.done) cuda.EventDestroy(audit_.done);
+  if (audit_.in) cuda.Free(audit_.in);
+  if (audit_.out) cuda.Free(audit_.out);
+  if (audit_.host) cuda.FreeHost(audit_.host);
+  if (!allocated_) return;
   for (Slot& s : slots_)
     if (s.done) cuda.EventDestroy(s.done);
   cuda.Free(device_);
@@ -180,8 +193,9 @@ void TelemetryMonitor::fold(int slot) {
 }
 
 void TelemetryMonitor::fold_completed_locked() {
-  if (!allocated_) return;
   const CudaApi& cuda = platform_->cuda;
+  if (audit_.in_flight && cuda.EventQuery(audit_.done) == cudaSuccess) fold_audit();
+  if (!allocated_) return;
   for (int i = 0; i < kSlots; ++i) {
     Slot& s = slots_[static_cast<size_t>(i)];
     if (s.in_flight && cuda.EventQuery(s.done) == cudaSuccess) fold(i);
@@ -266,6 +280,122 @@ void TelemetryMonitor::end(const Call& call, bool recorded) {
   s.in_flight = true;
   s.order = ++order_;
   if (s.guard) scopes_[call.scope].pending = call.slot;
+}
+
+namespace {
+
+float element(const char* base, DataType t, size_t i) {
+  uint16_t h;
+  switch (t) {
+    case DataType::bf16: std::memcpy(&h, base + 2 * i, 2); return quant::math::bf16_to_f32(h);
+    case DataType::f16: std::memcpy(&h, base + 2 * i, 2); return quant::math::f16_to_f32(h);
+    default: {
+      float f;
+      std::memcpy(&f, base + 4 * i, 4);
+      return f;
+    }
+  }
+}
+
+}  // namespace
+
+bool TelemetryMonitor::audit_due(uint32_t every) {
+  std::lock_guard lock(mutex_);
+  return every > 0 && audit_.calls++ % every == 0;
+}
+
+ncclResult_t TelemetryMonitor::audit_buffers(size_t send_bytes, size_t recv_bytes, void** in, void** out) {
+  std::lock_guard lock(mutex_);
+  const CudaApi& cuda = platform_->cuda;
+  // One audit at a time: the buffers of the previous one may still be read.
+  if (audit_.in_flight) {
+    if (const cudaError_t e = cuda.EventSynchronize(audit_.done); e != cudaSuccess) {
+      FP8WIRE_ERROR("comm {}: audit: waiting for the previous audit failed: {}", comm_id_, cuda.GetErrorString(e));
+      return ncclUnhandledCudaError;
+    }
+    fold_audit();
+  }
+  auto grow = [&](void** p, size_t* have, size_t need, bool host) {
+    if (*have >= need && *p) return true;
+    if (*p) host ? cuda.FreeHost(*p) : cuda.Free(*p);
+    *p = nullptr;
+    *have = 0;
+    const cudaError_t e = host ? cuda.HostAlloc(p, need, cudaHostAllocDefault) : cuda.Malloc(p, need);
+    if (e != cudaSuccess) {
+      *p = nullptr;
+      return false;
+    }
+    *have = need;
+    return true;
+  };
+  void* host = audit_.host;
+  const bool ok = (audit_.done || cuda.EventCreateWithFlags(&audit_.done, cudaEventDisableTiming) == cudaSuccess) &&
+                  grow(&audit_.in, &audit_.in_bytes, send_bytes, false) &&
+                  grow(&audit_.out, &audit_.out_bytes, recv_bytes, false) &&
+                  grow(&host, &audit_.host_bytes, 2 * recv_bytes, true);
+  audit_.host = static_cast<char*>(host);
+  if (!ok) {
+    FP8WIRE_ERROR("comm {}: audit: cannot allocate {} + {} B of device and {} B of pinned host memory", comm_id_,
+                  send_bytes, recv_bytes, 2 * recv_bytes);
+    return ncclSystemError;
+  }
+  *in = audit_.in;
+  *out = audit_.out;
+  return ncclSuccess;
+}
+
+ncclResult_t TelemetryMonitor::audit_read_back(cudaStream_t stream, const void* fp8_out, size_t recv_bytes,
+                                               DataType dtype, Collective collective, Path path, uint64_t seq) {
+  std::lock_guard lock(mutex_);
+  const CudaApi& cuda = platform_->cuda;
+  cudaError_t e = cuda.MemcpyAsync(audit_.host, audit_.out, recv_bytes, cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess)
+    e = cuda.MemcpyAsync(audit_.host + recv_bytes, fp8_out, recv_bytes, cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess) e = cuda.EventRecord(audit_.done, stream);
+  if (e != cudaSuccess) {
+    FP8WIRE_ERROR("comm {}: audit: reading the results back failed: {}", comm_id_, cuda.GetErrorString(e));
+    return ncclUnhandledCudaError;
+  }
+  audit_.in_flight = true;
+  audit_.bytes = recv_bytes;
+  audit_.dtype = dtype;
+  audit_.collective = collective;
+  audit_.path = path;
+  audit_.seq = seq;
+  return ncclSuccess;
+}
+
+void TelemetryMonitor::fold_audit() {
+  audit_.in_flight = false;
+  const size_t es = dtype_size(audit_.dtype);
+  const size_t n = audit_.bytes / es;
+  const char* exact = audit_.host;
+  const char* fp8 = audit_.host + audit_.bytes;
+  double sq_error = 0, sq_exact = 0;
+  uint64_t nonfinite = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = element(exact, audit_.dtype, i), y = element(fp8, audit_.dtype, i);
+    if (!std::isfinite(x) || !std::isfinite(y)) {
+      nonfinite += std::isfinite(x) != std::isfinite(y);
+      continue;
+    }
+    sq_error += (y - x) * (y - x);
+    sq_exact += x * x;
+  }
+  const int c = collective_index(audit_.collective);
+  const int p = static_cast<int>(audit_.path) < kMaxPaths ? static_cast<int>(audit_.path) : 0;
+  {
+    Store& st = store();
+    std::lock_guard lock(st.totals_mutex);
+    ++st.totals.audited_calls[c][p];
+    st.totals.audit_sq_error[c][p] += sq_error;
+    st.totals.audit_sq_exact[c][p] += sq_exact;
+    st.totals.audit_nonfinite[c][p] += nonfinite;
+  }
+  FP8WIRE_INFO("comm {} rank {}: seq {} {} {}: audit against full precision: relative error {:.3e} over {} elements{}",
+               comm_id_, rank_, audit_.seq, to_string(audit_.collective), to_string(audit_.path),
+               sq_exact > 0 ? std::sqrt(sq_error / sq_exact) : 0.0, n,
+               nonfinite ? fmt::format(", {} finite in only one of the two", nonfinite) : std::string());
 }
 
 ncclResult_t MeasuredProgram::produce(StageOps& ops, const Stage& st) {

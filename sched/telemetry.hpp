@@ -36,9 +36,17 @@ struct ErrorTotals {
   uint64_t guard_trips[kErrorCollectives] = {};       // decisions to go to full precision
   uint64_t guard_full_calls[kErrorCollectives] = {};  // calls the guard ran in full precision
   uint64_t guard_resumed[kErrorCollectives] = {};     // scopes that went back to FP8 after retry_after
+  // The audit (audit.every): the FP8 result against the same collective in full precision through
+  // the real NCCL, over the finite elements of the exact result.
+  uint64_t audited_calls[kErrorCollectives][kMaxPaths] = {};
+  double audit_sq_error[kErrorCollectives][kMaxPaths] = {};  // sum (fp8 - exact)^2
+  double audit_sq_exact[kErrorCollectives][kMaxPaths] = {};  // sum exact^2
+  uint64_t audit_nonfinite[kErrorCollectives][kMaxPaths] = {};  // elements where only one is finite
 };
 // The process-wide totals (every communicator's completed records; pending ones are folded first).
 ErrorTotals error_totals();
+// Zeroes them (after folding what completed), as Accounting::reset does the call totals.
+void reset_error_totals();
 
 class TelemetryMonitor {
  public:
@@ -71,6 +79,16 @@ class TelemetryMonitor {
   // Folds every completed record into the totals (never waits).
   void fold_completed();
 
+  // The audit (audit.every), for a call of the communicator that is neither grouped nor captured:
+  // whether this one is audited (advances the count; the same on every rank).
+  bool audit_due(uint32_t every);
+  // Device copies for the audited call (grown, never shrunk; waits for the previous audit first).
+  ncclResult_t audit_buffers(size_t send_bytes, size_t recv_bytes, void** in, void** out);
+  // After the FP8 call has joined the caller's stream: both results copied to pinned host memory on
+  // `stream` and an event recorded; compared when a later call or query finds it complete.
+  ncclResult_t audit_read_back(cudaStream_t stream, const void* fp8_out, size_t recv_bytes, DataType dtype,
+                               Collective collective, Path path, uint64_t seq);
+
  private:
   struct Slot {
     bool busy = false;
@@ -88,6 +106,7 @@ class TelemetryMonitor {
   ncclResult_t wait(int slot);
   void fold(int slot);
   void fold_completed_locked();
+  void fold_audit();
 
   const Platform* platform_;
   uint64_t comm_id_;
@@ -100,6 +119,21 @@ class TelemetryMonitor {
   std::array<Slot, kSlots> slots_{};
   uint64_t order_ = 0;
   std::unordered_map<uint64_t, ScopeState> scopes_;
+  struct AuditState {
+    uint64_t calls = 0;
+    void* in = nullptr;         // device
+    void* out = nullptr;        // device
+    size_t in_bytes = 0, out_bytes = 0;
+    char* host = nullptr;       // pinned: exact result, then the FP8 result
+    size_t host_bytes = 0;
+    cudaEvent_t done = nullptr;
+    bool in_flight = false;
+    size_t bytes = 0;
+    DataType dtype = DataType::f32;
+    Collective collective = Collective::all_reduce;
+    Path path = Path::two_shot;
+    uint64_t seq = 0;
+  } audit_;
 };
 
 // A measured call's program: `inner` with its record zeroed on the produce lane before the first

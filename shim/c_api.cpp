@@ -105,6 +105,10 @@ FP8WIRE_EXPORT void fp8wire_get_error_totals(fp8wire_error_totals* out) {
     std::memcpy(out->guard_trips, t.guard_trips, sizeof(out->guard_trips));
     std::memcpy(out->guard_full_calls, t.guard_full_calls, sizeof(out->guard_full_calls));
     std::memcpy(out->guard_resumed, t.guard_resumed, sizeof(out->guard_resumed));
+    std::memcpy(out->audited_calls, t.audited_calls, sizeof(out->audited_calls));
+    std::memcpy(out->audit_sq_error, t.audit_sq_error, sizeof(out->audit_sq_error));
+    std::memcpy(out->audit_sq_exact, t.audit_sq_exact, sizeof(out->audit_sq_exact));
+    std::memcpy(out->audit_nonfinite, t.audit_nonfinite, sizeof(out->audit_nonfinite));
   } catch (...) {
     FP8WIRE_ERROR("fp8wire_get_error_totals: internal error; returning zeros");
   }

@@ -70,6 +70,12 @@ typedef struct fp8wire_error_totals {
   uint64_t guard_trips[FP8WIRE_MAX_COLLECTIVES];       /* switches of a tensor to full precision */
   uint64_t guard_full_calls[FP8WIRE_MAX_COLLECTIVES];  /* calls the guard ran in full precision */
   uint64_t guard_resumed[FP8WIRE_MAX_COLLECTIVES];     /* returns to FP8 after guard.retry_after */
+  /* The audit (audit.every): FP8 results against the same collective run in full precision through
+   * the real NCCL; relative error sqrt(audit_sq_error / audit_sq_exact) over the finite elements. */
+  uint64_t audited_calls[FP8WIRE_MAX_COLLECTIVES][FP8WIRE_MAX_PATHS];
+  double audit_sq_error[FP8WIRE_MAX_COLLECTIVES][FP8WIRE_MAX_PATHS];
+  double audit_sq_exact[FP8WIRE_MAX_COLLECTIVES][FP8WIRE_MAX_PATHS];
+  uint64_t audit_nonfinite[FP8WIRE_MAX_COLLECTIVES][FP8WIRE_MAX_PATHS]; /* finite in only one of the two */
 } fp8wire_error_totals;
 void fp8wire_get_error_totals(fp8wire_error_totals* out);
 

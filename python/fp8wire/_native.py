@@ -38,7 +38,11 @@ class _ErrorTotals(ctypes.Structure):
                 ("requant", (_ErrorStats * MAX_PATHS) * MAX_COLLECTIVES),
                 ("guard_trips", ctypes.c_uint64 * MAX_COLLECTIVES),
                 ("guard_full_calls", ctypes.c_uint64 * MAX_COLLECTIVES),
-                ("guard_resumed", ctypes.c_uint64 * MAX_COLLECTIVES)]
+                ("guard_resumed", ctypes.c_uint64 * MAX_COLLECTIVES),
+                ("audited_calls", (ctypes.c_uint64 * MAX_PATHS) * MAX_COLLECTIVES),
+                ("audit_sq_error", (ctypes.c_double * MAX_PATHS) * MAX_COLLECTIVES),
+                ("audit_sq_exact", (ctypes.c_double * MAX_PATHS) * MAX_COLLECTIVES),
+                ("audit_nonfinite", (ctypes.c_uint64 * MAX_PATHS) * MAX_COLLECTIVES)]
 
 
 _lock = threading.Lock()
@@ -128,7 +132,9 @@ class Totals:
     fp8_paths: Optional[set] = None  # from the library; None: every path but UNCARRIED_PATHS
     # Telemetry of the measured FP8 calls (fp8wire_get_error_totals), keyed "collective/path": calls
     # measured, and for the quantization of the inputs and the requantization inside the all-reduce
-    # the relative error sqrt(sum err^2 / sum x^2) and the element counts. Empty when not available.
+    # the relative error sqrt(sum err^2 / sum x^2) and the element counts; "audit" when audit.every
+    # ran some of them in full precision too (the FP8 result's true relative error). Empty when not
+    # available.
     errors: Dict[str, dict] = field(default_factory=dict)
     # What the guard did, per collective: trips (switches to full precision), full-precision calls,
     # returns to FP8.
@@ -174,10 +180,15 @@ def _error_totals(names: Dict[int, str]):
             continue
         cn = cn.decode()
         for i, pn in names.items():
-            if raw.measured_calls[c][i]:
-                errors[f"{cn}/{pn}"] = {"measured_calls": int(raw.measured_calls[c][i]),
-                                        "input": _stats_dict(raw.input[c][i]),
-                                        "requant": _stats_dict(raw.requant[c][i])}
+            if raw.measured_calls[c][i] or raw.audited_calls[c][i]:
+                e = errors[f"{cn}/{pn}"] = {"measured_calls": int(raw.measured_calls[c][i]),
+                                            "input": _stats_dict(raw.input[c][i]),
+                                            "requant": _stats_dict(raw.requant[c][i])}
+                if raw.audited_calls[c][i]:
+                    err, exact = raw.audit_sq_error[c][i], raw.audit_sq_exact[c][i]
+                    e["audit"] = {"calls": int(raw.audited_calls[c][i]),
+                                  "rel_error": (err / exact) ** 0.5 if exact > 0 else 0.0,
+                                  "nonfinite_mismatch": int(raw.audit_nonfinite[c][i])}
         if raw.guard_trips[c] or raw.guard_full_calls[c] or raw.guard_resumed[c]:
             guard[cn] = {"trips": int(raw.guard_trips[c]), "full_precision_calls": int(raw.guard_full_calls[c]),
                          "resumed": int(raw.guard_resumed[c])}

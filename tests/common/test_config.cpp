@@ -406,6 +406,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.guard_max_saturated = 0;
   c.guard_max_flushed = 0.03;
   c.guard_max_nonfinite = 1;
+  c.audit_every = 50;
   c.hierarchy_enable = false;
   c.hierarchy_ranks_per_host = 4;
   c.cost_model[2].hosts = 2;
@@ -477,6 +478,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.guard_max_saturated == c.guard_max_saturated);
   CHECK(p.guard_max_flushed == c.guard_max_flushed);
   CHECK(p.guard_max_nonfinite == c.guard_max_nonfinite);
+  CHECK(p.audit_every == c.audit_every);
   CHECK(p.hierarchy_enable == c.hierarchy_enable);
   CHECK(p.hierarchy_ranks_per_host == c.hierarchy_ranks_per_host);
   CHECK(p.cost_model[2].hosts == 2);
@@ -521,6 +523,7 @@ TEST_CASE("telemetry and guard keys: defaults, what each accepts, and a clear er
   CHECK(d.guard_max_rel_error == 0.25);
   CHECK(d.guard_max_flushed == 0.01);
   CHECK(d.guard_max_nonfinite == 0);
+  CHECK(d.audit_every == 0);
   const ConfigResult ok = load_config("", {"FP8WIRE_TELEMETRY_SAMPLE_EVERY=1", "FP8WIRE_GUARD_ENABLE=on",
                                            "FP8WIRE_GUARD_MAX_REL_ERROR=0.5", "FP8WIRE_GUARD_MAX_FLUSHED=1e-3"});
   REQUIRE(ok.ok());

@@ -3,8 +3,9 @@
 // 1e5x larger inside every block, an all-NaN block, one Inf, values below e4m3's range after scaling)
 // trip the guard at the call that carries them; every rank then runs the next guard.retry_after calls
 // in full precision, bit for bit what plain NCCL gives, and goes back to FP8 after. Prints the
-// synthetic-failure table: input, telemetry of the bad call on the bad rank, what the guard did,
-// the FP8 result of the bad call and the later ones against plain NCCL.
+// synthetic-failure table: input, telemetry (this rank's input quantization, calls 0-1), the audit
+// (calls 0-1: the FP8 results against full precision, audit.every = 1), what the guard did, the
+// FP8 result of the bad call and the later ones against plain NCCL.
 //
 // Usage: guard_gpu [--ranks 2,4] [--timeout S]. Exit 77 without a GPU.
 #include <cuda_runtime.h>
@@ -78,6 +79,7 @@ Config guard_config(Path) {
   c.telemetry_sample_every = 1;
   c.guard_enable = true;
   c.guard_retry_after = kRetry;
+  c.audit_every = 1;  // every FP8 call also in full precision: the bad call's true error
   return c;
 }
 
@@ -145,14 +147,17 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
       const quant::ErrorStats& in_before = before.input[c][p];
       const double sq_e = in_after.sq_error - in_before.sq_error, sq_i = in_after.sq_input - in_before.sq_input;
       const sched::ErrorTotals end = sched::error_totals();
+      const double audit_e = after_bad.audit_sq_error[c][p] - before.audit_sq_error[c][p];
+      const double audit_x = after_bad.audit_sq_exact[c][p] - before.audit_sq_exact[c][p];
       const bool switched = paths == std::string(to_string(path)) + "," + to_string(path) + ",fallback,fallback," +
                                          to_string(path) + ",";
       const bool ok = switched && bitwise[2] && bitwise[3] && end.guard_trips[c] - before.guard_trips[c] == 1;
       // name status rel_error(bad call, this rank's input, cumulative of calls 0-1) flushed nonfinite
       // guard paths fp8_vs_plain(bad call) bitwise(2,3)
-      std::fprintf(out, "%s/%s %s %.3e %llu %llu %s %.3e %d%d\n", to_string(path), label(b), ok ? "PASS" : "FAIL",
+      std::fprintf(out, "%s/%s %s %.3e %llu %llu %.3e %s %.3e %d%d\n", to_string(path), label(b), ok ? "PASS" : "FAIL",
                    sq_i > 0 ? std::sqrt(sq_e / sq_i) : 0.0, in_after.flushed - in_before.flushed,
-                   in_after.nonfinite - in_before.nonfinite, paths.c_str(), bad_call_rel, bitwise[2], bitwise[3]);
+                   in_after.nonfinite - in_before.nonfinite, audit_x > 0 ? std::sqrt(audit_e / audit_x) : 0.0,
+                   paths.c_str(), bad_call_rel, bitwise[2], bitwise[3]);
       std::fflush(out);
       FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream), _exit(3));
       eng.comm_destroyed(comm);
@@ -211,8 +216,8 @@ int main(int argc, char** argv) {
     return 77;
   }
   int failures = 0;
-  std::printf("%-5s %-4s %-40s %-6s %-10s %-8s %-9s %-48s %-12s %s\n", "ranks", "rank", "case", "result",
-              "rel_err", "flushed", "nonfinite", "paths (calls 0-4)", "fp8_vs_nccl", "calls 2,3 == NCCL");
+  std::printf("%-5s %-4s %-34s %-6s %-10s %-8s %-9s %-10s %-48s %-12s %s\n", "ranks", "rank", "case", "result",
+              "telemetry", "flushed", "nonfinite", "audit", "paths (calls 0-4)", "fp8_vs_nccl", "calls 2,3 == NCCL");
   for (int n : worlds) {
     const std::string prefix = "/tmp/fp8wire_guard_" + std::to_string(getpid()) + "_" + std::to_string(n) + "_";
     LaunchSpec spec;
@@ -228,14 +233,15 @@ int main(int argc, char** argv) {
     for (int r = 0; r < n; ++r) {
       std::ifstream f(prefix + std::to_string(r));
       std::string name, status, paths, bits;
-      double rel = 0, diff = 0;
+      double rel = 0, diff = 0, audit = 0;
       unsigned long long flushed = 0, nonfinite = 0;
       int lines = 0;
-      while (f >> name >> status >> rel >> flushed >> nonfinite >> paths >> diff >> bits) {
+      while (f >> name >> status >> rel >> flushed >> nonfinite >> audit >> paths >> diff >> bits) {
         ++lines;
         if (status != "PASS") ++failures;
-        std::printf("%-5d %-4d %-40s %-6s %-10.3e %-8llu %-9llu %-48s %-12.3e %s\n", n, r, name.c_str(), status.c_str(),
-                    rel, flushed, nonfinite, paths.c_str(), diff, bits == "11" ? "bitwise" : "DIFFER");
+        std::printf("%-5d %-4d %-34s %-6s %-10.3e %-8llu %-9llu %-10.3e %-48s %-12.3e %s\n", n, r, name.c_str(),
+                    status.c_str(), rel, flushed, nonfinite, audit, paths.c_str(), diff,
+                    bits == "11" ? "bitwise" : "DIFFER");
       }
       if (lines != 2 * kBreakages) {
         std::fprintf(stderr, "FAIL: world size %d rank %d reported %d cases, expected %d\n", n, r, lines, 2 * kBreakages);

@@ -9,7 +9,7 @@
 #                      one-shot: telemetry off, 1 in 16 calls (the default), every call, and the same
 #                      with the guard on; median time per call and the cost against telemetry off.
 # Logs under $OUT (or a temp dir). Exit 0 only if the correctness checks passed (the overhead table
-# prints PASS/FAIL against the 2 % target for the defaults but does not fail the run). ~60-90 s.
+# prints PASS/FAIL against the 2 % target for the defaults but does not fail the run). ~60-100 s.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out="${OUT:-$(mktemp -d /tmp/fp8wire-guard.XXXXXX)}"

@@ -147,7 +147,9 @@ void check_case(int kind, Fp8Format fp8, ScaleType st, Rounding rounding, size_t
   CUDA_OK(cudaMemcpy(&got, drec, sizeof(got), cudaMemcpyDeviceToHost));
   expect(got.decision == (guard && ref::guard_flag(ref_out.data(), n, f) ? 1u : 0u), std::string(name) + ": decision");
   if (kind <= 1) expect(guard_vote(got.input, GuardBounds{}) == 0, std::string(name) + ": ordinary data voted");
-  if (kind >= 2) expect(guard_vote(got.input, GuardBounds{}) != 0, std::string(name) + ": broken data did not vote");
+  // An outlier 1e5x larger breaks e4m3 (its neighbours flush); e5m2's 2^32 range holds it.
+  const bool breaks = kind >= 3 || (kind == 2 && fp8 == Fp8Format::e4m3);
+  if (breaks) expect(guard_vote(got.input, GuardBounds{}) != 0, std::string(name) + ": broken data did not vote");
   std::printf("%-60s rel %.4e flushed %llu nonfinite %llu vote %u\n", name,
               got.input.sq_input > 0 ? std::sqrt(got.input.sq_error / got.input.sq_input) : 0.0, got.input.flushed,
               got.input.nonfinite, got.input.elements ? guard_vote(got.input, GuardBounds{}) : 0u);

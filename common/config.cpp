@@ -402,6 +402,19 @@ KeySpec choice_key(std::string key, Ref ref, std::vector<std::pair<std::string, 
           }};
 }
 
+// A bound of the guard: a finite number >= 0 (a fraction; the relative error may exceed 1).
+template <class Ref>
+KeySpec fraction_key(std::string key, Ref ref) {
+  return {std::move(key), {}, "a finite number >= 0 (a fraction: 0.01 = 1 %)",
+          [ref](Config& c, const RawValue& v) {
+            auto d = as_double(v);
+            if (!d || !std::isfinite(*d) || *d < 0) return false;
+            ref(c) = *d;
+            return true;
+          },
+          [ref](const Config& c) { return fmt::format("{}", ref(c)); }};
+}
+
 // A cost-model number. 0 means "not measured" (the default, so the defaults round-trip); giving a
 // positive number marks that fabric's model calibrated, since a profile that gives numbers clearly
 // means them to be used.
@@ -508,6 +521,14 @@ std::vector<KeySpec> build_key_table() {
   t.push_back(size_key("pipeline.chunk_bytes", [](auto& c) -> auto& { return c.pipeline_chunk_bytes; }, 1));
   t.push_back(bool_key("error_feedback.enable", [](auto& c) -> auto& { return c.error_feedback; }));
   t.push_back(size_key("error_feedback.max_bytes", [](auto& c) -> auto& { return c.error_feedback_max_bytes; }, 0));
+  t.push_back(uint_key("telemetry.sample_every", [](auto& c) -> auto& { return c.telemetry_sample_every; }, 0, UINT32_MAX));
+  t.push_back(bool_key("guard.enable", [](auto& c) -> auto& { return c.guard_enable; }));
+  t.push_back(uint_key("guard.retry_after", [](auto& c) -> auto& { return c.guard_retry_after; }, 0, UINT32_MAX));
+  t.push_back(fraction_key("guard.max_rel_error", [](auto& c) -> auto& { return c.guard_max_rel_error; }));
+  t.push_back(fraction_key("guard.max_saturated", [](auto& c) -> auto& { return c.guard_max_saturated; }));
+  t.push_back(fraction_key("guard.max_flushed", [](auto& c) -> auto& { return c.guard_max_flushed; }));
+  t.push_back(fraction_key("guard.max_nonfinite", [](auto& c) -> auto& { return c.guard_max_nonfinite; }));
+  t.push_back(uint_key("audit.every", [](auto& c) -> auto& { return c.audit_every; }, 0, UINT32_MAX));
 
   t.push_back(choice_key<std::string>("log.level", [](auto& c) -> auto& { return c.log_level; },
                                       {{"off", "off"}, {"error", "error"}, {"warn", "warn"},
@@ -550,7 +571,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 840 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 896 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

@@ -184,6 +184,28 @@ struct Config {
   bool error_feedback = false;              // error_feedback.enable
   uint64_t error_feedback_max_bytes = 1ull << 30; // error_feedback.max_bytes  residual memory cap
 
+  // --- telemetry and the guard (sched/plan/guard.hpp, quant/telemetry.hpp) --------------------------
+  // Every Nth FP8 call of a tensor (its feedback key) or communicator measures its own quantization
+  // error in the codec kernels (0 = never). 16: the measuring kernels cost a fraction of the call
+  // only on 1 call in 16, and the guard still reacts within 16 calls of a tensor.
+  uint32_t telemetry_sample_every = 16;     // telemetry.sample_every
+  // The guard: a measured call whose figures cross a bound on any rank switches its tensor (or
+  // communicator) to full precision from the next call on, on every rank alike. Off by default: it
+  // waits, before the next call of that tensor, for the measured call to complete.
+  bool guard_enable = false;                // guard.enable
+  uint32_t guard_retry_after = 100;         // guard.retry_after  calls in full precision, then FP8 again (0 = for good)
+  // Bounds, per call and rank. Relative error sqrt(sum err^2 / sum x^2): e4m3 measures 2.6 % on
+  // Gaussian data, every format/scale/rounding <= 9.4 % on normal, Student-t(3) and lognormal(0,2)
+  // data (quant/README.md); 25 % is well clear of all of them.
+  double guard_max_rel_error = 0.25;        // guard.max_rel_error
+  double guard_max_saturated = 1e-3;        // guard.max_saturated  fraction of elements (0 by construction with amax scales)
+  // Gaussian data flushes ~1e-5 of its elements; an outlier 1e5x larger in every block ~17 %.
+  double guard_max_flushed = 1e-2;          // guard.max_flushed    fraction of elements
+  double guard_max_nonfinite = 0;           // guard.max_nonfinite  fraction (0: any NaN/Inf trips)
+  // Every Nth FP8 call of a communicator (not grouped, not captured) also runs in full precision
+  // through the real NCCL on a copy of its input, and the FP8 result's true error is reported (0 = off).
+  uint32_t audit_every = 0;                 // audit.every
+
   // --- logging --------------------------------------------------------------------------------
   std::string log_level = "warn";           // log.level   "off"|"error"|"warn"|"info"|"debug"|"trace"
   std::string log_file;                     // log.file    "" = stderr; %r = rank, %p = pid

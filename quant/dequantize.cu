@@ -84,6 +84,14 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const __grid_const
   const bool single = p.seg_elems >= p.count;
   const uint8_t* const single_scales = p.wire + payload_bytes(p.count);
   const uint32_t scale_shift = p.scale == ScaleType::fp32 ? 2 : p.scale == ScaleType::bf16 ? 1 : 0;
+  // This rank's last read of the call's chunks: their guard flags decide (quant/telemetry.hpp).
+  if (p.guard && blockIdx.x == 0 && threadIdx.x == 0) {
+    const Segmented layout{p.seg_elems, p.seg_stride};
+    bool any = false;
+    for (size_t seg = 0; seg < segment_count(p.count, layout); ++seg)
+      any |= guard_flag_at(p.wire + seg * p.seg_stride, segment_elems(p.count, layout, seg), p.scale);
+    if (any) atomicOr(&p.rec->decision, 1u);
+  }
   for (size_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     uint32_t w[kUnits][V / 4];
     uint32_t stored_scale[kUnits];

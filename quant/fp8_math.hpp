@@ -313,10 +313,11 @@ FP8W_HD BlockScale make_scale(uint32_t amax_bits, ScaleType st) {
   return r;
 }
 
-// Stored scale -> decode multiplier.
+// Stored scale -> decode multiplier. The sign bit of an fp32 or bf16 scale is the guard's flag
+// (quant/telemetry.hpp; scales are never negative), so it is ignored here.
 FP8W_HD float decode_scale(uint32_t stored, ScaleType st) {
-  if (st == ScaleType::fp32) return bits_f32(stored);
-  if (st == ScaleType::bf16) return bf16_to_f32(uint16_t(stored));
+  if (st == ScaleType::fp32) return bits_f32(stored & 0x7FFFFFFFu);
+  if (st == ScaleType::bf16) return bf16_to_f32(uint16_t(stored & 0x7FFFu));
   if (stored == kE8m0Nan) return bits_f32(kCanonicalNanF32);
   if (stored == 0) return bits_f32(0x00400000u);   // 2^-127 (only zero blocks store it)
   return bits_f32(stored << 23);

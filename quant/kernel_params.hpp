@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "quant/quant.hpp"
+#include "quant/telemetry.hpp"
 
 namespace fp8wire::quant::detail {
 
@@ -32,6 +33,9 @@ struct QuantizeParams {
   uint64_t seed;
   uint64_t sr_offset;
   uint32_t variant;       // LaunchOptions::kernel_variant
+  CallTelemetry* rec;     // telemetry (LaunchOptions::telemetry): null = off
+  bool guard;
+  GuardBounds bounds;
 };
 
 struct DequantizeParams {
@@ -44,6 +48,8 @@ struct DequantizeParams {
   void* out;
   uint32_t out_align;     // largest of 16, 8, 4, 2 dividing the out address (>= the element size)
   uint32_t units;         // 16-byte output units per thread per tile: 0 = the raw launcher chooses
+  CallTelemetry* rec;     // with `guard`: the flags read are ORed into rec->decision
+  bool guard;
 };
 
 enum class OutKind : int { f32 = 0, f16 = 1, bf16 = 2, wire = 3 };
@@ -67,6 +73,9 @@ struct ReduceParams {
   bool stochastic;
   uint64_t seed;
   uint64_t sr_offset;
+  CallTelemetry* rec;                    // telemetry of a requantizing reduce; the guard's flags
+  bool guard;
+  GuardBounds bounds;
 };
 
 // Threads per CTA and elements per CTA tile, for grid sizing.

@@ -13,6 +13,7 @@
 
 #include "quant/fp8_math.hpp"
 #include "quant/kernel_params.hpp"
+#include "quant/telemetry.hpp"
 #include "quant/wire_format.hpp"
 
 namespace fp8wire::quant {
@@ -321,6 +322,155 @@ __device__ __forceinline__ math::BlockScale quantize_group(const float (&x)[kVec
     for (uint8_t* p = slot.scale_pad; p < slot.scale_pad_end; ++p) *p = 0;
   }
   return bs;
+}
+
+
+// ---- telemetry (quant/telemetry.hpp) ---------------------------------------------------------------
+// A thread's running figures. The squared sums are taken per 16-element group in the scaled domain
+// (v = x / s, |v| <= 464 or 61440, so fp32 neither overflows nor loses tiny blocks) and multiplied by
+// s^2 in fp64 once per group: the residual measured is s (v - q) instead of x - s q, which differs by
+// the two fp32 roundings (<= 3 * 2^-24 |x| per element); the counts are exact.
+struct StatsAcc {
+  double sq_error = 0;
+  double sq_input = 0;
+  uint32_t elements = 0;
+  uint32_t saturated = 0;
+  uint32_t flushed = 0;
+  uint32_t nonfinite = 0;
+};
+
+// Adds the figures of this thread's group (x[0..n), its block scale, its 16 payload bytes q).
+template <Fp8Format F, bool kNative>
+__device__ __forceinline__ void measure16(const float (&x)[kVec], int n, const math::BlockScale& bs, uint4 q,
+                                          StatsAcc& a) {
+  a.elements += uint32_t(n);
+  if (bs.kind == 2) {   // non-finite block: it decodes to NaN whatever its finite values
+#pragma unroll
+    for (int i = 0; i < kVec; ++i)
+      if (i < n && (math::f32_bits(x[i]) & 0x7FFFFFFFu) >= 0x7F800000u) ++a.nonfinite;
+    return;
+  }
+  if (bs.kind == 1) {   // zero block: every element decodes to 0 (rare: fp64 directly)
+    double sq = 0;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      if (i < n) {
+        if ((math::f32_bits(x[i]) & 0x7FFFFFFFu) != 0) ++a.flushed;
+        sq += double(x[i]) * double(x[i]);
+      }
+    }
+    a.sq_error += sq;
+    a.sq_input += sq;
+    return;
+  }
+  float fq[kVec];
+  decode16<F, kNative>(q, 1.0f, fq);
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  float e2 = 0.0f, v2 = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    if (i < n) {
+      const float v = math::mul_rn(x[i], bs.encode);
+      const float d = math::sub_rn(v, fq[i]);
+      e2 = math::add_rn(e2, math::mul_rn(d, d));
+      v2 = math::add_rn(v2, math::mul_rn(v, v));
+      const uint32_t byte = (w[i / 4] >> (8 * (i % 4))) & 0x7Fu;
+      if (byte == 0 && (math::f32_bits(x[i]) & 0x7FFFFFFFu) != 0) ++a.flushed;
+      if (fabsf(v) > kSaturationLimit<F>) ++a.saturated;
+    }
+  }
+  const double s = double(bs.decode);
+  a.sq_error += double(e2) * s * s;
+  a.sq_input += double(v2) * s * s;
+}
+
+// Adds the CTA's figures to `dst`: one atomic per field per CTA. With `done`, also counts the CTA
+// and returns true (in every thread) in the CTA that finished last, which then sees every CTA's
+// figures and stores (the fence before the count orders them).
+__device__ __forceinline__ bool commit_stats(StatsAcc a, ErrorStats* dst, uint32_t* done) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    a.sq_error += __shfl_xor_sync(0xFFFFFFFFu, a.sq_error, o);
+    a.sq_input += __shfl_xor_sync(0xFFFFFFFFu, a.sq_input, o);
+    a.elements += __shfl_xor_sync(0xFFFFFFFFu, a.elements, o);
+    a.saturated += __shfl_xor_sync(0xFFFFFFFFu, a.saturated, o);
+    a.flushed += __shfl_xor_sync(0xFFFFFFFFu, a.flushed, o);
+    a.nonfinite += __shfl_xor_sync(0xFFFFFFFFu, a.nonfinite, o);
+  }
+  constexpr int kWarps = kThreads / 32;
+  __shared__ double sd[2][kWarps];
+  __shared__ unsigned long long su[4][kWarps];
+  __shared__ bool last;
+  const int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) {
+    sd[0][warp] = a.sq_error;
+    sd[1][warp] = a.sq_input;
+    su[0][warp] = a.elements;
+    su[1][warp] = a.saturated;
+    su[2][warp] = a.flushed;
+    su[3][warp] = a.nonfinite;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double d0 = 0, d1 = 0;
+    unsigned long long u[4] = {0, 0, 0, 0};
+    for (int i = 0; i < kWarps; ++i) {
+      d0 += sd[0][i];
+      d1 += sd[1][i];
+      for (int f = 0; f < 4; ++f) u[f] += su[f][i];
+    }
+    if (d0 != 0) atomicAdd(&dst->sq_error, d0);
+    if (d1 != 0) atomicAdd(&dst->sq_input, d1);
+    if (u[0]) atomicAdd(&dst->elements, u[0]);
+    if (u[1]) atomicAdd(&dst->saturated, u[1]);
+    if (u[2]) atomicAdd(&dst->flushed, u[2]);
+    if (u[3]) atomicAdd(&dst->nonfinite, u[3]);
+    last = false;
+    if (done) {
+      __threadfence();
+      last = atomicAdd(done, 1u) == gridDim.x - 1;
+    }
+  }
+  __syncthreads();
+  return last;
+}
+
+// Whether the chunk of n elements at `chunk` carries the guard flag (the sign bit of its first scale).
+__device__ __forceinline__ bool guard_flag_at(const uint8_t* chunk, size_t n, ScaleType st) {
+  if (n == 0) return false;
+  const uint8_t* scale = chunk + payload_bytes(n);
+  if (st == ScaleType::fp32) return (*reinterpret_cast<const volatile uint32_t*>(scale) & 0x80000000u) != 0;
+  if (st == ScaleType::bf16) return (*reinterpret_cast<const volatile unsigned short*>(scale) & 0x8000u) != 0;
+  return false;
+}
+
+// The last CTA of a quantize or requantize, one thread: this rank's vote from the figures so far,
+// written with the relayed flags as the flag of each non-empty chunk of `t`; resets the CTA count.
+__device__ __forceinline__ void cast_vote(CallTelemetry* rec, const ErrorStats* figures, uint32_t* done,
+                                          const GuardBounds& bounds, bool relayed, const WireTarget& t) {
+  __threadfence();
+  const volatile ErrorStats* v = figures;
+  ErrorStats s;
+  s.sq_error = v->sq_error;
+  s.sq_input = v->sq_input;
+  s.elements = v->elements;
+  s.saturated = v->saturated;
+  s.flushed = v->flushed;
+  s.nonfinite = v->nonfinite;
+  const uint32_t vote = guard_vote(s, bounds);
+  if (vote) atomicOr(&rec->vote, vote);
+  if (vote || relayed) {
+    const Segmented layout{t.seg_elems, t.seg_stride};
+    for (size_t seg = 0; seg < segment_count(t.count, layout); ++seg) {
+      const size_t n = segment_elems(t.count, layout, seg);
+      if (n == 0) continue;
+      uint8_t* scale = t.wire + seg * t.seg_stride + payload_bytes(n);
+      if (t.scale == ScaleType::fp32) *reinterpret_cast<volatile uint32_t*>(scale) |= 0x80000000u;
+      else if (t.scale == ScaleType::bf16) *reinterpret_cast<volatile unsigned short*>(scale) |= 0x8000u;
+    }
+  }
+  *done = 0;
+  __threadfence();
 }
 
 }  // namespace detail

@@ -119,6 +119,17 @@ const char* check_wire_pointer(const void* p) {
   return nullptr;
 }
 
+// The telemetry of a launch (quant/telemetry.hpp): the record must be 8-byte aligned (fp64 atomics);
+// the guard needs a scale with a spare bit.
+const char* telemetry_into(const LaunchOptions& opt, const WireFormat& wf, CallTelemetry** rec, bool* guard,
+                           GuardBounds* bounds) {
+  *rec = opt.telemetry.record;
+  *guard = *rec && opt.telemetry.guard && guard_flag_supported(wf.scale);
+  *bounds = opt.telemetry.bounds;
+  if (*rec && (reinterpret_cast<uintptr_t>(*rec) & 7u) != 0) return "telemetry record must be 8-byte aligned";
+  return nullptr;
+}
+
 bool valid_elem(ElemType t) { return t == ElemType::f32 || t == ElemType::f16 || t == ElemType::bf16; }
 
 cudaError_t quantize_impl(const char* name, const void* in, ElemType in_type, size_t count, float* residual,
@@ -142,6 +153,7 @@ cudaError_t quantize_impl(const char* name, const void* in, ElemType in_type, si
   p.seed = wf.seed;
   p.sr_offset = opt.sr_offset;
   p.variant = opt.kernel_variant;
+  if (const char* e = telemetry_into(opt, wf, &p.rec, &p.guard, &p.bounds)) return reject(name, e);
   return launch_quantize_kernel(p, in_type, wf.fp8, native, grid_for(count, opt), stream);
 }
 
@@ -177,6 +189,7 @@ cudaError_t prepare_reduce(const char* name, int k, bool has_plain, size_t count
   p->stochastic = wf.rounding == Rounding::stochastic;
   p->seed = wf.seed;
   p->sr_offset = opt.sr_offset;
+  if (const char* e = telemetry_into(opt, wf, &p->rec, &p->guard, &p->bounds)) return reject(name, e);
   return cudaSuccess;
 }
 
@@ -237,8 +250,10 @@ cudaError_t dequantize(const void* wire, Segmented layout, size_t count, void* o
   if (const char* e = check_wire_pointer(wire)) return reject(kName, e);
   bool native = false;
   FP8WIRE_CUDA_RETURN(resolve_native(kName, opt.path, &native));
-  const DequantizeParams p{static_cast<const uint8_t*>(wire), count, layout.seg_elems, layout.seg_stride,
-                           ilog2(fmt.block), fmt.scale, out, address_alignment(out), opt.work_per_cta};
+  DequantizeParams p{static_cast<const uint8_t*>(wire), count, layout.seg_elems, layout.seg_stride,
+                     ilog2(fmt.block), fmt.scale, out, address_alignment(out), opt.work_per_cta, nullptr, false};
+  GuardBounds unused;
+  if (const char* e = telemetry_into(opt, fmt, &p.rec, &p.guard, &unused)) return reject(kName, e);
   return launch_dequantize_kernel(p, out_type, fmt.fp8, native, sm_count(), opt.max_ctas, stream);
 }
 

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "quant/telemetry.hpp"
 #include "quant/wire_format.hpp"
 
 namespace fp8wire::quant {
@@ -38,6 +39,10 @@ struct LaunchOptions {
   // resident CTAs per SM (32 registers) instead of 6; 3 = quantize without the full-tile fast path
   // (every tile through the general per-group code, as before the fast path existed).
   uint32_t kernel_variant = 0;
+  // The call's own error figures and the guard's flags (quant/telemetry.hpp): quantize adds to
+  // record->input, a requantizing reduce to record->requant; the record must be 8-byte aligned
+  // device memory, and zeroed before the call's first launch.
+  TelemetryOptions telemetry;
 };
 
 // in[0..count) (caller dtype) -> segmented wire buffer.

@@ -36,14 +36,15 @@ __device__ __forceinline__ uint32_t load_full_group(const void* base, size_t e, 
 // instructions per 16 elements; this path is about 150). The scale type is a template argument (the
 // caller switches on it once per tile, a uniform branch) so that make_scale and the scale store carry
 // no run-time branches on it.
-template <ElemType T, Fp8Format F, bool kNative, bool kStreaming, ScaleType S>
+template <ElemType T, Fp8Format F, bool kNative, bool kStreaming, ScaleType S, bool kStats>
 __device__ __forceinline__ void quantize_full_group(const QuantizeParams& p, size_t e, size_t local, int lanes,
-                                                    const ChunkView& c, uint32_t* smem) {
+                                                    const ChunkView& c, uint32_t* smem, StatsAcc& stats) {
   float x[kVec];
   const uint32_t amax = group_max(load_full_group<T, kStreaming>(p.in, e, x), lanes, smem);
   const math::BlockScale bs = math::make_scale<F>(amax, S);
   const uint4 q = encode16<F, kNative>(x, kVec, bs, false, 0, 0);
   *reinterpret_cast<uint4*>(c.payload + local) = q;
+  if constexpr (kStats) measure16<F, kNative>(x, kVec, bs, q, stats);
   if ((threadIdx.x & (lanes - 1)) == 0) {
     const size_t block = local >> p.target.block_shift;
     constexpr size_t kScaleBytes = scale_bytes(S);
@@ -56,10 +57,13 @@ __device__ __forceinline__ void quantize_full_group(const QuantizeParams& p, siz
 
 }  // namespace
 
+// kStats: the telemetry instance (QuantizeParams::rec set), a separate one so that the production
+// kernel keeps its register budget; it runs at 4 CTAs per SM (64 registers: no spills).
 template <ElemType T, Fp8Format F, bool kNative, bool kResidual, bool kStreaming = true,
-          int kMinBlocks = kResidual ? 4 : 6>
+          int kMinBlocks = kResidual ? 4 : 6, bool kStats = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(const __grid_constant__ QuantizeParams p) {
   __shared__ uint32_t smem[kThreads / 32];
+  StatsAcc stats;
   const size_t count = p.target.count;
   const size_t tiles = (count + kTileElems - 1) / kTileElems;
   // Uniform over the grid: may tiles take the fast path at all.
@@ -74,11 +78,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(const __
         const size_t e = t0 + size_t(threadIdx.x) * kVec;
         const ChunkView c = chunk_view(t, chunk);
         if (t.scale == ScaleType::fp32)
-          quantize_full_group<T, F, kNative, kStreaming, ScaleType::fp32>(p, e, e - chunk.start, lanes, c, smem);
+          quantize_full_group<T, F, kNative, kStreaming, ScaleType::fp32, kStats>(p, e, e - chunk.start, lanes, c, smem, stats);
         else if (t.scale == ScaleType::bf16)
-          quantize_full_group<T, F, kNative, kStreaming, ScaleType::bf16>(p, e, e - chunk.start, lanes, c, smem);
+          quantize_full_group<T, F, kNative, kStreaming, ScaleType::bf16, kStats>(p, e, e - chunk.start, lanes, c, smem, stats);
         else
-          quantize_full_group<T, F, kNative, kStreaming, ScaleType::e8m0>(p, e, e - chunk.start, lanes, c, smem);
+          quantize_full_group<T, F, kNative, kStreaming, ScaleType::e8m0, kStats>(p, e, e - chunk.start, lanes, c, smem, stats);
         continue;
       }
     }
@@ -95,6 +99,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(const __
     uint4 q;
     const math::BlockScale bs =
         quantize_group<F, kNative>(x, n, e, p.target, p.stochastic, p.seed, p.sr_offset + e, smem, &q);
+    if constexpr (kStats)
+      if (n > 0) measure16<F, kNative>(x, n, bs, q, stats);
     if constexpr (kResidual) {
       if (n == 0) continue;
       float y[kVec];
@@ -104,12 +110,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(const __
       store16<ElemType::f32>(p.residual, e, n, true, y);
     }
   }
+  if constexpr (kStats) {
+    if (commit_stats(stats, &p.rec->input, p.guard ? &p.rec->input_done : nullptr) && threadIdx.x == 0)
+      cast_vote(p.rec, &p.rec->input, &p.rec->input_done, p.bounds, false, p.target);
+  }
 }
 
 cudaError_t launch_quantize_kernel(const QuantizeParams& p, ElemType in_type, Fp8Format fp8, bool native,
                                    unsigned grid, cudaStream_t stream) {
   FP8WIRE_DISPATCH_ELEM(in_type, T, FP8WIRE_DISPATCH_FP8(fp8, F, FP8WIRE_DISPATCH_BOOL(native, kNative, {
-    if (p.residual) quantize_kernel<T, F, kNative, true><<<grid, kThreads, 0, stream>>>(p);
+    if (p.rec && p.residual) quantize_kernel<T, F, kNative, true, true, 4, true><<<grid, kThreads, 0, stream>>>(p);
+    else if (p.rec) quantize_kernel<T, F, kNative, false, true, 4, true><<<grid, kThreads, 0, stream>>>(p);
+    else if (p.residual) quantize_kernel<T, F, kNative, true><<<grid, kThreads, 0, stream>>>(p);
     else if (p.variant == 1) quantize_kernel<T, F, kNative, false, false><<<grid, kThreads, 0, stream>>>(p);
     else if (p.variant == 2) quantize_kernel<T, F, kNative, false, true, 8><<<grid, kThreads, 0, stream>>>(p);
     else quantize_kernel<T, F, kNative, false><<<grid, kThreads, 0, stream>>>(p);

@@ -5,6 +5,7 @@
 
 #include "common/cuda_devices.hpp"
 #include "common/log.hpp"
+#include "sched/comm/telemetry.hpp"
 #include "sched/engine/accounting.hpp"
 #include "shim/real_nccl.hpp"
 #include "shim/runtime.hpp"
@@ -18,6 +19,9 @@ static_assert(sizeof(fp8wire_totals::calls) == sizeof(fp8wire::AccountingTotals:
 static_assert(sizeof(fp8wire_totals::app_bytes) == sizeof(fp8wire::AccountingTotals::app_bytes));
 static_assert(sizeof(fp8wire_totals::wire_bytes) == sizeof(fp8wire::AccountingTotals::wire_bytes));
 static_assert(FP8WIRE_MAX_TRANSPORTS == fp8wire::kMaxTransports);
+static_assert(FP8WIRE_MAX_COLLECTIVES == fp8wire::sched::kErrorCollectives);
+static_assert(sizeof(fp8wire_error_stats) == sizeof(fp8wire::quant::ErrorStats));
+static_assert(sizeof(fp8wire_error_totals) == sizeof(fp8wire::sched::ErrorTotals));
 
 void step_mark(int64_t step, int begin) {
   try {
@@ -119,6 +123,31 @@ FP8WIRE_EXPORT void fp8wire_get_transport_totals(fp8wire_transport_totals* out) 
   } catch (...) {
     FP8WIRE_ERROR("fp8wire_get_transport_totals: internal error; returning zeros");
   }
+}
+
+FP8WIRE_EXPORT void fp8wire_get_error_totals(fp8wire_error_totals* out) {
+  if (!out) return;
+  std::memset(out, 0, sizeof(*out));
+  try {
+    const fp8wire::sched::ErrorTotals t = fp8wire::sched::error_totals();
+    std::memcpy(out->measured_calls, t.measured_calls, sizeof(out->measured_calls));
+    std::memcpy(out->input, t.input, sizeof(out->input));
+    std::memcpy(out->requant, t.requant, sizeof(out->requant));
+    std::memcpy(out->guard_trips, t.guard_trips, sizeof(out->guard_trips));
+    std::memcpy(out->guard_full_calls, t.guard_full_calls, sizeof(out->guard_full_calls));
+    std::memcpy(out->guard_resumed, t.guard_resumed, sizeof(out->guard_resumed));
+    std::memcpy(out->audited_calls, t.audited_calls, sizeof(out->audited_calls));
+    std::memcpy(out->audit_sq_error, t.audit_sq_error, sizeof(out->audit_sq_error));
+    std::memcpy(out->audit_sq_exact, t.audit_sq_exact, sizeof(out->audit_sq_exact));
+    std::memcpy(out->audit_nonfinite, t.audit_nonfinite, sizeof(out->audit_nonfinite));
+  } catch (...) {
+    FP8WIRE_ERROR("fp8wire_get_error_totals: internal error; returning zeros");
+  }
+}
+
+FP8WIRE_EXPORT const char* fp8wire_collective_name(int i) {
+  if (i < 0 || i >= FP8WIRE_MAX_COLLECTIVES) return nullptr;
+  return i < fp8wire::kCollectiveCount ? fp8wire::to_string(static_cast<fp8wire::Collective>(i)) : "";
 }
 
 FP8WIRE_EXPORT void fp8wire_set_feedback_key(uint64_t key) { fp8wire::sched::Engine::set_feedback_key(key); }

@@ -67,6 +67,41 @@ typedef struct fp8wire_transport_totals {
 } fp8wire_transport_totals;
 void fp8wire_get_transport_totals(fp8wire_transport_totals* out);
 
+/* Telemetry (telemetry.sample_every): what the measured FP8 calls' quantizations did, by collective
+ * slot and path slot, and what the guard (guard.enable) did. sq_error = sum (x - dequant(quant(x)))^2
+ * and sq_input = sum x^2 over the finite blocks; the relative error is sqrt(sq_error / sq_input).
+ * `input`: the quantization of the caller's data; `requant`: the requantization inside the two-shot
+ * and ring all-reduce. A call's figures are counted once a later FP8 call on its communicator, this
+ * query or the communicator's end finds it complete: a call still running is not in them yet. */
+#define FP8WIRE_MAX_COLLECTIVES 4
+typedef struct fp8wire_error_stats {
+  double sq_error;
+  double sq_input;
+  uint64_t elements;
+  uint64_t saturated;  /* |x / scale| beyond the format's range (0 with the current scale rules) */
+  uint64_t flushed;    /* finite x != 0 that decodes to 0 */
+  uint64_t nonfinite;  /* NaN or Inf inputs */
+} fp8wire_error_stats;
+typedef struct fp8wire_error_totals {
+  uint64_t measured_calls[FP8WIRE_MAX_COLLECTIVES][FP8WIRE_MAX_PATHS];
+  fp8wire_error_stats input[FP8WIRE_MAX_COLLECTIVES][FP8WIRE_MAX_PATHS];
+  fp8wire_error_stats requant[FP8WIRE_MAX_COLLECTIVES][FP8WIRE_MAX_PATHS];
+  uint64_t guard_trips[FP8WIRE_MAX_COLLECTIVES];       /* switches of a tensor to full precision */
+  uint64_t guard_full_calls[FP8WIRE_MAX_COLLECTIVES];  /* calls the guard ran in full precision */
+  uint64_t guard_resumed[FP8WIRE_MAX_COLLECTIVES];     /* returns to FP8 after guard.retry_after */
+  /* The audit (audit.every): FP8 results against the same collective run in full precision through
+   * the real NCCL; relative error sqrt(audit_sq_error / audit_sq_exact) over the finite elements. */
+  uint64_t audited_calls[FP8WIRE_MAX_COLLECTIVES][FP8WIRE_MAX_PATHS];
+  double audit_sq_error[FP8WIRE_MAX_COLLECTIVES][FP8WIRE_MAX_PATHS];
+  double audit_sq_exact[FP8WIRE_MAX_COLLECTIVES][FP8WIRE_MAX_PATHS];
+  uint64_t audit_nonfinite[FP8WIRE_MAX_COLLECTIVES][FP8WIRE_MAX_PATHS]; /* finite in only one of the two */
+} fp8wire_error_totals;
+void fp8wire_get_error_totals(fp8wire_error_totals* out);
+
+/* Name of collective slot i ("all_reduce", "reduce_scatter", "all_gather"), "" for an unused slot,
+ * NULL when i is outside [0, FP8WIRE_MAX_COLLECTIVES). */
+const char* fp8wire_collective_name(int i);
+
 /* Error feedback (error_feedback.enable): the identity of the tensor the next all-reduce issued on
  * this thread carries, e.g. a DDP bucket index (key != 0). The quantization residual of one call is
  * added to the next call with the same key, never to another tensor's; a call with no key gets no

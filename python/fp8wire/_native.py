@@ -30,6 +30,28 @@ class _TransportTotals(ctypes.Structure):
                 ("wire_bytes", ctypes.c_uint64 * MAX_TRANSPORTS)]
 
 
+# FP8WIRE_MAX_COLLECTIVES in shim/fp8wire.h.
+MAX_COLLECTIVES = 4
+
+
+class _ErrorStats(ctypes.Structure):
+    _fields_ = [("sq_error", ctypes.c_double), ("sq_input", ctypes.c_double), ("elements", ctypes.c_uint64),
+                ("saturated", ctypes.c_uint64), ("flushed", ctypes.c_uint64), ("nonfinite", ctypes.c_uint64)]
+
+
+class _ErrorTotals(ctypes.Structure):
+    _fields_ = [("measured_calls", (ctypes.c_uint64 * MAX_PATHS) * MAX_COLLECTIVES),
+                ("input", (_ErrorStats * MAX_PATHS) * MAX_COLLECTIVES),
+                ("requant", (_ErrorStats * MAX_PATHS) * MAX_COLLECTIVES),
+                ("guard_trips", ctypes.c_uint64 * MAX_COLLECTIVES),
+                ("guard_full_calls", ctypes.c_uint64 * MAX_COLLECTIVES),
+                ("guard_resumed", ctypes.c_uint64 * MAX_COLLECTIVES),
+                ("audited_calls", (ctypes.c_uint64 * MAX_PATHS) * MAX_COLLECTIVES),
+                ("audit_sq_error", (ctypes.c_double * MAX_PATHS) * MAX_COLLECTIVES),
+                ("audit_sq_exact", (ctypes.c_double * MAX_PATHS) * MAX_COLLECTIVES),
+                ("audit_nonfinite", (ctypes.c_uint64 * MAX_PATHS) * MAX_COLLECTIVES)]
+
+
 _lock = threading.Lock()
 _cache: Dict[str, Optional[Callable]] = {}
 _warned = set()
@@ -137,6 +159,16 @@ class Totals:
     transport_app_bytes: Dict[str, int] = field(default_factory=dict)
     transport_wire_bytes: Dict[str, int] = field(default_factory=dict)
 
+    # Telemetry of the measured FP8 calls (fp8wire_get_error_totals), keyed "collective/path": calls
+    # measured, and for the quantization of the inputs and the requantization inside the all-reduce
+    # the relative error sqrt(sum err^2 / sum x^2) and the element counts; "audit" when audit.every
+    # ran some of them in full precision too (the FP8 result's true relative error). Empty when not
+    # available.
+    errors: Dict[str, dict] = field(default_factory=dict)
+    # What the guard did, per collective: trips (switches to full precision), full-precision calls,
+    # returns to FP8.
+    guard: Dict[str, Dict[str, int]] = field(default_factory=dict)
+
     @property
     def direct_calls(self) -> int:
         """Calls a direct transport carried (every transport but NCCL's)."""
@@ -158,7 +190,45 @@ class Totals:
                 "wire_bytes": dict(self.wire_bytes), "dropped_records": self.dropped_records,
                 "fp8_paths": sorted(self.fp8_paths or []), "fp8_calls": self.fp8_calls,
                 "transport_calls": dict(self.transport_calls), "transport_app_bytes": dict(self.transport_app_bytes),
-                "transport_wire_bytes": dict(self.transport_wire_bytes), "direct_calls": self.direct_calls}
+                "transport_wire_bytes": dict(self.transport_wire_bytes), "direct_calls": self.direct_calls,
+                "errors": {k: dict(v) for k, v in self.errors.items()},
+                "guard": {k: dict(v) for k, v in self.guard.items()}}
+
+
+def _stats_dict(s: "_ErrorStats") -> dict:
+    rel = (s.sq_error / s.sq_input) ** 0.5 if s.sq_input > 0 else 0.0
+    return {"rel_error": rel, "sq_error": s.sq_error, "sq_input": s.sq_input, "elements": int(s.elements),
+            "saturated": int(s.saturated), "flushed": int(s.flushed), "nonfinite": int(s.nonfinite)}
+
+
+def _error_totals(names: Dict[int, str]):
+    """(errors, guard) from fp8wire_get_error_totals, or empty dicts for a library without it."""
+    get = _symbol("fp8wire_get_error_totals", None, [ctypes.POINTER(_ErrorTotals)])
+    cname = _symbol("fp8wire_collective_name", ctypes.c_char_p, [ctypes.c_int])
+    if get is None or cname is None:
+        return {}, {}
+    raw = _ErrorTotals()
+    get(ctypes.byref(raw))
+    errors, guard = {}, {}
+    for c in range(MAX_COLLECTIVES):
+        cn = cname(c)
+        if not cn:
+            continue
+        cn = cn.decode()
+        for i, pn in names.items():
+            if raw.measured_calls[c][i] or raw.audited_calls[c][i]:
+                e = errors[f"{cn}/{pn}"] = {"measured_calls": int(raw.measured_calls[c][i]),
+                                            "input": _stats_dict(raw.input[c][i]),
+                                            "requant": _stats_dict(raw.requant[c][i])}
+                if raw.audited_calls[c][i]:
+                    err, exact = raw.audit_sq_error[c][i], raw.audit_sq_exact[c][i]
+                    e["audit"] = {"calls": int(raw.audited_calls[c][i]),
+                                  "rel_error": (err / exact) ** 0.5 if exact > 0 else 0.0,
+                                  "nonfinite_mismatch": int(raw.audit_nonfinite[c][i])}
+        if raw.guard_trips[c] or raw.guard_full_calls[c] or raw.guard_resumed[c]:
+            guard[cn] = {"trips": int(raw.guard_trips[c]), "full_precision_calls": int(raw.guard_full_calls[c]),
+                         "resumed": int(raw.guard_resumed[c])}
+    return errors, guard
 
 
 def totals() -> Totals:
@@ -187,6 +257,7 @@ def totals() -> Totals:
             t.transport_calls[name] = int(raw_t.calls[i])
             t.transport_app_bytes[name] = int(raw_t.app_bytes[i])
             t.transport_wire_bytes[name] = int(raw_t.wire_bytes[i])
+    t.errors, t.guard = _error_totals(names)
     return t
 
 

@@ -1,6 +1,7 @@
 #include "sched/comm/comm_state.hpp"
 
 #include "sched/comm/comm_setup.hpp"
+#include "sched/comm/telemetry.hpp"
 #include "sched/platform/platform.hpp"
 #include "sched/transport/direct_windows.hpp"
 

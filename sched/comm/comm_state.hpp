@@ -26,7 +26,8 @@ struct Platform;  // sched/platform/platform.hpp
 
 namespace fp8wire::sched {
 
-class DirectWindows;  // sched/transport/direct_windows.hpp
+class DirectWindows;     // sched/transport/direct_windows.hpp
+class TelemetryMonitor;  // sched/comm/telemetry.hpp
 
 // Who a communicator is, as a call record names it.
 struct CommIdentity {
@@ -89,6 +90,8 @@ struct CommState {
   // --- what calls keep on it ----------------------------------------------------------------------
   FeedbackStore feedback;
   uint64_t logged_choices = 0;  // bit (collective * 16 + path * 2 + direct): first use of that route logged
+  // Telemetry records and the guard's scopes; made at the first FP8 call when telemetry is on.
+  std::unique_ptr<TelemetryMonitor> telemetry;
 
   // --- its life, across threads ------------------------------------------------------------------
   std::atomic<bool> dead{false};      // destroyed or aborted: queued calls return an error

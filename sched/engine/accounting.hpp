@@ -81,9 +81,6 @@ class CallHookScope {
   bool ended_ = false;
 };
 
-// Slots per path in the totals: room for paths added later without changing the C API's layout.
-inline constexpr int kMaxPaths = 16;
-static_assert(kPathCount <= kMaxPaths);
 // Slots per transport (Carrier), room likewise.
 inline constexpr int kMaxTransports = 8;
 static_assert(static_cast<int>(Carrier::host_memory) < kMaxTransports);

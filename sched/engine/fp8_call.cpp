@@ -1,11 +1,17 @@
 // Running one FP8 route (sched/plan/route.hpp): its record, its stage program, the pipeline executor,
 // the error that makes the communicator's FP8 path unusable. A route that fell back because no stage
-// fits the scratch issues the real call here (its record still says fallback, on every rank alike).
+// fits the scratch issues the real call here (its record still says fallback, on every rank alike), as
+// does a call whose tensor the guard has switched to full precision (sched/plan/guard.hpp: a state every
+// rank advances alike, from votes every rank received).
+#include <optional>
+
 #include "common/log.hpp"
 #include "common/nvtx.hpp"
 #include "common/status.hpp"
 #include "sched/algorithms/algorithms.hpp"
+#include "sched/comm/telemetry.hpp"
 #include "sched/engine/engine_impl.hpp"
+#include "sched/exec/measured_program.hpp"
 #include "sched/transport/direct_windows.hpp"
 
 namespace fp8wire::sched {
@@ -49,6 +55,23 @@ class CoalescedAllReduce final : public StageProgram {
   char* staging_;
   size_t es_;
 };
+
+// Telemetry and the guard's choice for this call (sched/comm/telemetry.hpp); nothing while telemetry is off.
+ncclResult_t telemetry_begin(CommState& s, const Config& config, const quant::WireFormat& format, const Call& c,
+                             Path path, uint64_t scope, bool capturing, uint64_t seq, TelemetryMonitor::Call* out) {
+  const GuardSettings g = GuardSettings::from(config);
+  if (g.sample_every == 0 && config.audit_every == 0) return ncclSuccess;
+  if (!s.telemetry) s.telemetry = std::make_unique<TelemetryMonitor>(*s.platform, s.id, s.rank);
+  const bool eligible = guard_eligible(c.collective, path, format.scale);
+  return s.telemetry->begin(g, scope, c.collective, path, eligible, capturing, seq, out);
+}
+
+size_t send_bytes_of(const Call& c, int nranks, size_t es) {
+  return c.count * es * (c.collective == Collective::reduce_scatter ? static_cast<size_t>(nranks) : 1);
+}
+size_t recv_bytes_of(const Call& c, int nranks, size_t es) {
+  return c.count * es * (c.collective == Collective::all_gather ? static_cast<size_t>(nranks) : 1);
+}
 
 const char* range_name(Collective c, Path p) {
   if (c == Collective::reduce_scatter) return "fp8wire reduce_scatter";
@@ -98,10 +121,20 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
   CallHookScope hooks(rec);
   NvtxRange range(range_name(c.collective, route.algorithm));
 
-  ncclResult_t res = ncclSuccess;
-  if (route.path == Path::fallback) {  // no pipeline stage fits the scratch (route_fp8)
-    FP8WIRE_WARN_ONCE("scratch.max_bytes too small for one pipeline stage of a {} on {} ranks; passing through",
-                      to_string(c.collective), s.nranks);
+  // Telemetry and the guard (sched/plan/guard.hpp): the scope is the call's tensor, or the communicator.
+  TelemetryMonitor::Call measured;
+  bool measuring_recorded = false;
+  ncclResult_t res =
+      telemetry_begin(s, config, format, c, route.path, batch > 1 ? 0 : feedback_key, capturing, seq, &measured);
+  if (res != ncclSuccess) {
+    s.fail(res);
+  } else if (route.path == Path::fallback || measured.choice.full_precision) {
+    if (route.path == Path::fallback)  // no pipeline stage fits the scratch (route_fp8)
+      FP8WIRE_WARN_ONCE("scratch.max_bytes too small for one pipeline stage of a {} on {} ranks; passing through",
+                        to_string(c.collective), s.nranks);
+    rec.path = Path::fallback;
+    rec.gather = GatherMethod::automatic;
+    rec.transport = Carrier::nccl;
     if (batch > 1) {
       for (size_t i = 0; i < batch && res == ncclSuccess; ++i) res = issue_plain(items[i].call);
     } else {
@@ -123,14 +156,46 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
     StageProgram* program = &chosen.get();
     CoalescedAllReduce coalesced(*program, items, batch, s.res.scratch, es);
     if (batch > 1) program = &coalesced;
+    std::optional<MeasuredProgram> measuring;
+    quant::LaunchOptions call_launch = launch;
+    if (measured.slot >= 0) {
+      measuring.emplace(*program, *s.telemetry, measured.slot, platform->cuda);
+      program = &*measuring;
+      call_launch.telemetry = measured.options;
+    }
 
-    StageOps ops(s, type, format, launch);
-    if (route.carrier != Carrier::nccl) ops.use_direct(s.direct.get(), config.direct_ctas);
-    PipelineRun run(sref, c.stream, capturing, call_hooks() != nullptr, joins);
-    res = run.finish(run.run(*program, ops, rec.count, route.stage_elems));
-    rec.wire_bytes = ops.wire_bytes();
+    // The audit (audit.every): the same collective in full precision through the real NCCL, on a copy
+    // of the input made before the FP8 call may overwrite it (in place), compared once both are back.
+    const bool audited = batch == 1 && !capturing && !joins && s.telemetry && s.telemetry->audit_due(config.audit_every);
+    if (audited) {
+      const size_t in_bytes = send_bytes_of(c, s.nranks, es);
+      void *in = nullptr, *out = nullptr;
+      res = s.telemetry->audit_buffers(in_bytes, recv_bytes_of(c, s.nranks, es), &in, &out);
+      if (res == ncclSuccess &&
+          platform->cuda.MemcpyAsync(in, c.send, in_bytes, cudaMemcpyDeviceToDevice, c.stream) != cudaSuccess)
+        res = ncclUnhandledCudaError;
+      if (res == ncclSuccess) {
+        Call exact = c;
+        exact.send = in;
+        exact.recv = out;
+        res = issue_plain(exact);
+      }
+    }
+
+    if (res == ncclSuccess) {
+      StageOps ops(s, type, format, call_launch);
+      if (route.carrier != Carrier::nccl) ops.use_direct(s.direct.get(), config.direct_ctas);
+      PipelineRun run(sref, c.stream, capturing, call_hooks() != nullptr, joins);
+      res = run.finish(run.run(*program, ops, rec.count, route.stage_elems));
+      rec.wire_bytes = ops.wire_bytes();
+      measuring_recorded = measuring && measuring->recorded();
+    }
+    if (res == ncclSuccess && audited)
+      res = s.telemetry->audit_read_back(c.stream, c.recv, recv_bytes_of(c, s.nranks, es), dtype_of(c.dtype),
+                                         c.collective, route.path, seq);
     if (res != ncclSuccess) s.fail(res);
   }
+  if (s.telemetry) s.telemetry->end(measured, measuring_recorded);
 
   const uint64_t choice = 1ull << (static_cast<int>(c.collective) * 16 + static_cast<int>(rec.path) * 2 +
                                     (rec.transport == Carrier::nccl ? 0 : 1));

@@ -51,6 +51,9 @@ enum class Path : uint8_t {
   hierarchical = 5, // full precision inside each host, FP8 between hosts
 };
 inline constexpr int kPathCount = 6;
+// Slots per path in totals (calls, errors): room for paths added later without changing the C API's layout.
+inline constexpr int kMaxPaths = 16;
+static_assert(kPathCount <= kMaxPaths);
 // Inline, so the profiler companion and the benchmark name paths the same way without linking sched.
 inline const char* to_string(Path p) {
   switch (p) {

@@ -22,6 +22,8 @@ struct CudaApi {
   cudaError_t (*EventCreateWithFlags)(cudaEvent_t*, unsigned int) = nullptr;
   cudaError_t (*EventDestroy)(cudaEvent_t) = nullptr;
   cudaError_t (*EventRecord)(cudaEvent_t, cudaStream_t) = nullptr;
+  cudaError_t (*EventQuery)(cudaEvent_t) = nullptr;        // telemetry records (sched/comm/telemetry.hpp)
+  cudaError_t (*EventSynchronize)(cudaEvent_t) = nullptr;
   cudaError_t (*Malloc)(void**, size_t) = nullptr;
   cudaError_t (*Free)(void*) = nullptr;
   cudaError_t (*HostAlloc)(void**, size_t, unsigned int) = nullptr;

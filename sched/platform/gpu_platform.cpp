@@ -75,6 +75,8 @@ Platform gpu_platform(const NcclApi& nccl) {
   c.EventCreateWithFlags = cudaEventCreateWithFlags;
   c.EventDestroy = cudaEventDestroy;
   c.EventRecord = event_record;
+  c.EventQuery = cudaEventQuery;
+  c.EventSynchronize = cudaEventSynchronize;
   c.Malloc = cudaMalloc;
   c.Free = cudaFree;
   c.HostAlloc = cudaHostAlloc;

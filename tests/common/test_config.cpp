@@ -401,6 +401,14 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.pipeline_chunk_bytes = 5ull << 20;
   c.error_feedback = true;
   c.error_feedback_max_bytes = 0;
+  c.telemetry_sample_every = 0;
+  c.guard_enable = true;
+  c.guard_retry_after = 0;
+  c.guard_max_rel_error = 0.1;
+  c.guard_max_saturated = 0;
+  c.guard_max_flushed = 0.03;
+  c.guard_max_nonfinite = 1;
+  c.audit_every = 50;
   c.hierarchy_enable = false;
   c.hierarchy_ranks_per_host = 4;
   c.cost_model[2].hosts = 2;
@@ -467,6 +475,14 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.pipeline_chunk_bytes == c.pipeline_chunk_bytes);
   CHECK(p.error_feedback == c.error_feedback);
   CHECK(p.error_feedback_max_bytes == c.error_feedback_max_bytes);
+  CHECK(p.telemetry_sample_every == c.telemetry_sample_every);
+  CHECK(p.guard_enable == c.guard_enable);
+  CHECK(p.guard_retry_after == c.guard_retry_after);
+  CHECK(p.guard_max_rel_error == c.guard_max_rel_error);
+  CHECK(p.guard_max_saturated == c.guard_max_saturated);
+  CHECK(p.guard_max_flushed == c.guard_max_flushed);
+  CHECK(p.guard_max_nonfinite == c.guard_max_nonfinite);
+  CHECK(p.audit_every == c.audit_every);
   CHECK(p.hierarchy_enable == c.hierarchy_enable);
   CHECK(p.hierarchy_ranks_per_host == c.hierarchy_ranks_per_host);
   CHECK(p.cost_model[2].hosts == 2);
@@ -503,4 +519,34 @@ TEST_CASE("the defaults round-trip too, and every key has an environment variabl
   CHECK(contains(text, "pcie = \"1MiB\""));
   // A calibrated = false line written after the numbers keeps an uncalibrated model uncalibrated.
   CHECK_FALSE(r.config.cost_model[0].calibrated);
+}
+
+TEST_CASE("telemetry and guard keys: defaults, what each accepts, and a clear error otherwise") {
+  const Config d;
+  CHECK(d.telemetry_sample_every == 16);
+  CHECK_FALSE(d.guard_enable);
+  CHECK(d.guard_retry_after == 100);
+  CHECK(d.guard_max_rel_error == 0.25);
+  CHECK(d.guard_max_flushed == 0.01);
+  CHECK(d.guard_max_nonfinite == 0);
+  CHECK(d.audit_every == 0);
+  const ConfigResult ok = load_config("", {"FP8WIRE_TELEMETRY_SAMPLE_EVERY=1", "FP8WIRE_GUARD_ENABLE=on",
+                                           "FP8WIRE_GUARD_MAX_REL_ERROR=0.5", "FP8WIRE_GUARD_MAX_FLUSHED=1e-3"});
+  REQUIRE(ok.ok());
+  CHECK(ok.config.telemetry_sample_every == 1);
+  CHECK(ok.config.guard_enable);
+  CHECK(ok.config.guard_max_rel_error == 0.5);
+  CHECK(ok.config.guard_max_flushed == 1e-3);
+  for (const char* bad : {"FP8WIRE_GUARD_MAX_REL_ERROR=-0.1", "FP8WIRE_GUARD_MAX_FLUSHED=nan",
+                          "FP8WIRE_GUARD_MAX_NONFINITE=lots", "FP8WIRE_TELEMETRY_SAMPLE_EVERY=-1"}) {
+    const ConfigResult r = load_config("", {bad});
+    REQUIRE(r.errors.size() == 1);
+    CAPTURE(r.errors[0].message());
+    CHECK(r.errors[0].message().find(r.errors[0].key) != std::string::npos);
+    CHECK_FALSE(r.errors[0].expected.empty());
+  }
+  const ConfigResult file = parse_config_toml("[guard]\nenable = true\nmax_rel_error = 0.3\nretry_after = 0\n", "t");
+  REQUIRE(file.ok());
+  CHECK(file.config.guard_max_rel_error == 0.3);
+  CHECK(file.config.guard_retry_after == 0);
 }

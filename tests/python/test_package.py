@@ -158,6 +158,7 @@ class InProcess(unittest.TestCase):
         self.assertFalse(t.loaded)
         self.assertEqual((t.fp8_calls, t.total_calls, t.calls), (0, 0, {}))
         self.assertEqual((t.direct_calls, t.transport_calls, fp8wire.transport_names()), (0, {}, {}))
+        self.assertEqual((t.errors, t.guard), ({}, {}))
         with fp8wire.step(3):
             pass
         fp8wire.profiler_flush()
@@ -172,7 +173,8 @@ class InProcess(unittest.TestCase):
                               "paths": sorted(t.calls), "fp8": t.fp8_calls, "names": fp8wire.path_names(),
                               "fp8_paths": sorted(fp8wire.fp8_paths()),
                               "transports": fp8wire.transport_names(), "by_transport": t.transport_calls,
-                              "direct": t.direct_calls}))
+                              "direct": t.direct_calls, "errors": t.errors, "guard": t.guard,
+                              "dict": sorted(t.to_dict())}))
         """)
         r = fp8wire_cli("run", "--", sys.executable, "-c", code)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -192,6 +194,9 @@ class InProcess(unittest.TestCase):
         self.assertEqual(sorted(got["transports"].values()), ["host_memory", "nccl", "peer_memory"])
         self.assertEqual(sorted(got["by_transport"]), sorted(got["transports"].values()))
         self.assertEqual(got["direct"], 0)
+        # Telemetry through fp8wire_get_error_totals: nothing measured in a job without collectives.
+        self.assertEqual((got["errors"], got["guard"]), ({}, {}))
+        self.assertIn("errors", got["dict"])
         r = fp8wire_cli("run", "--", sys.executable, "-c", "import fp8wire; print(fp8wire.active())",
                         env=env_without_library(FP8WIRE_ENABLE="0"))
         self.assertEqual(r.stdout.strip(), "False", r.stderr)

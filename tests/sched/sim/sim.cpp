@@ -582,6 +582,29 @@ cudaError_t s_event_record(cudaEvent_t e, cudaStream_t s) {
   return cudaSuccess;
 }
 
+// The host learns what the event's last record had seen, as after a stream query or synchronisation.
+cudaError_t s_event_query(cudaEvent_t e) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  progress(w);
+  Event* ev = reinterpret_cast<Event*>(e);
+  if (ev->destroyed) protocol_error(w, "query of a destroyed event");
+  if (ev->done < ev->issued) return cudaErrorNotReady;
+  if (ev->issued) merge(w.ranks[static_cast<size_t>(ev->rank)].host, ev->at[ev->issued]);
+  return cudaSuccess;
+}
+
+cudaError_t s_event_synchronize(cudaEvent_t e) {
+  World::State& w = W();
+  std::unique_lock lock(w.mu);
+  Event* ev = reinterpret_cast<Event*>(e);
+  if (ev->destroyed) protocol_error(w, "synchronisation on a destroyed event");
+  const uint64_t gen = ev->issued;
+  if (!wait_until(w, lock, [&] { return ev->done >= gen; })) return cudaErrorLaunchTimeout;
+  if (gen) merge(w.ranks[static_cast<size_t>(ev->rank)].host, ev->at[gen]);
+  return cudaSuccess;
+}
+
 cudaError_t s_stream_wait(cudaStream_t s, cudaEvent_t e, unsigned int) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
@@ -1098,6 +1121,11 @@ cudaError_t c_mark_call_begin(cudaStream_t s) {
   return launch(w, s, "call-begin mark", {}, [] { return static_cast<const char*>(nullptr); });
 }
 
+// The launch's telemetry for the reference (a copy lives in each op's closure).
+const quant::TelemetryOptions* telemetry_of(const quant::LaunchOptions& opt) {
+  return opt.telemetry.record ? &opt.telemetry : nullptr;
+}
+
 cudaError_t c_quantize(const void* in, quant::ElemType t, size_t count, void* wire, quant::Segmented layout,
                        const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions opt) {
   World::State& w = W();
@@ -1107,7 +1135,7 @@ cudaError_t c_quantize(const void* in, quant::ElemType t, size_t count, void* wi
   auto ranges = segmented_ranges(wire, count, layout, f, true);
   ranges.push_back({in, count * quant::elem_size(t), false});
   return launch(w, s, "quantize", std::move(ranges),
-                [=] { return quant::ref::quantize(in, t, count, wire, layout, f, opt.sr_offset); });
+                [=] { return quant::ref::quantize(in, t, count, wire, layout, f, opt.sr_offset, telemetry_of(opt)); });
 }
 
 cudaError_t c_quantize_residual(const void* in, quant::ElemType t, size_t count, float* residual, void* wire,
@@ -1121,12 +1149,12 @@ cudaError_t c_quantize_residual(const void* in, quant::ElemType t, size_t count,
   ranges.push_back({in, count * quant::elem_size(t), false});
   ranges.push_back({residual, count * sizeof(float), true});
   return launch(w, s, "quantize with residual", std::move(ranges), [=] {
-    return quant::ref::quantize_with_residual(in, t, count, residual, wire, layout, f, opt.sr_offset);
+    return quant::ref::quantize_with_residual(in, t, count, residual, wire, layout, f, opt.sr_offset, telemetry_of(opt));
   });
 }
 
 cudaError_t c_dequantize(const void* wire, quant::Segmented layout, size_t count, void* out, quant::ElemType t,
-                         const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions) {
+                         const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions opt) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   if (quant::validate(f) || quant::validate(count, layout, f) || !aligned16(wire)) return cudaErrorInvalidValue;
@@ -1134,7 +1162,7 @@ cudaError_t c_dequantize(const void* wire, quant::Segmented layout, size_t count
   auto ranges = segmented_ranges(wire, count, layout, f, false);
   ranges.push_back({out, count * quant::elem_size(t), true});
   return launch(w, s, "dequantize", std::move(ranges),
-                [=] { return quant::ref::dequantize(wire, layout, count, out, t, f); });
+                [=] { return quant::ref::dequantize(wire, layout, count, out, t, f, telemetry_of(opt)); });
 }
 
 cudaError_t reduce(World::State& w, const void* const* inputs, int k, const void* plain, quant::ElemType plain_type,
@@ -1155,7 +1183,7 @@ cudaError_t reduce(World::State& w, const void* const* inputs, int k, const void
   const quant::ref::ReduceOutput ro{out.plain, out.plain_type, out.wire};
   return launch(w, s, plain ? "dequantize-reduce (mixed)" : "dequantize-reduce", std::move(ranges), [=] {
     return quant::ref::dequantize_reduce(ins.data(), k, plain, plain_type, plain_position, count, post, ro, f,
-                                         opt.sr_offset);
+                                         opt.sr_offset, telemetry_of(opt));
   });
 }
 
@@ -1225,6 +1253,8 @@ World::World(Options options) : state_(new State) {
   c.EventCreateWithFlags = s_event_create;
   c.EventDestroy = s_event_destroy;
   c.EventRecord = s_event_record;
+  c.EventQuery = s_event_query;
+  c.EventSynchronize = s_event_synchronize;
   c.Malloc = s_malloc;
   c.Free = s_free;
   c.HostAlloc = s_host_alloc;

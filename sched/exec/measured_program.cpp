@@ -1,0 +1,26 @@
+#include "sched/exec/measured_program.hpp"
+
+#include "common/log.hpp"
+#include "common/status.hpp"
+
+namespace fp8wire::sched {
+
+ncclResult_t MeasuredProgram::produce(StageOps& ops, const Stage& st) {
+  if (st.index == 0) FP8WIRE_TRY(ops.zero(device_, sizeof(*device_)));
+  return inner_->produce(ops, st);
+}
+
+ncclResult_t MeasuredProgram::finish(StageOps& ops, const Stage& st) {
+  FP8WIRE_TRY(inner_->finish(ops, st));
+  if (!st.last) return ncclSuccess;
+  cudaError_t err = cuda_->MemcpyAsync(host_, device_, sizeof(*host_), cudaMemcpyDeviceToHost, ops.lane());
+  if (err == cudaSuccess) err = cuda_->EventRecord(done_, ops.lane());
+  if (err != cudaSuccess) {
+    FP8WIRE_ERROR("telemetry: copying the call's record back failed: {}", cuda_->GetErrorString(err));
+    return ncclUnhandledCudaError;
+  }
+  recorded_ = true;
+  return ncclSuccess;
+}
+
+}  // namespace fp8wire::sched

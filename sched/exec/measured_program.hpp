@@ -1,0 +1,33 @@
+// A call that telemetry measures (sched/comm/telemetry.hpp): its stage program wrapped so that the
+// call's record is zeroed before its first quantize and read back after its last stage.
+#pragma once
+
+#include "quant/telemetry.hpp"
+#include "sched/comm/telemetry.hpp"
+#include "sched/exec/pipeline.hpp"
+#include "sched/platform/cuda_api.hpp"
+
+namespace fp8wire::sched {
+
+// A measured call's program: `inner` with its record zeroed on the produce lane before the first
+// stage and copied to pinned host memory, then its event recorded, on the transfer lane after the
+// last (which follows every quantize of the call).
+class MeasuredProgram final : public StageProgram {
+ public:
+  MeasuredProgram(StageProgram& inner, const TelemetryMonitor& m, int slot, const CudaApi& cuda)
+      : inner_(&inner), device_(m.device_record(slot)), host_(m.host_record(slot)), done_(m.event(slot)),
+        cuda_(&cuda) {}
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+  bool recorded() const { return recorded_; }
+
+ private:
+  StageProgram* inner_;
+  quant::CallTelemetry* device_;
+  quant::CallTelemetry* host_;
+  cudaEvent_t done_;
+  const CudaApi* cuda_;
+  bool recorded_ = false;
+};
+
+}  // namespace fp8wire::sched

@@ -1,0 +1,42 @@
+#include "sched/plan/guard.hpp"
+
+namespace fp8wire::sched {
+
+GuardSettings GuardSettings::from(const Config& c) {
+  GuardSettings g;
+  g.sample_every = c.telemetry_sample_every;
+  g.enable = c.guard_enable;
+  g.retry_after = c.guard_retry_after;
+  g.bounds.max_rel_error = c.guard_max_rel_error;
+  g.bounds.max_saturated = c.guard_max_saturated;
+  g.bounds.max_flushed = c.guard_max_flushed;
+  g.bounds.max_nonfinite = c.guard_max_nonfinite;
+  return g;
+}
+
+bool guard_eligible(Collective collective, Path path, ScaleType scale) {
+  if (!quant::guard_flag_supported(scale)) return false;
+  if (collective == Collective::all_gather) return true;
+  return collective == Collective::all_reduce && (path == Path::one_shot || path == Path::two_shot);
+}
+
+CallChoice choose(ScopeState& scope, const GuardSettings& g, bool eligible, bool capturing) {
+  const uint64_t n = scope.calls++;
+  CallChoice c;
+  if (n < scope.full_until) {
+    c.full_precision = true;
+    return c;
+  }
+  c.measure = !capturing && g.sample_every > 0 && (n % g.sample_every == 0 || n == scope.resume_at);
+  c.guard = c.measure && g.enable && eligible;
+  return c;
+}
+
+bool apply_decision(ScopeState& scope, bool decided, uint32_t retry_after) {
+  if (!decided) return false;
+  scope.full_until = retry_after == 0 ? UINT64_MAX : scope.calls + retry_after;
+  scope.resume_at = scope.full_until;
+  return true;
+}
+
+}  // namespace fp8wire::sched

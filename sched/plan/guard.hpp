@@ -1,0 +1,61 @@
+// The guard's choices, as pure functions of what every rank of a communicator knows alike: the
+// configuration, the call's route, and one scope's sequence of calls and decisions. A scope is a
+// tensor (its feedback key, fp8wire_set_feedback_key) or, for calls without one, the communicator.
+//
+// Protocol (sched/README.md, "Telemetry and the guard"): call n of a scope is measured when
+// n % telemetry.sample_every == 0 (and the first FP8 call after a retry). A measured call with the
+// guard carries each rank's vote as a flag in the chunks it sends; every rank ORs the flags in the
+// bytes it finally decodes, which are the same votes on every rank (telemetry.hpp says why per
+// algorithm). Before call n + 1 of the scope each rank reads that decision (waiting for call n to
+// complete if it has not) and, if any rank voted, calls n + 1 .. n + retry_after of the scope run in
+// full precision on every rank. Nothing rank-local enters a choice except through those flags.
+#pragma once
+
+#include <cstdint>
+
+#include "common/config.hpp"
+#include "quant/telemetry.hpp"
+#include "sched/plan/types.hpp"
+
+namespace fp8wire::sched {
+
+struct GuardSettings {
+  uint32_t sample_every = 0;   // telemetry.sample_every (0: nothing is measured)
+  bool enable = false;         // guard.enable
+  uint32_t retry_after = 0;    // guard.retry_after: calls in full precision after a trip (0: for good)
+  quant::GuardBounds bounds;   // guard.max_*
+  static GuardSettings from(const Config& c);
+};
+
+// One scope's history.
+struct ScopeState {
+  uint64_t calls = 0;        // FP8-eligible calls of the scope so far
+  uint64_t full_until = 0;   // calls with an index below this run in full precision
+  uint64_t resume_at = 0;    // the first call after a full-precision spell (measured); 0: none
+  int pending = -1;          // telemetry record of a guarded call whose decision is not read yet
+  bool has_decision = false; // that record was read: `decision` waits for the scope's next call
+  bool decision = false;
+};
+
+struct CallChoice {
+  bool full_precision = false;  // the guard has switched this scope: the real NCCL call
+  bool measure = false;         // telemetry on this call
+  bool guard = false;           // and the guard's flags
+};
+
+// Whether the flags of a call reach every rank as the same set of votes: the one-shot and two-shot
+// all-reduce (over NCCL or a direct transport, coalesced or not) and the all-gather, with a scale
+// that has a spare bit. Not the reduce-scatter (rank r sees only the chunks sent to it, voted before
+// the rank's other chunks were measured), the ring or the hierarchical path (votes stay inside a rail).
+bool guard_eligible(Collective collective, Path path, ScaleType scale);
+
+// What the scope's next call does; advances its count. Under capture nothing is measured (the record
+// could not be read back per replay).
+CallChoice choose(ScopeState& scope, const GuardSettings& g, bool eligible, bool capturing);
+
+// The decision read from the scope's previous call (the OR of every rank's vote): when set, the scope
+// runs in full precision from its next call on, for retry_after calls (for good when 0). Returns
+// whether it switched.
+bool apply_decision(ScopeState& scope, bool decided, uint32_t retry_after);
+
+}  // namespace fp8wire::sched

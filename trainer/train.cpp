@@ -125,6 +125,58 @@ void print_fp8wire_totals() {
              by_transport);
 }
 
+// Under libfp8wire.so with telemetry on (telemetry.sample_every, audit.every): what the measured FP8
+// calls' quantization did since the previous report, per "collective/path": calls measured, the
+// relative error of the inputs' quantization and of the all-reduce's requantization, the audit's true
+// end-to-end error where it ran, and the guard's trips. Empty when nothing was measured (or no library).
+class Fp8wireErrors {
+ public:
+  Fp8wireErrors()
+      : get_(fp8wire_symbol<decltype(fp8wire_get_error_totals)>("fp8wire_get_error_totals")),
+        collective_(fp8wire_symbol<decltype(fp8wire_collective_name)>("fp8wire_collective_name")),
+        path_(fp8wire_symbol<decltype(fp8wire_path_name)>("fp8wire_path_name")) {}
+
+  nlohmann::json since_last() {
+    nlohmann::json out = nlohmann::json::object();
+    if (!get_ || !collective_ || !path_) return out;
+    fp8wire_error_totals now{};
+    get_(&now);
+    for (int c = 0; c < FP8WIRE_MAX_COLLECTIVES; ++c) {
+      const char* cn = collective_(c);
+      if (!cn || !*cn) continue;
+      for (int p = 0; p < FP8WIRE_MAX_PATHS; ++p) {
+        const uint64_t measured = now.measured_calls[c][p] - last_.measured_calls[c][p];
+        const uint64_t audited = now.audited_calls[c][p] - last_.audited_calls[c][p];
+        if (!measured && !audited) continue;
+        nlohmann::json e = {{"measured_calls", measured},
+                            {"input_rel_error", rel(now.input[c][p], last_.input[c][p])},
+                            {"requant_rel_error", rel(now.requant[c][p], last_.requant[c][p])},
+                            {"nonfinite", now.input[c][p].nonfinite - last_.input[c][p].nonfinite}};
+        if (audited) {
+          const double err = now.audit_sq_error[c][p] - last_.audit_sq_error[c][p];
+          const double exact = now.audit_sq_exact[c][p] - last_.audit_sq_exact[c][p];
+          e["audited_calls"] = audited;
+          e["audit_rel_error"] = exact > 0 ? std::sqrt(err / exact) : 0.0;
+        }
+        out[fmt::format("{}/{}", cn, path_(p))] = e;
+      }
+      if (const uint64_t trips = now.guard_trips[c] - last_.guard_trips[c]) out[fmt::format("{}/guard_trips", cn)] = trips;
+    }
+    last_ = now;
+    return out;
+  }
+
+ private:
+  static double rel(const fp8wire_error_stats& now, const fp8wire_error_stats& before) {
+    const double input = now.sq_input - before.sq_input;
+    return input > 0 ? std::sqrt((now.sq_error - before.sq_error) / input) : 0.0;
+  }
+  decltype(fp8wire_get_error_totals)* get_;
+  decltype(fp8wire_collective_name)* collective_;
+  decltype(fp8wire_path_name)* path_;
+  fp8wire_error_totals last_{};
+};
+
 }  // namespace
 
 double learning_rate(const TrainConfig& t, int64_t step) {
@@ -801,6 +853,7 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
     double first_loss = NAN, last_loss = NAN;
     const int64_t first_step = trainer.steps_done();
     StepProfiler profiler(t, rank, trainer.device());
+    Fp8wireErrors fp8_errors;
     for (int64_t s = trainer.steps_done(); s < t.steps; ++s) {
       profiler.before_step(s);
       const auto start = std::chrono::steady_clock::now();
@@ -834,6 +887,7 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
                                {"peak_mem_gib", mem}, {"reserved_mem_gib", memory.reserved_gib},
                                {"mfu", mfu},          {"world", world},
                                {"buckets", st.buckets}, {"buckets_in_backward", st.buckets_launched_in_backward}};
+        if (nlohmann::json errors = fp8_errors.since_last(); !errors.empty()) line["fp8wire_errors"] = errors;
         if (jsonl) jsonl << line.dump() << "\n" << std::flush;
         fmt::print("step {:>5}/{} | loss {:.4f} | grad {:.3f} | lr {:.3e} | {:.1f} ms | {:.1f} samples/s | "
                    "peak {:.1f} GiB | MFU {:.1f}%\n",

@@ -138,6 +138,34 @@ def main():
         summary.append(f"{'PASS' if ok else 'FAIL'}: {what}")
         if not ok:
             failures.append(what)
+    # ---- the wait for peers: the delayed scenario's designed wait against the profiler's split ------
+    # Per rank that waited: median exposed wait in "delayed" steps minus that in "serial" steps (the
+    # same call without the delay), against the designed delay; within 10 % or 0.3 ms.
+    waits = {}
+    for d in args.on:
+        designed, reports = load_designed(d), load_reports(d)
+        for key, des in designed.items():
+            rep = reports.get(key)
+            if rep is None or des["scenario"] not in ("delayed", "serial"):
+                continue
+            waits.setdefault(key[0], {}).setdefault(des["scenario"], []).append(
+                (des.get("designed_delay_ms", 0.0), rep.get("exposed_wait_ms", 0.0), rep["exposed_comm_ms"]))
+    waiting = {r: w for r, w in waits.items() if "delayed" in w and "serial" in w and w["delayed"][0][0] > 0}
+    if any("delayed" in w for w in waits.values()):
+        print("\nwait for peers: designed delay vs the profiler's exposed wait (delayed minus serial, medians)")
+        print(f"{'rank':>4} {'delay':>7} {'wait serial':>11} {'wait delayed':>12} {'difference':>10}  result")
+        for rank, w in sorted(waiting.items()):
+            delay = w["delayed"][0][0]
+            ws = statistics.median(x[1] for x in w["serial"])
+            wd = statistics.median(x[1] for x in w["delayed"])
+            ok = abs((wd - ws) - delay) <= max(0.10 * delay, 0.3)
+            print(f"{rank:4d} {delay:7.2f} {ws:11.3f} {wd:12.3f} {wd - ws:10.3f}  {'PASS' if ok else 'FAIL'}")
+            summary.append(f"{'PASS' if ok else 'FAIL'}: wait for peers, rank {rank}: designed {delay:.2f} ms, "
+                           f"reported {wd - ws:.3f} ms more than without the delay (within max(10%, 0.3 ms))")
+            if not ok:
+                failures.append(f"rank {rank}: exposed wait {wd - ws:.3f} ms for a designed delay of {delay:.2f} ms")
+        if not waiting:
+            failures.append("delayed steps but no waiting rank with serial steps to compare")
     if args.validate_only:
         print(f"\n==== {args.title} ====")
         for line in summary:

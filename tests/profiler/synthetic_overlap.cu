@@ -5,6 +5,10 @@
 //   overlap   compute kernel (spins a known time) on one stream, all-reduce on another: hidden
 //   serial    the all-reduce waits for the compute kernel (event dependency): fully exposed
 //   partial   the all-reduce starts after 3/4 of the compute: partly exposed
+//   delayed   as serial, but the last rank issues its all-reduce --delay-ms after its compute ended
+//             (a host sleep): every other rank's call waits that long for its peer. Not in the
+//             default list; its designed wait (designed_delay_ms) checks the profiler's split of
+//             exposed time into waiting for peers and moving data (the direct transports' waits)
 //   launches  1000 short compute kernels (host launch rate; for the overhead figure), launched by 8
 //             fresh threads per step: CUPTI keeps a buffer per recording thread, so this also checks
 //             that no record is dropped or late when many threads launch (the trainer's case)
@@ -59,6 +63,7 @@ struct Options {
   int layers = 8;
   double layer_ms = 15;
   size_t bucket_bytes = 4 << 20;
+  double delay_ms = 5;
   std::string nccl_id_hex;  // set: this process is a rank (RANK from the launcher)
 };
 
@@ -215,6 +220,19 @@ int run_rank(const Options& opt, int rank) {
         const int a0 = tl.mark(comms);
         all_reduce("allreduce_serial", buffer, opt.ar_bytes);
         comm_marks.push_back({a0, tl.mark(comms)});
+      } else if (scenario == "delayed") {
+        const int c0 = tl.mark(compute);
+        spin_kernel<<<1, 1, 0, compute>>>(compute_ns);
+        const int c1 = tl.mark(compute);
+        compute_marks.push_back({c0, c1});
+        FP8WIRE_CUDA_OR_EXIT(cudaStreamWaitEvent(comms, tl.event(c1)));
+        if (rank == opt.ranks - 1) {
+          FP8WIRE_CUDA_OR_EXIT(cudaStreamSynchronize(compute));
+          std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(opt.delay_ms));
+        }
+        const int a0 = tl.mark(comms);
+        all_reduce("allreduce_delayed", buffer, opt.ar_bytes);
+        comm_marks.push_back({a0, tl.mark(comms)});
       } else if (scenario == "partial") {
         const int c0 = tl.mark(compute);
         spin_kernel<<<1, 1, 0, compute>>>(compute_ns * 3 / 4);
@@ -261,7 +279,7 @@ int run_rank(const Options& opt, int rank) {
         }
       } else {
         std::fprintf(stderr,
-                     "FAIL: unknown scenario '%s' (expected overlap, serial, partial, launches, bucketed, merged)\n",
+                     "FAIL: unknown scenario '%s' (expected overlap, serial, partial, delayed, launches, bucketed, merged)\n",
                      scenario.c_str());
         return 1;
       }
@@ -280,13 +298,15 @@ int run_rank(const Options& opt, int rank) {
       double exposed = 0;
       for (const Span& m : merged(comm_spans)) exposed += uncovered(m, computes);
       const double last_exposed = comm_spans.empty() ? 0 : uncovered(comm_spans.back(), computes);
+      // The wait designed into the step: the late rank's host sleep, seen by every other rank.
+      const double delay = scenario == "delayed" && rank != opt.ranks - 1 ? opt.delay_ms : 0.0;
       if (designed)
         std::fprintf(designed,
                      "{\"step\":%d,\"scenario\":\"%s\",\"designed_compute_ms\":%.4f,\"designed_comm_ms\":%.4f,"
                      "\"designed_exposed_ms\":%.4f,\"designed_last_collective_exposed_ms\":%.4f,"
-                     "\"host_step_ms\":%.4f,\"allreduce_bytes\":%zu}\n",
-                     step, scenario.c_str(), total(computes), total(comm_spans), exposed, last_exposed, host_ms,
-                     step_bytes);
+                     "\"designed_delay_ms\":%.4f,\"host_step_ms\":%.4f,\"allreduce_bytes\":%zu}\n",
+                     step, scenario.c_str(), total(computes), total(comm_spans), exposed, last_exposed, delay,
+                     host_ms, step_bytes);
     }
   }
   if (designed) std::fclose(designed);
@@ -307,7 +327,7 @@ int run_rank(const Options& opt, int rank) {
 void usage() {
   std::fprintf(stderr,
                "usage: synthetic_overlap [--ranks N] [--steps N] [--scenarios a,b,...] [--designed-dir DIR]\n"
-               "       [--compute-ms MS] [--ar-bytes B] [--layers L] [--layer-ms MS] [--bucket-bytes B]\n");
+               "       [--compute-ms MS] [--ar-bytes B] [--layers L] [--layer-ms MS] [--bucket-bytes B] [--delay-ms MS]\n");
 }
 
 bool parse(int argc, char** argv, Options& opt) {
@@ -339,6 +359,7 @@ bool parse(int argc, char** argv, Options& opt) {
     else if (a == "--layers") opt.layers = static_cast<int>(number("a layer count"));
     else if (a == "--layer-ms") opt.layer_ms = number("milliseconds");
     else if (a == "--bucket-bytes") opt.bucket_bytes = static_cast<size_t>(number("bytes"));
+    else if (a == "--delay-ms") opt.delay_ms = number("milliseconds");
     else if (a == "--nccl-id") opt.nccl_id_hex = value("hex digits");
     else {
       usage();

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The direct transport through host memory against its host-link limit, ranks emulated on one GPU (run
-# from the repo root, build in build/). It runs under whatever the caller set up: with a private MPS
-# daemon the emulated ranks' kernels run side by side (the testbed the limit is meant for); without
-# one they take turns and the percentages say more about time-slicing than about the code.
+# from the repo root, build in build/). Its sweeps share one private MPS daemon (scripts/gpu/lib.sh), so
+# the emulated ranks' kernels run side by side (the testbed the limit is meant for); with FP8WIRE_MPS=0
+# they take turns and the percentages say more about time-slicing than about the code.
 #   fp8wire-bench sweep --emulate-ranks 2 and 4, all_reduce and reduce_scatter, bf16, --transport
 #   host_memory (plain NCCL over sockets timed beside it): 64 KiB..256 MiB in x4 steps with the default
 #   knobs, then 16..256 MiB once per variant below (env overrides of configuration keys). Each sweep
@@ -15,12 +15,11 @@
 # Env: LINKLIMIT_RANKS (default "2 4"), LINKLIMIT_VARIANTS (labels from the list below, default all),
 # LINKLIMIT_BUDGET (seconds, default 145: a sweep that would end past it, judged by the last one of the
 # same world size, is skipped and named).
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
-export NCCL_NVLS_ENABLE=0
-OUT="${OUT:-$PWD/out/linklimit}"; mkdir -p "$OUT"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_out linklimit
+gpu_mps_start
 rm -rf "$OUT"/*_n[0-9]*  # the table reads every sweep under $OUT: none from an earlier run
-BIN=build/bench/fp8wire-bench
+BIN="$BUILD/bench/fp8wire-bench"
 budget="${LINKLIMIT_BUDGET:-145}"
 t0=$(date +%s)
 status=0
@@ -40,14 +39,7 @@ variants=(
 )
 wanted="${LINKLIMIT_VARIANTS:-}"
 
-mode="time-sliced (no MPS daemon answered)"
-if [[ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]] && command -v nvidia-cuda-mps-control >/dev/null &&
-   echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1; then
-  mode="side by side (MPS daemon at $CUDA_MPS_PIPE_DIRECTORY)"
-elif [[ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]] && command -v nvidia-cuda-mps-control >/dev/null &&
-     echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1; then
-  mode="side by side (the default MPS daemon)"
-fi
+mode="${FP8WIRE_TESTBED_MODE:-time-sliced}"
 echo "== linklimit: testbed $mode; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)"
 
 sweep() {  # sweep <label> <ranks> <min> <max> <env overrides...>

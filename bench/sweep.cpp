@@ -24,6 +24,7 @@
 #include "common/status.hpp"
 #include "sched/engine/accounting.hpp"
 #include "sched/engine/engine.hpp"
+#include "sched/engine/engine_probe.hpp"
 #include "sched/platform/gpu_platform.hpp"
 #include "sched/platform/nccl_api_linked.hpp"
 #if FP8WIRE_BENCH_HAVE_QUANT
@@ -110,9 +111,9 @@ struct Worker {
                      DType d) {
     const ncclDataType_t t = nccl_type(d);
     switch (c) {
-      case Collective::all_reduce: return engine.all_reduce_forced(path, send, recv, count, t, ncclSum, comm, stream);
-      case Collective::reduce_scatter: return engine.reduce_scatter_forced(path, send, recv, count, t, ncclSum, comm, stream);
-      case Collective::all_gather: return engine.all_gather_forced(path, send, recv, count, t, comm, stream);
+      case Collective::all_reduce: return sched::EngineProbe(engine).all_reduce_forced(path, send, recv, count, t, ncclSum, comm, stream);
+      case Collective::reduce_scatter: return sched::EngineProbe(engine).reduce_scatter_forced(path, send, recv, count, t, ncclSum, comm, stream);
+      case Collective::all_gather: return sched::EngineProbe(engine).all_gather_forced(path, send, recv, count, t, comm, stream);
     }
     return ncclInvalidArgument;
   }
@@ -525,7 +526,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     const Carrier kind = host ? Carrier::host_memory : Carrier::peer_memory;
     w.variants.push_back({std::nullopt, std::make_unique<sched::Engine>(c, w.platform), kind});
     w.variants.back().engine->comm_created(w.comm);
-    if (!w.variants.back().engine->comm_info(w.comm).direct && env.rank == 0)
+    if (!sched::EngineProbe(*w.variants.back().engine).comm_info(w.comm).direct && env.rank == 0)
       std::fprintf(stderr, "fp8wire-bench: the direct transport (%s) could not be set up on every rank; its points "
                            "will be marked unsupported\n", to_string(kind));
   }
@@ -577,7 +578,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     if (const char* testbed = std::getenv("FP8WIRE_TESTBED_MODE"); testbed && m.emulated) m.testbed = testbed;
     // Provisional: the engine knows the detected fabric only after its first FP8 call (the ranks
     // exchange facts then); set again after the sweep.
-    m.fabric = forced_fabric ? *forced_fabric : w.variants.front().engine->fabric_of(w.comm);
+    m.fabric = forced_fabric ? *forced_fabric : sched::EngineProbe(*w.variants.front().engine).fabric_of(w.comm);
     m.p2p_disabled = p2p_disabled;
     m.created_utc = utc_now();
     result.options = opt.as_json;
@@ -670,7 +671,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   if (w.progress_tty) std::fprintf(stderr, "\n");
   // The fabric the engine detected (NVLink between the GPUs, pcie, net), now that FP8 calls have run;
   // a sweep of pass-through alone never asks, and keeps the provisional label (use --fabric then).
-  if (!forced_fabric) result.machine.fabric = w.variants.front().engine->fabric_of(w.comm);
+  if (!forced_fabric) result.machine.fabric = sched::EngineProbe(*w.variants.front().engine).fabric_of(w.comm);
 
   compute_speedups(result);
   compute_link_limits(result);
@@ -685,7 +686,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   // The job shape the figures belong to (sched/plan/hierarchy.hpp: a flat FP8 path across hosts with
   // local peers is only taken where a calibrated profile of that very shape says it wins).
   {
-    const sched::CommInfo info = w.variants.front().engine->comm_info(w.comm);
+    const sched::CommInfo info = sched::EngineProbe(*w.variants.front().engine).comm_info(w.comm);
     if (info.hosts > 0 && info.nranks % info.hosts == 0) {
       calibration.model.hosts = info.hosts;
       calibration.model.ranks_per_host = info.nranks / info.hosts;

@@ -35,17 +35,6 @@ namespace {
 // Allocated at a thread's first group call and freed when the thread ends (threads of a job come and go).
 thread_local std::unique_ptr<ThreadGroup> tl_group;
 
-template <typename Fn>
-auto guarded(const char* what, Fn&& fn) noexcept -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    FP8WIRE_ERROR("fp8wire {}: {}", what, e.what());
-  } catch (...) {
-    FP8WIRE_ERROR("fp8wire {}: unknown exception", what);
-  }
-  if constexpr (std::is_same_v<decltype(fn()), ncclResult_t>) return ncclInternalError;
-}
 }  // namespace
 
 ThreadGroup& thread_group() {
@@ -151,23 +140,6 @@ bool Engine::comm_peer_lost(ncclComm_t comm) const {
   return lost;
 }
 
-CommInfo Engine::comm_info(ncclComm_t comm) const {
-  CommInfo info;
-  const CommRef s = impl_->registry.find(comm);
-  if (!s) return info;
-  info.registered = true;
-  info.agreed = s->setup == CommSetup::agreed;
-  info.fp8_ok = s->fp8_allowed();
-  info.fabric = s->agreement.fabric;
-  info.nranks = s->nranks;
-  info.hosts = s->agreement.hosts.hosts;
-  info.reason = s->setup == CommSetup::pass_through ? s->pass_reason : s->agreement.reason;
-  info.failure = s->failed();
-  info.direct = s->direct != nullptr;
-  if (s->direct) info.direct_kind = s->direct->kind();
-  return info;
-}
-
 ncclResult_t Engine::all_reduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
                                 cudaStream_t st) {
   return guarded("collective", [&] { return impl_->submit({Collective::all_reduce, s, r, n, t, op, c, st}, std::nullopt); });
@@ -178,22 +150,6 @@ ncclResult_t Engine::reduce_scatter(const void* s, void* r, size_t n, ncclDataTy
 }
 ncclResult_t Engine::all_gather(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
   return guarded("collective", [&] { return impl_->submit({Collective::all_gather, s, r, n, t, ncclSum, c, st}, std::nullopt); });
-}
-
-ncclResult_t Engine::all_reduce_forced(Path p, const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op,
-                                       ncclComm_t c, cudaStream_t st) {
-  return guarded("collective", [&] { return impl_->submit({Collective::all_reduce, s, r, n, t, op, c, st}, p); });
-}
-ncclResult_t Engine::reduce_scatter_forced(Path p, const void* s, void* r, size_t n, ncclDataType_t t,
-                                           ncclRedOp_t op, ncclComm_t c, cudaStream_t st) {
-  // reduce_scatter has one flat FP8 algorithm; any flat FP8 path selects it.
-  if (is_fp8(p) && p != Path::hierarchical) p = Path::two_shot;
-  return guarded("collective", [&] { return impl_->submit({Collective::reduce_scatter, s, r, n, t, op, c, st}, p); });
-}
-ncclResult_t Engine::all_gather_forced(Path p, const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c,
-                                       cudaStream_t st) {
-  if (is_fp8(p)) p = Path::one_shot;
-  return guarded("collective", [&] { return impl_->submit({Collective::all_gather, s, r, n, t, ncclSum, c, st}, p); });
 }
 
 ncclResult_t Engine::group_start() {
@@ -244,12 +200,6 @@ ncclResult_t Engine::group_simulate_end(ncclSimInfo_t* sim_info) {
     }
     return impl_->api->GroupSimulateEnd ? impl_->api->GroupSimulateEnd(sim_info) : ncclSystemError;
   });
-}
-
-Fabric Engine::fabric_of(ncclComm_t comm) const {
-  const CommRef s = impl_->registry.find(comm);
-  if (s && s->setup == CommSetup::agreed) return s->agreement.fabric;
-  return impl_->config.fabric_override.value_or(Fabric::net);
 }
 
 void Engine::set_feedback_key(uint64_t key) { set_thread_feedback_key(key); }

@@ -1,5 +1,6 @@
-// The scheduler's entry points. The shim forwards every intercepted NCCL call here; fp8wire-bench
-// drives the same code with a forced algorithm; the CPU tier drives it over a simulated platform.
+// The scheduler's entry points: what the shim forwards every intercepted NCCL call to, and nothing
+// else (fp8wire-bench and the tests reach further through sched/engine/engine_probe.hpp: forced
+// algorithms, a communicator's agreed view). The CPU tier drives it over a simulated platform.
 // The engine decides per call, from facts agreed once per communicator at its creation: pass
 // through (the real NCCL function, no extra work), or an FP8 algorithm run by the pipeline executor.
 //
@@ -12,7 +13,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <string>
 
 #include "common/config.hpp"
 #include "sched/plan/agreement.hpp"
@@ -28,21 +28,6 @@ namespace fp8wire::sched {
 struct CommCreation {
   bool nonblocking = false;     // ncclConfig_t::blocking = 0, or NCCL_COMM_BLOCKING=0: always passes through
   bool single_process = false;  // ncclCommInitAll (or a split of one): one thread drives every rank
-};
-
-// The agreed view of one communicator, for logs, the benchmark and tests.
-struct CommInfo {
-  bool registered = false;
-  bool agreed = false;   // the agreement ran
-  bool fp8_ok = false;   // and allows FP8
-  Fabric fabric = Fabric::net;
-  int nranks = 0;
-  int hosts = 0;
-  std::string reason;    // why FP8 is off
-  ncclResult_t failure = ncclSuccess;  // the first error of an FP8 call on it (sticky)
-  // The direct windows set up on it (sched/transport/direct_windows.hpp), false when none.
-  bool direct = false;
-  Carrier direct_kind = Carrier::nccl;
 };
 
 class Engine {
@@ -75,7 +60,6 @@ class Engine {
   // through ncclCommGetAsyncError as ncclRemoteError, so the application's watchdog aborts. A peer
   // gone while nothing waits on it is not reported.
   bool comm_peer_lost(ncclComm_t comm) const;
-  CommInfo comm_info(ncclComm_t comm) const;
 
   // --- collectives with an FP8 path ------------------------------------------------------------
   ncclResult_t all_reduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t dtype,
@@ -93,25 +77,13 @@ class Engine {
   // in it are dropped, not run later (NCCL's estimate covers only the calls it saw: pass-through).
   ncclResult_t group_simulate_end(ncclSimInfo_t* sim_info);
 
-  // --- benchmark entry: the same code with the algorithm forced (Path::passthrough = plain NCCL) ---
-  ncclResult_t all_reduce_forced(Path path, const void* sendbuff, void* recvbuff, size_t count,
-                                 ncclDataType_t dtype, ncclRedOp_t op, ncclComm_t comm,
-                                 cudaStream_t stream);
-  ncclResult_t reduce_scatter_forced(Path path, const void* sendbuff, void* recvbuff,
-                                     size_t recvcount, ncclDataType_t dtype, ncclRedOp_t op,
-                                     ncclComm_t comm, cudaStream_t stream);
-  ncclResult_t all_gather_forced(Path path, const void* sendbuff, void* recvbuff, size_t sendcount,
-                                 ncclDataType_t dtype, ncclComm_t comm, cudaStream_t stream);
-
-  // The fabric class agreed for a communicator (the override, or net, before it is agreed).
-  Fabric fabric_of(ncclComm_t comm) const;
-
   // Error feedback: the identity the next FP8 all-reduce issued on this thread carries (0: none).
   static void set_feedback_key(uint64_t key);
 
   struct Impl;
 
  private:
+  friend class EngineProbe;  // sched/engine/engine_probe.hpp: the benchmark's and the tests' view
   std::unique_ptr<Impl> impl_;
 };
 

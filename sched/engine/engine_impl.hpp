@@ -4,10 +4,13 @@
 #pragma once
 
 #include <array>
+#include <exception>
+#include <type_traits>
 #include <atomic>
 #include <optional>
 #include <vector>
 
+#include "common/log.hpp"
 #include "quant/wire_format.hpp"
 #include "sched/engine/accounting.hpp"
 #include "sched/plan/coalesce.hpp"
@@ -18,6 +21,21 @@
 #include "sched/plan/route.hpp"
 
 namespace fp8wire::sched {
+
+// Every entry point's body runs inside this: the library never throws into the application; an
+// exception becomes a logged error and ncclInternalError.
+template <typename Fn>
+auto guarded(const char* what, Fn&& fn) noexcept -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    FP8WIRE_ERROR("fp8wire {}: {}", what, e.what());
+  } catch (...) {
+    FP8WIRE_ERROR("fp8wire {}: unknown exception", what);
+  }
+  if constexpr (std::is_same_v<decltype(fn()), ncclResult_t>) return ncclInternalError;
+}
+
 
 struct Call {
   Collective collective = Collective::all_reduce;

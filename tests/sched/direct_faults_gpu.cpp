@@ -33,6 +33,7 @@
 #include "common/status.hpp"
 #include "sched/engine/accounting.hpp"
 #include "sched/engine/engine.hpp"
+#include "sched/engine/engine_probe.hpp"
 #include "sched/platform/gpu_platform.hpp"
 #include "sched/platform/nccl_api_linked.hpp"
 
@@ -64,7 +65,7 @@ int rank_main(const std::string& scenario, DirectMode mode, int rank, const nccl
   FP8WIRE_CUDA_OR(cudaMalloc(&out, count * 2), return 1);
   FP8WIRE_CUDA_OR(cudaMemset(in, 0x3C, count * 2), return 1);
   // A healthy call first: it must go over the direct transport.
-  FP8WIRE_NCCL_OR(eng.all_reduce_forced(Path::two_shot, in, out, count, ncclBfloat16, ncclSum, comm, stream), return 1);
+  FP8WIRE_NCCL_OR(sched::EngineProbe(eng).all_reduce_forced(Path::two_shot, in, out, count, ncclBfloat16, ncclSum, comm, stream), return 1);
   FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream), return 1);
   CallRecord rec[8];
   const size_t n = Accounting::instance().snapshot(rec, 8, 0);
@@ -105,7 +106,7 @@ int rank_main(const std::string& scenario, DirectMode mode, int rank, const nccl
     return 0;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  FP8WIRE_NCCL_OR(eng.all_reduce_forced(Path::two_shot, in, out, count, ncclBfloat16, ncclSum, comm, stream), return 1);
+  FP8WIRE_NCCL_OR(sched::EngineProbe(eng).all_reduce_forced(Path::two_shot, in, out, count, ncclBfloat16, ncclSum, comm, stream), return 1);
   // The application's watchdog, on another thread: PyTorch's polls ncclCommGetAsyncError (which the
   // shim answers with ncclRemoteError once a local peer of a direct transport is gone) and aborts.
   std::atomic<bool> aborted{false};

@@ -26,6 +26,7 @@
 #include "common/status.hpp"
 #include "sched/engine/accounting.hpp"
 #include "sched/engine/engine.hpp"
+#include "sched/engine/engine_probe.hpp"
 #include "sched/platform/gpu_platform.hpp"
 #include "sched/platform/nccl_api_linked.hpp"
 #include "sched/comm/telemetry.hpp"
@@ -120,7 +121,7 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
       for (int call = 0; call < kCalls; ++call) {
         const std::vector<float> x = input(rank, call, b, bad_rank);
         FP8WIRE_CUDA_OR(cudaMemcpy(in, x.data(), kCount * sizeof(float), cudaMemcpyHostToDevice), _exit(3));
-        if (eng.all_reduce_forced(path, in, fp8, kCount, ncclFloat32, ncclSum, comm, stream) != ncclSuccess) _exit(6);
+        if (sched::EngineProbe(eng).all_reduce_forced(path, in, fp8, kCount, ncclFloat32, ncclSum, comm, stream) != ncclSuccess) _exit(6);
         // Plain NCCL on the same input (its own call, not through the engine).
         FP8WIRE_NCCL_OR(ncclAllReduce(in, plain, kCount, ncclFloat32, ncclSum, comm, stream), _exit(4));
         FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream), _exit(3));

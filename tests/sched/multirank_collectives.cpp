@@ -45,6 +45,7 @@
 #include "quant/reference.hpp"
 #include "sched/engine/accounting.hpp"
 #include "sched/engine/engine.hpp"
+#include "sched/engine/engine_probe.hpp"
 #include "sched/platform/gpu_platform.hpp"
 #include "sched/platform/nccl_api_linked.hpp"
 #include "sched/plan/plan.hpp"
@@ -257,7 +258,7 @@ void run_all_reduce_cases(Rank& R, sched::Engine& eng) {
           FP8WIRE_CUDA_OR(cudaMalloc(&in, bytes), _exit(3));
           FP8WIRE_CUDA_OR(cudaMalloc(&out, bytes), _exit(3));
           make_input(R.rank, count, t, seed, in);
-          const ncclResult_t res = eng.all_reduce_forced(path, in, inplace ? in : out, count, t.nccl, op, R.comm, R.stream);
+          const ncclResult_t res = sched::EngineProbe(eng).all_reduce_forced(path, in, inplace ? in : out, count, t.nccl, op, R.comm, R.stream);
           FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
           const HostBuf h = download(inplace ? in : out, t, count);
           // Quantizations: one-shot 1, two-shot 2, ring N; hierarchical at most 2 (two-shot between
@@ -289,7 +290,7 @@ void run_big_cases(Rank& R, sched::Engine& eng) {
     void* buf = nullptr;
     FP8WIRE_CUDA_OR(cudaMalloc(&buf, count * 4), _exit(3));
     make_input(R.rank, count, t, seed, buf);
-    const ncclResult_t res = eng.all_reduce_forced(path, buf, buf, count, t.nccl, ncclSum, R.comm, R.stream);
+    const ncclResult_t res = sched::EngineProbe(eng).all_reduce_forced(path, buf, buf, count, t.nccl, ncclSum, R.comm, R.stream);
     FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
     const HostBuf h = download(buf, t, count);
     const ErrStats e = check_sum(h, 4099, R.n, seed, t, path == Path::one_shot ? 1 : 2, 1.0, [](size_t i) { return i; });
@@ -316,7 +317,7 @@ void run_reduce_scatter_cases(Rank& R, sched::Engine& eng) {
         FP8WIRE_CUDA_OR(cudaMalloc(&out, recvcount * es), _exit(3));
         make_input(R.rank, total, t, seed, in);
         void* dst = inplace ? static_cast<char*>(in) + R.rank * recvcount * es : out;
-        const ncclResult_t res = eng.reduce_scatter_forced(path, in, dst, recvcount, t.nccl, op, R.comm, R.stream);
+        const ncclResult_t res = sched::EngineProbe(eng).reduce_scatter_forced(path, in, dst, recvcount, t.nccl, op, R.comm, R.stream);
         FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
         const HostBuf h = download(dst, t, recvcount);
         const size_t base = R.rank * recvcount;
@@ -356,7 +357,7 @@ void run_all_gather_cases(Rank& R, sched::Engine& eng) {
       for (size_t i = 0; i < sendcount; ++i) h_in.set(i, input_value(R.rank, R.rank * sendcount + i, seed));
       void* src = inplace ? static_cast<char*>(out) + R.rank * sendcount * es : in;
       upload(src, h_in.bytes.data(), h_in.bytes.size());
-      const ncclResult_t res = eng.all_gather_forced(Path::one_shot, src, out, sendcount, t.nccl, R.comm, R.stream);
+      const ncclResult_t res = sched::EngineProbe(eng).all_gather_forced(Path::one_shot, src, out, sendcount, t.nccl, R.comm, R.stream);
       FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
       const HostBuf h = download(out, t, total);
       double worst = 0;
@@ -396,7 +397,7 @@ void run_passthrough_cases(Rank& R, sched::Engine& eng) {
     FP8WIRE_CUDA_OR(cudaMalloc(&a, bytes), _exit(3));
     FP8WIRE_CUDA_OR(cudaMalloc(&b, bytes), _exit(3));
     make_input(R.rank, count, t, 3, in);
-    FP8WIRE_NCCL_OR(eng.all_reduce_forced(Path::passthrough, in, a, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+    FP8WIRE_NCCL_OR(sched::EngineProbe(eng).all_reduce_forced(Path::passthrough, in, a, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
     FP8WIRE_NCCL_OR(ncclAllReduce(in, b, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
     FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
     const HostBuf ha = download(a, t, count), hb = download(b, t, count);
@@ -519,9 +520,9 @@ void run_pipeline_case(Rank& R, sched::Engine& eng) {
     FP8WIRE_CUDA_OR(cudaMalloc(&a, count * 2), _exit(3));
     FP8WIRE_CUDA_OR(cudaMalloc(&b, count * 2), _exit(3));
     make_input(R.rank, count, t, 77, in);
-    FP8WIRE_NCCL_OR(eng.all_reduce_forced(path, in, a, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+    FP8WIRE_NCCL_OR(sched::EngineProbe(eng).all_reduce_forced(path, in, a, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
     const uint64_t before = Accounting::instance().next_seq();
-    FP8WIRE_NCCL_OR(piped.all_reduce_forced(path, in, b, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+    FP8WIRE_NCCL_OR(sched::EngineProbe(piped).all_reduce_forced(path, in, b, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
     FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
     const HostBuf ha = download(a, t, count), hb = download(b, t, count);
     std::vector<CallRecord> rec(4);
@@ -565,7 +566,7 @@ void run_graph_case(Rank& R, sched::Engine& eng) {
     cudaGraphExec_t exec;
     FP8WIRE_CUDA_OR(cudaStreamBeginCapture(cap, cudaStreamCaptureModeGlobal), _exit(3));
     FP8WIRE_CUDA_OR(cudaMemcpyAsync(buf, in, count * 2, cudaMemcpyDeviceToDevice, cap), _exit(3));
-    const ncclResult_t res = eng.all_reduce_forced(path, buf, buf, count, t.nccl, ncclSum, R.comm, cap);
+    const ncclResult_t res = sched::EngineProbe(eng).all_reduce_forced(path, buf, buf, count, t.nccl, ncclSum, R.comm, cap);
     FP8WIRE_CUDA_OR(cudaStreamEndCapture(cap, &graph), _exit(3));
     ok &= res == ncclSuccess;
     FP8WIRE_CUDA_OR(cudaGraphInstantiate(&exec, graph, 0), _exit(3));
@@ -573,7 +574,7 @@ void run_graph_case(Rank& R, sched::Engine& eng) {
       make_input(R.rank, count, t, 500 + replay, in);
       FP8WIRE_CUDA_OR(cudaGraphLaunch(exec, cap), _exit(3));
       FP8WIRE_CUDA_OR(cudaStreamSynchronize(cap), _exit(3));
-      FP8WIRE_NCCL_OR(eng.all_reduce_forced(path, in, ref, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+      FP8WIRE_NCCL_OR(sched::EngineProbe(eng).all_reduce_forced(path, in, ref, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
       FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
       const HostBuf hg = download(buf, t, count), hr = download(ref, t, count);
       ok &= hg.bytes == hr.bytes;
@@ -614,7 +615,7 @@ void run_error_feedback_case(Rank& R) {
     std::vector<double> sum(count, 0.0);
     for (int k = 0; k < iterations; ++k) {
       sched::Engine::set_feedback_key(42);  // the same logical tensor every time
-      FP8WIRE_NCCL_OR(eng.all_reduce_forced(Path::one_shot, in, out, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+      FP8WIRE_NCCL_OR(sched::EngineProbe(eng).all_reduce_forced(Path::one_shot, in, out, count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
       FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
       *last = download(out, t, count);
       for (size_t i = 0; i < count; ++i) sum[i] += last->get(i);
@@ -676,7 +677,7 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
     run_error_feedback_case(R);
     run_big_cases(R, eng);
     report_direct_usage(R);
-    fprintf(R.out, "fabric %s\n", to_string(eng.fabric_of(R.comm)));
+    fprintf(R.out, "fabric %s\n", to_string(sched::EngineProbe(eng).fabric_of(R.comm)));
     FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
     eng.comm_destroyed(R.comm);
   }

@@ -226,13 +226,13 @@ ncclResult_t issue(sched::Engine& eng, const Spec& s, bool forced, const void* i
   const auto op = static_cast<ncclRedOp_t>(static_cast<int>(s.op));
   switch (s.collective) {
     case Collective::all_reduce:
-      return forced ? eng.all_reduce_forced(s.path, in, out, s.count, t, op, comm, stream)
+      return forced ? sched::EngineProbe(eng).all_reduce_forced(s.path, in, out, s.count, t, op, comm, stream)
                     : eng.all_reduce(in, out, s.count, t, op, comm, stream);
     case Collective::reduce_scatter:
-      return forced ? eng.reduce_scatter_forced(s.path, in, out, s.count, t, op, comm, stream)
+      return forced ? sched::EngineProbe(eng).reduce_scatter_forced(s.path, in, out, s.count, t, op, comm, stream)
                     : eng.reduce_scatter(in, out, s.count, t, op, comm, stream);
     case Collective::all_gather:
-      return forced ? eng.all_gather_forced(s.path, in, out, s.count, t, comm, stream)
+      return forced ? sched::EngineProbe(eng).all_gather_forced(s.path, in, out, s.count, t, comm, stream)
                     : eng.all_gather(in, out, s.count, t, comm, stream);
   }
   return ncclInvalidArgument;
@@ -330,7 +330,7 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
       b.async = a.async;
       a.out.assign(static_cast<char*>(out1), static_cast<char*>(out1) + out_bytes);
       b.out.assign(static_cast<char*>(out2), static_cast<char*>(out2) + out_bytes);
-      a.info = b.info = eng.comm_info(comm);
+      a.info = b.info = sched::EngineProbe(eng).comm_info(comm);
       eng.comm_destroyed(comm);
       p.cuda.Free(in);
       p.cuda.Free(out1);

@@ -11,6 +11,7 @@
 #include "common/config.hpp"
 #include "quant/wire_format.hpp"
 #include "sched/engine/engine.hpp"
+#include "sched/engine/engine_probe.hpp"
 #include "sched/plan/types.hpp"
 #include "tests/sched/sim/sim.hpp"
 

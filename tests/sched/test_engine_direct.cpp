@@ -30,6 +30,7 @@
 #include "sched/algorithms/algorithms.hpp"
 #include "sched/transport/direct_windows.hpp"
 #include "sched/engine/engine.hpp"
+#include "sched/engine/engine_probe.hpp"
 #include "tests/sched/sim_job.hpp"
 
 using namespace fp8wire;
@@ -375,7 +376,7 @@ TEST_CASE("a rank that never arrives: the others wait on its flags until an abor
         p.cuda.Malloc(&in, 4096 * 2);
         p.cuda.Malloc(&out, 4096 * 2);
         std::memset(in, 0, 4096 * 2);
-        call = eng.all_reduce_forced(Path::one_shot, in, out, 4096, ncclBfloat16, ncclSum, comms[0], stream);
+        call = sched::EngineProbe(eng).all_reduce_forced(Path::one_shot, in, out, 4096, ncclBfloat16, ncclSum, comms[0], stream);
         // The application's watchdog, on another thread, after a while.
         std::thread watchdog([&] {
           std::this_thread::sleep_for(std::chrono::milliseconds(100));

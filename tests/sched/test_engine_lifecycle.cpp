@@ -21,6 +21,7 @@
 #include "quant/reference.hpp"
 #include "sched/engine/accounting.hpp"
 #include "sched/engine/engine.hpp"
+#include "sched/engine/engine_probe.hpp"
 #include "sched/comm/error_feedback.hpp"
 #include "sched/platform/nccl_types.hpp"
 #include "tests/sched/sim_job.hpp"
@@ -84,7 +85,7 @@ TEST_CASE("a rank whose configuration failed takes part: every rank passes throu
     }
     sched::Engine eng(sim_config(), world.platform(), me);
     eng.comm_created(comms[static_cast<size_t>(r)]);
-    infos[static_cast<size_t>(r)] = eng.comm_info(comms[static_cast<size_t>(r)]);
+    infos[static_cast<size_t>(r)] = sched::EngineProbe(eng).comm_info(comms[static_cast<size_t>(r)]);
     Buffers b(world.platform(), inputs[static_cast<size_t>(r)]);
     cudaStream_t s = new_stream(world.platform());
     CHECK(all_reduce(eng, b, spec.count, spec.dtype, comms[static_cast<size_t>(r)], s) == ncclSuccess);
@@ -116,7 +117,7 @@ TEST_CASE("ranks with different configurations, or one disabled: FP8 off everywh
       if (r == 3 && variant == 1) c.enable = false;        // fp8wire disabled on one rank
       sched::Engine eng(c, world.platform());
       eng.comm_created(comms[static_cast<size_t>(r)]);
-      infos[static_cast<size_t>(r)] = eng.comm_info(comms[static_cast<size_t>(r)]);
+      infos[static_cast<size_t>(r)] = sched::EngineProbe(eng).comm_info(comms[static_cast<size_t>(r)]);
       eng.comm_destroyed(comms[static_cast<size_t>(r)]);
     });
     for (const auto& info : infos) {
@@ -139,10 +140,10 @@ TEST_CASE("communicators created inside an application group are agreed at its e
     CHECK(eng.group_start() == ncclSuccess);
     eng.comm_created(a[i]);
     eng.comm_created(b[i]);
-    CHECK_FALSE(eng.comm_info(a[i]).agreed);  // not ready inside the group
+    CHECK_FALSE(sched::EngineProbe(eng).comm_info(a[i]).agreed);  // not ready inside the group
     CHECK(eng.group_end() == ncclSuccess);
-    infos[2 * i] = eng.comm_info(a[i]);
-    infos[2 * i + 1] = eng.comm_info(b[i]);
+    infos[2 * i] = sched::EngineProbe(eng).comm_info(a[i]);
+    infos[2 * i + 1] = sched::EngineProbe(eng).comm_info(b[i]);
     eng.comm_destroyed(a[i]);
     eng.comm_destroyed(b[i]);
   });
@@ -163,8 +164,8 @@ TEST_CASE("two ranks of one communicator in one process: agreed in one group, th
     eng.comm_created(c[0]);
     eng.comm_created(c[1]);
     CHECK(eng.group_end() == ncclSuccess);
-    infos[0] = eng.comm_info(c[0]);
-    infos[1] = eng.comm_info(c[1]);
+    infos[0] = sched::EngineProbe(eng).comm_info(c[0]);
+    infos[1] = sched::EngineProbe(eng).comm_info(c[1]);
     eng.comm_destroyed(c[0]);
     eng.comm_destroyed(c[1]);
   }
@@ -188,7 +189,7 @@ TEST_CASE("an abort from another thread releases an agreement waiting for a rank
       rank0 = &eng;
       eng.comm_created(comms[0]);  // blocks: rank 1 never takes part
       released = true;
-      CHECK_FALSE(eng.comm_info(comms[0]).registered);  // the abort took it out
+      CHECK_FALSE(sched::EngineProbe(eng).comm_info(comms[0]).registered);  // the abort took it out
       rank0 = nullptr;
     } else {
       // Rank 1's process is alive but never creates its side; its watchdog aborts rank 0's.
@@ -301,7 +302,7 @@ TEST_CASE("after a failure in a group, the rest of the group is not issued and i
     }
     if (r == 0) CHECK(end != ncclSuccess);
     world.synchronize_rank();
-    info_b[i] = eng.comm_info(b[i]);
+    info_b[i] = sched::EngineProbe(eng).comm_info(b[i]);
     eng.comm_destroyed(a[i]);
     eng.comm_destroyed(b[i]);
   });
@@ -346,7 +347,7 @@ TEST_CASE("non-blocking and single-process communicators pass through with no ex
     const int gathers = world.calls_at(r, sim::Site::all_gather);
     eng.comm_created(comms[i], sched::CommCreation{.nonblocking = true});
     CHECK(world.calls_at(r, sim::Site::all_gather) == gathers);  // no agreement exchange
-    CHECK(eng.comm_info(comms[i]).reason == "non-blocking communicator");
+    CHECK(sched::EngineProbe(eng).comm_info(comms[i]).reason == "non-blocking communicator");
     Buffers b(world.platform(), make_input(Spec{Collective::all_reduce, Path::two_shot, DataType::f32, ReduceOp::sum, 1000, 1}, r, 2));
     cudaStream_t s = new_stream(world.platform());
     CHECK(all_reduce(eng, b, 1000, DataType::f32, comms[i], s) == ncclSuccess);
@@ -379,7 +380,7 @@ TEST_CASE("error feedback follows the identity the application gives, never the 
       world.synchronize_rank();
       std::memcpy(b.in, data.data(), data.size());
       sched::Engine::set_feedback_key(key);
-      CHECK(eng.all_reduce_forced(Path::one_shot, b.in, b.out, count, ncclFloat32, ncclSum, comms[i], s) == ncclSuccess);
+      CHECK(sched::EngineProbe(eng).all_reduce_forced(Path::one_shot, b.in, b.out, count, ncclFloat32, ncclSum, comms[i], s) == ncclSuccess);
       world.synchronize_rank();
       outs[i].push_back(b.result());
     };

@@ -16,6 +16,7 @@
 #include "common/log.hpp"
 #include "sched/engine/accounting.hpp"
 #include "sched/engine/engine.hpp"
+#include "sched/engine/engine_probe.hpp"
 #include "sched/platform/platform.hpp"
 
 using namespace fp8wire;
@@ -171,7 +172,7 @@ TEST_CASE("ineligible calls pass through, once, with no agreement") {
     CHECK(g_calls == std::vector<std::string>{"AllGather", "ReduceScatter"});
   }
   SUBCASE("forced pass-through is plain NCCL") {
-    CHECK(eng.all_reduce_forced(Path::passthrough, kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) ==
+    CHECK(sched::EngineProbe(eng).all_reduce_forced(Path::passthrough, kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) ==
           ncclSuccess);
     const CallRecord r = last_record();
     CHECK(r.path == Path::passthrough);
@@ -181,7 +182,7 @@ TEST_CASE("ineligible calls pass through, once, with no agreement") {
   for (const std::string& c : g_calls) CHECK(c != "GroupStart");  // nothing of an FP8 exchange
   CHECK(!g_calls.empty());
   CHECK(g_cuda_calls == 0);
-  CHECK(eng.fabric_of(kFourRanks) == Fabric::net);  // not agreed: the override or "net"
+  CHECK(sched::EngineProbe(eng).fabric_of(kFourRanks) == Fabric::net);  // not agreed: the override or "net"
 }
 
 TEST_CASE("disabled, non-blocking: even large float sums pass through") {
@@ -202,13 +203,13 @@ TEST_CASE("disabled, non-blocking: even large float sums pass through") {
   CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclFloat32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
   CHECK(g_calls == std::vector<std::string>{"AllReduce"});
   CHECK(g_cuda_calls == 0);
-  CHECK(eng.comm_info(kFourRanks).reason == "non-blocking communicator");
+  CHECK(sched::EngineProbe(eng).comm_info(kFourRanks).reason == "non-blocking communicator");
 
   Config pcie;
   pcie.fabric_override = Fabric::pcie;
   const Platform platform_forced_fabric = fake_platform(api);
   sched::Engine forced_fabric(pcie, platform_forced_fabric);
-  CHECK(forced_fabric.fabric_of(kFourRanks) == Fabric::pcie);
+  CHECK(sched::EngineProbe(forced_fabric).fabric_of(kFourRanks) == Fabric::pcie);
 }
 
 TEST_CASE("groups: pass-through calls stay inside the application's real group") {
@@ -321,7 +322,7 @@ TEST_CASE("communicators of ncclCommInitAll always pass through") {
   CHECK(last_record().path == Path::passthrough);
   CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclFloat32, ncclAvg, kFourRanks, nullptr) == ncclSuccess);
   CHECK(last_record().path == Path::passthrough);
-  CHECK(eng.fabric_of(kFourRanks) == Fabric::net);  // never agreed
+  CHECK(sched::EngineProbe(eng).fabric_of(kFourRanks) == Fabric::net);  // never agreed
   CHECK(g_cuda_calls == 0);
 }
 

@@ -24,6 +24,7 @@
 
 #include "common/log.hpp"
 #include "sched/engine/engine.hpp"
+#include "sched/engine/engine_probe.hpp"
 #include "tests/sched/sim_job.hpp"
 
 using namespace fp8wire;
@@ -78,7 +79,7 @@ std::string run_job(DirectMode mode, const std::vector<Ending>& endings, const s
     auto eng = std::make_unique<sched::Engine>(config, p);
     const ncclComm_t comm = comms[ru];
     eng->comm_created(comm);
-    if (!eng->comm_info(comm).direct) failure = "the direct transport was not set up";
+    if (!sched::EngineProbe(*eng).comm_info(comm).direct) failure = "the direct transport was not set up";
     cudaStream_t stream = nullptr;
     p.cuda.StreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     void *in = nullptr, *out = nullptr;
@@ -86,7 +87,7 @@ std::string run_job(DirectMode mode, const std::vector<Ending>& endings, const s
     p.cuda.Malloc(&out, kCount * 2);
     std::memset(in, 0x3c, kCount * 2);  // bf16 1.46...: finite, non-zero
     for (int i = 0; i < calls; ++i)
-      if (eng->all_reduce_forced(path, in, out, kCount, ncclBfloat16, ncclSum, comm, stream) != ncclSuccess)
+      if (sched::EngineProbe(*eng).all_reduce_forced(path, in, out, kCount, ncclBfloat16, ncclSum, comm, stream) != ncclSuccess)
         failure = fmt::format("call {} failed", i);
     if (p.cuda.StreamSynchronize(stream) != cudaSuccess) failure = "the stream did not complete";
     p.cuda.Free(in);
@@ -235,7 +236,7 @@ std::string run_gone_mid_collective(DirectMode mode, Ending how) {
     p.cuda.Malloc(&in, kCount * 2);
     p.cuda.Malloc(&out, kCount * 2);
     std::memset(in, 0x3c, kCount * 2);
-    if (eng->all_reduce_forced(Path::one_shot, in, out, kCount, ncclBfloat16, ncclSum, comms[0], stream) != ncclSuccess)
+    if (sched::EngineProbe(*eng).all_reduce_forced(Path::one_shot, in, out, kCount, ncclBfloat16, ncclSum, comms[0], stream) != ncclSuccess)
       failure = "the call was not issued";
     // The watchdog: polls until the error shows (the lanes run in the polls' stream queries).
     bool lost = false;

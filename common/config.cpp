@@ -524,6 +524,7 @@ std::vector<KeySpec> build_key_table() {
   t.push_back(uint_key("telemetry.sample_every", [](auto& c) -> auto& { return c.telemetry_sample_every; }, 0, UINT32_MAX));
   t.push_back(bool_key("guard.enable", [](auto& c) -> auto& { return c.guard_enable; }));
   t.push_back(uint_key("guard.retry_after", [](auto& c) -> auto& { return c.guard_retry_after; }, 0, UINT32_MAX));
+  t.push_back(uint_key("guard.decide_after", [](auto& c) -> auto& { return c.guard_decide_after; }, 1, 1u << 20));
   t.push_back(fraction_key("guard.max_rel_error", [](auto& c) -> auto& { return c.guard_max_rel_error; }));
   t.push_back(fraction_key("guard.max_saturated", [](auto& c) -> auto& { return c.guard_max_saturated; }));
   t.push_back(fraction_key("guard.max_flushed", [](auto& c) -> auto& { return c.guard_max_flushed; }));

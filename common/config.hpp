@@ -190,10 +190,13 @@ struct Config {
   // only on 1 call in 16, and the guard still reacts within 16 calls of a tensor.
   uint32_t telemetry_sample_every = 16;     // telemetry.sample_every
   // The guard: a measured call whose figures cross a bound on any rank switches its tensor (or
-  // communicator) to full precision from the next call on, on every rank alike. Off by default: it
-  // waits, before the next call of that tensor, for the measured call to complete.
+  // communicator) to full precision, on every rank alike, from the call `decide_after` calls later:
+  // that call reads the votes, waiting for the measured call to complete if it has not (1: the next
+  // call, which then always waits; 8: a bucket's all-reduce 8 calls later has long completed, so the
+  // host never stalls in a training step).
   bool guard_enable = false;                // guard.enable
   uint32_t guard_retry_after = 100;         // guard.retry_after  calls in full precision, then FP8 again (0 = for good)
+  uint32_t guard_decide_after = 8;          // guard.decide_after calls from a guarded call to the one that reads its votes
   // Bounds, per call and rank. Relative error sqrt(sum err^2 / sum x^2): e4m3 measures 2.6 % on
   // Gaussian data, every format/scale/rounding <= 9.4 % on normal, Student-t(3) and lognormal(0,2)
   // data (quant/README.md); 25 % is well clear of all of them.

@@ -180,10 +180,10 @@ void TelemetryMonitor::fold(int slot) {
       scope.decision = r.decision != 0;
       if (scope.decision)
         FP8WIRE_WARN("comm {} rank {}: seq {} {} {}: the guard votes crossed a bound (this rank: {}; {}; "
-                     "requantized: {}); the {} goes to full precision from its next call",
+                     "requantized: {}); the {} goes to full precision from its call {} (guard.decide_after)",
                      comm_id_, rank_, s.seq, to_string(s.collective), to_string(s.path), reasons(r.vote),
                      figures(r.input), r.requant.elements ? figures(r.requant) : std::string("none"),
-                     scope_name(s.scope));
+                     scope_name(s.scope), scope.decide_at);
     }
   }
   const cudaEvent_t done = s.done;
@@ -216,7 +216,8 @@ ncclResult_t TelemetryMonitor::begin(const GuardSettings& g, uint64_t scope_key,
   const int c = collective_index(collective);
   // Never under capture: another rank may not have the record yet, and capturing it cannot wait.
   // Both ranks then apply it at the scope's first call outside capture.
-  if (!capturing) {
+  const uint64_t this_call = scope.calls;  // its index in the scope
+  if (!capturing && this_call >= scope.decide_at) {
     if (scope.pending >= 0) {
       const int slot = scope.pending;
       if (const ncclResult_t r = wait(slot); r != ncclSuccess) return r;
@@ -232,7 +233,8 @@ ncclResult_t TelemetryMonitor::begin(const GuardSettings& g, uint64_t scope_key,
     }
   }
   call->choice = choose(scope, g, eligible, capturing);
-  const uint64_t index = scope.calls - 1;
+  const uint64_t index = this_call;
+  call->decide_at = index + g.decide_after;
   if (call->choice.full_precision) {
     Store& st = store();
     std::lock_guard tl(st.totals_mutex);
@@ -278,7 +280,11 @@ void TelemetryMonitor::end(const Call& call, bool recorded) {
   }
   s.in_flight = true;
   s.order = ++order_;
-  if (s.guard) scopes_[call.scope].pending = call.slot;
+  if (s.guard) {
+    ScopeState& scope = scopes_[call.scope];
+    scope.pending = call.slot;
+    scope.decide_at = call.decide_at;
+  }
 }
 
 namespace {

@@ -6,7 +6,8 @@
 // codec kernels of both lanes, copied to pinned host memory at the end of the transfer lane, and an
 // event recorded after the copy. Nothing waits for it on the call path: a later FP8 call on the
 // communicator (or a totals query, or its destruction) folds every completed record into the totals.
-// The one wait is the guard's: before a scope's next call, its previous guarded call must be complete.
+// The one wait is the guard's: before the scope's call that reads a guarded call's votes
+// (guard.decide_after calls later), that call must be complete; by then it usually is.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -59,6 +60,7 @@ class TelemetryMonitor {
     CallChoice choice;
     uint64_t scope = 0;
     int slot = -1;                       // the record (measure only)
+    uint64_t decide_at = 0;              // a guarded call: the scope's call that reads its votes
     quant::TelemetryOptions options;     // for LaunchOptions::telemetry
   };
   // Before an FP8 call of `scope` (a feedback key, 0 = the communicator): folds completed records,

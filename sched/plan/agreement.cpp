@@ -46,7 +46,7 @@ uint64_t config_fingerprint(const Config& c) {
   mix(c.error_feedback);
   // Which calls carry the guard's flags and which run in full precision (sched/plan/guard.hpp). The bounds
   // may differ: each rank votes by its own, and the votes travel in the flags.
-  mix(c.telemetry_sample_every); mix(c.guard_enable); mix(c.guard_retry_after);
+  mix(c.telemetry_sample_every); mix(c.guard_enable); mix(c.guard_retry_after); mix(c.guard_decide_after);
   mix(c.audit_every);  // an audited call adds an NCCL call on every rank
   mix(c.hierarchy_enable); mix(c.hierarchy_ranks_per_host);
   // Ranks that would carry a call by different transports would wait in different places.

@@ -7,6 +7,7 @@ GuardSettings GuardSettings::from(const Config& c) {
   g.sample_every = c.telemetry_sample_every;
   g.enable = c.guard_enable;
   g.retry_after = c.guard_retry_after;
+  g.decide_after = c.guard_decide_after > 0 ? c.guard_decide_after : 1;
   g.bounds.max_rel_error = c.guard_max_rel_error;
   g.bounds.max_saturated = c.guard_max_saturated;
   g.bounds.max_flushed = c.guard_max_flushed;
@@ -28,7 +29,7 @@ CallChoice choose(ScopeState& scope, const GuardSettings& g, bool eligible, bool
     return c;
   }
   c.measure = !capturing && g.sample_every > 0 && (n % g.sample_every == 0 || n == scope.resume_at);
-  c.guard = c.measure && g.enable && eligible;
+  c.guard = c.measure && g.enable && eligible && !scope.deciding();
   return c;
 }
 

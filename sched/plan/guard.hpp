@@ -6,9 +6,11 @@
 // n % telemetry.sample_every == 0 (and the first FP8 call after a retry). A measured call with the
 // guard carries each rank's vote as a flag in the chunks it sends; every rank ORs the flags in the
 // bytes it finally decodes, which are the same votes on every rank (telemetry.hpp says why per
-// algorithm). Before call n + 1 of the scope each rank reads that decision (waiting for call n to
-// complete if it has not) and, if any rank voted, calls n + 1 .. n + retry_after of the scope run in
-// full precision on every rank. Nothing rank-local enters a choice except through those flags.
+// algorithm). Before call m = n + guard.decide_after of the scope each rank reads that decision
+// (waiting for call n to complete only if it has not by then) and, if any rank voted, calls
+// m .. m + retry_after - 1 of the scope run in full precision on every rank. One decision is in flight
+// per scope: measured calls before m carry no vote. Nothing rank-local enters a choice except through
+// those flags, and the call that reads them is fixed by the call count alone.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@ struct GuardSettings {
   uint32_t sample_every = 0;   // telemetry.sample_every (0: nothing is measured)
   bool enable = false;         // guard.enable
   uint32_t retry_after = 0;    // guard.retry_after: calls in full precision after a trip (0: for good)
+  uint32_t decide_after = 1;   // guard.decide_after: a guarded call n's votes are read before call n + this
   quant::GuardBounds bounds;   // guard.max_*
   static GuardSettings from(const Config& c);
 };
@@ -33,8 +36,10 @@ struct ScopeState {
   uint64_t full_until = 0;   // calls with an index below this run in full precision
   uint64_t resume_at = 0;    // the first call after a full-precision spell (measured); 0: none
   int pending = -1;          // telemetry record of a guarded call whose decision is not read yet
-  bool has_decision = false; // that record was read: `decision` waits for the scope's next call
+  uint64_t decide_at = 0;    // the call that reads it: the guarded call's index + decide_after
+  bool has_decision = false; // that record was read: `decision` waits for call `decide_at`
   bool decision = false;
+  bool deciding() const { return pending >= 0 || has_decision; }
 };
 
 struct CallChoice {
@@ -50,7 +55,8 @@ struct CallChoice {
 bool guard_eligible(Collective collective, Path path, ScaleType scale);
 
 // What the scope's next call does; advances its count. Under capture nothing is measured (the record
-// could not be read back per replay).
+// could not be read back per replay). While a guarded call's votes are still to be read, later
+// measured calls are measured only (one decision in flight per scope).
 CallChoice choose(ScopeState& scope, const GuardSettings& g, bool eligible, bool capturing);
 
 // The decision read from the scope's previous call (the OR of every rank's vote): when set, the scope

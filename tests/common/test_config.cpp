@@ -404,6 +404,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.telemetry_sample_every = 0;
   c.guard_enable = true;
   c.guard_retry_after = 0;
+  c.guard_decide_after = 3;
   c.guard_max_rel_error = 0.1;
   c.guard_max_saturated = 0;
   c.guard_max_flushed = 0.03;
@@ -478,6 +479,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.telemetry_sample_every == c.telemetry_sample_every);
   CHECK(p.guard_enable == c.guard_enable);
   CHECK(p.guard_retry_after == c.guard_retry_after);
+  CHECK(p.guard_decide_after == c.guard_decide_after);
   CHECK(p.guard_max_rel_error == c.guard_max_rel_error);
   CHECK(p.guard_max_saturated == c.guard_max_saturated);
   CHECK(p.guard_max_flushed == c.guard_max_flushed);
@@ -526,6 +528,7 @@ TEST_CASE("telemetry and guard keys: defaults, what each accepts, and a clear er
   CHECK(d.telemetry_sample_every == 16);
   CHECK_FALSE(d.guard_enable);
   CHECK(d.guard_retry_after == 100);
+  CHECK(d.guard_decide_after == 8);
   CHECK(d.guard_max_rel_error == 0.25);
   CHECK(d.guard_max_flushed == 0.01);
   CHECK(d.guard_max_nonfinite == 0);
@@ -538,7 +541,8 @@ TEST_CASE("telemetry and guard keys: defaults, what each accepts, and a clear er
   CHECK(ok.config.guard_max_rel_error == 0.5);
   CHECK(ok.config.guard_max_flushed == 1e-3);
   for (const char* bad : {"FP8WIRE_GUARD_MAX_REL_ERROR=-0.1", "FP8WIRE_GUARD_MAX_FLUSHED=nan",
-                          "FP8WIRE_GUARD_MAX_NONFINITE=lots", "FP8WIRE_TELEMETRY_SAMPLE_EVERY=-1"}) {
+                          "FP8WIRE_GUARD_MAX_NONFINITE=lots", "FP8WIRE_TELEMETRY_SAMPLE_EVERY=-1",
+                          "FP8WIRE_GUARD_DECIDE_AFTER=0"}) {
     const ConfigResult r = load_config("", {bad});
     REQUIRE(r.errors.size() == 1);
     CAPTURE(r.errors[0].message());

@@ -80,6 +80,7 @@ Config guard_config(Path) {
   c.telemetry_sample_every = 1;
   c.guard_enable = true;
   c.guard_retry_after = kRetry;
+  c.guard_decide_after = 1;  // the votes of call i read by call i + 1: the table's switch at the next call
   c.audit_every = 1;  // every FP8 call also in full precision: the bad call's true error
   return c;
 }

@@ -187,21 +187,23 @@ SeqOutcome run_sequence(const Config& config, sim::Options machine, const Sequen
   return o;
 }
 
-Config guard_config(uint32_t sample_every = 1, uint32_t retry_after = 3) {
+Config guard_config(uint32_t sample_every = 1, uint32_t retry_after = 3, uint32_t decide_after = 1) {
   Config c = sim_config();
   c.telemetry_sample_every = sample_every;
   c.guard_enable = true;
   c.guard_retry_after = retry_after;
+  c.guard_decide_after = decide_after;
   c.log_level = "error";
   return c;
 }
 
-// The path every rank must record for call i: FP8 until the bad call, full precision (fallback) for
-// retry_after calls after it, then FP8 again.
-std::vector<Path> expected_paths(const Sequence& q, uint32_t retry_after, bool trips) {
+// The path every rank must record for call i: FP8 until the call that reads the bad call's votes
+// (decide_after calls after it), full precision (fallback) for retry_after calls from there, then FP8.
+std::vector<Path> expected_paths(const Sequence& q, uint32_t retry_after, bool trips, uint32_t decide_after = 1) {
   std::vector<Path> p(static_cast<size_t>(q.calls), q.spec.path);
   if (!trips || q.bad_call < 0) return p;
-  for (int i = q.bad_call + 1; i < q.calls && (retry_after == 0 || i <= q.bad_call + static_cast<int>(retry_after)); ++i)
+  const int from = q.bad_call + static_cast<int>(decide_after);
+  for (int i = from; i < q.calls && (retry_after == 0 || i < from + static_cast<int>(retry_after)); ++i)
     p[static_cast<size_t>(i)] = Path::fallback;
   return p;
 }
@@ -298,6 +300,36 @@ TEST_CASE("guard: every breakage of e4m3 switches every rank at the same call, u
         }
   MESSAGE(runs << " runs");
   CAPTURE(failures.size());
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+}
+
+TEST_CASE("guard: the votes read guard.decide_after calls later: every rank switches at that call, under every interleaving") {
+  // Every call measured; a guarded call's votes are read 3 calls later, and the calls between are
+  // measured only (one decision in flight): calls 0, 3, 6, 9 carry votes. Call 3 breaks, so calls
+  // 6..8 run in full precision and call 9 is FP8 again.
+  std::vector<std::string> failures;
+  int runs = 0;
+  for (int n : {2, 3})
+    for (Path path : {Path::two_shot, Path::one_shot})
+      for (Breakage b : {Breakage::nan_block, Breakage::outlier}) {
+        Sequence q = sequence(Collective::all_reduce, path, 1000, b, n - 1);
+        q.calls = 10;
+        q.bad_call = 3;
+        const Config c = guard_config(1, 3, 3);
+        sim::Options m;
+        m.nranks = n;
+        const auto inputs = inputs_of(q, n);
+        const SeqOutcome plain = plain_run(c, m, q, inputs);
+        for (uint64_t seed : {1ull, 2ull, 3ull, 4ull}) {
+          m.schedule_seed = seed;
+          const SeqOutcome o = run_sequence(c, m, q, inputs);
+          ++runs;
+          const std::string e = check(c, q, inputs, o, plain, expected_paths(q, 3, true, 3));
+          if (!e.empty())
+            failures.push_back(fmt::format("{} n={} {} seed {}: {}", to_string(path), n, label(b), seed, e));
+        }
+      }
+  MESSAGE(runs << " runs");
   CHECK_MESSAGE(failures.empty(), first_failures(failures));
 }
 
@@ -502,6 +534,14 @@ TEST_CASE("guard: the choice of a scope's calls, as a pure function") {
   CHECK(full == std::vector<bool>{true, true, true, false, false, false, false, false});
   CHECK(meas == std::vector<bool>{false, false, false, true, false, false, true, false});
   CHECK_FALSE(sched::apply_decision(s, false, 3));
+  // While a guarded call's votes are still to be read, a measured call carries none.
+  sched::ScopeState busy;
+  busy.pending = 5;
+  const sched::CallChoice first = sched::choose(busy, g, true, false);
+  CHECK((first.measure && !first.guard));
+  busy.pending = -1;
+  busy.has_decision = true;
+  CHECK_FALSE(sched::choose(busy, g, true, false).guard);
   CHECK(sched::guard_eligible(Collective::all_reduce, Path::two_shot, ScaleType::fp32));
   CHECK(sched::guard_eligible(Collective::all_gather, Path::two_shot, ScaleType::bf16));
   CHECK_FALSE(sched::guard_eligible(Collective::all_reduce, Path::two_shot, ScaleType::e8m0));

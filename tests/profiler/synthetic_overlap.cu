@@ -5,8 +5,8 @@
 //   overlap   compute kernel (spins a known time) on one stream, all-reduce on another: hidden
 //   serial    the all-reduce waits for the compute kernel (event dependency): fully exposed
 //   partial   the all-reduce starts after 3/4 of the compute: partly exposed
-//   delayed   as serial, but the last rank issues its all-reduce --delay-ms after its compute ended
-//             (a host sleep): every other rank's call waits that long for its peer. Not in the
+//   delayed   as serial, but the last rank starts its compute --delay-ms late (a host sleep), so
+//             every other rank's all-reduce waits that long for its peer. Not in the
 //             default list; its designed wait (designed_delay_ms) checks the profiler's split of
 //             exposed time into waiting for peers and moving data (the direct transports' waits)
 //   launches  1000 short compute kernels (host launch rate; for the overhead figure), launched by 8
@@ -221,15 +221,14 @@ int run_rank(const Options& opt, int rank) {
         all_reduce("allreduce_serial", buffer, opt.ar_bytes);
         comm_marks.push_back({a0, tl.mark(comms)});
       } else if (scenario == "delayed") {
+        // The late rank starts its compute late (a host sleep before the launch), so its all-reduce,
+        // queued behind that compute like every rank's, reaches its peers delay_ms after theirs.
+        if (rank == opt.ranks - 1) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(opt.delay_ms));
         const int c0 = tl.mark(compute);
         spin_kernel<<<1, 1, 0, compute>>>(compute_ns);
         const int c1 = tl.mark(compute);
         compute_marks.push_back({c0, c1});
         FP8WIRE_CUDA_OR_EXIT(cudaStreamWaitEvent(comms, tl.event(c1)));
-        if (rank == opt.ranks - 1) {
-          FP8WIRE_CUDA_OR_EXIT(cudaStreamSynchronize(compute));
-          std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(opt.delay_ms));
-        }
         const int a0 = tl.mark(comms);
         all_reduce("allreduce_delayed", buffer, opt.ar_bytes);
         comm_marks.push_back({a0, tl.mark(comms)});

@@ -2,6 +2,8 @@
 # GPU tier of the telemetry, the audit and the guard (scripts/gpu/all.sh guard, ~4-6 min). Needs the
 # build's targets telemetry_ref_test telemetry_gpu guard_gpu fp8wire-bench fp8wire-train.
 #   1. telemetry_gpu   the kernels' error figures, guard flags and votes against the CPU reference;
+#                      then (--time) what measuring adds to the quantize and the requantizing reduce
+#                      of 64 MiB, one process, CUDA events;
 #   2. guard_gpu       synthetic gradients that break e4m3 on one of 2 and 4 emulated ranks trip the
 #                      guard at their call; the next guard.retry_after calls equal plain NCCL bit for
 #                      bit on every rank, then FP8 resumes; prints the synthetic-failure table;
@@ -50,6 +52,8 @@ if [[ "$parts" == *" telemetry "* ]] && need "$BUILD/tests/quant/telemetry_ref_t
   echo "## telemetry_gpu"
   grep -E "^FAIL" "$OUT/telemetry_gpu.log" | head -10
   grep -E "(PASS|FAIL|SKIPPED).*telemetry_gpu|SKIPPED" "$OUT/telemetry_gpu.log"
+  run telemetry_cost 60 "$BUILD/tests/quant/telemetry_gpu" --time
+  cat "$OUT/telemetry_cost.log"
   echo
 fi
 

@@ -11,7 +11,8 @@
 #   4. fp8wire-train --ranks 2 (pi05_small, a few steps): its launcher line and summary say mps.
 #   5. a daemon the user runs on the default pipe directory (/tmp/nvidia-mps) is left alone: no launcher
 #      here may use that directory, and its control socket, if there is one, is still there at the end;
-#      every private daemon is gone at the end (as many control daemons as before) with its directory.
+#      every private daemon is gone at the end (no control daemon that was not running before) with its
+#      directory. A daemon from before may end meanwhile (an earlier script's, still shutting down).
 # Needs nvidia-cuda-mps-control on PATH (else every row is SKIP). Logs under $OUT; summary last.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_out testbed
@@ -25,7 +26,7 @@ if ! command -v nvidia-cuda-mps-control > /dev/null; then
 fi
 user_socket=""
 [[ -S /tmp/nvidia-mps/control ]] && user_socket=/tmp/nvidia-mps/control
-daemons_before=$(pgrep -xc nvidia-cuda-mps || true)  # the kernel keeps 15 characters of a name
+pids_before=" $(pgrep -x nvidia-cuda-mps | tr '\n' ' ')"  # the kernel keeps 15 characters of a name
 
 # server_seen LOG PID: polls LOG for the launcher's pipe directory while PID runs, then asks that
 # daemon for its MPS servers; prints the server list (empty: none seen).
@@ -128,12 +129,13 @@ if [[ -n "$user_socket" ]]; then
   else row "the user's daemon (/tmp/nvidia-mps) still runs" "FAIL (its control socket is gone)"; fi
 fi
 sleep 2
-daemons_after=$(pgrep -xc nvidia-cuda-mps || true)
+new_daemons=""
+for pid in $(pgrep -x nvidia-cuda-mps); do [[ "$pids_before" == *" $pid "* ]] || new_daemons+=" $pid"; done
 left=$(find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'fp8wire-mps-*' 2>/dev/null | head -3)
-if [[ "$daemons_after" == "$daemons_before" && -z "$left" ]]; then
-  row "every private daemon stopped, its directory removed" "PASS ($daemons_after control daemon(s) before and after)"
+if [[ -z "$new_daemons" && -z "$left" ]]; then
+  row "every private daemon stopped, its directory removed" "PASS (no control daemon left of those started here)"
 else
-  row "every private daemon stopped, its directory removed" "FAIL (control daemons $daemons_before -> $daemons_after; left: $left)"
+  row "every private daemon stopped, its directory removed" "FAIL (control daemons started here still running:${new_daemons:- none}; directories left: ${left:-none})"
 fi
 
 echo "==================== testbed summary ===================="

@@ -8,6 +8,7 @@
 // and |sq_input - ref| <= 1e-5 * sq_input.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status.hpp"
 #include "quant/quant.hpp"
 #include "quant/reference.hpp"
 #include "quant/telemetry.hpp"
@@ -27,15 +29,6 @@ namespace {
 
 int g_failures = 0;
 int g_cases = 0;
-
-#define CUDA_OK(x)                                                                   \
-  do {                                                                               \
-    const cudaError_t e_ = (x);                                                      \
-    if (e_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
 
 void expect(bool ok, const std::string& what) {
   if (!ok) {
@@ -110,26 +103,26 @@ void check_case(int kind, Fp8Format fp8, ScaleType st, Rounding rounding, size_t
   float* dx = nullptr;
   uint8_t *dw = nullptr, *dout = nullptr;
   CallTelemetry* drec = nullptr;
-  CUDA_OK(cudaMalloc(&dx, n * sizeof(float)));
-  CUDA_OK(cudaMalloc(&dw, cb));
-  CUDA_OK(cudaMalloc(&dout, cb));
-  CUDA_OK(cudaMalloc(&drec, sizeof(CallTelemetry)));
-  CUDA_OK(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(drec, 0, sizeof(CallTelemetry)));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&dx, n * sizeof(float)));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&dw, cb));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&dout, cb));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&drec, sizeof(CallTelemetry)));
+  FP8WIRE_CUDA_OR_EXIT(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  FP8WIRE_CUDA_OR_EXIT(cudaMemset(drec, 0, sizeof(CallTelemetry)));
   LaunchOptions opt;
   opt.telemetry = topt;
   opt.telemetry.record = drec;
-  CUDA_OK(quantize(dx, ElemType::f32, n, dw, Segmented::single(n, f), f, nullptr, opt));
+  FP8WIRE_CUDA_OR_EXIT(quantize(dx, ElemType::f32, n, dw, Segmented::single(n, f), f, nullptr, opt));
   const void* gin[2] = {dw, dw};
   ReduceOutput out;
   out.wire = dout;
-  CUDA_OK(dequantize_reduce(gin, 2, n, 0.5f, out, f, nullptr, opt));
-  CUDA_OK(cudaDeviceSynchronize());
+  FP8WIRE_CUDA_OR_EXIT(dequantize_reduce(gin, 2, n, 0.5f, out, f, nullptr, opt));
+  FP8WIRE_CUDA_OR_EXIT(cudaDeviceSynchronize());
   CallTelemetry got;
   std::vector<uint8_t> wire(cb), wout(cb);
-  CUDA_OK(cudaMemcpy(&got, drec, sizeof(got), cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(wire.data(), dw, cb, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(wout.data(), dout, cb, cudaMemcpyDeviceToHost));
+  FP8WIRE_CUDA_OR_EXIT(cudaMemcpy(&got, drec, sizeof(got), cudaMemcpyDeviceToHost));
+  FP8WIRE_CUDA_OR_EXIT(cudaMemcpy(wire.data(), dw, cb, cudaMemcpyDeviceToHost));
+  FP8WIRE_CUDA_OR_EXIT(cudaMemcpy(wout.data(), dout, cb, cudaMemcpyDeviceToHost));
   char name[200];
   std::snprintf(name, sizeof(name), "%s %s/%s/%s n=%zu guard=%d", kind_name(kind), to_string(fp8), to_string(st),
                 rounding == Rounding::nearest ? "nearest" : "stochastic", n, guard ? 1 : 0);
@@ -148,11 +141,11 @@ void check_case(int kind, Fp8Format fp8, ScaleType st, Rounding rounding, size_t
          std::string(name) + ": votes differ from the reference");
   const CallTelemetry measured = got;  // the quantize's and the reduce's record; `got` is reused below
   // The decision of a decode of the requantized chunk.
-  CUDA_OK(cudaMemset(drec, 0, sizeof(CallTelemetry)));
+  FP8WIRE_CUDA_OR_EXIT(cudaMemset(drec, 0, sizeof(CallTelemetry)));
   float* dy = nullptr;
-  CUDA_OK(cudaMalloc(&dy, n * sizeof(float)));
-  CUDA_OK(dequantize(dout, Segmented::single(n, f), n, dy, ElemType::f32, f, nullptr, opt));
-  CUDA_OK(cudaMemcpy(&got, drec, sizeof(got), cudaMemcpyDeviceToHost));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&dy, n * sizeof(float)));
+  FP8WIRE_CUDA_OR_EXIT(dequantize(dout, Segmented::single(n, f), n, dy, ElemType::f32, f, nullptr, opt));
+  FP8WIRE_CUDA_OR_EXIT(cudaMemcpy(&got, drec, sizeof(got), cudaMemcpyDeviceToHost));
   expect(got.decision == (guard && ref::guard_flag(ref_out.data(), n, f) ? 1u : 0u), std::string(name) + ": decision");
   if (kind <= 1) expect(guard_vote(measured.input, GuardBounds{}) == 0, std::string(name) + ": ordinary data voted");
   // An outlier 1e5x larger breaks e4m3 (its neighbours flush); e5m2's 2^32 range holds it.
@@ -171,11 +164,89 @@ void check_case(int kind, Fp8Format fp8, ScaleType st, Rounding rounding, size_t
 
 }  // namespace
 
-int main() {
+// What measuring costs on the GPU: the quantize of 64 MiB of bf16 and the requantizing reduce of two
+// such chunks, each with and without a record (and with the guard's flags), alternated, median of
+// CUDA-event times. One process and one stream, so the figures carry none of the noise that ranks
+// sharing a GPU add to a collective's time; a measured call runs one quantize and, in the two-shot
+// all-reduce, one requantizing reduce per rank.
+void time_cost() {
+  const size_t n = size_t(32) << 20;  // 64 MiB of bf16
+  const WireFormat f{Fp8Format::e4m3, ScaleType::fp32, 128, Rounding::nearest, 5};
+  const size_t cb = chunk_bytes(n, f);
+  std::vector<uint16_t> host(n);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  for (uint16_t& h : host) {
+    const float v = normal(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    h = static_cast<uint16_t>(bits >> 16);
+  }
+  void* dx = nullptr;
+  uint8_t *dw = nullptr, *dout = nullptr;
+  CallTelemetry* drec = nullptr;
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&dx, n * 2));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&dw, cb));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&dout, cb));
+  FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&drec, sizeof(CallTelemetry)));
+  FP8WIRE_CUDA_OR_EXIT(cudaMemcpy(dx, host.data(), n * 2, cudaMemcpyHostToDevice));
+  cudaEvent_t a, b;
+  FP8WIRE_CUDA_OR_EXIT(cudaEventCreate(&a));
+  FP8WIRE_CUDA_OR_EXIT(cudaEventCreate(&b));
+  auto timed = [&](auto&& launch) {
+    FP8WIRE_CUDA_OR_EXIT(cudaEventRecord(a));
+    launch();
+    FP8WIRE_CUDA_OR_EXIT(cudaEventRecord(b));
+    FP8WIRE_CUDA_OR_EXIT(cudaEventSynchronize(b));
+    float ms = 0;
+    FP8WIRE_CUDA_OR_EXIT(cudaEventElapsedTime(&ms, a, b));
+    return 1000.0 * ms;
+  };
+  const char* names[3] = {"off", "measured", "measured+guard"};
+  std::vector<double> q[3], r[3];
+  for (int rep = 0; rep < 31; ++rep)
+    for (int mode = 0; mode < 3; ++mode) {
+      LaunchOptions opt;
+      if (mode > 0) opt.telemetry.record = drec;
+      opt.telemetry.guard = mode == 2;
+      FP8WIRE_CUDA_OR_EXIT(cudaMemset(drec, 0, sizeof(CallTelemetry)));
+      const double tq = timed([&] { FP8WIRE_CUDA_OR_EXIT(quantize(dx, ElemType::bf16, n, dw, Segmented::single(n, f), f, nullptr, opt)); });
+      const void* in[2] = {dw, dw};
+      ReduceOutput out;
+      out.wire = dout;
+      const double tr = timed([&] { FP8WIRE_CUDA_OR_EXIT(dequantize_reduce(in, 2, n, 0.5f, out, f, nullptr, opt)); });
+      if (rep > 0) {  // the first round warms up
+        q[mode].push_back(tq);
+        r[mode].push_back(tr);
+      }
+    }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("telemetry cost: 64 MiB bf16, median of %zu (us; quantize, requantizing reduce of 2 chunks)\n", q[0].size());
+  for (int mode = 0; mode < 3; ++mode)
+    std::printf("  %-15s quantize %8.1f (%+6.1f %%)  reduce %8.1f (%+6.1f %%)  extra per measured call %6.1f us\n",
+                names[mode], median(q[mode]), 100 * (median(q[mode]) / median(q[0]) - 1), median(r[mode]),
+                100 * (median(r[mode]) / median(r[0]) - 1),
+                median(q[mode]) - median(q[0]) + median(r[mode]) - median(r[0]));
+  cudaFree(dx);
+  cudaFree(dw);
+  cudaFree(dout);
+  cudaFree(drec);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+}
+
+int main(int argc, char** argv) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("SKIPPED: no CUDA device\n");
     return 77;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--time") {
+    time_cost();
+    return 0;
   }
   for (int kind = 0; kind < 5; ++kind)
     for (Fp8Format fp8 : {Fp8Format::e4m3, Fp8Format::e5m2})

@@ -33,9 +33,9 @@ ranks="${REGRESSION_RANKS:-2 4}"
 for n in $ranks; do
   [[ " $parts " == *" sweeps "* ]] || break
   min=1MiB; (( n == 4 )) && min=4MiB
-  # A base older than the testbed label reads FP8WIRE_TESTBED_MODE as an unknown key: it runs under
-  # the same daemon (CUDA_MPS_PIPE_DIRECTORY) without the label.
-  (unset FP8WIRE_TESTBED_MODE; sweep "ar${n}_base" "$BASE/build/bench/fp8wire-bench" "$n" "$min" 256MiB)
+  # A base older than the testbed reads FP8WIRE_TESTBED_MODE and FP8WIRE_MPS as unknown keys: it runs
+  # under the same daemon (CUDA_MPS_PIPE_DIRECTORY), or the same time slicing, without them.
+  (unset FP8WIRE_TESTBED_MODE FP8WIRE_MPS; sweep "ar${n}_base" "$BASE/build/bench/fp8wire-bench" "$n" "$min" 256MiB)
   sweep "ar${n}_new" build/bench/fp8wire-bench "$n" "$min" 256MiB
 done
 for v in base new; do

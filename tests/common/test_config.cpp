@@ -422,7 +422,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.direct_stage_bytes = 1ull << 20;
   c.direct_ctas = 9;
   c.direct_min_stages = 6;
-  c.direct_own_on_device = true;
+  c.direct_own_on_device = false;
   c.log_level = "trace";
   c.log_file = "/tmp/with \"quotes\" and \\ back\tslash-%r.log";
   c.nccl_library = "/opt/nccl/lib/libnccl.so.2";
@@ -497,7 +497,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.direct_stage_bytes == 1ull << 20);
   CHECK(p.direct_ctas == 9);
   CHECK(p.direct_min_stages == 6);
-  CHECK(p.direct_own_on_device);
+  CHECK_FALSE(p.direct_own_on_device);
   CHECK(p.log_level == c.log_level);
   CHECK(p.log_file == c.log_file);
   CHECK(p.nccl_library == c.nccl_library);

@@ -162,13 +162,18 @@ for a, b in zip(off, on):
 for label in ("telemetry", "guard"):
     for x in log(label):
         trips += sum(v for k, v in x.get("fp8wire_errors", {}).items() if k.endswith("/guard_trips"))
-timed = lambda l: [x["step_ms"] for x in l[2:]]
-m_off = st.median(timed(off))
+import re
+def mean_step(label):  # the trainer's summary: the mean over every step after its warm-up
+    try:
+        m = re.search(r"mean step ([0-9.]+) ms", open(os.path.join(out, f"pi05_{label}.log")).read())
+        return float(m.group(1)) if m else None
+    except OSError:
+        return None
+m_off = mean_step("telemetry_off")
 for label, what in (("telemetry", "telemetry 1 in 16"), ("guard", "+ the guard"), ("guard_audit", f"+ the audit every {os.environ.get('AUDIT_EVERY', '?')} calls")):
-    l = log(label)
-    if l:
-        m = st.median(timed(l))
-        print(f"median logged step: telemetry off {m_off:.1f} ms, {what}: {m:.1f} ms ({100 * (m / m_off - 1):+.1f} %)")
+    m = mean_step(label)
+    if m and m_off:
+        print(f"mean step: telemetry off {m_off:.1f} ms, {what}: {m:.1f} ms ({100 * (m / m_off - 1):+.1f} %)")
 if rows:
     ratio = [a / max(i, r) for a, i, r in rows if max(i, r) > 0]
     print(f"audit / telemetry (larger of input and requant error), per logged interval: "

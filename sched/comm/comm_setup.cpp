@@ -13,27 +13,12 @@
 #include "sched/comm/exchange.hpp"
 #include "sched/comm/rounds.hpp"
 #include "sched/plan/hierarchy.hpp"
+#include "sched/platform/device_guard.hpp"
 #include "sched/transport/direct_windows.hpp"
 
 namespace fp8wire::sched {
 
 namespace {
-
-class DeviceGuard {
- public:
-  DeviceGuard(const CudaApi& cuda, int device) : cuda_(&cuda) {
-    if (device >= 0 && cuda.GetDevice(&previous_) == cudaSuccess && previous_ != device)
-      changed_ = cuda.SetDevice(device) == cudaSuccess;
-  }
-  ~DeviceGuard() {
-    if (changed_) cuda_->SetDevice(previous_);
-  }
-
- private:
-  const CudaApi* cuda_;
-  int previous_ = 0;
-  bool changed_ = false;
-};
 
 // Local resources for FP8 on this communicator. Failure is not an error: it is reported in the
 // agreement, and every rank then passes through.
@@ -220,33 +205,5 @@ void agree_at_creation(std::span<CommState* const> comms, const Config& config, 
   }
 }
 
-void release_resources(CommState& s) {
-  CommResources& r = s.res;
-  if (!r.produce && !r.transfer && !r.scratch && !r.fork && !s.direct) return;  // touch no device it never used
-  const CudaApi& cuda = s.platform->cuda;
-  DeviceGuard guard(cuda, s.device);
-  if (s.direct) {
-    // A lane may wait on a peer's flag: after an abort, or once that peer is gone, no signal comes,
-    // and this rank releases its own waits. Then the windows go once every peer has read what this
-    // rank wrote (their release flags), so that no peer's kernel reads freed memory.
-    const cudaStream_t lanes[] = {r.produce, r.transfer};
-    s.direct->drain(lanes, 2, s.aborting);
-    // Every release this rank owes is written: from here its peers may see it as closed in order.
-    s.direct->mark_closed();
-    if (!s.direct->wait_peers_done(s.aborting)) s.direct->keep_own_window();
-    s.direct.reset();
-  }
-  // The lanes may still run an FP8 call of this communicator (its last one, or one an abort cut
-  // short): wait for them before freeing what they read.
-  if (r.produce) cuda.StreamSynchronize(r.produce);
-  if (r.transfer) cuda.StreamSynchronize(r.transfer);
-  if (r.scratch) cuda.Free(r.scratch);
-  for (cudaEvent_t e : {r.fork, r.produce_end, r.last, r.capture_produce_end, r.capture_transfer_end,
-                        r.ready[0], r.ready[1], r.done[0], r.done[1]})
-    if (e) cuda.EventDestroy(e);
-  if (r.produce) cuda.StreamDestroy(r.produce);
-  if (r.transfer) cuda.StreamDestroy(r.transfer);
-  r = CommResources{};
-}
 
 }  // namespace fp8wire::sched

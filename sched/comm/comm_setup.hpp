@@ -24,7 +24,5 @@ bool query_comm(CommState& s);
 // another). Blocking: the thread waits for the exchange, but gives up, without freeing anything in
 // use, once `aborting` is set or NCCL reports an error on the communicator; FP8 is then off on it.
 void agree_at_creation(std::span<CommState* const> comms, const Config& config, const LocalIdentity& me);
-// Frees the communicator's pipeline resources (streams synchronised first). Safe on a partial set.
-void release_resources(CommState& s);
 
 }  // namespace fp8wire::sched

@@ -1,7 +1,7 @@
 #include "sched/comm/comm_state.hpp"
 
-#include "sched/comm/comm_setup.hpp"
-#include "sched/comm/telemetry.hpp"
+#include "sched/comm/telemetry_monitor.hpp"
+#include "sched/platform/device_guard.hpp"
 #include "sched/platform/platform.hpp"
 #include "sched/transport/direct_windows.hpp"
 
@@ -23,6 +23,35 @@ CommState::~CommState() {
   if (!abort)
     for (ncclComm_t c : {hierarchy.host, hierarchy.rail})
       if (c && api.CommDestroy) api.CommDestroy(c);
+}
+
+void release_resources(CommState& s) {
+  CommResources& r = s.res;
+  if (!r.produce && !r.transfer && !r.scratch && !r.fork && !s.direct) return;  // touch no device it never used
+  const CudaApi& cuda = s.platform->cuda;
+  DeviceGuard guard(cuda, s.device);
+  if (s.direct) {
+    // A lane may wait on a peer's flag: after an abort, or once that peer is gone, no signal comes,
+    // and this rank releases its own waits. Then the windows go once every peer has read what this
+    // rank wrote (their release flags), so that no peer's kernel reads freed memory.
+    const cudaStream_t lanes[] = {r.produce, r.transfer};
+    s.direct->drain(lanes, 2, s.aborting);
+    // Every release this rank owes is written: from here its peers may see it as closed in order.
+    s.direct->mark_closed();
+    if (!s.direct->wait_peers_done(s.aborting)) s.direct->keep_own_window();
+    s.direct.reset();
+  }
+  // The lanes may still run an FP8 call of this communicator (its last one, or one an abort cut
+  // short): wait for them before freeing what they read.
+  if (r.produce) cuda.StreamSynchronize(r.produce);
+  if (r.transfer) cuda.StreamSynchronize(r.transfer);
+  if (r.scratch) cuda.Free(r.scratch);
+  for (cudaEvent_t e : {r.fork, r.produce_end, r.last, r.capture_produce_end, r.capture_transfer_end,
+                        r.ready[0], r.ready[1], r.done[0], r.done[1]})
+    if (e) cuda.EventDestroy(e);
+  if (r.produce) cuda.StreamDestroy(r.produce);
+  if (r.transfer) cuda.StreamDestroy(r.transfer);
+  r = CommResources{};
 }
 
 }  // namespace fp8wire::sched

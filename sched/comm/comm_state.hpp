@@ -27,7 +27,7 @@ struct Platform;  // sched/platform/platform.hpp
 namespace fp8wire::sched {
 
 class DirectWindows;     // sched/transport/direct_windows.hpp
-class TelemetryMonitor;  // sched/comm/telemetry.hpp
+class TelemetryMonitor;  // sched/comm/telemetry_monitor.hpp
 
 // Who a communicator is, as a call record names it.
 struct CommIdentity {
@@ -113,5 +113,9 @@ struct CommState {
   std::atomic<int> failure_{ncclSuccess};
 };
 using CommRef = std::shared_ptr<CommState>;
+
+// Frees the communicator's pipeline resources (streams synchronised first): at its end, or at the
+// agreement where FP8 cannot run. Safe on a partial set.
+void release_resources(CommState& s);
 
 }  // namespace fp8wire::sched

@@ -9,7 +9,7 @@
 #include "common/nvtx.hpp"
 #include "common/status.hpp"
 #include "sched/algorithms/algorithms.hpp"
-#include "sched/comm/telemetry.hpp"
+#include "sched/comm/telemetry_monitor.hpp"
 #include "sched/engine/engine_impl.hpp"
 #include "sched/exec/measured_program.hpp"
 #include "sched/transport/direct_windows.hpp"
@@ -56,7 +56,7 @@ class CoalescedAllReduce final : public StageProgram {
   size_t es_;
 };
 
-// Telemetry and the guard's choice for this call (sched/comm/telemetry.hpp); nothing while telemetry is off.
+// Telemetry and the guard's choice for this call (sched/comm/telemetry_monitor.hpp); nothing while telemetry is off.
 ncclResult_t telemetry_begin(CommState& s, const Config& config, const quant::WireFormat& format, const Call& c,
                              Path path, uint64_t scope, bool capturing, uint64_t seq, TelemetryMonitor::Call* out) {
   const GuardSettings g = GuardSettings::from(config);

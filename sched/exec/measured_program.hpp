@@ -1,9 +1,9 @@
-// A call that telemetry measures (sched/comm/telemetry.hpp): its stage program wrapped so that the
+// A call that telemetry measures (sched/comm/telemetry_monitor.hpp): its stage program wrapped so that the
 // call's record is zeroed before its first quantize and read back after its last stage.
 #pragma once
 
 #include "quant/telemetry.hpp"
-#include "sched/comm/telemetry.hpp"
+#include "sched/comm/telemetry_monitor.hpp"
 #include "sched/exec/pipeline.hpp"
 #include "sched/platform/cuda_api.hpp"
 

@@ -22,7 +22,7 @@ struct CudaApi {
   cudaError_t (*EventCreateWithFlags)(cudaEvent_t*, unsigned int) = nullptr;
   cudaError_t (*EventDestroy)(cudaEvent_t) = nullptr;
   cudaError_t (*EventRecord)(cudaEvent_t, cudaStream_t) = nullptr;
-  cudaError_t (*EventQuery)(cudaEvent_t) = nullptr;        // telemetry records (sched/comm/telemetry.hpp)
+  cudaError_t (*EventQuery)(cudaEvent_t) = nullptr;        // telemetry records (sched/comm/telemetry_monitor.hpp)
   cudaError_t (*EventSynchronize)(cudaEvent_t) = nullptr;
   cudaError_t (*Malloc)(void**, size_t) = nullptr;
   cudaError_t (*Free)(void*) = nullptr;

@@ -1,4 +1,4 @@
-#include "sched/comm/telemetry.hpp"
+#include "sched/comm/telemetry_monitor.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // What one FP8 call measures about its own quantization, and the guard's vote, shared by the CPU
 // reference (reference.hpp), the kernels (quant.hpp, through LaunchOptions::telemetry) and the
-// scheduler (sched/comm/telemetry.hpp). Plain C++: the structs live in device memory and are copied to
+// scheduler (sched/comm/telemetry_monitor.hpp). Plain C++: the structs live in device memory and are copied to
 // the host as bytes, the vote is compiled for host and device alike (quant/README.md, "Telemetry").
 #pragma once
 

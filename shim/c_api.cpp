@@ -5,7 +5,7 @@
 
 #include "common/cuda_devices.hpp"
 #include "common/log.hpp"
-#include "sched/comm/telemetry.hpp"
+#include "sched/comm/telemetry_monitor.hpp"
 #include "sched/engine/accounting.hpp"
 #include "shim/real_nccl.hpp"
 #include "shim/runtime.hpp"

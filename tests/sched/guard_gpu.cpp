@@ -29,7 +29,7 @@
 #include "sched/engine/engine_probe.hpp"
 #include "sched/platform/gpu_platform.hpp"
 #include "sched/platform/nccl_api_linked.hpp"
-#include "sched/comm/telemetry.hpp"
+#include "sched/comm/telemetry_monitor.hpp"
 
 using namespace fp8wire;
 

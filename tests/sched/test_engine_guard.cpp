@@ -23,7 +23,7 @@
 #include "sched/engine/accounting.hpp"
 #include "sched/engine/engine.hpp"
 #include "sched/plan/guard.hpp"
-#include "sched/comm/telemetry.hpp"
+#include "sched/comm/telemetry_monitor.hpp"
 #include "tests/sched/sim/sim.hpp"
 #include "tests/sched/sim_job.hpp"
 

@@ -103,6 +103,9 @@ struct CollectiveReport {
   double exposed_ms = 0;     // its share of the step's exposed communication: data + wait
   double exposed_data_ms = 0;
   double exposed_wait_ms = 0;
+  // Telemetry (telemetry.sample_every): the relative quantization error of its inputs on this rank,
+  // -1 when the call was not measured (or without the shim).
+  double rel_error = -1;
 };
 
 struct StepReport {

@@ -667,8 +667,26 @@ void Profiler::open_outputs_locked() {
     FP8WIRE_WARN("fp8wire profiler: cannot write '{}.trace.json' (profiler.output): {}", base, strerror(errno));
 }
 
+namespace {
+// The shim's per-call telemetry (shim/fp8wire.h fp8wire_call_error), resolved at run time: null
+// without libfp8wire.so (or one older than it).
+using CallErrorFn = int (*)(uint64_t, double*, double*);
+CallErrorFn call_error_fn() {
+  static const CallErrorFn fn = reinterpret_cast<CallErrorFn>(dlsym(RTLD_DEFAULT, "fp8wire_call_error"));
+  return fn;
+}
+}  // namespace
+
 void Profiler::report_locked(std::vector<Collector::Finalized>&& steps) {
   if (steps.empty()) return;
+  // A measured call's error is in by now: the step was reported after its settle time, and the
+  // query folds every completed record.
+  if (const CallErrorFn error_of = call_error_fn())
+    for (Collector::Finalized& f : steps)
+      for (CollectiveReport& c : f.report.top) {
+        double input = 0;
+        if (c.seq && error_of(c.seq, &input, nullptr)) c.rel_error = input;
+      }
   if (!outputs_opened_) {
     open_outputs_locked();
     for (auto& f : steps) f.report.rank = collector_.options().rank;

@@ -24,7 +24,8 @@ json to_json(const CollectiveReport& c) {
               {"path", c.path},         {"transport", c.transport},   {"app_bytes", c.app_bytes},
               {"wire_bytes", c.wire_bytes}, {"kernels", c.kernels},   {"begin_ns", c.begin_ns},
               {"duration_ms", c.duration_ms}, {"exposed_ms", c.exposed_ms},
-              {"exposed_data_ms", c.exposed_data_ms}, {"exposed_wait_ms", c.exposed_wait_ms}};
+              {"exposed_data_ms", c.exposed_data_ms}, {"exposed_wait_ms", c.exposed_wait_ms},
+              {"rel_error", c.rel_error}};
 }
 
 json to_json(const StepReport& r) {
@@ -145,7 +146,8 @@ bool step_report_from_json(const json& j, StepReport& r, std::string& error) {
                       read_field(t, "begin_ns", c.begin_ns, why) && read_field(t, "duration_ms", c.duration_ms, why) &&
                       read_field(t, "exposed_ms", c.exposed_ms, why) &&
                       read_field(t, "exposed_data_ms", c.exposed_data_ms, why) &&
-                      read_field(t, "exposed_wait_ms", c.exposed_wait_ms, why);
+                      read_field(t, "exposed_wait_ms", c.exposed_wait_ms, why) &&
+                      (!t.contains("rel_error") || read_field(t, "rel_error", c.rel_error, why));
     if (!good) {
       error = fmt::format("\"top\"[{}]: {}", i, why.empty() ? fmt::format("is {}, expected an object", shown(t)) : why);
       return false;
@@ -363,16 +365,18 @@ std::string format_table(const MergedReport& m, size_t max_rows) {
   if (!m.top.empty()) {
     out += "top exposed collectives:\n";
     // exposed = data (a kernel of it running) + wait (inside it, none running: peers, its other lane)
-    out += fmt::format("{:>4} {:>6} {:>6} {:>5} {:>14} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11} {:>11} {:>9}  {}\n",
+    // err%: the relative quantization error of a measured call's inputs (telemetry), "-" otherwise
+    out += fmt::format("{:>4} {:>6} {:>6} {:>5} {:>14} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11} {:>11} {:>9} {:>6}  {}\n",
                        "rank", "step", "seq", "#", "collective", "dur", "exposed", "data", "wait", "dtype", "path",
-                       "transport", "bytes", "nvtx range");
+                       "transport", "bytes", "err%", "nvtx range");
     for (const RankedCollective& t : m.top) {
       const CollectiveReport& c = t.collective;
-      out += fmt::format("{:>4} {:>6} {:>6} {:>5} {:>14} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>6} {:>11} {:>11} {:>9}  {}\n",
+      out += fmt::format("{:>4} {:>6} {:>6} {:>5} {:>14} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>6} {:>11} {:>11} {:>9} {:>6}  {}\n",
                          t.rank, t.step, c.seq, c.ordinal, c.name.substr(0, 14), c.duration_ms, c.exposed_ms,
                          c.exposed_data_ms, c.exposed_wait_ms, c.dtype.empty() ? "-" : c.dtype,
                          c.path.empty() ? "-" : c.path, c.transport.empty() ? "-" : c.transport.substr(0, 11),
-                         bytes_text(c.app_bytes), c.range.empty() ? "-" : c.range);
+                         bytes_text(c.app_bytes), c.rel_error < 0 ? "-" : fmt::format("{:.2f}", 100 * c.rel_error),
+                         c.range.empty() ? "-" : c.range);
     }
   }
   return out;

@@ -150,4 +150,17 @@ FP8WIRE_EXPORT const char* fp8wire_collective_name(int i) {
   return i < fp8wire::kCollectiveCount ? fp8wire::to_string(static_cast<fp8wire::Collective>(i)) : "";
 }
 
+FP8WIRE_EXPORT int fp8wire_call_error(uint64_t seq, double* input_rel_error, double* requant_rel_error) {
+  try {
+    fp8wire::sched::MeasuredCall c;
+    if (!fp8wire::sched::measured_call(seq, &c)) return 0;
+    if (input_rel_error) *input_rel_error = c.input_rel_error;
+    if (requant_rel_error) *requant_rel_error = c.requant_rel_error;
+    return 1;
+  } catch (...) {
+    FP8WIRE_ERROR("fp8wire_call_error: internal error; reporting the call as not measured");
+    return 0;
+  }
+}
+
 FP8WIRE_EXPORT void fp8wire_set_feedback_key(uint64_t key) { fp8wire::sched::Engine::set_feedback_key(key); }

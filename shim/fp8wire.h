@@ -102,6 +102,12 @@ void fp8wire_get_error_totals(fp8wire_error_totals* out);
  * NULL when i is outside [0, FP8WIRE_MAX_COLLECTIVES). */
 const char* fp8wire_collective_name(int i);
 
+/* One measured call's figures by its sequence number (the `seq` of the profiler's per-collective
+ * table): the relative quantization error of its inputs on this rank and of the requantization inside
+ * it (0 where none). Returns 1 when the call was measured and its record is in (among the latest 1024
+ * measured calls of the process), 0 otherwise; the outputs are then untouched. */
+int fp8wire_call_error(uint64_t seq, double* input_rel_error, double* requant_rel_error);
+
 /* Error feedback (error_feedback.enable): the identity of the tensor the next all-reduce issued on
  * this thread carries, e.g. a DDP bucket index (key != 0). The quantization residual of one call is
  * added to the next call with the same key, never to another tensor's; a call with no key gets no

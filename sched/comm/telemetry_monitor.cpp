@@ -21,6 +21,9 @@ struct Store {
   std::vector<TelemetryMonitor*> monitors;
   std::mutex totals_mutex;
   ErrorTotals totals;
+  // The latest measured calls by sequence number (totals_mutex), for the profiler's per-call column.
+  std::array<MeasuredCall, 1024> recent{};
+  size_t next_recent = 0;
 };
 Store& store() {
   static Store* s = new Store();  // never destroyed: monitors may outlive static destruction
@@ -65,6 +68,22 @@ ErrorTotals error_totals() {
   }
   std::lock_guard lock(st.totals_mutex);
   return st.totals;
+}
+
+bool measured_call(uint64_t seq, MeasuredCall* out) {
+  if (seq == 0) return false;
+  Store& st = store();
+  {
+    std::lock_guard lock(st.monitors_mutex);
+    for (TelemetryMonitor* m : st.monitors) m->fold_completed();
+  }
+  std::lock_guard lock(st.totals_mutex);
+  for (const MeasuredCall& c : st.recent)
+    if (c.seq == seq) {
+      *out = c;
+      return true;
+    }
+  return false;
 }
 
 void reset_error_totals() {
@@ -165,6 +184,7 @@ void TelemetryMonitor::fold(int slot) {
     ++st.totals.measured_calls[c][p];
     st.totals.input[c][p].add(r.input);
     st.totals.requant[c][p].add(r.requant);
+    st.recent[st.next_recent++ % st.recent.size()] = {s.seq, rel_error(r.input), rel_error(r.requant)};
   }
   FP8WIRE_DEBUG("comm {} rank {}: seq {} {} {}: input {}; requantized {}{}", comm_id_, rank_, s.seq,
                 to_string(s.collective), to_string(s.path), figures(r.input),

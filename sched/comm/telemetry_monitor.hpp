@@ -47,6 +47,16 @@ ErrorTotals error_totals();
 // Zeroes them (after folding what completed), as Accounting::reset does the call totals.
 void reset_error_totals();
 
+// One measured call's figures, by the call's sequence number (the profiler's per-call column).
+struct MeasuredCall {
+  uint64_t seq = 0;
+  double input_rel_error = 0;    // its inputs' quantization on this rank
+  double requant_rel_error = 0;  // the requantization inside it (two-shot, ring), 0 where none
+};
+// The figures of call `seq` once its record completed (folded first), among the latest 1024 measured
+// calls of the process; false for a call that was not measured or whose record is not in yet.
+bool measured_call(uint64_t seq, MeasuredCall* out);
+
 class TelemetryMonitor {
  public:
   static constexpr int kSlots = 64;

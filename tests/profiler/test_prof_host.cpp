@@ -418,6 +418,22 @@ TEST_CASE("reports: JSON round trip, merge (max and mean over ranks), table, rea
   REQUIRE(back.top.size() == 1);
   CHECK(back.top[0].seq == 42);
   CHECK(back.top[0].range == "merged_allreduce");
+  CHECK(back.top[0].rel_error == -1);  // not measured
+  // A measured call's error (telemetry) travels with it; reports written before the field read as -1.
+  {
+    StepReport measured = a;
+    measured.top[0].rel_error = 0.0261;
+    StepReport again;
+    REQUIRE(step_report_from_json(json::parse(to_json(measured).dump()), again, why));
+    CHECK(again.top[0].rel_error == 0.0261);
+    json old = to_json(a);
+    old["top"][0].erase("rel_error");
+    REQUIRE(step_report_from_json(old, again, why));
+    CHECK(again.top[0].rel_error == -1);
+    const std::string table = format_table(merge_ranks({measured}));
+    CHECK(table.find("err%") != std::string::npos);
+    CHECK(table.find(" 2.61 ") != std::string::npos);
+  }
 
   const MergedReport m = merge_ranks({a, b});
   CHECK(m.ranks == 2);

@@ -475,7 +475,9 @@ TEST_CASE("telemetry: totals per collective and path, guard counts, and the figu
   Sequence q = sequence(Collective::all_reduce, Path::two_shot, 1000, Breakage::nan_block, 1);
   q.calls = 6;  // 0..2 FP8 (2 bad), 3..4 full precision, 5 FP8 again
   const auto inputs = inputs_of(q, n);
+  const uint64_t first_seq = Accounting::instance().last_seq() + 1;
   const SeqOutcome o = run_sequence(c, m, q, inputs);
+  const uint64_t last_seq = Accounting::instance().last_seq();
   const int ar = static_cast<int>(Collective::all_reduce), ts = static_cast<int>(Path::two_shot);
   const sched::ErrorTotals& t = o.totals;
   CHECK(t.measured_calls[ar][ts] - before.measured_calls[ar][ts] == 4 * n);  // calls 0, 1, 2, 5 on each rank
@@ -510,6 +512,20 @@ TEST_CASE("telemetry: totals per collective and path, guard counts, and the figu
   CHECK(std::abs(got.sq_error - want.sq_error) <= 1e-12 * want.sq_error);
   CHECK(got.nonfinite == 128);  // the all-NaN block
   CHECK(t.requant[ar][ts].elements > before.requant[ar][ts].elements);
+  // Each measured call's own figures by sequence number (fp8wire_call_error, the profiler's column).
+  sched::MeasuredCall mc;
+  CHECK_FALSE(sched::measured_call(0, &mc));
+  CHECK_FALSE(sched::measured_call(last_seq + 1000, &mc));
+  int found = 0;
+  for (uint64_t seq = first_seq; seq <= last_seq; ++seq)
+    if (sched::measured_call(seq, &mc)) {
+      ++found;
+      CHECK(mc.seq == seq);
+      CHECK(mc.input_rel_error > 0.001);   // e4m3 on Gaussian data: ~2.6 %
+      CHECK(mc.input_rel_error < 0.1);
+      CHECK(mc.requant_rel_error > 0);     // two-shot requantizes its reduced shard
+    }
+  CHECK(found == 4 * n);  // calls 0, 1, 2 and 5 were measured on each rank
 }
 
 TEST_CASE("guard: the choice of a scope's calls, as a pure function") {

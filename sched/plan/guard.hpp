@@ -59,9 +59,9 @@ bool guard_eligible(Collective collective, Path path, ScaleType scale);
 // measured calls are measured only (one decision in flight per scope).
 CallChoice choose(ScopeState& scope, const GuardSettings& g, bool eligible, bool capturing);
 
-// The decision read from the scope's previous call (the OR of every rank's vote): when set, the scope
-// runs in full precision from its next call on, for retry_after calls (for good when 0). Returns
-// whether it switched.
+// The decision of a guarded call (the OR of every rank's vote), read at the scope's call decide_after
+// calls later: when set, the scope runs in full precision from that call on, for retry_after calls
+// (for good when 0). Returns whether it switched.
 bool apply_decision(ScopeState& scope, bool decided, uint32_t retry_after);
 
 }  // namespace fp8wire::sched

@@ -1,5 +1,6 @@
 // The guard over the simulated machine (sched/plan/guard.hpp): a call whose data break the FP8 format on
-// one rank switches its scope to full precision from the next call on, on every rank at the same call,
+// one rank switches its scope to full precision from the call that reads its votes (guard.decide_after
+// calls later; 1 here but where a test says otherwise), on every rank at the same call,
 // under every interleaving the machine's scheduler offers, over NCCL and over a direct transport;
 // from then on the results equal the full-precision path bit for bit, until FP8 resumes after
 // guard.retry_after calls. Faults at every site of a guarded call leave no rank waiting for ever and

@@ -74,8 +74,10 @@ bool measured_call(uint64_t seq, MeasuredCall* out) {
   if (seq == 0) return false;
   Store& st = store();
   {
+    // Never behind a monitor that waits on the GPU (begin's wait for a guarded call, a slot's, an
+    // audit's): the profiler asks while it holds its own lock, at exit too, when a peer may be gone.
     std::lock_guard lock(st.monitors_mutex);
-    for (TelemetryMonitor* m : st.monitors) m->fold_completed();
+    for (TelemetryMonitor* m : st.monitors) m->fold_completed_if_free();
   }
   std::lock_guard lock(st.totals_mutex);
   for (const MeasuredCall& c : st.recent)
@@ -200,7 +202,7 @@ void TelemetryMonitor::fold(int slot) {
       scope.decision = r.decision != 0;
       if (scope.decision)
         FP8WIRE_WARN("comm {} rank {}: seq {} {} {}: the guard votes crossed a bound (this rank: {}; {}; "
-                     "requantized: {}); the {} goes to full precision from its call {} (guard.decide_after)",
+                     "requantized: {}); the {} goes to full precision at its call {} (guard.decide_after; later if that call is captured)",
                      comm_id_, rank_, s.seq, to_string(s.collective), to_string(s.path), reasons(r.vote),
                      figures(r.input), r.requant.elements ? figures(r.requant) : std::string("none"),
                      scope_name(s.scope), scope.decide_at);
@@ -213,6 +215,19 @@ void TelemetryMonitor::fold(int slot) {
 
 void TelemetryMonitor::fold_completed_locked() {
   const CudaApi& cuda = platform_->cuda;
+  // An event query is not permitted while any thread captures a graph in global mode: in relaxed
+  // mode this thread's queries leave such a capture intact. (A call being captured folds nothing.)
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  const bool exchanged =
+      cuda.ThreadExchangeStreamCaptureMode && cuda.ThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  struct Restore {
+    const CudaApi& cuda;
+    bool exchanged;
+    cudaStreamCaptureMode& mode;
+    ~Restore() {
+      if (exchanged) cuda.ThreadExchangeStreamCaptureMode(&mode);
+    }
+  } restore{cuda, exchanged, mode};
   if (audit_.in_flight && cuda.EventQuery(audit_.done) == cudaSuccess) fold_audit();
   if (!allocated_) return;
   for (int i = 0; i < kSlots; ++i) {
@@ -226,10 +241,15 @@ void TelemetryMonitor::fold_completed() {
   fold_completed_locked();
 }
 
+void TelemetryMonitor::fold_completed_if_free() {
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  if (lock.owns_lock()) fold_completed_locked();
+}
+
 ncclResult_t TelemetryMonitor::begin(const GuardSettings& g, uint64_t scope_key, Collective collective, Path path,
                                      bool eligible, bool capturing, uint64_t seq, Call* call) {
   std::lock_guard lock(mutex_);
-  fold_completed_locked();
+  if (!capturing) fold_completed_locked();  // the query of an event is not permitted under capture
   *call = Call{};
   call->scope = scope_key;
   ScopeState& scope = scopes_[scope_key];

@@ -88,6 +88,8 @@ class TelemetryMonitor {
   void end(const Call& call, bool recorded);
   // Folds every completed record into the totals (never waits).
   void fold_completed();
+  // The same, unless another thread holds the monitor (which may be waiting on the GPU): then nothing.
+  void fold_completed_if_free();
 
   // The audit (audit.every), for a call of the communicator that is neither grouped nor captured:
   // whether this one is audited (advances the count; the same on every rank).

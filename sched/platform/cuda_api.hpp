@@ -23,6 +23,9 @@ struct CudaApi {
   cudaError_t (*EventDestroy)(cudaEvent_t) = nullptr;
   cudaError_t (*EventRecord)(cudaEvent_t, cudaStream_t) = nullptr;
   cudaError_t (*EventQuery)(cudaEvent_t) = nullptr;        // telemetry records (sched/comm/telemetry_monitor.hpp)
+  // This thread's capture mode, swapped: the telemetry's event queries run in relaxed mode, so that a
+  // graph another thread captures in global mode (PyTorch's default) is not invalidated by them.
+  cudaError_t (*ThreadExchangeStreamCaptureMode)(cudaStreamCaptureMode*) = nullptr;
   cudaError_t (*EventSynchronize)(cudaEvent_t) = nullptr;
   cudaError_t (*Malloc)(void**, size_t) = nullptr;
   cudaError_t (*Free)(void*) = nullptr;

@@ -76,6 +76,7 @@ Platform gpu_platform(const NcclApi& nccl) {
   c.EventDestroy = cudaEventDestroy;
   c.EventRecord = event_record;
   c.EventQuery = cudaEventQuery;
+  c.ThreadExchangeStreamCaptureMode = cudaThreadExchangeStreamCaptureMode;
   c.EventSynchronize = cudaEventSynchronize;
   c.Malloc = cudaMalloc;
   c.Free = cudaFree;

@@ -594,6 +594,13 @@ cudaError_t s_event_query(cudaEvent_t e) {
   return cudaSuccess;
 }
 
+// The simulated machine captures nothing (s_is_capturing), so a thread's capture mode only swaps.
+cudaError_t s_exchange_capture_mode(cudaStreamCaptureMode* mode) {
+  thread_local cudaStreamCaptureMode current = cudaStreamCaptureModeGlobal;
+  std::swap(current, *mode);
+  return cudaSuccess;
+}
+
 cudaError_t s_event_synchronize(cudaEvent_t e) {
   World::State& w = W();
   std::unique_lock lock(w.mu);
@@ -1254,6 +1261,7 @@ World::World(Options options) : state_(new State) {
   c.EventDestroy = s_event_destroy;
   c.EventRecord = s_event_record;
   c.EventQuery = s_event_query;
+  c.ThreadExchangeStreamCaptureMode = s_exchange_capture_mode;
   c.EventSynchronize = s_event_synchronize;
   c.Malloc = s_malloc;
   c.Free = s_free;

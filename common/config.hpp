@@ -189,7 +189,7 @@ struct Config {
   // --- telemetry and the guard (sched/plan/guard.hpp, quant/telemetry.hpp) --------------------------
   // Every Nth FP8 call of a tensor (its feedback key) or communicator measures its own quantization
   // error in the codec kernels (0 = never). 16: the measuring kernels cost a fraction of the call
-  // only on 1 call in 16, and the guard still reacts within 16 calls of a tensor.
+  // only on 1 call in 16, and the guard still reacts within 16 + guard.decide_after calls of a tensor.
   uint32_t telemetry_sample_every = 16;     // telemetry.sample_every
   // The guard: a measured call whose figures cross a bound on any rank switches its tensor (or
   // communicator) to full precision, on every rank alike, from the call `decide_after` calls later:

@@ -5,8 +5,8 @@
 // Protocol (sched/README.md, "Telemetry and the guard"): call n of a scope is measured when
 // n % telemetry.sample_every == 0 (and the first FP8 call after a retry). A measured call with the
 // guard carries each rank's vote as a flag in the chunks it sends; every rank ORs the flags in the
-// bytes it finally decodes, which are the same votes on every rank (telemetry.hpp says why per
-// algorithm). Before call m = n + guard.decide_after of the scope each rank reads that decision
+// bytes it finally decodes, which are the same votes on every rank (sched/README.md, "Telemetry
+// and the guard", says why per algorithm; guard_eligible below lists them). Before call m = n + guard.decide_after of the scope each rank reads that decision
 // (waiting for call n to complete only if it has not by then) and, if any rank voted, calls
 // m .. m + retry_after - 1 of the scope run in full precision on every rank. One decision is in flight
 // per scope: measured calls before m carry no vote. Nothing rank-local enters a choice except through
@@ -25,7 +25,7 @@ struct GuardSettings {
   uint32_t sample_every = 0;   // telemetry.sample_every (0: nothing is measured)
   bool enable = false;         // guard.enable
   uint32_t retry_after = 0;    // guard.retry_after: calls in full precision after a trip (0: for good)
-  uint32_t decide_after = 1;   // guard.decide_after: a guarded call n's votes are read before call n + this
+  uint32_t decide_after = 8;   // guard.decide_after: a guarded call n's votes are read before call n + this
   quant::GuardBounds bounds;   // guard.max_*
   static GuardSettings from(const Config& c);
 };

@@ -214,13 +214,17 @@ void TelemetryMonitor::fold(int slot) {
 }
 
 void TelemetryMonitor::fold_completed_locked() {
+  // Nothing in flight (most calls, as only 1 in telemetry.sample_every is measured): no CUDA call.
+  bool any = audit_.in_flight;
+  for (int i = 0; allocated_ && !any && i < kSlots; ++i) any = slots_[static_cast<size_t>(i)].in_flight;
+  if (!any) return;
   const CudaApi& cuda = platform_->cuda;
   // An event query is not permitted while any thread captures a graph in global mode: in relaxed
   // mode this thread's queries leave such a capture intact. (A call being captured folds nothing.)
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   const bool exchanged =
       cuda.ThreadExchangeStreamCaptureMode && cuda.ThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
-  struct Restore {
+  struct Restore {  // the thread's own mode back, on every way out
     const CudaApi& cuda;
     bool exchanged;
     cudaStreamCaptureMode& mode;
@@ -229,8 +233,7 @@ void TelemetryMonitor::fold_completed_locked() {
     }
   } restore{cuda, exchanged, mode};
   if (audit_.in_flight && cuda.EventQuery(audit_.done) == cudaSuccess) fold_audit();
-  if (!allocated_) return;
-  for (int i = 0; i < kSlots; ++i) {
+  for (int i = 0; allocated_ && i < kSlots; ++i) {
     Slot& s = slots_[static_cast<size_t>(i)];
     if (s.in_flight && cuda.EventQuery(s.done) == cudaSuccess) fold(i);
   }

@@ -211,26 +211,18 @@ int run_rank(const Options& opt, int rank) {
         const int a0 = tl.mark(comms);
         all_reduce("allreduce_overlap", buffer, opt.ar_bytes);
         comm_marks.push_back({a0, tl.mark(comms)});
-      } else if (scenario == "serial") {
+      } else if (scenario == "serial" || scenario == "delayed") {
+        // delayed: the late rank starts its compute late (a host sleep before the launch), so its
+        // all-reduce, queued behind that compute like every rank's, reaches its peers delay_ms late.
+        if (scenario == "delayed" && rank == opt.ranks - 1)
+          std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(opt.delay_ms));
         const int c0 = tl.mark(compute);
         spin_kernel<<<1, 1, 0, compute>>>(compute_ns);
         const int c1 = tl.mark(compute);
         compute_marks.push_back({c0, c1});
         FP8WIRE_CUDA_OR_EXIT(cudaStreamWaitEvent(comms, tl.event(c1)));
         const int a0 = tl.mark(comms);
-        all_reduce("allreduce_serial", buffer, opt.ar_bytes);
-        comm_marks.push_back({a0, tl.mark(comms)});
-      } else if (scenario == "delayed") {
-        // The late rank starts its compute late (a host sleep before the launch), so its all-reduce,
-        // queued behind that compute like every rank's, reaches its peers delay_ms after theirs.
-        if (rank == opt.ranks - 1) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(opt.delay_ms));
-        const int c0 = tl.mark(compute);
-        spin_kernel<<<1, 1, 0, compute>>>(compute_ns);
-        const int c1 = tl.mark(compute);
-        compute_marks.push_back({c0, c1});
-        FP8WIRE_CUDA_OR_EXIT(cudaStreamWaitEvent(comms, tl.event(c1)));
-        const int a0 = tl.mark(comms);
-        all_reduce("allreduce_delayed", buffer, opt.ar_bytes);
+        all_reduce(scenario == "serial" ? "allreduce_serial" : "allreduce_delayed", buffer, opt.ar_bytes);
         comm_marks.push_back({a0, tl.mark(comms)});
       } else if (scenario == "partial") {
         const int c0 = tl.mark(compute);

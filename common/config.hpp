@@ -168,6 +168,11 @@ struct Config {
   // On: 64 MiB bf16 all-reduce, 2 ranks, 3.93 -> 2.53 ms (one-shot), 32 % -> 50 % of the host-link
   // limit (bench/README.md "Host-link limit").
   bool direct_own_on_device = true;         // direct.own_on_device
+  // Host memory, with own data on the device: what a rank reads of its peers' windows is first copied
+  // into its device buffer set by a copy engine, and the kernels read only device memory. A copy
+  // engine keeps many reads in flight where a kernel's loads wait on the link's latency, and PCIe's
+  // two directions then both carry DMA (sched/algorithms/direct.cpp, "Copy-in").
+  bool direct_copy_in = false;              // direct.copy_in
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------
   bool coalesce_enable = true;              // coalesce.enable

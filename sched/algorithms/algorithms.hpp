@@ -25,6 +25,9 @@ struct Fp8Args {
   // Direct transport through host memory with direct.own_on_device: bytes of the stage's device
   // buffer set the direct programs may keep this rank's own data in (0: through its window).
   size_t own_device_bytes = 0;
+  // With own data on the device, direct.copy_in: the peers' data this rank reads is copied from their
+  // windows into the same device buffer set first (sched/algorithms/direct.cpp, "Copy-in").
+  bool copy_in = false;
 };
 
 // A flat FP8 algorithm: a stage program over the arguments of one call.

@@ -21,6 +21,20 @@
 // publish. The bytes are the same either way, so are the results. A stage whose own data does not fit
 // the device set goes through the window, as without the option (a choice of this rank alone: its
 // peers read the same window either way).
+//
+// Copy-in (direct.copy_in, with own data on the device; Fp8Args::copy_in): what this rank reads of
+// its peers is first copied from their windows into the device set by a copy engine, and the kernels
+// read device memory only. A kernel's loads from host memory each wait a PCIe round trip and stall
+// behind the other direction's writes; a copy engine keeps its reads in flight, so both directions
+// of the link carry DMA at the pinned rate. The set is released as soon as the copies are done, before
+// the reduce, so the peers may refill their windows while this rank computes. Again the same bytes
+// and results, and a choice of this rank alone (it falls back to reading the windows where the
+// stage's slots do not fit the device set).
+//
+// Device set of one stage, with copy-in (slot j holds rank j's data; this rank's own is slot r):
+//   one-shot, all-gather, reduce-scatter   [slot 0 .. slot n-1]                    chunk (block) each
+//   two-shot                               [inbox slots 0..n-1][reduced slots 0..n-1]  one shard each
+// and with own data only: the own chunk (block), or two-shot's [own shard][own reduced shard].
 #include <array>
 
 #include "common/status.hpp"
@@ -34,10 +48,40 @@ namespace {
 constexpr int kInputs = 0;   // phase: the quantized inputs (or shards, or blocks)
 constexpr int kReduced = 1;  // phase: two-shot's reduced shards
 
-// This rank's own data of the stage in its device buffer set: the set's start, or null when the
-// option is off or `bytes` do not fit (then through the window).
-char* own_on_device(const Fp8Args& a, const Stage& st, size_t bytes) {
-  return a.own_device_bytes && st.set && bytes <= a.own_device_bytes ? st.set : nullptr;
+// Where this rank's device buffer set holds a stage's data (null: through the windows).
+struct DeviceSlots {
+  char* own = nullptr;     // this rank's own data (slot r with copy-in, else the set's start)
+  char* staged = nullptr;  // slot 0 of the copy-in slots, `stride` bytes apart (null: no copy-in)
+  size_t stride = 0;
+  char* slot(int j) const { return staged + static_cast<size_t>(j) * stride; }
+};
+
+// The device slots of a stage whose per-rank unit is `unit` bytes, `units` of them per rank
+// (two-shot: its shard and its reduced shard), laid out as above.
+DeviceSlots device_slots(const Fp8Args& a, const Stage& st, int rank, int nranks, size_t unit, int units) {
+  DeviceSlots d;
+  if (!a.own_device_bytes || !st.set) return d;
+  const size_t n = static_cast<size_t>(nranks);
+  if (a.copy_in && units * n * unit <= a.own_device_bytes) {
+    d.staged = st.set;
+    d.stride = unit;
+    d.own = d.slot(rank);
+  } else if (units * unit <= a.own_device_bytes) {
+    d.own = st.set;
+  }
+  return d;
+}
+
+// Copies slots [0, n) but `skip` from a window laid out like `to` (slot j at `from + j * stride`,
+// `bytes` used of each) into device slots: one copy per run of contiguous slots.
+ncclResult_t copy_slots_but(StageOps& ops, char* to, const char* from, size_t stride, size_t bytes, int n, int skip) {
+  for (auto [first, last] : {std::pair{0, skip}, std::pair{skip + 1, n}}) {
+    if (first >= last) continue;
+    const size_t offset = static_cast<size_t>(first) * stride;
+    FP8WIRE_TRY(ops.copy(to + offset, from + offset, static_cast<size_t>(last - first - 1) * stride + bytes,
+                         cudaMemcpyDefault));
+  }
+  return ncclSuccess;
 }
 }  // namespace
 
@@ -47,7 +91,7 @@ ncclResult_t DirectOneShotAllReduce::produce(StageOps& ops, const Stage& st) {
   const char* src = static_cast<const char*>(a_.src) + st.offset * ops.elem_size();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   char* window = d.window(ops.rank(), st.set_index);
-  char* own = own_on_device(a_, st, cb);
+  char* own = device_slots(a_, st, ops.rank(), ops.nranks(), cb, 1).own;
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   FP8WIRE_TRY(ops.quantize(src, st.length, own ? own : window, quant::Segmented::single(st.length, ops.format()),
                            st.offset, a_.residual ? a_.residual + st.offset : nullptr));
@@ -58,15 +102,25 @@ ncclResult_t DirectOneShotAllReduce::produce(StageOps& ops, const Stage& st) {
 
 ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
   const DirectWindows& d = *ops.direct();
+  const int n = ops.nranks(), r = ops.rank();
+  const size_t cb = quant::chunk_bytes(st.length, ops.format());
+  const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   std::array<const void*, quant::kMaxReduceInputs> inputs;
-  for (int j = 0; j < ops.nranks(); ++j) inputs[j] = d.window(j, st.set_index);
-  if (char* own = own_on_device(a_, st, quant::chunk_bytes(st.length, ops.format()))) inputs[ops.rank()] = own;
+  for (int j = 0; j < n; ++j) inputs[j] = d.window(j, st.set_index);
+  if (dev.own) inputs[r] = dev.own;
+  if (dev.staged) {
+    for (int j = 0; j < n; ++j) {
+      if (j != r) FP8WIRE_TRY(ops.copy(dev.slot(j), d.window(j, st.set_index), cb, cudaMemcpyDefault));
+      inputs[j] = dev.slot(j);
+    }
+    FP8WIRE_TRY(ops.release(st.set_index));
+  }
   quant::ReduceOutput out;
   out.plain = static_cast<char*>(a_.dst) + st.offset * ops.elem_size();
   out.plain_type = ops.type();
-  FP8WIRE_TRY(ops.reduce(inputs.data(), ops.nranks(), st.length, a_.post, out, st.offset));
-  return ops.release(st.set_index);
+  FP8WIRE_TRY(ops.reduce(inputs.data(), n, st.length, a_.post, out, st.offset));
+  return dev.staged ? ncclSuccess : ops.release(st.set_index);
 }
 
 // --- two-shot ---------------------------------------------------------------------------------------
@@ -76,8 +130,7 @@ ncclResult_t DirectTwoShotAllReduce::produce(StageOps& ops, const Stage& st) {
   const quant::WireFormat& f = ops.format();
   const ShardLayout l = shard_layout(st.length, n, f);
   const char* src = static_cast<const char*>(a_.src);
-  // Device set: [own shard][own reduced shard].
-  char* own = own_on_device(a_, st, 2 * l.seg_stride);
+  char* own = device_slots(a_, st, r, n, l.seg_stride, 2).own;
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   // Shard j straight into owner j's inbox, slot r: the transfer is this kernel's stores.
   for (int j = 0; j < n; ++j) {
@@ -97,33 +150,48 @@ ncclResult_t DirectTwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
   const int n = ops.nranks(), r = ops.rank();
   const quant::WireFormat& f = ops.format();
   const ShardLayout l = shard_layout(st.length, n, f);
+  const size_t reduced_at = static_cast<size_t>(n) * l.seg_stride;  // in a window, and in the copy-in slots
   char* mine = d.window(r, st.set_index);
-  char* reduced = mine + static_cast<size_t>(n) * l.seg_stride;
-  char* own = own_on_device(a_, st, 2 * l.seg_stride);
-  char* own_reduced = own ? own + l.seg_stride : nullptr;
+  const DeviceSlots dev = device_slots(a_, st, r, n, l.seg_stride, 2);
+  // This rank's own reduced shard on the device: after its own shard, or in its reduced slot.
+  char* own_reduced = !dev.own ? nullptr : dev.staged ? dev.slot(r) + reduced_at : dev.own + l.seg_stride;
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   if (l.length(r)) {
     std::array<const void*, quant::kMaxReduceInputs> inputs;
     for (int j = 0; j < n; ++j) inputs[j] = mine + j * l.seg_stride;
-    if (own) inputs[r] = own;
+    if (dev.own) inputs[r] = dev.own;
+    if (dev.staged) {
+      FP8WIRE_TRY(copy_slots_but(ops, dev.staged, mine, l.seg_stride, l.bytes(r, f), n, r));
+      for (int j = 0; j < n; ++j) inputs[j] = dev.slot(j);
+    }
     quant::ReduceOutput out;
-    out.wire = own ? own_reduced : reduced;
+    out.wire = own_reduced ? own_reduced : mine + reduced_at;
     FP8WIRE_TRY(ops.reduce(inputs.data(), n, l.length(r), a_.post, out, st.offset + l.begin(r)));
-    if (own) FP8WIRE_TRY(ops.copy(reduced, own_reduced, l.bytes(r, f), cudaMemcpyDefault));
+    if (own_reduced) FP8WIRE_TRY(ops.copy(mine + reduced_at, own_reduced, l.bytes(r, f), cudaMemcpyDefault));
     ops.add_wire_bytes(l.bytes(r, f) * static_cast<uint64_t>(n - 1));
   }
   FP8WIRE_TRY(ops.publish(st.set_index, kReduced));
   FP8WIRE_TRY(ops.acquire(st.set_index, kReduced));
   // Every rank, the owner included, decodes the same reduced bytes: identical results.
+  auto reduced_of = [&](int j) -> const char* {
+    if (j == r && own_reduced) return own_reduced;
+    return dev.staged ? dev.slot(j) + reduced_at : d.window(j, st.set_index) + reduced_at;
+  };
+  if (dev.staged) {
+    for (int j = 0; j < n; ++j)
+      if (j != r && l.length(j))
+        FP8WIRE_TRY(ops.copy(dev.slot(j) + reduced_at, d.window(j, st.set_index) + reduced_at, l.bytes(j, f),
+                             cudaMemcpyDefault));
+    FP8WIRE_TRY(ops.release(st.set_index));
+  }
   char* dst = static_cast<char*>(a_.dst);
   for (int j = 0; j < n; ++j) {
     const size_t len = l.length(j);
     if (!len) continue;
-    const char* from = own && j == r ? own_reduced : d.window(j, st.set_index) + static_cast<size_t>(n) * l.seg_stride;
-    FP8WIRE_TRY(ops.dequantize(from, quant::Segmented::single(len, f), len,
+    FP8WIRE_TRY(ops.dequantize(reduced_of(j), quant::Segmented::single(len, f), len,
                                dst + (st.offset + l.begin(j)) * ops.elem_size()));
   }
-  return ops.release(st.set_index);
+  return dev.staged ? ncclSuccess : ops.release(st.set_index);
 }
 
 // --- reduce-scatter ---------------------------------------------------------------------------------
@@ -132,7 +200,7 @@ ncclResult_t DirectReduceScatter::produce(StageOps& ops, const Stage& st) {
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   const auto* src = static_cast<const char*>(a_.src);
-  char* own = own_on_device(a_, st, cb);
+  char* own = device_slots(a_, st, r, n, cb, 1).own;
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   for (int j = 0; j < n; ++j) {
     const size_t first = static_cast<size_t>(j) * a_.count + st.offset;
@@ -149,15 +217,21 @@ ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   char* mine = d.window(r, st.set_index);
+  const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   std::array<const void*, quant::kMaxReduceInputs> inputs;
   for (int j = 0; j < n; ++j) inputs[j] = mine + j * cb;
-  if (char* own = own_on_device(a_, st, cb)) inputs[r] = own;
+  if (dev.own) inputs[r] = dev.own;
+  if (dev.staged) {
+    FP8WIRE_TRY(copy_slots_but(ops, dev.staged, mine, cb, cb, n, r));
+    FP8WIRE_TRY(ops.release(st.set_index));
+    for (int j = 0; j < n; ++j) inputs[j] = dev.slot(j);
+  }
   quant::ReduceOutput out;
   out.plain = static_cast<char*>(a_.dst) + st.offset * ops.elem_size();
   out.plain_type = ops.type();
   FP8WIRE_TRY(ops.reduce(inputs.data(), n, st.length, a_.post, out, static_cast<size_t>(r) * a_.count + st.offset));
-  return ops.release(st.set_index);
+  return dev.staged ? ncclSuccess : ops.release(st.set_index);
 }
 
 // --- all-gather -------------------------------------------------------------------------------------
@@ -166,7 +240,7 @@ ncclResult_t DirectAllGather::produce(StageOps& ops, const Stage& st) {
   const char* src = static_cast<const char*>(a_.src) + st.offset * ops.elem_size();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   char* window = d.window(ops.rank(), st.set_index);
-  char* own = own_on_device(a_, st, cb);
+  char* own = device_slots(a_, st, ops.rank(), ops.nranks(), cb, 1).own;
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   FP8WIRE_TRY(ops.quantize(src, st.length, own ? own : window, quant::Segmented::single(st.length, ops.format()),
                            st.offset));
@@ -178,15 +252,25 @@ ncclResult_t DirectAllGather::produce(StageOps& ops, const Stage& st) {
 ncclResult_t DirectAllGather::finish(StageOps& ops, const Stage& st) {
   const DirectWindows& d = *ops.direct();
   const quant::WireFormat& f = ops.format();
+  const int n = ops.nranks(), r = ops.rank();
+  const size_t cb = quant::chunk_bytes(st.length, f);
+  const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
-  auto* dst = static_cast<char*>(a_.dst);
-  char* own = own_on_device(a_, st, quant::chunk_bytes(st.length, f));
-  for (int j = 0; j < ops.nranks(); ++j) {
-    const size_t first = static_cast<size_t>(j) * a_.count + st.offset;
-    const char* from = own && j == ops.rank() ? own : d.window(j, st.set_index);
-    FP8WIRE_TRY(ops.dequantize(from, quant::Segmented::single(st.length, f), st.length, dst + first * ops.elem_size()));
+  auto from = [&](int j) -> const char* {
+    if (dev.staged) return dev.slot(j);
+    return dev.own && j == r ? dev.own : d.window(j, st.set_index);
+  };
+  if (dev.staged) {
+    for (int j = 0; j < n; ++j)
+      if (j != r) FP8WIRE_TRY(ops.copy(dev.slot(j), d.window(j, st.set_index), cb, cudaMemcpyDefault));
+    FP8WIRE_TRY(ops.release(st.set_index));
   }
-  return ops.release(st.set_index);
+  auto* dst = static_cast<char*>(a_.dst);
+  for (int j = 0; j < n; ++j) {
+    const size_t first = static_cast<size_t>(j) * a_.count + st.offset;
+    FP8WIRE_TRY(ops.dequantize(from(j), quant::Segmented::single(st.length, f), st.length, dst + first * ops.elem_size()));
+  }
+  return dev.staged ? ncclSuccess : ops.release(st.set_index);
 }
 
 }  // namespace fp8wire::sched

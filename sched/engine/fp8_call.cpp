@@ -147,7 +147,10 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
     a.count = rec.count;
     a.post = c.op == ncclAvg ? 1.0f / static_cast<float>(s.nranks) : 1.0f;
     a.gather = route.gather;
-    if (route.carrier == Carrier::host_memory && config.direct_own_on_device) a.own_device_bytes = s.res.layout.set_bytes;
+    if (route.carrier == Carrier::host_memory && config.direct_own_on_device) {
+      a.own_device_bytes = s.res.layout.set_bytes;
+      a.copy_in = config.direct_copy_in;
+    }
     const bool feedback = config.error_feedback && c.collective == Collective::all_reduce && batch == 1 &&
                           (route.path == Path::one_shot || route.path == Path::two_shot);
     if (feedback)

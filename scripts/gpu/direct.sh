@@ -5,12 +5,14 @@
 #      host-memory link's bandwidth against pinned cudaMemcpyAsync, per CTA cap;
 #   2. tests/sched/multirank_collectives --direct host_memory | peer_memory: the collectives matrix with
 #      every FP8 call the direct transport carries over it, between processes sharing the GPU
-#      (direct.assume_one_host), and a case checking that they went over it;
+#      (direct.assume_one_host), and a case checking that they went over it; host memory once more
+#      with own data on the device and copy-in (DIRECT_MULTIRANK_COPY_IN world sizes, default 2,4);
 #   3. tests/sched/direct_faults_gpu: a peer gone, a peer absent: released by an abort, no hang;
 #   4. PyTorch DDP parity under the shim with each transport forced, CUDA-graph capture with host memory;
 #   5. fp8wire-bench sweep at 2 emulated ranks: --transport both (NCCL's sockets and the direct transport,
 #      peer memory here) and --transport host_memory, and the profiles they calibrate.
-# Env: DIRECT_MULTIRANK_HOST (world sizes, default 2,3,4), DIRECT_MULTIRANK_PEER (default 2,3,4), DIRECT_PARTS
+# Env: DIRECT_MULTIRANK_HOST (world sizes, default 2,3,4), DIRECT_MULTIRANK_PEER (default 2,3,4),
+# DIRECT_MULTIRANK_COPY_IN (default 2,4), DIRECT_PARTS
 # (default "kernels multirank faults torch bench").
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_mps_start
@@ -39,6 +41,8 @@ if has multirank; then
     --ranks "${DIRECT_MULTIRANK_HOST:-2,3,4}" --timeout 140
   run multirank_peer_memory 150 build/tests/sched/multirank_collectives --direct peer_memory \
     --ranks "${DIRECT_MULTIRANK_PEER:-2,3,4}" --timeout 140
+  run multirank_host_memory_copy_in 150 build/tests/sched/multirank_collectives --direct host_memory \
+    --direct-copy-in --ranks "${DIRECT_MULTIRANK_COPY_IN:-2,4}" --timeout 140
   grep -hE "direct/|^(PASS|FAIL) multirank" "$OUT"/multirank_*.log | sort | uniq -c | head -20
 fi
 if has faults; then

@@ -110,10 +110,11 @@ TEST_CASE("every algorithm over both direct transports: the reference bit for bi
   MESSAGE(runs << " runs over the direct transports (" << pipelined << " pipelined): bit-exact, alike, in bound");
 }
 
-TEST_CASE("own data on the device (direct.own_on_device): the same bytes, its windows still written for the peers") {
+TEST_CASE("own data on the device (direct.own_on_device), with and without copy-in: the same bytes, its windows still written for the peers") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
-  size_t runs = 0, copied = 0;
+  size_t runs = 0, copied = 0, copied_in = 0;
+  for (bool copy_in : {false, true})
   for (int n : {2, 3, 4, 8}) {
     for (const Variant& v : kVariants) {
       for (DataType t : {DataType::f32, DataType::bf16}) {
@@ -128,6 +129,7 @@ TEST_CASE("own data on the device (direct.own_on_device): the same bytes, its wi
               Run cfg;
               cfg.config = direct_config(DirectMode::host_memory, window, stage);
               cfg.config.direct_own_on_device = true;
+              cfg.config.direct_copy_in = copy_in;
               cfg.config.scratch_max_bytes = scratch;
               cfg.abort_all = true;
               cfg.second_call = count == 4099;
@@ -158,6 +160,13 @@ TEST_CASE("own data on the device (direct.own_on_device): the same bytes, its wi
                 if (copies(0) == 0) e = fmt::format("{}: rank 0 copied nothing into its window", describe(spec, n, cfg.config));
                 else ++copied;
               }
+              // Copy-in: every peer's data reaches the device set by a copy, the reduce-scatter's too
+              // (one copy per run of inbox slots), so there are more copies than without it.
+              if (e.empty() && copy_in && scratch > (8 << 10)) {
+                if (copies(0) < (v.collective == Collective::reduce_scatter ? 1 : 2))
+                  e = fmt::format("{}: rank 0 copied {} times with copy-in", describe(spec, n, cfg.config), copies(0));
+                else ++copied_in;
+              }
               if (!e.empty()) failures.push_back(e);
             }
           }
@@ -167,6 +176,7 @@ TEST_CASE("own data on the device (direct.own_on_device): the same bytes, its wi
   }
   CHECK_MESSAGE(failures.empty(), first_failures(failures));
   CHECK(copied > 50);
+  CHECK(copied_in > 50);
   MESSAGE(runs << " runs with own data on the device: bit-exact, alike, in bound");
 }
 
@@ -175,7 +185,7 @@ TEST_CASE("direct.min_stages cuts a call the stage size leaves whole: the same b
   std::vector<std::string> failures;
   for (int n : {2, 4}) {
     for (const Variant& v : kVariants) {
-      for (bool own : {false, true}) {
+      for (auto [own, copy_in] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
         // 3 MiB of bf16 input (all-reduce; the reduce-scatter and all-gather per rank's part): one
         // stage by direct.stage_bytes, at least 3 with direct.min_stages = 3 (stages >= 1 MiB).
         const size_t count = (size_t{3} << 20) / 2 / (v.collective == Collective::all_reduce ? 1 : n) + 5;
@@ -183,6 +193,7 @@ TEST_CASE("direct.min_stages cuts a call the stage size leaves whole: the same b
         cfg.config = direct_config(DirectMode::host_memory, 16 << 20, 8 << 20);
         cfg.config.direct_min_stages = 3;
         cfg.config.direct_own_on_device = own;
+        cfg.config.direct_copy_in = copy_in;
         cfg.config.scratch_max_bytes = 16 << 20;
         cfg.abort_all = true;
         Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 3};

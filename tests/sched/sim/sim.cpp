@@ -708,15 +708,25 @@ bool is_device(World::State& w, const void* p) {
   return false;
 }
 
+// Whether `p` lies in a direct-transport window (pinned or device memory every rank maps).
+bool is_window(World::State& w, const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = w.windows.upper_bound(a);
+  if (it == w.windows.begin()) return false;
+  --it;
+  return a < it->first + it->second.bytes;
+}
+
 cudaError_t s_memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   if (fail_here(w, Site::memcpy_async)) return cudaErrorLaunchFailure;
   auto op = std::make_unique<ComputeOp>();
   op->what = "memcpy";
-  const bool from_host = kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && !is_device(w, src));
-  if (from_host) {
-    // Pageable host memory is staged at the call, as CUDA does.
+  const bool from_pageable = kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && !is_device(w, src) &&
+                                                                  !is_window(w, src));
+  if (from_pageable) {
+    // Pageable host memory is staged at the call, as CUDA does; pinned windows are read by the copy.
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
     op->ranges = {{dst, bytes, true}};
     op->fn = [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); };

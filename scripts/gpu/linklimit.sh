@@ -14,7 +14,8 @@
 # % of the link limit of the faster direct path.
 # Env: LINKLIMIT_RANKS (default "2 4"), LINKLIMIT_VARIANTS (labels from the list below, default all),
 # LINKLIMIT_BUDGET (seconds, default 145: a sweep that would end past it, judged by the last one of the
-# same world size, is skipped and named).
+# same world size, is skipped and named), LINKLIMIT_SWEEP_S (one sweep's time limit, default 90; 4 ranks
+# from 64 KiB need more), LINKLIMIT_MIN (the default run's smallest size, default 64KiB).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_out linklimit
 gpu_mps_start
@@ -37,6 +38,8 @@ variants=(
   "stage32M|FP8WIRE_DIRECT_STAGE_BYTES=32MiB"
   "ctas8|FP8WIRE_DIRECT_CTAS=8"
   "own_on_gpu_ctas32|FP8WIRE_DIRECT_OWN_ON_DEVICE=1 FP8WIRE_DIRECT_CTAS=32"
+  "conn32|CUDA_DEVICE_MAX_CONNECTIONS=32"
+  "copy_in_conn32|FP8WIRE_DIRECT_COPY_IN=1 CUDA_DEVICE_MAX_CONNECTIONS=32"
 )
 wanted="${LINKLIMIT_VARIANTS:-}"
 
@@ -45,7 +48,7 @@ echo "== linklimit: testbed $mode; $(nvidia-smi --query-gpu=name --format=csv,no
 
 sweep() {  # sweep <label> <ranks> <min> <max> <env overrides...>
   local label="$1" ranks="$2" min="$3" max="$4"; shift 4
-  local dir="$OUT/${label}_n${ranks}" s=$(date +%s) limit=90
+  local dir="$OUT/${label}_n${ranks}" s=$(date +%s) limit="${LINKLIMIT_SWEEP_S:-90}"
   mkdir -p "$dir"
   # The knobs that only cut or size the work differently are bit-exact on the CPU tier: their sweeps
   # skip the host-side checks (seconds per 256 MiB point); the default, own_* and copy_in (other data
@@ -71,7 +74,7 @@ for entry in "${variants[@]}"; do
     if (( $(date +%s) - t0 + ${last[$n]:-0} > budget )); then
       echo "==== $label, $n ranks: skipped (it would end past LINKLIMIT_BUDGET=${budget} s)"; continue
     fi
-    if [[ "$label" == default ]]; then sweep "$label" "$n" 64KiB 256MiB $envs
+    if [[ "$label" == default ]]; then sweep "$label" "$n" "${LINKLIMIT_MIN:-64KiB}" 256MiB $envs
     else sweep "$label" "$n" 16MiB 256MiB $envs; fi
   done
 done

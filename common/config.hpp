@@ -169,9 +169,9 @@ struct Config {
   // limit (bench/README.md "Host-link limit").
   bool direct_own_on_device = true;         // direct.own_on_device
   // Host memory, with own data on the device: what a rank reads of its peers' windows is first copied
-  // into its device buffer set by a copy engine, and the kernels read only device memory. A copy
-  // engine keeps many reads in flight where a kernel's loads wait on the link's latency, and PCIe's
-  // two directions then both carry DMA (sched/algorithms/direct.cpp, "Copy-in").
+  // into its device buffer set by a copy engine, and the kernels read only device memory
+  // (sched/algorithms/direct.cpp, "Copy-in"). Off: measured within -11 % .. +10 % of the default at
+  // 2 and 4 ranks, 16-256 MiB (bench/README.md "Host-link limit").
   bool direct_copy_in = false;              // direct.copy_in
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------

@@ -24,12 +24,11 @@
 //
 // Copy-in (direct.copy_in, with own data on the device; Fp8Args::copy_in): what this rank reads of
 // its peers is first copied from their windows into the device set by a copy engine, and the kernels
-// read device memory only. A kernel's loads from host memory each wait a PCIe round trip and stall
-// behind the other direction's writes; a copy engine keeps its reads in flight, so both directions
-// of the link carry DMA at the pinned rate. The set is released as soon as the copies are done, before
-// the reduce, so the peers may refill their windows while this rank computes. Again the same bytes
-// and results, and a choice of this rank alone (it falls back to reading the windows where the
-// stage's slots do not fit the device set).
+// read device memory only, so every byte over the link is DMA. The set is released as soon as the
+// copies are done, before the reduce, so the peers may refill their windows while this rank computes.
+// Again the same bytes and results, and a choice of this rank alone (it falls back to reading the
+// windows where the stage's slots do not fit the device set). Measured no faster than the kernels'
+// own loads (bench/README.md "Host-link limit"), so off by default.
 //
 // Device set of one stage, with copy-in (slot j holds rank j's data; this rank's own is slot r):
 //   one-shot, all-gather, reduce-scatter   [slot 0 .. slot n-1]                    chunk (block) each

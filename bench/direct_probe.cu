@@ -12,8 +12,16 @@
 //   ipc        device memory of one process opened by the other (cudaIpc*), written and read back
 //   bandwidth  kernels storing to / loading from the shared host memory with 1..all SMs, against
 //              cudaMemcpyAsync of the same bytes (the pinned host-copy ceiling), same run
+//   duplex     the direct pipeline's data movement alone, both processes at once: per call 8 stages,
+//              each a D2H copy into this process's slot (produce lane) and an H2D copy of the peer's
+//              slot (transfer lane), two slots deep. Timed four ways: both directions on one stream
+//              (serial: the sum), on two streams with nothing between them (what the link gives at
+//              once), with the transports' flag handshakes between the processes (ready per stage,
+//              free per slot), and with those plus the executor's events between its lanes. Where
+//              the handshake ways take the serial time while the free one does not, the waits are
+//              what serialises the two directions.
 // Prints one line per finding; exit status 0 when every functional check passed.
-//   build/bench/fp8wire-direct-probe [MiB]        (scripts/gpu/direct_probe.sh)
+//   build/bench/fp8wire-direct-probe [MiB] [probe,...]   (scripts/gpu/direct_probe.sh; default every probe)
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <fcntl.h>
@@ -24,6 +32,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <string>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -175,7 +184,118 @@ __global__ void spin_on_flag(const volatile uint32_t* flag) {
   while (*flag == 0) __nanosleep(1000);
 }
 
-int child(Shared s, int me, size_t bulk_bytes) {
+// The duplex probe (above). Each process's window: two slots of `stage` bytes in the shared bulk
+// region; flags in the shared page, counters that only grow (stage g of all calls), so no reset.
+enum class Duplex { serial, free, flags, flags_events };
+const char* duplex_name(Duplex d) {
+  switch (d) {
+    case Duplex::serial: return "one stream (D2H then H2D per stage)";
+    case Duplex::free: return "two streams, no handshake";
+    case Duplex::flags: return "two streams, flag handshakes";
+    case Duplex::flags_events: return "two streams, flag handshakes and lane events";
+  }
+  return "?";
+}
+
+int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sync_step) {
+  constexpr int kStages = 8;
+  constexpr int kCalls = 7;  // the first warms up
+  const size_t stage = std::min<size_t>(4u << 20, bulk_bytes / 4) / 256 * 256;
+  char* window[2] = {s.bulk(), s.bulk() + 2 * stage};  // window[p]: process p's two slots
+  char *src = nullptr, *dst = nullptr;
+  FP8WIRE_CUDA_OR(cudaMalloc(&src, 2 * stage), die());
+  FP8WIRE_CUDA_OR(cudaMalloc(&dst, 2 * stage), die());
+  FP8WIRE_CUDA_OR(cudaMemset(src, me + 1, 2 * stage), die());
+  cudaStream_t produce, transfer, caller;
+  for (cudaStream_t* st : {&produce, &transfer, &caller})
+    FP8WIRE_CUDA_OR(cudaStreamCreateWithFlags(st, cudaStreamNonBlocking), die());
+  cudaEvent_t ready[2], done[2], fork, join_p, join_t, t0, t1;
+  for (cudaEvent_t* e : {&ready[0], &ready[1], &done[0], &done[1], &fork, &join_p, &join_t})
+    FP8WIRE_CUDA_OR(cudaEventCreateWithFlags(e, cudaEventDisableTiming), die());
+  FP8WIRE_CUDA_OR(cudaEventCreate(&t0), die());
+  FP8WIRE_CUDA_OR(cudaEventCreate(&t1), die());
+  // ready_in[p]: stages process p may read (set by its peer); free_in[p]: stages whose slot p's peer
+  // has finished reading (set by that peer). Fresh flags per way.
+  const int peer = 1 - me;
+  uint64_t g = 0;  // stages issued so far in this way
+  double ms[4] = {0, 0, 0, 0};
+  for (Duplex way : {Duplex::serial, Duplex::free, Duplex::flags, Duplex::flags_events}) {
+    const int base = 32 + 4 * static_cast<int>(way);
+    const CUdeviceptr ready_in_me = dptr(s.flag(base + me)), ready_in_peer = dptr(s.flag(base + peer));
+    const CUdeviceptr free_in_me = dptr(s.flag(base + 2 + me)), free_in_peer = dptr(s.flag(base + 2 + peer));
+    g = 0;
+    std::vector<float> times;
+    sync_step();
+    enter("duplex", 1);
+    for (int call = 0; call < kCalls; ++call) {
+      sync_step();  // both processes start each call together
+      enter("duplex", 1);
+      FP8WIRE_CUDA_OR(cudaEventRecord(t0, caller), die());
+      FP8WIRE_CUDA_OR(cudaEventRecord(fork, caller), die());
+      const bool two = way != Duplex::serial;
+      const bool handshakes = way == Duplex::flags || way == Duplex::flags_events;
+      const bool events = way == Duplex::flags_events;
+      cudaStream_t p_lane = two ? produce : caller, t_lane = two ? transfer : caller;
+      if (two) {
+        FP8WIRE_CUDA_OR(cudaStreamWaitEvent(produce, fork, 0), die());
+        FP8WIRE_CUDA_OR(cudaStreamWaitEvent(transfer, fork, 0), die());
+      }
+      for (int i = 0; i < kStages; ++i, ++g) {
+        const int slot = static_cast<int>(g % 2);
+        // produce: reclaim the slot (the peer read stage g-2 from it), D2H, publish.
+        if (events && i >= 2) FP8WIRE_CUDA_OR(cudaStreamWaitEvent(produce, done[slot], 0), die());
+        if (handshakes && g >= 2) FP8WIRE_DRIVER_OR(wait_value(p_lane, free_in_me, static_cast<cuuint32_t>(g - 1), CU_STREAM_WAIT_VALUE_GEQ), die());
+        FP8WIRE_CUDA_OR(cudaMemcpyAsync(window[me] + slot * stage, src + slot * stage, stage, cudaMemcpyDeviceToHost, p_lane), die());
+        if (handshakes) FP8WIRE_DRIVER_OR(write_value(p_lane, ready_in_peer, static_cast<cuuint32_t>(g + 1), 0), die());
+        if (events) {
+          FP8WIRE_CUDA_OR(cudaEventRecord(ready[slot], produce), die());
+          FP8WIRE_CUDA_OR(cudaStreamWaitEvent(transfer, ready[slot], 0), die());
+        }
+        // transfer: acquire the peer's stage, H2D, release its slot.
+        if (handshakes) FP8WIRE_DRIVER_OR(wait_value(t_lane, ready_in_me, static_cast<cuuint32_t>(g + 1), CU_STREAM_WAIT_VALUE_GEQ), die());
+        FP8WIRE_CUDA_OR(cudaMemcpyAsync(dst + slot * stage, window[peer] + slot * stage, stage, cudaMemcpyHostToDevice, t_lane), die());
+        if (handshakes) FP8WIRE_DRIVER_OR(write_value(t_lane, free_in_peer, static_cast<cuuint32_t>(g + 1), 0), die());
+        if (events) FP8WIRE_CUDA_OR(cudaEventRecord(done[slot], transfer), die());
+      }
+      if (two) {
+        FP8WIRE_CUDA_OR(cudaEventRecord(join_p, produce), die());
+        FP8WIRE_CUDA_OR(cudaEventRecord(join_t, transfer), die());
+        FP8WIRE_CUDA_OR(cudaStreamWaitEvent(caller, join_p, 0), die());
+        FP8WIRE_CUDA_OR(cudaStreamWaitEvent(caller, join_t, 0), die());
+      }
+      FP8WIRE_CUDA_OR(cudaEventRecord(t1, caller), die());
+      FP8WIRE_CUDA_OR(cudaEventSynchronize(t1), die());
+      float t = 0;
+      FP8WIRE_CUDA_OR(cudaEventElapsedTime(&t, t0, t1), die());
+      if (call > 0) times.push_back(t);
+    }
+    std::sort(times.begin(), times.end());
+    ms[static_cast<int>(way)] = times[times.size() / 2];
+    s.ctl()->numbers[4 * me + static_cast<int>(way)] = ms[static_cast<int>(way)];
+  }
+  sync_step();
+  if (me == 0) {
+    const double mib = static_cast<double>(kStages * stage) / (1 << 20);
+    // Both processes' bytes cross the one link each way: the link's time at the pinned rates is
+    // the slower direction's; "serial" is the sum of both directions.
+    std::printf("duplex: 2 processes x %d stages of %.1f MiB each way per call (%.0f MiB per direction on the link), median of %d calls, slower process:\n",
+                kStages, static_cast<double>(stage) / (1 << 20), 2 * mib, kCalls - 1);
+    for (Duplex way : {Duplex::serial, Duplex::free, Duplex::flags, Duplex::flags_events}) {
+      const int w = static_cast<int>(way);
+      const double t = std::max(s.ctl()->numbers[w], s.ctl()->numbers[4 + w]);
+      std::printf("duplex: %-45s %.3f ms, %.1f GB/s per direction (%.2fx the one-stream time)\n", duplex_name(way), t,
+                  2 * mib * (1 << 20) / (t * 1e6), t / std::max(s.ctl()->numbers[0], s.ctl()->numbers[4]));
+    }
+  }
+  std::fflush(stdout);
+  for (cudaEvent_t e : {ready[0], ready[1], done[0], done[1], fork, join_p, join_t, t0, t1}) cudaEventDestroy(e);
+  for (cudaStream_t st : {produce, transfer, caller}) cudaStreamDestroy(st);
+  cudaFree(src);
+  cudaFree(dst);
+  return 0;
+}
+
+int child(Shared s, int me, size_t bulk_bytes, const std::string& probes) {
   watchdog(me, 12);
   FP8WIRE_CUDA_OR(cudaSetDevice(0), die());
   wait_value = reinterpret_cast<WaitFn>(entry("cuStreamWaitValue32"));
@@ -190,9 +310,11 @@ int child(Shared s, int me, size_t bulk_bytes) {
     g_phase = 0;
     step(s, me, ++ph);
   };
+  // Both processes take the same probes, so they pass the same host barriers.
+  auto want = [&](const char* name) { return probes.empty() || ("," + probes + ",").find(std::string(",") + name + ",") != std::string::npos; };
 
   // caps ---------------------------------------------------------------------------------------
-  if (me == 0) {
+  if (me == 0 && want("caps")) {
     int v = 0;
     FP8WIRE_CUDA_OR(cudaDeviceGetAttribute(&v, cudaDevAttrCanUseHostPointerForRegisteredMem, 0), die());
     std::printf("caps: host pointer usable for registered memory: %d\n", v);
@@ -207,7 +329,7 @@ int child(Shared s, int me, size_t bulk_bytes) {
   sync_step();
 
   // pingpong across processes: memory operations only, then a kernel on each turn ---------------
-  for (int with_kernel = 0; with_kernel < 2; ++with_kernel) {
+  for (int with_kernel = 0; with_kernel < 2 && want("pingpong"); ++with_kernel) {
     enter(with_kernel ? "pingpong with a kernel per turn" : "pingpong", 1);
     const int iters = with_kernel ? 300 : 2000;
     CUdeviceptr f_ab = dptr(s.flag(with_kernel * 2)), f_ba = dptr(s.flag(with_kernel * 2 + 1));
@@ -236,7 +358,7 @@ int child(Shared s, int me, size_t bulk_bytes) {
   }
 
   // graph: wait / reset / count captured and replayed, released by the host each time ------------
-  if (me == 0) {
+  if (me == 0 && want("graph")) {
     enter("graph", 1);
     uint32_t* f = s.flag(6);
     unsigned* counter = reinterpret_cast<unsigned*>(s.flag(7));
@@ -276,7 +398,7 @@ int child(Shared s, int me, size_t bulk_bytes) {
   sync_step();
 
   // ipc: process 0's device memory written by process 1 --------------------------------------------
-  {
+  if (want("ipc")) {
     enter("ipc", 1);
     const size_t n = (64u << 20) / 4;
     uint32_t* mine = nullptr;
@@ -328,7 +450,7 @@ int child(Shared s, int me, size_t bulk_bytes) {
   }
 
   // bandwidth: process 0 alone, process 1 idle ---------------------------------------------------
-  if (me == 0) {
+  if (me == 0 && want("bandwidth")) {
     enter("bandwidth", 1);
     char* host = s.bulk();
     char* dev = nullptr;
@@ -362,7 +484,7 @@ int child(Shared s, int me, size_t bulk_bytes) {
   // starve: while process 1's stream waits (a memory-operation wait, then a spinning kernel) on a
   // flag nobody sets, process 0 launches 20 kernels of ~2 ms: how many run before a 3 s deadline,
   // and after the host releases process 1's wait. -------------------------------------------------
-  for (int spin = 0; spin < 2; ++spin) {
+  for (int spin = 0; spin < 2 && want("starve"); ++spin) {
     const char* how = spin ? "a kernel spinning on a host flag" : "a stream memory-operation wait";
     uint32_t* f = s.flag(8 + spin);
     unsigned* ran = reinterpret_cast<unsigned*>(s.flag(10 + spin));
@@ -401,6 +523,7 @@ int child(Shared s, int me, size_t bulk_bytes) {
     std::fflush(stdout);
     sync_step();
   }
+  if (want("duplex")) fails += duplex(s, me, bulk_bytes, sync_step);
   FP8WIRE_CUDA_OR(cudaHostUnregister(s.base), die());
   return fails;
 }
@@ -409,6 +532,11 @@ int child(Shared s, int me, size_t bulk_bytes) {
 
 int main(int argc, char** argv) {
   const size_t mib = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 256;
+  const std::string probes = argc > 2 ? argv[2] : "";  // e.g. "duplex,pingpong"; empty: every probe
+  if (mib < 16) {
+    std::printf("FAIL the bulk region: got %zu MiB, expected at least 16\n", mib);
+    return 2;
+  }
   const size_t bulk = mib << 20;
   Shared s;
   s.bytes = kBulkAt + bulk;
@@ -431,7 +559,7 @@ int main(int argc, char** argv) {
   pid_t pids[2];
   for (int me = 0; me < 2; ++me) {
     pids[me] = fork();
-    if (pids[me] == 0) _exit(child(s, me, bulk));
+    if (pids[me] == 0) _exit(child(s, me, bulk, probes));
   }
   int fails = 0;
   for (pid_t p : pids) {

@@ -186,12 +186,16 @@ __global__ void spin_on_flag(const volatile uint32_t* flag) {
 
 // The duplex probe (above). Each process's window: two slots of `stage` bytes in the shared bulk
 // region; flags in the shared page, counters that only grow (stage g of all calls), so no reset.
-enum class Duplex { serial, free, flags, flags_events };
+enum class Duplex { serial, free, flags, flags_ready, flags_done, flags_events };
+constexpr Duplex kDuplexWays[] = {Duplex::serial, Duplex::free, Duplex::flags, Duplex::flags_ready, Duplex::flags_done,
+                                  Duplex::flags_events};
 const char* duplex_name(Duplex d) {
   switch (d) {
     case Duplex::serial: return "one stream (D2H then H2D per stage)";
     case Duplex::free: return "two streams, no handshake";
     case Duplex::flags: return "two streams, flag handshakes";
+    case Duplex::flags_ready: return "  + event: transfer(i) after produce(i)";
+    case Duplex::flags_done: return "  + event: produce(i+2) after transfer(i)";
     case Duplex::flags_events: return "two streams, flag handshakes and lane events";
   }
   return "?";
@@ -218,8 +222,7 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
   // has finished reading (set by that peer). Fresh flags per way.
   const int peer = 1 - me;
   uint64_t g = 0;  // stages issued so far in this way
-  double ms[4] = {0, 0, 0, 0};
-  for (Duplex way : {Duplex::serial, Duplex::free, Duplex::flags, Duplex::flags_events}) {
+  for (Duplex way : kDuplexWays) {
     const int base = 32 + 4 * static_cast<int>(way);
     const CUdeviceptr ready_in_me = dptr(s.flag(base + me)), ready_in_peer = dptr(s.flag(base + peer));
     const CUdeviceptr free_in_me = dptr(s.flag(base + 2 + me)), free_in_peer = dptr(s.flag(base + 2 + peer));
@@ -233,8 +236,9 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
       FP8WIRE_CUDA_OR(cudaEventRecord(t0, caller), die());
       FP8WIRE_CUDA_OR(cudaEventRecord(fork, caller), die());
       const bool two = way != Duplex::serial;
-      const bool handshakes = way == Duplex::flags || way == Duplex::flags_events;
-      const bool events = way == Duplex::flags_events;
+      const bool handshakes = way != Duplex::serial && way != Duplex::free;
+      const bool ready_event = way == Duplex::flags_ready || way == Duplex::flags_events;
+      const bool done_event = way == Duplex::flags_done || way == Duplex::flags_events;
       cudaStream_t p_lane = two ? produce : caller, t_lane = two ? transfer : caller;
       if (two) {
         FP8WIRE_CUDA_OR(cudaStreamWaitEvent(produce, fork, 0), die());
@@ -243,11 +247,11 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
       for (int i = 0; i < kStages; ++i, ++g) {
         const int slot = static_cast<int>(g % 2);
         // produce: reclaim the slot (the peer read stage g-2 from it), D2H, publish.
-        if (events && i >= 2) FP8WIRE_CUDA_OR(cudaStreamWaitEvent(produce, done[slot], 0), die());
+        if (done_event && i >= 2) FP8WIRE_CUDA_OR(cudaStreamWaitEvent(produce, done[slot], 0), die());
         if (handshakes && g >= 2) FP8WIRE_DRIVER_OR(wait_value(p_lane, free_in_me, static_cast<cuuint32_t>(g - 1), CU_STREAM_WAIT_VALUE_GEQ), die());
         FP8WIRE_CUDA_OR(cudaMemcpyAsync(window[me] + slot * stage, src + slot * stage, stage, cudaMemcpyDeviceToHost, p_lane), die());
         if (handshakes) FP8WIRE_DRIVER_OR(write_value(p_lane, ready_in_peer, static_cast<cuuint32_t>(g + 1), 0), die());
-        if (events) {
+        if (ready_event) {
           FP8WIRE_CUDA_OR(cudaEventRecord(ready[slot], produce), die());
           FP8WIRE_CUDA_OR(cudaStreamWaitEvent(transfer, ready[slot], 0), die());
         }
@@ -255,7 +259,7 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
         if (handshakes) FP8WIRE_DRIVER_OR(wait_value(t_lane, ready_in_me, static_cast<cuuint32_t>(g + 1), CU_STREAM_WAIT_VALUE_GEQ), die());
         FP8WIRE_CUDA_OR(cudaMemcpyAsync(dst + slot * stage, window[peer] + slot * stage, stage, cudaMemcpyHostToDevice, t_lane), die());
         if (handshakes) FP8WIRE_DRIVER_OR(write_value(t_lane, free_in_peer, static_cast<cuuint32_t>(g + 1), 0), die());
-        if (events) FP8WIRE_CUDA_OR(cudaEventRecord(done[slot], transfer), die());
+        if (done_event) FP8WIRE_CUDA_OR(cudaEventRecord(done[slot], transfer), die());
       }
       if (two) {
         FP8WIRE_CUDA_OR(cudaEventRecord(join_p, produce), die());
@@ -270,8 +274,7 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
       if (call > 0) times.push_back(t);
     }
     std::sort(times.begin(), times.end());
-    ms[static_cast<int>(way)] = times[times.size() / 2];
-    s.ctl()->numbers[4 * me + static_cast<int>(way)] = ms[static_cast<int>(way)];
+    s.ctl()->numbers[8 * me + static_cast<int>(way)] = times[times.size() / 2];
   }
   sync_step();
   if (me == 0) {
@@ -280,11 +283,11 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
     // the slower direction's; "serial" is the sum of both directions.
     std::printf("duplex: 2 processes x %d stages of %.1f MiB each way per call (%.0f MiB per direction on the link), median of %d calls, slower process:\n",
                 kStages, static_cast<double>(stage) / (1 << 20), 2 * mib, kCalls - 1);
-    for (Duplex way : {Duplex::serial, Duplex::free, Duplex::flags, Duplex::flags_events}) {
+    for (Duplex way : kDuplexWays) {
       const int w = static_cast<int>(way);
-      const double t = std::max(s.ctl()->numbers[w], s.ctl()->numbers[4 + w]);
+      const double t = std::max(s.ctl()->numbers[w], s.ctl()->numbers[8 + w]);
       std::printf("duplex: %-45s %.3f ms, %.1f GB/s per direction (%.2fx the one-stream time)\n", duplex_name(way), t,
-                  2 * mib * (1 << 20) / (t * 1e6), t / std::max(s.ctl()->numbers[0], s.ctl()->numbers[4]));
+                  2 * mib * (1 << 20) / (t * 1e6), t / std::max(s.ctl()->numbers[0], s.ctl()->numbers[8]));
     }
   }
   std::fflush(stdout);

@@ -35,6 +35,7 @@
 //   two-shot                               [inbox slots 0..n-1][reduced slots 0..n-1]  one shard each
 // and with own data only: the own chunk (block), or two-shot's [own shard][own reduced shard].
 #include <array>
+#include <utility>
 
 #include "common/status.hpp"
 #include "sched/algorithms/algorithms.hpp"

@@ -17,9 +17,10 @@
 //              slot (transfer lane), two slots deep. Timed four ways: both directions on one stream
 //              (serial: the sum), on two streams with nothing between them (what the link gives at
 //              once), with the transports' flag handshakes between the processes (ready per stage,
-//              free per slot), and with those plus the executor's events between its lanes. Where
-//              the handshake ways take the serial time while the free one does not, the waits are
-//              what serialises the two directions.
+//              free per slot), with those plus the executor's events between its lanes (each event
+//              alone, then both), and with the same lane order kept by stream memory operations on
+//              the process's own flags instead of events. Where a way takes the one-stream time or
+//              more while the free one does not, its waits are what serialises the two directions.
 // Prints one line per finding; exit status 0 when every functional check passed.
 //   build/bench/fp8wire-direct-probe [MiB] [probe,...]   (scripts/gpu/direct_probe.sh; default every probe)
 #include <cuda.h>
@@ -186,9 +187,9 @@ __global__ void spin_on_flag(const volatile uint32_t* flag) {
 
 // The duplex probe (above). Each process's window: two slots of `stage` bytes in the shared bulk
 // region; flags in the shared page, counters that only grow (stage g of all calls), so no reset.
-enum class Duplex { serial, free, flags, flags_ready, flags_done, flags_events };
-constexpr Duplex kDuplexWays[] = {Duplex::serial, Duplex::free, Duplex::flags, Duplex::flags_ready, Duplex::flags_done,
-                                  Duplex::flags_events};
+enum class Duplex { serial, free, flags, flags_ready, flags_done, flags_events, flags_memops };
+constexpr Duplex kDuplexWays[] = {Duplex::serial,    Duplex::free,       Duplex::flags,       Duplex::flags_ready,
+                                  Duplex::flags_done, Duplex::flags_events, Duplex::flags_memops};
 const char* duplex_name(Duplex d) {
   switch (d) {
     case Duplex::serial: return "one stream (D2H then H2D per stage)";
@@ -197,6 +198,7 @@ const char* duplex_name(Duplex d) {
     case Duplex::flags_ready: return "  + event: transfer(i) after produce(i)";
     case Duplex::flags_done: return "  + event: produce(i+2) after transfer(i)";
     case Duplex::flags_events: return "two streams, flag handshakes and lane events";
+    case Duplex::flags_memops: return "  the same lane order by memory operations";
   }
   return "?";
 }
@@ -226,6 +228,8 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
     const int base = 32 + 4 * static_cast<int>(way);
     const CUdeviceptr ready_in_me = dptr(s.flag(base + me)), ready_in_peer = dptr(s.flag(base + peer));
     const CUdeviceptr free_in_me = dptr(s.flag(base + 2 + me)), free_in_peer = dptr(s.flag(base + 2 + peer));
+    const int local = 64 + 4 * static_cast<int>(way) + 2 * me;  // this process's lane flags
+    const CUdeviceptr produced = dptr(s.flag(local)), transferred = dptr(s.flag(local + 1));
     g = 0;
     std::vector<float> times;
     sync_step();
@@ -239,6 +243,9 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
       const bool handshakes = way != Duplex::serial && way != Duplex::free;
       const bool ready_event = way == Duplex::flags_ready || way == Duplex::flags_events;
       const bool done_event = way == Duplex::flags_done || way == Duplex::flags_events;
+      // The lanes' order of flags_events, by stream memory operations on this process's own flags
+      // (stages that only grow: no reset) instead of events.
+      const bool memops = way == Duplex::flags_memops;
       cudaStream_t p_lane = two ? produce : caller, t_lane = two ? transfer : caller;
       if (two) {
         FP8WIRE_CUDA_OR(cudaStreamWaitEvent(produce, fork, 0), die());
@@ -248,9 +255,14 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
         const int slot = static_cast<int>(g % 2);
         // produce: reclaim the slot (the peer read stage g-2 from it), D2H, publish.
         if (done_event && i >= 2) FP8WIRE_CUDA_OR(cudaStreamWaitEvent(produce, done[slot], 0), die());
+        if (memops && g >= 2) FP8WIRE_DRIVER_OR(wait_value(produce, transferred, static_cast<cuuint32_t>(g - 1), CU_STREAM_WAIT_VALUE_GEQ), die());
         if (handshakes && g >= 2) FP8WIRE_DRIVER_OR(wait_value(p_lane, free_in_me, static_cast<cuuint32_t>(g - 1), CU_STREAM_WAIT_VALUE_GEQ), die());
         FP8WIRE_CUDA_OR(cudaMemcpyAsync(window[me] + slot * stage, src + slot * stage, stage, cudaMemcpyDeviceToHost, p_lane), die());
         if (handshakes) FP8WIRE_DRIVER_OR(write_value(p_lane, ready_in_peer, static_cast<cuuint32_t>(g + 1), 0), die());
+        if (memops) {
+          FP8WIRE_DRIVER_OR(write_value(produce, produced, static_cast<cuuint32_t>(g + 1), 0), die());
+          FP8WIRE_DRIVER_OR(wait_value(transfer, produced, static_cast<cuuint32_t>(g + 1), CU_STREAM_WAIT_VALUE_GEQ), die());
+        }
         if (ready_event) {
           FP8WIRE_CUDA_OR(cudaEventRecord(ready[slot], produce), die());
           FP8WIRE_CUDA_OR(cudaStreamWaitEvent(transfer, ready[slot], 0), die());
@@ -260,6 +272,7 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
         FP8WIRE_CUDA_OR(cudaMemcpyAsync(dst + slot * stage, window[peer] + slot * stage, stage, cudaMemcpyHostToDevice, t_lane), die());
         if (handshakes) FP8WIRE_DRIVER_OR(write_value(t_lane, free_in_peer, static_cast<cuuint32_t>(g + 1), 0), die());
         if (done_event) FP8WIRE_CUDA_OR(cudaEventRecord(done[slot], transfer), die());
+        if (memops) FP8WIRE_DRIVER_OR(write_value(transfer, transferred, static_cast<cuuint32_t>(g + 1), 0), die());
       }
       if (two) {
         FP8WIRE_CUDA_OR(cudaEventRecord(join_p, produce), die());

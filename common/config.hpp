@@ -173,6 +173,11 @@ struct Config {
   // (sched/algorithms/direct.cpp, "Copy-in"). Off: measured within -11 % .. +10 % of the default at
   // 2 and 4 ranks, 16-256 MiB (bench/README.md "Host-link limit").
   bool direct_copy_in = false;              // direct.copy_in
+  // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's
+  // own flag page instead of events (sched/exec/pipeline.hpp). The same order: fp8wire-direct-probe's
+  // duplex probe measured the events between the lanes keeping the link's two directions apart
+  // (bench/README.md "Host-link limit"); the library's figures with this on are not measured yet.
+  bool direct_lane_flags = false;           // direct.lane_flags
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------
   bool coalesce_enable = true;              // coalesce.enable

@@ -5,6 +5,7 @@
 #include "common/log.hpp"
 #include "common/nvtx.hpp"
 #include "common/status.hpp"
+#include "sched/transport/direct_windows.hpp"
 
 namespace fp8wire::sched {
 
@@ -73,6 +74,9 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
   if (begin_ != ncclSuccess) return begin_;
   CommResources& r = s_->res;
   const size_t stages = stage_count(count, stage_elems);
+  // direct.lane_flags: the lanes hand stages over by the direct transport's flags, not events (each
+  // wait is issued after the store it waits for, so an error cut short leaves no wait unsatisfiable).
+  const DirectWindows* lanes = ops.lanes_by_flags();
   for (size_t i = 0; i < stages; ++i) {
     Stage st;
     st.index = i;
@@ -83,18 +87,25 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
     st.only = stages == 1;
     st.last = i + 1 == stages;
     const size_t set = i % 2;
-    // The set was last read by stage i-2's finish.
-    if (i >= 2) FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.produce, r.done[set], 0), "waiting for a buffer set"));
+    // The set was last read by stage i-2's finish (or, with lane flags, by the last stage that used it).
+    if (lanes) FP8WIRE_TRY(lanes->lanes_reuse(r.produce, st.set_index));
+    else if (i >= 2) FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.produce, r.done[set], 0), "waiting for a buffer set"));
     ops.set_lane(r.produce);
     {
       NvtxRange q("fp8wire produce");
       FP8WIRE_TRY(program.produce(ops, st));
     }
-    FP8WIRE_TRY(check(cuda_->EventRecord(r.ready[set], r.produce), "handing a stage over"));
-    FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.transfer, r.ready[set], 0), "handing a stage over"));
+    if (lanes) {
+      FP8WIRE_TRY(lanes->lanes_hand(r.produce, st.set_index));
+      FP8WIRE_TRY(lanes->lanes_take(r.transfer, st.set_index));
+    } else {
+      FP8WIRE_TRY(check(cuda_->EventRecord(r.ready[set], r.produce), "handing a stage over"));
+      FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.transfer, r.ready[set], 0), "handing a stage over"));
+    }
     ops.set_lane(r.transfer);
     FP8WIRE_TRY(program.finish(ops, st));
-    FP8WIRE_TRY(check(cuda_->EventRecord(r.done[set], r.transfer), "releasing a buffer set"));
+    if (lanes) FP8WIRE_TRY(lanes->lanes_drained(r.transfer, st.set_index));
+    else FP8WIRE_TRY(check(cuda_->EventRecord(r.done[set], r.transfer), "releasing a buffer set"));
   }
   return ncclSuccess;
 }

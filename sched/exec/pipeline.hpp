@@ -8,7 +8,9 @@
 // Stage i uses buffer set i % 2, so the quantize of stage i+1 overlaps the transfer of stage i, and
 // the produce lane waits for stage i-2 to finish with a set before reusing it. Only events link the
 // streams, so the same code is legal under CUDA graph capture (fork/join of a captured stream), and
-// nothing allocates or synchronises. The caller's stream itself runs none of the work: calls of one
+// nothing allocates or synchronises. Over a direct transport with direct.lane_flags, the hand-overs
+// between the two lanes (ready, done) are the transport's stream memory operations on this rank's
+// own flags instead (DirectWindows::lanes_*), the fork and join stay events. The caller's stream itself runs none of the work: calls of one
 // application group on different communicators never wait for one another, whatever order each
 // rank issued them in.
 #pragma once

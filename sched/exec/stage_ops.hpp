@@ -41,12 +41,16 @@ class StageOps {
   void add_wire_bytes(uint64_t bytes) { wire_bytes_ += bytes; }
 
   // The call runs over a direct transport (sched/transport/direct_windows.hpp): the direct programs reach
-  // the windows through it, and every codec launch keeps to `max_ctas` thread blocks.
-  void use_direct(const DirectWindows* direct, uint32_t max_ctas) {
+  // the windows through it, and every codec launch keeps to `max_ctas` thread blocks. With
+  // `lane_flags` (direct.lane_flags) the executor orders its two lanes by the transport's flags.
+  void use_direct(const DirectWindows* direct, uint32_t max_ctas, bool lane_flags = false) {
     direct_ = direct;
     launch_.max_ctas = max_ctas;
+    lane_flags_ = lane_flags;
   }
   const DirectWindows* direct() const { return direct_; }
+  // The windows whose flags order the executor's lanes, or null (events order them).
+  const DirectWindows* lanes_by_flags() const { return lane_flags_ ? direct_ : nullptr; }
 
   void set_lane(cudaStream_t lane) { lane_ = lane; }
   cudaStream_t lane() const { return lane_; }
@@ -114,6 +118,7 @@ class StageOps {
   cudaStream_t lane_ = nullptr;
   uint64_t wire_bytes_ = 0;
   const DirectWindows* direct_ = nullptr;
+  bool lane_flags_ = false;
 };
 
 }  // namespace fp8wire::sched

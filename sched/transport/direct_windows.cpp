@@ -15,6 +15,10 @@ void init_flags(DirectFlags& f) {
   for (auto& set : f.free)
     for (uint32_t& w : set) __atomic_store_n(&w, 1u, __ATOMIC_RELAXED);
   __atomic_store_n(&f.closed, 0u, __ATOMIC_RELAXED);
+  for (int s = 0; s < kDirectSets; ++s) {
+    __atomic_store_n(&f.handed[s], 0u, __ATOMIC_RELAXED);
+    __atomic_store_n(&f.drained[s], 1u, __ATOMIC_RELAXED);
+  }
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
@@ -110,6 +114,34 @@ ncclResult_t DirectWindows::release(cudaStream_t lane, int set) const {
   return ncclSuccess;
 }
 
+ncclResult_t DirectWindows::lanes_reuse(cudaStream_t produce, int set) const {
+  const CudaApi& c = platform_->cuda;
+  uint32_t* f = &flags_device(rank_)->drained[set];
+  if (const ncclResult_t r = op(c.StreamWaitValue32(produce, f, 1), "waiting for the transfer lane to drain a buffer set");
+      r != ncclSuccess)
+    return r;
+  return op(c.StreamWriteValue32(produce, f, 0), "resetting a drained flag");
+}
+
+ncclResult_t DirectWindows::lanes_hand(cudaStream_t produce, int set) const {
+  return op(platform_->cuda.StreamWriteValue32(produce, &flags_device(rank_)->handed[set], 1),
+            "handing a stage to the transfer lane");
+}
+
+ncclResult_t DirectWindows::lanes_take(cudaStream_t transfer, int set) const {
+  const CudaApi& c = platform_->cuda;
+  uint32_t* f = &flags_device(rank_)->handed[set];
+  if (const ncclResult_t r = op(c.StreamWaitValue32(transfer, f, 1), "waiting for the produce lane's stage");
+      r != ncclSuccess)
+    return r;
+  return op(c.StreamWriteValue32(transfer, f, 0), "resetting a hand-over flag");
+}
+
+ncclResult_t DirectWindows::lanes_drained(cudaStream_t transfer, int set) const {
+  return op(platform_->cuda.StreamWriteValue32(transfer, &flags_device(rank_)->drained[set], 1),
+            "marking a buffer set drained");
+}
+
 void DirectWindows::release_waits() const {
   DirectFlags* f = flags_host();
   if (!f) return;
@@ -118,6 +150,10 @@ void DirectWindows::release_waits() const {
       for (int p = 0; p < kDirectPhases; ++p) __atomic_store_n(&f->ready[s][p][j], 1u, __ATOMIC_RELAXED);
       __atomic_store_n(&f->free[s][j], 1u, __ATOMIC_RELAXED);
     }
+  for (int s = 0; s < kDirectSets; ++s) {
+    __atomic_store_n(&f->handed[s], 1u, __ATOMIC_RELAXED);
+    __atomic_store_n(&f->drained[s], 1u, __ATOMIC_RELAXED);
+  }
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 

@@ -17,9 +17,10 @@
 // The test reports err / bound and fails above 1.
 //
 // Usage: multirank_collectives [--ranks 2,3,4] [--big] [--timeout S] [--per-gpu] [--direct peer_memory|host_memory]
-//                              [--direct-own-on-device] [--direct-copy-in] [--direct-min-stages K]
-//   --direct-own-on-device, --direct-copy-in, --direct-min-stages K: direct.own_on_device,
-//   direct.copy_in (implies the former) and direct.min_stages.
+//                              [--direct-own-on-device] [--direct-copy-in] [--direct-lane-flags]
+//                              [--direct-min-stages K]
+//   --direct-own-on-device, --direct-copy-in, --direct-lane-flags, --direct-min-stages K:
+//   direct.own_on_device, direct.copy_in (implies the former), direct.lane_flags, direct.min_stages.
 //   --per-gpu: rank r runs on GPU r % (visible GPUs) with no NCCL_HOSTID, so NCCL joins real GPUs by
 //   its own transports (NVLink/P2P, or host memory under NCCL_P2P_DISABLE=1) instead of sockets.
 //   --big: the big all-reduce case moves 256 MiB (64 Mi fp32) instead of 64 MiB, at the first world
@@ -124,6 +125,7 @@ int g_ranks_per_host = 0;
 DirectMode g_direct = DirectMode::off;
 bool g_own_on_device = false;   // --direct-own-on-device: direct.own_on_device
 bool g_copy_in = false;         // --direct-copy-in: direct.copy_in (with own data on the device)
+bool g_lane_flags = false;      // --direct-lane-flags: direct.lane_flags
 uint32_t g_min_stages = 1;      // --direct-min-stages K: direct.min_stages
 
 void report(Rank& R, const std::string& name, bool ok, double ratio, uint64_t hash, bool identical_required) {
@@ -222,6 +224,7 @@ Config test_config() {
   c.direct_assume_one_host = g_direct != DirectMode::off;
   c.direct_own_on_device = g_own_on_device || g_copy_in;
   c.direct_copy_in = g_copy_in;
+  c.direct_lane_flags = g_lane_flags;
   c.direct_min_stages = g_min_stages;
   return c;
 }
@@ -747,6 +750,8 @@ int main(int argc, char** argv) {
       g_own_on_device = true;
     } else if (a == "--direct-copy-in") {
       g_copy_in = true;
+    } else if (a == "--direct-lane-flags") {
+      g_lane_flags = true;
     } else if (a == "--direct-min-stages" && i + 1 < argc) {
       const int k = std::atoi(argv[++i]);
       if (k < 1 || k > 64) {
@@ -809,6 +814,7 @@ int main(int argc, char** argv) {
     if (g_direct != DirectMode::off) spec.argv.insert(spec.argv.end(), {"--direct", to_string(g_direct)});
     if (g_own_on_device) spec.argv.push_back("--direct-own-on-device");
     if (g_copy_in) spec.argv.push_back("--direct-copy-in");
+    if (g_lane_flags) spec.argv.push_back("--direct-lane-flags");
     if (g_min_stages > 1) spec.argv.insert(spec.argv.end(), {"--direct-min-stages", std::to_string(g_min_stages)});
     if (big && n == worlds.front()) spec.argv.push_back("--big");
     if (per_gpu) spec.argv.push_back("--per-gpu");

@@ -180,6 +180,57 @@ TEST_CASE("own data on the device (direct.own_on_device), with and without copy-
   MESSAGE(runs << " runs with own data on the device: bit-exact, alike, in bound");
 }
 
+TEST_CASE("direct.lane_flags: the lanes hand stages over by the transport's flags: the same bytes, no race, calls back to back") {
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  size_t runs = 0;
+  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
+    for (int n : {2, 3, 4}) {
+      for (const Variant& v : kVariants) {
+        for (auto [own, copy_in] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
+          if (mode == DirectMode::peer_memory && own) continue;  // host memory only
+          for (size_t count : {size_t(3 * n * 128 + 5), size_t{4099}}) {
+            // Many stages (both sets in turn, each reused), and one.
+            for (auto [window, stage] : {std::pair<size_t, size_t>{24 << 10, 2 << 10}, {1 << 20, 8 << 20}}) {
+              uint64_t writes[2] = {0, 0};  // stream memory writes of rank 0, without and with lane flags
+              for (bool lane_flags : {false, true}) {
+                Run cfg;
+                cfg.config = direct_config(mode, window, stage);
+                cfg.config.direct_own_on_device = own;
+                cfg.config.direct_copy_in = copy_in;
+                cfg.config.direct_lane_flags = lane_flags;
+                cfg.abort_all = true;
+                cfg.second_call = true;  // the flags must be back in their initial state after a call
+                Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 5u + count};
+                const auto inputs = inputs_for(spec, n);
+                const Outcome o = run(cfg, spec, inputs);
+                ++runs;
+                std::string e = check_clean(cfg, spec, inputs, o);
+                for (int r = 0; r < n && e.empty(); ++r) {
+                  if (o.transports[static_cast<size_t>(r)] != kind_of(mode))
+                    e = fmt::format("{}: rank {} went over {}", describe(spec, n, cfg.config), r,
+                                    to_string(o.transports[static_cast<size_t>(r)]));
+                  else if (o.second[static_cast<size_t>(r)].out != o.first[static_cast<size_t>(r)].out)
+                    e = fmt::format("{}: rank {}: the second call differs from the first", describe(spec, n, cfg.config), r);
+                }
+                const int site = static_cast<int>(sim::Site::write_value);
+                writes[lane_flags] = o.after_calls[0][site] - o.after_setup[0][site];
+                if (!e.empty()) failures.push_back(e);
+              }
+              // Every stage of both calls hands over by flags: two more stores per stage and lane.
+              if (writes[1] <= writes[0])
+                failures.push_back(fmt::format("{} n={} count={}: {} stream writes with lane flags, {} without",
+                                               to_string(v.collective), n, count, writes[1], writes[0]));
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+  MESSAGE(runs << " runs with and without lane flags: bit-exact, alike, no race");
+}
+
 TEST_CASE("direct.min_stages cuts a call the stage size leaves whole: the same bytes, with and without own data on the device") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
@@ -269,12 +320,15 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
     const char* name;
     Spec spec;
     DirectMode mode;
+    bool lane_flags = false;  // direct.lane_flags: the lanes' hand-overs are flag waits too
   };
   const Scenario scenarios[] = {
       {"two-shot, host memory, pipelined", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory},
       {"one-shot, peer memory, pipelined", {Collective::all_reduce, Path::one_shot, DataType::f32, ReduceOp::sum, 5000, 4}, DirectMode::peer_memory},
       {"reduce-scatter, host memory", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 2000, 6}, DirectMode::host_memory},
       {"all-gather, peer memory", {Collective::all_gather, Path::one_shot, DataType::bf16, ReduceOp::sum, 3000, 7}, DirectMode::peer_memory},
+      {"two-shot, host memory, pipelined, lane flags", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory, true},
+      {"one-shot, peer memory, pipelined, lane flags", {Collective::all_reduce, Path::one_shot, DataType::f32, ReduceOp::sum, 5000, 4}, DirectMode::peer_memory, true},
   };
   std::vector<std::string> failures;
   size_t runs = 0;
@@ -283,6 +337,7 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
     const int n = 3;
     Run base;
     base.config = direct_config(sc.mode, 24 << 10, 4 << 10);
+    base.config.direct_lane_flags = sc.lane_flags;
     base.abort_all = true;
     const auto inputs = inputs_for(sc.spec, n);
     const Outcome clean = run(base, sc.spec, inputs);

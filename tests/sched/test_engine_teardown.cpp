@@ -199,13 +199,14 @@ namespace {
 // Rank 0 issues an all-reduce that needs rank 1; rank 1 never issues it and goes (its process ends,
 // or it destroys its communicator out of step). Rank 0's watchdog must see the error, and its abort
 // must release the lanes. Returns "" or what went wrong.
-std::string run_gone_mid_collective(DirectMode mode, Ending how) {
+std::string run_gone_mid_collective(DirectMode mode, Ending how, bool lane_flags) {
   sim::Options machine;
   machine.nranks = 2;
   sim::World world(machine);
   const Platform& p = world.platform();
   const std::vector<ncclComm_t> comms = world.create_comm();
-  const Config config = direct_config(mode);
+  Config config = direct_config(mode);
+  config.direct_lane_flags = lane_flags;  // the lanes' hand-overs are flag waits the abort must release too
   std::atomic<int> ready{0};
   std::atomic<bool> gone{false}, rank0_done{false};
   std::string failure;
@@ -268,8 +269,9 @@ std::string run_gone_mid_collective(DirectMode mode, Ending how) {
 TEST_CASE("teardown: a peer gone while a collective waits on it is an error, and the abort releases the wait") {
   log_set_level(LogLevel::off);
   for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory})
-    for (Ending how : {Ending::process_end, Ending::destroy}) {
-      INFO(to_string(mode), ", rank 1 gone by ", to_string(how));
-      CHECK(run_gone_mid_collective(mode, how) == "");
-    }
+    for (Ending how : {Ending::process_end, Ending::destroy})
+      for (bool lane_flags : {false, true}) {
+        INFO(to_string(mode), ", rank 1 gone by ", to_string(how), lane_flags ? ", lane flags" : "");
+        CHECK(run_gone_mid_collective(mode, how, lane_flags) == "");
+      }
 }

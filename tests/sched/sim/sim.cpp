@@ -162,6 +162,14 @@ struct World::State {
     bool owner_holds = true;
   };
   std::map<uintptr_t, SimWindow> windows;
+  // The last stream memory write of each flag word: its rank and that stream's clock. A wait it
+  // satisfies on the same rank orders what follows the wait after what preceded the write (the
+  // write's memory barrier), as an event would; across ranks the lanes' clocks do not compare.
+  struct FlagWrite {
+    int rank = 0;
+    Clock clock{};
+  };
+  std::map<const void*, FlagWrite> flag_writes;
 };
 
 namespace {
@@ -769,8 +777,10 @@ cudaError_t s_get_last_error() { return cudaSuccess; }
 struct WaitValueOp final : Op {
   const uint32_t* addr;
   uint32_t value;
-  bool step(World::State&, Stream& s) override {
+  bool step(World::State& w, Stream& s) override {
     if (__atomic_load_n(addr, __ATOMIC_ACQUIRE) != value) return false;
+    if (auto it = w.flag_writes.find(addr); it != w.flag_writes.end() && it->second.rank == s.rank)
+      merge(s.clock, it->second.clock);
     ++s.clock[static_cast<size_t>(s.lane)];
     return true;
   }
@@ -778,8 +788,9 @@ struct WaitValueOp final : Op {
 struct WriteValueOp final : Op {
   uint32_t* addr;
   uint32_t value;
-  bool step(World::State&, Stream& s) override {
+  bool step(World::State& w, Stream& s) override {
     ++s.clock[static_cast<size_t>(s.lane)];
+    w.flag_writes[addr] = {s.rank, s.clock};
     __atomic_store_n(addr, value, __ATOMIC_RELEASE);
     return true;
   }
@@ -828,6 +839,8 @@ void drop_mapping(World::State& w, Window& win) {
   } else {
     if (r.owned.erase(base)) it->second.owner_holds = false;  // its owner destroyed it
     if (--it->second.mappings == 0) {
+      // Its flags' last writes go with it: memory allocated later at the same place is new.
+      w.flag_writes.erase(w.flag_writes.lower_bound(win.device), w.flag_writes.lower_bound(win.device + it->second.bytes));
       std::free(win.device);
       w.windows.erase(it);
     }

@@ -192,7 +192,7 @@ constexpr Duplex kDuplexWays[] = {Duplex::serial,    Duplex::free,       Duplex:
                                   Duplex::flags_done, Duplex::flags_events, Duplex::flags_memops};
 const char* duplex_name(Duplex d) {
   switch (d) {
-    case Duplex::serial: return "one stream (D2H then H2D per stage)";
+    case Duplex::serial: return "one stream per process (D2H then H2D)";
     case Duplex::free: return "two streams, no handshake";
     case Duplex::flags: return "two streams, flag handshakes";
     case Duplex::flags_ready: return "  + event: transfer(i) after produce(i)";

@@ -74,9 +74,13 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
   if (begin_ != ncclSuccess) return begin_;
   CommResources& r = s_->res;
   const size_t stages = stage_count(count, stage_elems);
-  // direct.lane_flags: the lanes hand stages over by the direct transport's flags, not events (each
-  // wait is issued after the store it waits for, so an error cut short leaves no wait unsatisfiable).
-  const DirectWindows* lanes = ops.lanes_by_flags();
+  // direct.lane_flags: the lanes hand stages over by the transport's flags, not events. Each wait is
+  // issued after the store it waits for, so an error cut short leaves no wait unsatisfiable; the flags
+  // are then out of their initial state, which only a later FP8 call could trip on, and a failed
+  // communicator runs none (CommState::failed). Not under capture: a graph orders its branches by its
+  // edges only, and a flag between two branches is no edge (a replay could run one branch's wait
+  // before the other's store), so captured calls keep the events.
+  const DirectWindows* lanes = capturing_ ? nullptr : ops.lanes_by_flags();
   for (size_t i = 0; i < stages; ++i) {
     Stage st;
     st.index = i;

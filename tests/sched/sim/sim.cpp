@@ -731,8 +731,8 @@ cudaError_t s_memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyK
   if (fail_here(w, Site::memcpy_async)) return cudaErrorLaunchFailure;
   auto op = std::make_unique<ComputeOp>();
   op->what = "memcpy";
-  const bool from_pageable = kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && !is_device(w, src) &&
-                                                                  !is_window(w, src));
+  const bool from_pageable = (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDefault) && !is_device(w, src) &&
+                             !is_window(w, src);
   if (from_pageable) {
     // Pageable host memory is staged at the call, as CUDA does; pinned windows are read by the copy.
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);

@@ -83,6 +83,17 @@ ncclResult_t copy_slots_but(StageOps& ops, char* to, const char* from, size_t st
   }
   return ncclSuccess;
 }
+
+// Copies what every peer j wrote at `at` of its own window (`bytes(j)` bytes; none when 0) into the
+// same place of device slot j: one copy per peer, its windows being apart.
+template <class BytesOf>
+ncclResult_t copy_from_peers(StageOps& ops, const DirectWindows& d, int set, const DeviceSlots& dev, size_t at,
+                             BytesOf bytes) {
+  for (int j = 0; j < ops.nranks(); ++j)
+    if (j != ops.rank() && bytes(j))
+      FP8WIRE_TRY(ops.copy(dev.slot(j) + at, d.window(j, set) + at, bytes(j), cudaMemcpyDefault));
+  return ncclSuccess;
+}
 }  // namespace
 
 // --- one-shot ---------------------------------------------------------------------------------------
@@ -110,11 +121,9 @@ ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
   for (int j = 0; j < n; ++j) inputs[j] = d.window(j, st.set_index);
   if (dev.own) inputs[r] = dev.own;
   if (dev.staged) {
-    for (int j = 0; j < n; ++j) {
-      if (j != r) FP8WIRE_TRY(ops.copy(dev.slot(j), d.window(j, st.set_index), cb, cudaMemcpyDefault));
-      inputs[j] = dev.slot(j);
-    }
+    FP8WIRE_TRY(copy_from_peers(ops, d, st.set_index, dev, 0, [&](int) { return cb; }));
     FP8WIRE_TRY(ops.release(st.set_index));
+    for (int j = 0; j < n; ++j) inputs[j] = dev.slot(j);
   }
   quant::ReduceOutput out;
   out.plain = static_cast<char*>(a_.dst) + st.offset * ops.elem_size();
@@ -178,10 +187,7 @@ ncclResult_t DirectTwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
     return dev.staged ? dev.slot(j) + reduced_at : d.window(j, st.set_index) + reduced_at;
   };
   if (dev.staged) {
-    for (int j = 0; j < n; ++j)
-      if (j != r && l.length(j))
-        FP8WIRE_TRY(ops.copy(dev.slot(j) + reduced_at, d.window(j, st.set_index) + reduced_at, l.bytes(j, f),
-                             cudaMemcpyDefault));
+    FP8WIRE_TRY(copy_from_peers(ops, d, st.set_index, dev, reduced_at, [&](int j) { return l.bytes(j, f); }));
     FP8WIRE_TRY(ops.release(st.set_index));
   }
   char* dst = static_cast<char*>(a_.dst);
@@ -261,8 +267,7 @@ ncclResult_t DirectAllGather::finish(StageOps& ops, const Stage& st) {
     return dev.own && j == r ? dev.own : d.window(j, st.set_index);
   };
   if (dev.staged) {
-    for (int j = 0; j < n; ++j)
-      if (j != r) FP8WIRE_TRY(ops.copy(dev.slot(j), d.window(j, st.set_index), cb, cudaMemcpyDefault));
+    FP8WIRE_TRY(copy_from_peers(ops, d, st.set_index, dev, 0, [&](int) { return cb; }));
     FP8WIRE_TRY(ops.release(st.set_index));
   }
   auto* dst = static_cast<char*>(a_.dst);

@@ -10,9 +10,9 @@
 // streams, so the same code is legal under CUDA graph capture (fork/join of a captured stream), and
 // nothing allocates or synchronises. Over a direct transport with direct.lane_flags, the hand-overs
 // between the two lanes (ready, done) are the transport's stream memory operations on this rank's
-// own flags instead (DirectWindows::lanes_*) in calls not under capture; the fork and join stay events. The caller's stream itself runs none of the work: calls of one
-// application group on different communicators never wait for one another, whatever order each
-// rank issued them in.
+// own flags instead (DirectWindows::lanes_*) in calls not under capture; the fork and join stay
+// events. The caller's stream itself runs none of the work: calls of one application group on
+// different communicators never wait for one another, whatever order each rank issued them in.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "common/log.hpp"
+#include "common/status.hpp"
 
 namespace fp8wire::sched {
 
@@ -61,17 +62,17 @@ ncclResult_t DirectWindows::op(cudaError_t err, const char* what) const {
   return ncclUnhandledCudaError;
 }
 
-ncclResult_t DirectWindows::reclaim(cudaStream_t lane, int set) const {
+ncclResult_t DirectWindows::take(cudaStream_t lane, uint32_t* flag, const char* waiting, const char* resetting) const {
   const CudaApi& c = platform_->cuda;
+  if (const ncclResult_t r = op(c.StreamWaitValue32(lane, flag, 1), waiting); r != ncclSuccess) return r;
+  return op(c.StreamWriteValue32(lane, flag, 0), resetting);
+}
+
+ncclResult_t DirectWindows::reclaim(cudaStream_t lane, int set) const {
   DirectFlags* mine = flags_device(rank_);
   for (int j = 0; j < nranks_; ++j) {
     if (j == rank_) continue;
-    uint32_t* f = &mine->free[set][j];
-    if (const ncclResult_t r = op(c.StreamWaitValue32(lane, f, 1), "waiting for a peer to release a buffer set");
-        r != ncclSuccess)
-      return r;
-    if (const ncclResult_t r = op(c.StreamWriteValue32(lane, f, 0), "resetting a release flag"); r != ncclSuccess)
-      return r;
+    FP8WIRE_TRY(take(lane, &mine->free[set][j], "waiting for a peer to release a buffer set", "resetting a release flag"));
   }
   return ncclSuccess;
 }
@@ -89,15 +90,10 @@ ncclResult_t DirectWindows::publish(cudaStream_t lane, int set, int phase) const
 }
 
 ncclResult_t DirectWindows::acquire(cudaStream_t lane, int set, int phase) const {
-  const CudaApi& c = platform_->cuda;
   DirectFlags* mine = flags_device(rank_);
   for (int j = 0; j < nranks_; ++j) {
     if (j == rank_) continue;
-    uint32_t* f = &mine->ready[set][phase][j];
-    if (const ncclResult_t r = op(c.StreamWaitValue32(lane, f, 1), "waiting for a peer's data"); r != ncclSuccess)
-      return r;
-    if (const ncclResult_t r = op(c.StreamWriteValue32(lane, f, 0), "resetting a ready flag"); r != ncclSuccess)
-      return r;
+    FP8WIRE_TRY(take(lane, &mine->ready[set][phase][j], "waiting for a peer's data", "resetting a ready flag"));
   }
   return ncclSuccess;
 }
@@ -115,12 +111,8 @@ ncclResult_t DirectWindows::release(cudaStream_t lane, int set) const {
 }
 
 ncclResult_t DirectWindows::lanes_reuse(cudaStream_t produce, int set) const {
-  const CudaApi& c = platform_->cuda;
-  uint32_t* f = &flags_device(rank_)->drained[set];
-  if (const ncclResult_t r = op(c.StreamWaitValue32(produce, f, 1), "waiting for the transfer lane to drain a buffer set");
-      r != ncclSuccess)
-    return r;
-  return op(c.StreamWriteValue32(produce, f, 0), "resetting a drained flag");
+  return take(produce, &flags_device(rank_)->drained[set], "waiting for the transfer lane to drain a buffer set",
+              "resetting a drained flag");
 }
 
 ncclResult_t DirectWindows::lanes_hand(cudaStream_t produce, int set) const {
@@ -129,12 +121,8 @@ ncclResult_t DirectWindows::lanes_hand(cudaStream_t produce, int set) const {
 }
 
 ncclResult_t DirectWindows::lanes_take(cudaStream_t transfer, int set) const {
-  const CudaApi& c = platform_->cuda;
-  uint32_t* f = &flags_device(rank_)->handed[set];
-  if (const ncclResult_t r = op(c.StreamWaitValue32(transfer, f, 1), "waiting for the produce lane's stage");
-      r != ncclSuccess)
-    return r;
-  return op(c.StreamWriteValue32(transfer, f, 0), "resetting a hand-over flag");
+  return take(transfer, &flags_device(rank_)->handed[set], "waiting for the produce lane's stage",
+              "resetting a hand-over flag");
 }
 
 ncclResult_t DirectWindows::lanes_drained(cudaStream_t transfer, int set) const {

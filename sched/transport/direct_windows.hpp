@@ -145,6 +145,8 @@ class DirectWindows {
   // Whether peer j has not yet released some set of this rank's (a free flag of this rank's page at 0).
   bool holds_a_set(int j) const;
   ncclResult_t op(cudaError_t err, const char* what) const;
+  // Every wait of the protocol: until `flag` is 1 on `lane`, then back to 0 (its waiter resets it).
+  ncclResult_t take(cudaStream_t lane, uint32_t* flag, const char* waiting, const char* resetting) const;
 
   const Platform* platform_;
   Carrier kind_;

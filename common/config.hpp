@@ -170,8 +170,8 @@ struct Config {
   bool direct_own_on_device = true;         // direct.own_on_device
   // Host memory, with own data on the device: what a rank reads of its peers' windows is first copied
   // into its device buffer set by a copy engine, and the kernels read only device memory
-  // (sched/algorithms/direct.cpp, "Copy-in"). Off: measured within -11 % .. +10 % of the default at
-  // 2 and 4 ranks, 16-256 MiB (bench/README.md "Host-link limit").
+  // (sched/algorithms/direct.cpp, "Copy-in"). Off: measured no better than the default, at 2 and 4
+  // ranks, 16-256 MiB (bench/README.md "Host-link limit").
   bool direct_copy_in = false;              // direct.copy_in
   // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's
   // own flag page instead of events, in calls not under graph capture (sched/exec/pipeline.hpp). The same order: fp8wire-direct-probe's

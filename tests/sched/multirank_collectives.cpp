@@ -17,10 +17,12 @@
 // The test reports err / bound and fails above 1.
 //
 // Usage: multirank_collectives [--ranks 2,3,4] [--big] [--timeout S] [--per-gpu] [--direct peer_memory|host_memory]
-//                              [--direct-own-on-device] [--direct-copy-in] [--direct-lane-flags]
+//                              [--direct-own-in-window] [--direct-copy-in] [--direct-lane-flags]
 //                              [--direct-min-stages K]
-//   --direct-own-on-device, --direct-copy-in, --direct-lane-flags, --direct-min-stages K:
-//   direct.own_on_device, direct.copy_in (implies the former), direct.lane_flags, direct.min_stages.
+//   The direct knobs are the library's defaults unless named: --direct-own-in-window turns
+//   direct.own_on_device off (the rank's own data goes through its window like the peers');
+//   --direct-copy-in, --direct-lane-flags, --direct-min-stages K set direct.copy_in (which needs own
+//   data on the device), direct.lane_flags, direct.min_stages.
 //   --per-gpu: rank r runs on GPU r % (visible GPUs) with no NCCL_HOSTID, so NCCL joins real GPUs by
 //   its own transports (NVLink/P2P, or host memory under NCCL_P2P_DISABLE=1) instead of sockets.
 //   --big: the big all-reduce case moves 256 MiB (64 Mi fp32) instead of 64 MiB, at the first world
@@ -123,7 +125,7 @@ int g_ranks_per_host = 0;
 // --direct peer_memory|host_memory: every FP8 call the direct transport can carry goes over it (the
 // ranks share this machine's GPU, so direct.assume_one_host), and a case checks that they did.
 DirectMode g_direct = DirectMode::off;
-bool g_own_on_device = false;   // --direct-own-on-device: direct.own_on_device
+bool g_own_in_window = false;   // --direct-own-in-window: direct.own_on_device off
 bool g_copy_in = false;         // --direct-copy-in: direct.copy_in (with own data on the device)
 bool g_lane_flags = false;      // --direct-lane-flags: direct.lane_flags
 uint32_t g_min_stages = 1;      // --direct-min-stages K: direct.min_stages
@@ -222,7 +224,7 @@ Config test_config() {
   c.hierarchy_ranks_per_host = static_cast<uint32_t>(g_ranks_per_host);
   c.direct_transport = g_direct;
   c.direct_assume_one_host = g_direct != DirectMode::off;
-  c.direct_own_on_device = g_own_on_device || g_copy_in;
+  c.direct_own_on_device = !g_own_in_window;
   c.direct_copy_in = g_copy_in;
   c.direct_lane_flags = g_lane_flags;
   c.direct_min_stages = g_min_stages;
@@ -746,8 +748,8 @@ int main(int argc, char** argv) {
         fprintf(stderr, "--direct: got '%s', expected peer_memory or host_memory\n", m.c_str());
         return 2;
       }
-    } else if (a == "--direct-own-on-device") {
-      g_own_on_device = true;
+    } else if (a == "--direct-own-in-window") {
+      g_own_in_window = true;
     } else if (a == "--direct-copy-in") {
       g_copy_in = true;
     } else if (a == "--direct-lane-flags") {
@@ -763,9 +765,15 @@ int main(int argc, char** argv) {
       child_out = argv[++i];
     } else {
       fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu | --ranks-per-host R | "
-                      "--direct peer_memory|host_memory | --direct-own-on-device | --direct-min-stages K\n", a.c_str());
+                      "--direct peer_memory|host_memory | --direct-own-in-window | --direct-copy-in | --direct-lane-flags | "
+                      "--direct-min-stages K\n", a.c_str());
       return 2;
     }
+  }
+  if (g_copy_in && g_own_in_window) {
+    fprintf(stderr, "--direct-copy-in with --direct-own-in-window: direct.copy_in needs the rank's own data on the "
+                    "device; give one of them\n");
+    return 2;
   }
   if (!child_out.empty()) {
     // One rank, started by the launcher below: RANK, WORLD_SIZE, MASTER_PORT (and NCCL_HOSTID when
@@ -812,7 +820,7 @@ int main(int argc, char** argv) {
     spec.argv = {"/proc/self/exe", "--rank-output", prefix, "--timeout", std::to_string(timeout_s)};
     if (g_ranks_per_host) spec.argv.insert(spec.argv.end(), {"--ranks-per-host", std::to_string(g_ranks_per_host)});
     if (g_direct != DirectMode::off) spec.argv.insert(spec.argv.end(), {"--direct", to_string(g_direct)});
-    if (g_own_on_device) spec.argv.push_back("--direct-own-on-device");
+    if (g_own_in_window) spec.argv.push_back("--direct-own-in-window");
     if (g_copy_in) spec.argv.push_back("--direct-copy-in");
     if (g_lane_flags) spec.argv.push_back("--direct-lane-flags");
     if (g_min_stages > 1) spec.argv.insert(spec.argv.end(), {"--direct-min-stages", std::to_string(g_min_stages)});

@@ -18,8 +18,9 @@
 //              (serial: the sum), on two streams with nothing between them (what the link gives at
 //              once), with the transports' flag handshakes between the processes (ready per stage,
 //              free per slot), with those plus the executor's events between its lanes (each event
-//              alone, then both), and with the same lane order kept by stream memory operations on
-//              the process's own flags instead of events. Where a way takes the one-stream time or
+//              alone, then both), with the same lane order kept by stream memory operations on
+//              the process's own flags instead of events, and with events and four slots instead of
+//              two (a stage's slot is reused four stages later). Where a way takes the one-stream time or
 //              more while the free one does not, its waits are what serialises the two directions.
 // Prints one line per finding; exit status 0 when every functional check passed.
 //   build/bench/fp8wire-direct-probe [MiB] [probe,...]   (scripts/gpu/direct_probe.sh; default every probe)
@@ -187,9 +188,11 @@ __global__ void spin_on_flag(const volatile uint32_t* flag) {
 
 // The duplex probe (above). Each process's window: two slots of `stage` bytes in the shared bulk
 // region; flags in the shared page, counters that only grow (stage g of all calls), so no reset.
-enum class Duplex { serial, free, flags, flags_ready, flags_done, flags_events, flags_memops };
-constexpr Duplex kDuplexWays[] = {Duplex::serial,    Duplex::free,       Duplex::flags,       Duplex::flags_ready,
-                                  Duplex::flags_done, Duplex::flags_events, Duplex::flags_memops};
+enum class Duplex { serial, free, flags, flags_ready, flags_done, flags_events, flags_memops, deep_events };
+constexpr Duplex kDuplexWays[] = {Duplex::serial,       Duplex::free,         Duplex::flags,
+                                  Duplex::flags_ready,  Duplex::flags_done,   Duplex::flags_events,
+                                  Duplex::flags_memops, Duplex::deep_events};
+constexpr int kDuplexMaxSlots = 4;
 const char* duplex_name(Duplex d) {
   switch (d) {
     case Duplex::serial: return "one stream per process (D2H then H2D)";
@@ -199,6 +202,7 @@ const char* duplex_name(Duplex d) {
     case Duplex::flags_done: return "  + event: produce(i+2) after transfer(i)";
     case Duplex::flags_events: return "two streams, flag handshakes and lane events";
     case Duplex::flags_memops: return "  the same lane order by memory operations";
+    case Duplex::deep_events: return "  the same with four slots instead of two";
   }
   return "?";
 }
@@ -206,18 +210,22 @@ const char* duplex_name(Duplex d) {
 int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sync_step) {
   constexpr int kStages = 8;
   constexpr int kCalls = 7;  // the first warms up
-  const size_t stage = std::min<size_t>(4u << 20, bulk_bytes / 4) / 256 * 256;
-  char* window[2] = {s.bulk(), s.bulk() + 2 * stage};  // window[p]: process p's two slots
+  const size_t stage = std::min<size_t>(4u << 20, bulk_bytes / (2 * kDuplexMaxSlots)) / 256 * 256;
+  // window[p]: process p's slots (two, or four in the deep way)
+  char* window[2] = {s.bulk(), s.bulk() + kDuplexMaxSlots * stage};
   char *src = nullptr, *dst = nullptr;
-  FP8WIRE_CUDA_OR(cudaMalloc(&src, 2 * stage), die());
-  FP8WIRE_CUDA_OR(cudaMalloc(&dst, 2 * stage), die());
-  FP8WIRE_CUDA_OR(cudaMemset(src, me + 1, 2 * stage), die());
+  FP8WIRE_CUDA_OR(cudaMalloc(&src, kDuplexMaxSlots * stage), die());
+  FP8WIRE_CUDA_OR(cudaMalloc(&dst, kDuplexMaxSlots * stage), die());
+  FP8WIRE_CUDA_OR(cudaMemset(src, me + 1, kDuplexMaxSlots * stage), die());
   cudaStream_t produce, transfer, caller;
   for (cudaStream_t* st : {&produce, &transfer, &caller})
     FP8WIRE_CUDA_OR(cudaStreamCreateWithFlags(st, cudaStreamNonBlocking), die());
-  cudaEvent_t ready[2], done[2], fork, join_p, join_t, t0, t1;
-  for (cudaEvent_t* e : {&ready[0], &ready[1], &done[0], &done[1], &fork, &join_p, &join_t})
-    FP8WIRE_CUDA_OR(cudaEventCreateWithFlags(e, cudaEventDisableTiming), die());
+  cudaEvent_t ready[kDuplexMaxSlots], done[kDuplexMaxSlots], fork, join_p, join_t, t0, t1;
+  for (int k = 0; k < kDuplexMaxSlots; ++k) {
+    FP8WIRE_CUDA_OR(cudaEventCreateWithFlags(&ready[k], cudaEventDisableTiming), die());
+    FP8WIRE_CUDA_OR(cudaEventCreateWithFlags(&done[k], cudaEventDisableTiming), die());
+  }
+  for (cudaEvent_t* e : {&fork, &join_p, &join_t}) FP8WIRE_CUDA_OR(cudaEventCreateWithFlags(e, cudaEventDisableTiming), die());
   FP8WIRE_CUDA_OR(cudaEventCreate(&t0), die());
   FP8WIRE_CUDA_OR(cudaEventCreate(&t1), die());
   // ready_in[p]: stages process p may read (set by its peer); free_in[p]: stages whose slot p's peer
@@ -241,8 +249,9 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
       FP8WIRE_CUDA_OR(cudaEventRecord(fork, caller), die());
       const bool two = way != Duplex::serial;
       const bool handshakes = way != Duplex::serial && way != Duplex::free;
-      const bool ready_event = way == Duplex::flags_ready || way == Duplex::flags_events;
-      const bool done_event = way == Duplex::flags_done || way == Duplex::flags_events;
+      const bool ready_event = way == Duplex::flags_ready || way == Duplex::flags_events || way == Duplex::deep_events;
+      const bool done_event = way == Duplex::flags_done || way == Duplex::flags_events || way == Duplex::deep_events;
+      const int slots = way == Duplex::deep_events ? kDuplexMaxSlots : 2;
       // The lanes' order of flags_events, by stream memory operations on this process's own flags
       // (stages that only grow: no reset) instead of events.
       const bool memops = way == Duplex::flags_memops;
@@ -252,11 +261,12 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
         FP8WIRE_CUDA_OR(cudaStreamWaitEvent(transfer, fork, 0), die());
       }
       for (int i = 0; i < kStages; ++i, ++g) {
-        const int slot = static_cast<int>(g % 2);
-        // produce: reclaim the slot (the peer read stage g-2 from it), D2H, publish.
-        if (done_event && i >= 2) FP8WIRE_CUDA_OR(cudaStreamWaitEvent(produce, done[slot], 0), die());
-        if (memops && g >= 2) FP8WIRE_DRIVER_OR(wait_value(produce, transferred, static_cast<cuuint32_t>(g - 1), CU_STREAM_WAIT_VALUE_GEQ), die());
-        if (handshakes && g >= 2) FP8WIRE_DRIVER_OR(wait_value(p_lane, free_in_me, static_cast<cuuint32_t>(g - 1), CU_STREAM_WAIT_VALUE_GEQ), die());
+        const int slot = static_cast<int>(g % slots);
+        // produce: reclaim the slot (the peer read stage g-slots from it), D2H, publish.
+        const auto reused = static_cast<cuuint32_t>(g + 1 - slots);  // the stage that last used the slot, + 1
+        if (done_event && i >= slots) FP8WIRE_CUDA_OR(cudaStreamWaitEvent(produce, done[slot], 0), die());
+        if (memops && g >= 2) FP8WIRE_DRIVER_OR(wait_value(produce, transferred, reused, CU_STREAM_WAIT_VALUE_GEQ), die());
+        if (handshakes && g >= static_cast<uint64_t>(slots)) FP8WIRE_DRIVER_OR(wait_value(p_lane, free_in_me, reused, CU_STREAM_WAIT_VALUE_GEQ), die());
         FP8WIRE_CUDA_OR(cudaMemcpyAsync(window[me] + slot * stage, src + slot * stage, stage, cudaMemcpyDeviceToHost, p_lane), die());
         if (handshakes) FP8WIRE_DRIVER_OR(write_value(p_lane, ready_in_peer, static_cast<cuuint32_t>(g + 1), 0), die());
         if (memops) {
@@ -304,7 +314,11 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
     }
   }
   std::fflush(stdout);
-  for (cudaEvent_t e : {ready[0], ready[1], done[0], done[1], fork, join_p, join_t, t0, t1}) cudaEventDestroy(e);
+  for (int k = 0; k < kDuplexMaxSlots; ++k) {
+    cudaEventDestroy(ready[k]);
+    cudaEventDestroy(done[k]);
+  }
+  for (cudaEvent_t e : {fork, join_p, join_t, t0, t1}) cudaEventDestroy(e);
   for (cudaStream_t st : {produce, transfer, caller}) cudaStreamDestroy(st);
   cudaFree(src);
   cudaFree(dst);

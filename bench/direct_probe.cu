@@ -20,7 +20,9 @@
 //              free per slot), with those plus the executor's events between its lanes (each event
 //              alone, then both), with the same lane order kept by stream memory operations on
 //              the process's own flags instead of events, and with events and four slots instead of
-//              two (a stage's slot is reused four stages later). Where a way takes the one-stream time or
+//              two (a stage's slot is reused four stages later); each line also gives the host's time to
+//              issue one call. duplex_gated: the same with every operation of a call issued before
+//              any runs (the GPU's time alone). Where a way takes the one-stream time or
 //              more while the free one does not, its waits are what serialises the two directions.
 // Prints one line per finding; exit status 0 when every functional check passed.
 //   build/bench/fp8wire-direct-probe [MiB] [probe,...]   (scripts/gpu/direct_probe.sh; default every probe)
@@ -207,7 +209,9 @@ const char* duplex_name(Duplex d) {
   return "?";
 }
 
-int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sync_step) {
+// gated: each call's operations are all issued before any runs (the caller's stream waits on a host
+// store made after the issue), so the time is the GPU's alone, not the host's issue rate.
+int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sync_step, bool gated) {
   constexpr int kStages = 8;
   constexpr int kCalls = 7;  // the first warms up
   const size_t stage = std::min<size_t>(4u << 20, bulk_bytes / (2 * kDuplexMaxSlots)) / 256 * 256;
@@ -232,6 +236,9 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
   // has finished reading (set by that peer). Fresh flags per way.
   const int peer = 1 - me;
   uint64_t g = 0;  // stages issued so far in this way
+  double issue_ms[8] = {};  // process 0's host time to issue one call, per way (median)
+  uint32_t* gate = s.flag(100 + me);
+  uint32_t gate_seq = __atomic_load_n(gate, __ATOMIC_SEQ_CST);
   for (Duplex way : kDuplexWays) {
     const int base = 32 + 4 * static_cast<int>(way);
     const CUdeviceptr ready_in_me = dptr(s.flag(base + me)), ready_in_peer = dptr(s.flag(base + peer));
@@ -240,11 +247,14 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
     const CUdeviceptr produced = dptr(s.flag(local)), transferred = dptr(s.flag(local + 1));
     g = 0;
     std::vector<float> times;
+    std::vector<double> issue_us;  // host time to issue the call's operations
     sync_step();
     enter("duplex", 1);
     for (int call = 0; call < kCalls; ++call) {
       sync_step();  // both processes start each call together
       enter("duplex", 1);
+      const double issue_begin = now_us();
+      if (gated) FP8WIRE_DRIVER_OR(wait_value(caller, dptr(gate), gate_seq + 1, CU_STREAM_WAIT_VALUE_GEQ), die());
       FP8WIRE_CUDA_OR(cudaEventRecord(t0, caller), die());
       FP8WIRE_CUDA_OR(cudaEventRecord(fork, caller), die());
       const bool two = way != Duplex::serial;
@@ -291,26 +301,31 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
         FP8WIRE_CUDA_OR(cudaStreamWaitEvent(caller, join_t, 0), die());
       }
       FP8WIRE_CUDA_OR(cudaEventRecord(t1, caller), die());
+      const double issued = now_us() - issue_begin;
+      if (gated) __atomic_store_n(gate, ++gate_seq, __ATOMIC_SEQ_CST);
       FP8WIRE_CUDA_OR(cudaEventSynchronize(t1), die());
       float t = 0;
       FP8WIRE_CUDA_OR(cudaEventElapsedTime(&t, t0, t1), die());
-      if (call > 0) times.push_back(t);
+      if (call > 0) times.push_back(t), issue_us.push_back(issued);
     }
     std::sort(times.begin(), times.end());
+    std::sort(issue_us.begin(), issue_us.end());
     s.ctl()->numbers[8 * me + static_cast<int>(way)] = times[times.size() / 2];
+    issue_ms[static_cast<int>(way)] = issue_us[issue_us.size() / 2] / 1e3;
   }
   sync_step();
   if (me == 0) {
     const double mib = static_cast<double>(kStages * stage) / (1 << 20);
     // Both processes' bytes cross the one link each way: the link's time at the pinned rates is
     // the slower direction's; "serial" is the sum of both directions.
-    std::printf("duplex: 2 processes x %d stages of %.1f MiB each way per call (%.0f MiB per direction on the link), median of %d calls, slower process:\n",
-                kStages, static_cast<double>(stage) / (1 << 20), 2 * mib, kCalls - 1);
+    std::printf("duplex%s: 2 processes x %d stages of %.1f MiB each way per call (%.0f MiB per direction on the link), median of %d calls, slower process:\n",
+                gated ? " (gated: every operation issued before any runs)" : "", kStages, static_cast<double>(stage) / (1 << 20), 2 * mib, kCalls - 1);
     for (Duplex way : kDuplexWays) {
       const int w = static_cast<int>(way);
       const double t = std::max(s.ctl()->numbers[w], s.ctl()->numbers[8 + w]);
-      std::printf("duplex: %-45s %.3f ms, %.1f GB/s per direction (%.2fx the one-stream time)\n", duplex_name(way), t,
-                  2 * mib * (1 << 20) / (t * 1e6), t / std::max(s.ctl()->numbers[0], s.ctl()->numbers[8]));
+      std::printf("duplex: %-45s %.3f ms, %.1f GB/s per direction (%.2fx the one-stream time); issued in %.3f ms\n",
+                  duplex_name(way), t, 2 * mib * (1 << 20) / (t * 1e6),
+                  t / std::max(s.ctl()->numbers[0], s.ctl()->numbers[8]), issue_ms[w]);
     }
   }
   std::fflush(stdout);
@@ -553,7 +568,8 @@ int child(Shared s, int me, size_t bulk_bytes, const std::string& probes) {
     std::fflush(stdout);
     sync_step();
   }
-  if (want("duplex")) fails += duplex(s, me, bulk_bytes, sync_step);
+  if (want("duplex")) fails += duplex(s, me, bulk_bytes, sync_step, false);
+  if (want("duplex_gated")) fails += duplex(s, me, bulk_bytes, sync_step, true);
   FP8WIRE_CUDA_OR(cudaHostUnregister(s.base), die());
   return fails;
 }

@@ -178,11 +178,6 @@ struct Config {
   // duplex probe measured the events between the lanes keeping the link's two directions apart
   // (bench/README.md "Host-link limit"); the library's figures with this on are not measured yet.
   bool direct_lane_flags = false;           // direct.lane_flags
-  // Run a direct call's stages on one lane, the next stage's quantize issued before this stage's
-  // reduce (sched/exec/pipeline.hpp), instead of two lanes ordered by events: the rank's own stages
-  // no longer overlap each other, but nothing orders its two directions but the peers' flags, and
-  // the ranks' calls overlap one another on the link. A choice of the rank alone.
-  bool direct_one_lane = false;             // direct.one_lane
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------
   bool coalesce_enable = true;              // coalesce.enable

@@ -187,8 +187,7 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
 
     if (res == ncclSuccess) {
       StageOps ops(s, type, format, call_launch);
-      if (route.carrier != Carrier::nccl) ops.use_direct(s.direct.get(), config.direct_ctas, config.direct_lane_flags,
-                                                     config.direct_one_lane);
+      if (route.carrier != Carrier::nccl) ops.use_direct(s.direct.get(), config.direct_ctas, config.direct_lane_flags);
       PipelineRun run(sref, c.stream, capturing, call_hooks() != nullptr, joins);
       res = run.finish(run.run(*program, ops, rec.count, route.stage_elems));
       rec.wire_bytes = ops.wire_bytes();

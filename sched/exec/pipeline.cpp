@@ -70,23 +70,10 @@ ncclResult_t PipelineRun::check(cudaError_t err, const char* what) {
   return ncclUnhandledCudaError;
 }
 
-Stage PipelineRun::stage(size_t i, size_t stages, size_t count, size_t stage_elems) const {
-  Stage st;
-  st.index = i;
-  st.offset = i * stage_elems;
-  st.length = std::min(stage_elems, count - st.offset);
-  st.set_index = static_cast<int>(i % 2);
-  st.set = s_->res.scratch + s_->res.layout.set_offset(st.set_index);
-  st.only = stages == 1;
-  st.last = i + 1 == stages;
-  return st;
-}
-
 ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count, size_t stage_elems) {
   if (begin_ != ncclSuccess) return begin_;
   CommResources& r = s_->res;
   const size_t stages = stage_count(count, stage_elems);
-  if (ops.one_lane()) return run_one_lane(program, ops, stages, count, stage_elems);
   // direct.lane_flags: the lanes hand stages over by the transport's flags, not events. Each wait is
   // issued after the store it waits for, so an error cut short leaves no wait unsatisfiable; the flags
   // are then out of their initial state, which only a later FP8 call could trip on, and a failed
@@ -95,7 +82,14 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
   // before the other's store), so captured calls keep the events.
   const DirectWindows* lanes = capturing_ ? nullptr : ops.lanes_by_flags();
   for (size_t i = 0; i < stages; ++i) {
-    const Stage st = stage(i, stages, count, stage_elems);
+    Stage st;
+    st.index = i;
+    st.offset = i * stage_elems;
+    st.length = std::min(stage_elems, count - st.offset);
+    st.set = r.scratch + r.layout.set_offset(static_cast<int>(i % 2));
+    st.set_index = static_cast<int>(i % 2);
+    st.only = stages == 1;
+    st.last = i + 1 == stages;
     const size_t set = i % 2;
     // The set was last read by stage i-2's finish (or, with lane flags, by the last stage that used it).
     if (lanes) FP8WIRE_TRY(lanes->lanes_reuse(r.produce, st.set_index));
@@ -116,26 +110,6 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
     FP8WIRE_TRY(program.finish(ops, st));
     if (lanes) FP8WIRE_TRY(lanes->lanes_drained(r.transfer, st.set_index));
     else FP8WIRE_TRY(check(cuda_->EventRecord(r.done[set], r.transfer), "releasing a buffer set"));
-  }
-  return ncclSuccess;
-}
-
-// direct.one_lane: produce(0) produce(1) finish(0) produce(2) finish(1) ... on the produce lane.
-// Stream order is the only order between the stages: stage i+2 reuses stage i's set after stage i's
-// finish, and a finish follows its produce. Every rank issues the same order, so a produce that
-// reclaims a set (waits for the peers' finish of stage i-1) and a finish that acquires one (waits for
-// their produce of stage i) wait on work each peer has issued earlier on its own lane: no cycle.
-ncclResult_t PipelineRun::run_one_lane(StageProgram& program, StageOps& ops, size_t stages, size_t count,
-                                       size_t stage_elems) {
-  ops.set_lane(s_->res.produce);
-  auto produce = [&](size_t i) {
-    NvtxRange q("fp8wire produce");
-    return program.produce(ops, stage(i, stages, count, stage_elems));
-  };
-  if (stages > 0) FP8WIRE_TRY(produce(0));
-  for (size_t i = 0; i < stages; ++i) {
-    if (i + 1 < stages) FP8WIRE_TRY(produce(i + 1));
-    FP8WIRE_TRY(program.finish(ops, stage(i, stages, count, stage_elems)));
   }
   return ncclSuccess;
 }

@@ -11,11 +11,8 @@
 // nothing allocates or synchronises. Over a direct transport with direct.lane_flags, the hand-overs
 // between the two lanes (ready, done) are the transport's stream memory operations on this rank's
 // own flags instead (DirectWindows::lanes_*) in calls not under capture; the fork and join stay
-// events. With direct.one_lane, a direct call's stages all run on the produce lane instead, in the
-// order produce(0) produce(1) finish(0) produce(2) finish(1) ...: the next stage's quantize is issued
-// before this stage's reduce, and stream order alone keeps the sets apart. The caller's stream itself
-// runs none of the work: calls of one application group on different communicators never wait for
-// one another, whatever order each rank issued them in.
+// events. The caller's stream itself runs none of the work: calls of one application group on
+// different communicators never wait for one another, whatever order each rank issued them in.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -86,8 +83,6 @@ class PipelineRun {
   ncclResult_t finish(ncclResult_t result);
 
  private:
-  Stage stage(size_t i, size_t stages, size_t count, size_t stage_elems) const;
-  ncclResult_t run_one_lane(StageProgram& program, StageOps& ops, size_t stages, size_t count, size_t stage_elems);
   ncclResult_t join();
   ncclResult_t check(cudaError_t err, const char* what);
 

@@ -42,19 +42,15 @@ class StageOps {
 
   // The call runs over a direct transport (sched/transport/direct_windows.hpp): the direct programs reach
   // the windows through it, and every codec launch keeps to `max_ctas` thread blocks. With
-  // `lane_flags` (direct.lane_flags) the executor orders its two lanes by the transport's flags;
-  // with `one_lane` (direct.one_lane) it runs every stage on one lane.
-  void use_direct(const DirectWindows* direct, uint32_t max_ctas, bool lane_flags = false, bool one_lane = false) {
+  // `lane_flags` (direct.lane_flags) the executor orders its two lanes by the transport's flags.
+  void use_direct(const DirectWindows* direct, uint32_t max_ctas, bool lane_flags = false) {
     direct_ = direct;
     launch_.max_ctas = max_ctas;
     lane_flags_ = lane_flags;
-    one_lane_ = one_lane;
   }
   const DirectWindows* direct() const { return direct_; }
   // The windows whose flags order the executor's lanes, or null (events order them).
   const DirectWindows* lanes_by_flags() const { return lane_flags_ ? direct_ : nullptr; }
-  // Whether the executor runs the call's stages on one lane (only over a direct transport).
-  bool one_lane() const { return one_lane_ && direct_; }
 
   void set_lane(cudaStream_t lane) { lane_ = lane; }
   cudaStream_t lane() const { return lane_; }
@@ -123,7 +119,6 @@ class StageOps {
   uint64_t wire_bytes_ = 0;
   const DirectWindows* direct_ = nullptr;
   bool lane_flags_ = false;
-  bool one_lane_ = false;
 };
 
 }  // namespace fp8wire::sched

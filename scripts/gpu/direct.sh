@@ -8,15 +8,14 @@
 #      (direct.assume_one_host), and a case checking that they went over it, with the library's
 #      defaults (own data on the device); host memory once more with own data in the window
 #      (DIRECT_MULTIRANK_OWN_IN_WINDOW world sizes, default 2,4), with copy-in
-#      (DIRECT_MULTIRANK_COPY_IN, default 2,4), with lane flags (DIRECT_MULTIRANK_LANE_FLAGS, default 2,4)
-#      and on one lane (DIRECT_MULTIRANK_ONE_LANE, default 2,4);
+#      (DIRECT_MULTIRANK_COPY_IN, default 2,4) and with lane flags (DIRECT_MULTIRANK_LANE_FLAGS, default 2,4);
 #   3. tests/sched/direct_faults_gpu: a peer gone, a peer absent: released by an abort, no hang;
 #   4. PyTorch DDP parity under the shim with each transport forced, CUDA-graph capture with host memory
-#      (with the default lane events, with direct.lane_flags and with direct.one_lane);
+#      (with the default lane events, and with direct.lane_flags);
 #   5. fp8wire-bench sweep at 2 emulated ranks: --transport both (NCCL's sockets and the direct transport,
 #      peer memory here) and --transport host_memory, and the profiles they calibrate.
 # Env: DIRECT_MULTIRANK_HOST (world sizes, default 2,3,4), DIRECT_MULTIRANK_PEER (default 2,3,4),
-# DIRECT_MULTIRANK_OWN_IN_WINDOW, _COPY_IN, _LANE_FLAGS and _ONE_LANE (default 2,4), DIRECT_PARTS
+# DIRECT_MULTIRANK_OWN_IN_WINDOW, DIRECT_MULTIRANK_COPY_IN and DIRECT_MULTIRANK_LANE_FLAGS (default 2,4), DIRECT_PARTS
 # (default "kernels multirank faults torch bench").
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_mps_start
@@ -51,8 +50,6 @@ if has multirank; then
     --direct-copy-in --ranks "${DIRECT_MULTIRANK_COPY_IN:-2,4}" --timeout 140
   run multirank_host_memory_lane_flags 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-lane-flags --ranks "${DIRECT_MULTIRANK_LANE_FLAGS:-2,4}" --timeout 140
-  run multirank_host_memory_one_lane 150 build/tests/sched/multirank_collectives --direct host_memory \
-    --direct-one-lane --ranks "${DIRECT_MULTIRANK_ONE_LANE:-2,4}" --timeout 140
   grep -hE "direct/|^(PASS|FAIL) multirank" "$OUT"/multirank_*.log | sort | uniq -c | head -20
 fi
 if has faults; then
@@ -71,9 +68,6 @@ if has torch; then
   mkdir -p "$OUT/lane_flags"
   run graph_capture_lane_flags 175 env "${direct_env[@]}" FP8WIRE_DIRECT_LANE_FLAGS=1 "$PY" tests/sched/graph_capture.py \
     --nproc 2 --out "$OUT/lane_flags" --step-timeout 30
-  mkdir -p "$OUT/one_lane"
-  run graph_capture_one_lane 175 env "${direct_env[@]}" FP8WIRE_DIRECT_ONE_LANE=1 "$PY" tests/sched/graph_capture.py \
-    --nproc 2 --out "$OUT/one_lane" --step-timeout 30
 fi
 if has bench; then
   run bench_direct 150 build/bench/fp8wire-bench sweep --emulate-ranks 2 --transport both --collectives all_reduce \

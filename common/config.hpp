@@ -174,9 +174,9 @@ struct Config {
   // ranks, 16-256 MiB (bench/README.md "Host-link limit").
   bool direct_copy_in = false;              // direct.copy_in
   // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's
-  // own flag page instead of events, in calls not under graph capture (sched/exec/pipeline.hpp). The same order: fp8wire-direct-probe's
-  // duplex probe measured the events between the lanes keeping the link's two directions apart
-  // (bench/README.md "Host-link limit"); the library's figures with this on are not measured yet.
+  // own flag page instead of events, in calls not under graph capture (sched/exec/pipeline.hpp). The
+  // same order. Off: 2-3 points further from the host-link limit than the events at 2 and 4 ranks,
+  // 16-256 MiB (bench/README.md "Host-link limit").
   bool direct_lane_flags = false;           // direct.lane_flags
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------

@@ -20,7 +20,8 @@
 //              free per slot), with those plus the executor's events between its lanes (each event
 //              alone, then both), with the same lane order kept by stream memory operations on
 //              the process's own flags instead of events, and with events and four slots instead of
-//              two (a stage's slot is reused four stages later); each line also gives the host's time to
+//              two (a stage's slot is reused four stages later), with one hand-over by event and the other
+//              by memory operation (both mixes); each line also gives the host's time to
 //              issue one call. duplex_gated: the same with every operation of a call issued before
 //              any runs (the GPU's time alone). Where a way takes the one-stream time or
 //              more while the free one does not, its waits are what serialises the two directions.
@@ -80,7 +81,7 @@ struct Control {
   std::atomic<int> go;
   cudaIpcMemHandle_t ipc;
   std::atomic<int> ipc_ok;
-  double numbers[16];
+  double numbers[32];
 };
 constexpr size_t kFlagsAt = 4096;
 constexpr size_t kBulkAt = 1 << 20;
@@ -190,10 +191,15 @@ __global__ void spin_on_flag(const volatile uint32_t* flag) {
 
 // The duplex probe (above). Each process's window: two slots of `stage` bytes in the shared bulk
 // region; flags in the shared page, counters that only grow (stage g of all calls), so no reset.
-enum class Duplex { serial, free, flags, flags_ready, flags_done, flags_events, flags_memops, deep_events };
+enum class Duplex {
+  serial, free, flags, flags_ready, flags_done, flags_events, flags_memops, deep_events, ready_event_done_memop,
+  ready_memop_done_event
+};
 constexpr Duplex kDuplexWays[] = {Duplex::serial,       Duplex::free,         Duplex::flags,
                                   Duplex::flags_ready,  Duplex::flags_done,   Duplex::flags_events,
-                                  Duplex::flags_memops, Duplex::deep_events};
+                                  Duplex::flags_memops, Duplex::deep_events,  Duplex::ready_event_done_memop,
+                                  Duplex::ready_memop_done_event};
+constexpr int kDuplexWayCount = sizeof(kDuplexWays) / sizeof(kDuplexWays[0]);
 constexpr int kDuplexMaxSlots = 4;
 const char* duplex_name(Duplex d) {
   switch (d) {
@@ -205,6 +211,8 @@ const char* duplex_name(Duplex d) {
     case Duplex::flags_events: return "two streams, flag handshakes and lane events";
     case Duplex::flags_memops: return "  the same lane order by memory operations";
     case Duplex::deep_events: return "  the same with four slots instead of two";
+    case Duplex::ready_event_done_memop: return "  ready by event, reuse by memory operation";
+    case Duplex::ready_memop_done_event: return "  ready by memory operation, reuse by event";
   }
   return "?";
 }
@@ -236,14 +244,15 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
   // has finished reading (set by that peer). Fresh flags per way.
   const int peer = 1 - me;
   uint64_t g = 0;  // stages issued so far in this way
-  double issue_ms[8] = {};  // process 0's host time to issue one call, per way (median)
-  uint32_t* gate = s.flag(100 + me);
+  static_assert(2 * kDuplexWayCount <= sizeof(Control::numbers) / sizeof(double), "both processes' medians in Control");
+  double issue_ms[kDuplexWayCount] = {};  // process 0's host time to issue one call, per way (median)
+  uint32_t* gate = s.flag(200 + me);
   uint32_t gate_seq = __atomic_load_n(gate, __ATOMIC_SEQ_CST);
   for (Duplex way : kDuplexWays) {
     const int base = 32 + 4 * static_cast<int>(way);
     const CUdeviceptr ready_in_me = dptr(s.flag(base + me)), ready_in_peer = dptr(s.flag(base + peer));
     const CUdeviceptr free_in_me = dptr(s.flag(base + 2 + me)), free_in_peer = dptr(s.flag(base + 2 + peer));
-    const int local = 64 + 4 * static_cast<int>(way) + 2 * me;  // this process's lane flags
+    const int local = 128 + 4 * static_cast<int>(way) + 2 * me;  // this process's lane flags
     const CUdeviceptr produced = dptr(s.flag(local)), transferred = dptr(s.flag(local + 1));
     g = 0;
     std::vector<float> times;
@@ -259,12 +268,16 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
       FP8WIRE_CUDA_OR(cudaEventRecord(fork, caller), die());
       const bool two = way != Duplex::serial;
       const bool handshakes = way != Duplex::serial && way != Duplex::free;
-      const bool ready_event = way == Duplex::flags_ready || way == Duplex::flags_events || way == Duplex::deep_events;
-      const bool done_event = way == Duplex::flags_done || way == Duplex::flags_events || way == Duplex::deep_events;
+      const bool ready_event = way == Duplex::flags_ready || way == Duplex::flags_events || way == Duplex::deep_events ||
+                               way == Duplex::ready_event_done_memop;
+      const bool done_event = way == Duplex::flags_done || way == Duplex::flags_events || way == Duplex::deep_events ||
+                              way == Duplex::ready_memop_done_event;
       const int slots = way == Duplex::deep_events ? kDuplexMaxSlots : 2;
       // The lanes' order of flags_events, by stream memory operations on this process's own flags
       // (stages that only grow: no reset) instead of events.
       const bool memops = way == Duplex::flags_memops;
+      const bool ready_memop = memops || way == Duplex::ready_memop_done_event;
+      const bool done_memop = memops || way == Duplex::ready_event_done_memop;
       cudaStream_t p_lane = two ? produce : caller, t_lane = two ? transfer : caller;
       if (two) {
         FP8WIRE_CUDA_OR(cudaStreamWaitEvent(produce, fork, 0), die());
@@ -275,11 +288,11 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
         // produce: reclaim the slot (the peer read stage g-slots from it), D2H, publish.
         const auto reused = static_cast<cuuint32_t>(g + 1 - slots);  // the stage that last used the slot, + 1
         if (done_event && i >= slots) FP8WIRE_CUDA_OR(cudaStreamWaitEvent(produce, done[slot], 0), die());
-        if (memops && g >= 2) FP8WIRE_DRIVER_OR(wait_value(produce, transferred, reused, CU_STREAM_WAIT_VALUE_GEQ), die());
+        if (done_memop && g >= 2) FP8WIRE_DRIVER_OR(wait_value(produce, transferred, reused, CU_STREAM_WAIT_VALUE_GEQ), die());
         if (handshakes && g >= static_cast<uint64_t>(slots)) FP8WIRE_DRIVER_OR(wait_value(p_lane, free_in_me, reused, CU_STREAM_WAIT_VALUE_GEQ), die());
         FP8WIRE_CUDA_OR(cudaMemcpyAsync(window[me] + slot * stage, src + slot * stage, stage, cudaMemcpyDeviceToHost, p_lane), die());
         if (handshakes) FP8WIRE_DRIVER_OR(write_value(p_lane, ready_in_peer, static_cast<cuuint32_t>(g + 1), 0), die());
-        if (memops) {
+        if (ready_memop) {
           FP8WIRE_DRIVER_OR(write_value(produce, produced, static_cast<cuuint32_t>(g + 1), 0), die());
           FP8WIRE_DRIVER_OR(wait_value(transfer, produced, static_cast<cuuint32_t>(g + 1), CU_STREAM_WAIT_VALUE_GEQ), die());
         }
@@ -292,7 +305,7 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
         FP8WIRE_CUDA_OR(cudaMemcpyAsync(dst + slot * stage, window[peer] + slot * stage, stage, cudaMemcpyHostToDevice, t_lane), die());
         if (handshakes) FP8WIRE_DRIVER_OR(write_value(t_lane, free_in_peer, static_cast<cuuint32_t>(g + 1), 0), die());
         if (done_event) FP8WIRE_CUDA_OR(cudaEventRecord(done[slot], transfer), die());
-        if (memops) FP8WIRE_DRIVER_OR(write_value(transfer, transferred, static_cast<cuuint32_t>(g + 1), 0), die());
+        if (done_memop) FP8WIRE_DRIVER_OR(write_value(transfer, transferred, static_cast<cuuint32_t>(g + 1), 0), die());
       }
       if (two) {
         FP8WIRE_CUDA_OR(cudaEventRecord(join_p, produce), die());
@@ -310,7 +323,7 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
     }
     std::sort(times.begin(), times.end());
     std::sort(issue_us.begin(), issue_us.end());
-    s.ctl()->numbers[8 * me + static_cast<int>(way)] = times[times.size() / 2];
+    s.ctl()->numbers[kDuplexWayCount * me + static_cast<int>(way)] = times[times.size() / 2];
     issue_ms[static_cast<int>(way)] = issue_us[issue_us.size() / 2] / 1e3;
   }
   sync_step();
@@ -322,10 +335,10 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
                 gated ? " (gated: every operation issued before any runs)" : "", kStages, static_cast<double>(stage) / (1 << 20), 2 * mib, kCalls - 1);
     for (Duplex way : kDuplexWays) {
       const int w = static_cast<int>(way);
-      const double t = std::max(s.ctl()->numbers[w], s.ctl()->numbers[8 + w]);
+      const double t = std::max(s.ctl()->numbers[w], s.ctl()->numbers[kDuplexWayCount + w]);
       std::printf("duplex: %-45s %.3f ms, %.1f GB/s per direction (%.2fx the one-stream time); issued in %.3f ms\n",
                   duplex_name(way), t, 2 * mib * (1 << 20) / (t * 1e6),
-                  t / std::max(s.ctl()->numbers[0], s.ctl()->numbers[8]), issue_ms[w]);
+                  t / std::max(s.ctl()->numbers[0], s.ctl()->numbers[kDuplexWayCount]), issue_ms[w]);
     }
   }
   std::fflush(stdout);

@@ -178,6 +178,14 @@ struct Config {
   // same order. Off: 2-3 points further from the host-link limit than the events at 2 and 4 ranks,
   // 16-256 MiB (bench/README.md "Host-link limit").
   bool direct_lane_flags = false;           // direct.lane_flags
+  // Host memory with own data on the device: the transfer lane quantizes the rank's own data again for
+  // its own reads, so between fork and join a direct call's two lanes wait on nothing of each other's,
+  // only on the peers' flags (sched/algorithms/direct.cpp, "Lanes apart"). For the one-shot
+  // all-reduce, the reduce-scatter and the all-gather, in calls that are not coalesced, measured,
+  // fed back or captured, without copy-in. fp8wire-direct-probe's duplex probe: the same copies with
+  // the flags alone 1.53 ms, with the two hand-overs between the lanes 2.17 ms (bench/README.md
+  // "Host-link limit"). Off: the library's figures with it on are not measured yet.
+  bool direct_lanes_apart = false;          // direct.lanes_apart
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------
   bool coalesce_enable = true;              // coalesce.enable

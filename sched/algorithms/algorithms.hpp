@@ -28,7 +28,18 @@ struct Fp8Args {
   // With own data on the device, direct.copy_in: the peers' data this rank reads is copied from their
   // windows into the same device buffer set first (sched/algorithms/direct.cpp, "Copy-in").
   bool copy_in = false;
+  // With own data on the device, direct.lanes_apart: the finish quantizes this rank's own data again
+  // on the transfer lane, into the second half of the device set, instead of reading what the produce
+  // lane put in the first half, so the executor needs no hand-over between its lanes
+  // (sched/algorithms/direct.cpp, "Lanes apart"; direct_lanes_apart_fits says when it may be set).
+  bool own_per_lane = false;
 };
+
+// Whether a direct call of `collective` over `path` with stages of `stage_elems` elements may run with
+// its lanes apart (Fp8Args::own_per_lane): the one-shot all-reduce, the reduce-scatter and the
+// all-gather, when both halves of a device set of `own_device_bytes` hold a stage's own chunk.
+bool direct_lanes_apart_fits(Collective collective, Path path, size_t stage_elems, size_t own_device_bytes,
+                             const quant::WireFormat& f);
 
 // A flat FP8 algorithm: a stage program over the arguments of one call.
 class Fp8Program : public StageProgram {

@@ -30,6 +30,16 @@
 // windows where the stage's slots do not fit the device set). Measured no faster than the kernels'
 // own loads (bench/README.md "Host-link limit"), so off by default.
 //
+// Lanes apart (direct.lanes_apart, with own data on the device; Fp8Args::own_per_lane): the finish
+// quantizes this rank's own data once more, on the transfer lane, into the second half of the device
+// set, and reads that instead of what the produce lane put in the first half. The same input, length
+// and offset give the same bytes, so the result is unchanged; and the transfer lane then reads nothing
+// the produce lane writes (the peers' windows are ordered by their flags, its own window it does not
+// read), so the executor places no wait between the lanes: fp8wire-direct-probe measured the two
+// hand-overs together keeping the link's directions apart. One-shot, the reduce-scatter and the
+// all-gather only: two-shot's transfer lane writes its reduced shard into its window, which only the
+// produce lane's reclaim guards. The cost is a second quantize of the rank's own chunk per stage.
+//
 // Device set of one stage, with copy-in (slot j holds rank j's data; this rank's own is slot r):
 //   one-shot, all-gather, reduce-scatter   [slot 0 .. slot n-1]                    chunk (block) each
 //   two-shot                               [inbox slots 0..n-1][reduced slots 0..n-1]  one shard each
@@ -72,6 +82,9 @@ DeviceSlots device_slots(const Fp8Args& a, const Stage& st, int rank, int nranks
   return d;
 }
 
+// Lanes apart: where the transfer lane keeps its own quantized chunk (the second half of the set).
+char* transfer_own(const Fp8Args& a, const Stage& st) { return st.set + a.own_device_bytes / 2 / 256 * 256; }
+
 // Copies slots [0, n) but `skip` from a window laid out like `to` (slot j at `from + j * stride`,
 // `bytes` used of each) into device slots: one copy per run of contiguous slots.
 ncclResult_t copy_slots_but(StageOps& ops, char* to, const char* from, size_t stride, size_t bytes, int n, int skip) {
@@ -96,6 +109,12 @@ ncclResult_t copy_from_peers(StageOps& ops, const DirectWindows& d, int set, con
 }
 }  // namespace
 
+bool direct_lanes_apart_fits(Collective collective, Path path, size_t stage_elems, size_t own_device_bytes,
+                             const quant::WireFormat& f) {
+  const bool program = collective != Collective::all_reduce || path == Path::one_shot;
+  return program && stage_elems > 0 && quant::chunk_bytes(stage_elems, f) <= own_device_bytes / 2 / 256 * 256;
+}
+
 // --- one-shot ---------------------------------------------------------------------------------------
 ncclResult_t DirectOneShotAllReduce::produce(StageOps& ops, const Stage& st) {
   const DirectWindows& d = *ops.direct();
@@ -116,10 +135,16 @@ ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
-  FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   std::array<const void*, quant::kMaxReduceInputs> inputs;
   for (int j = 0; j < n; ++j) inputs[j] = d.window(j, st.set_index);
   if (dev.own) inputs[r] = dev.own;
+  if (a_.own_per_lane) {  // before the wait on the peers, which it then overlaps
+    char* own = transfer_own(a_, st);
+    FP8WIRE_TRY(ops.quantize(static_cast<const char*>(a_.src) + st.offset * ops.elem_size(), st.length, own,
+                             quant::Segmented::single(st.length, ops.format()), st.offset));
+    inputs[r] = own;
+  }
+  FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   if (dev.staged) {
     FP8WIRE_TRY(copy_from_peers(ops, d, st.set_index, dev, 0, [&](int) { return cb; }));
     FP8WIRE_TRY(ops.release(st.set_index));
@@ -224,10 +249,17 @@ ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   char* mine = d.window(r, st.set_index);
   const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
-  FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   std::array<const void*, quant::kMaxReduceInputs> inputs;
   for (int j = 0; j < n; ++j) inputs[j] = mine + j * cb;
   if (dev.own) inputs[r] = dev.own;
+  if (a_.own_per_lane) {
+    const size_t first = static_cast<size_t>(r) * a_.count + st.offset;
+    char* own = transfer_own(a_, st);
+    FP8WIRE_TRY(ops.quantize(static_cast<const char*>(a_.src) + first * ops.elem_size(), st.length, own,
+                             quant::Segmented::single(st.length, ops.format()), first));
+    inputs[r] = own;
+  }
+  FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   if (dev.staged) {
     FP8WIRE_TRY(copy_slots_but(ops, dev.staged, mine, cb, cb, n, r));
     FP8WIRE_TRY(ops.release(st.set_index));
@@ -261,10 +293,16 @@ ncclResult_t DirectAllGather::finish(StageOps& ops, const Stage& st) {
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, f);
   const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
+  char* own = dev.own;
+  if (a_.own_per_lane) {
+    own = transfer_own(a_, st);
+    FP8WIRE_TRY(ops.quantize(static_cast<const char*>(a_.src) + st.offset * ops.elem_size(), st.length, own,
+                             quant::Segmented::single(st.length, f), st.offset));
+  }
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   auto from = [&](int j) -> const char* {
     if (dev.staged) return dev.slot(j);
-    return dev.own && j == r ? dev.own : d.window(j, st.set_index);
+    return own && j == r ? own : d.window(j, st.set_index);
   };
   if (dev.staged) {
     FP8WIRE_TRY(copy_from_peers(ops, d, st.set_index, dev, 0, [&](int) { return cb; }));

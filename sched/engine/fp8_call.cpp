@@ -72,6 +72,10 @@ size_t send_bytes_of(const Call& c, int nranks, size_t es) {
 size_t recv_bytes_of(const Call& c, int nranks, size_t es) {
   return c.count * es * (c.collective == Collective::all_gather ? static_cast<size_t>(nranks) : 1);
 }
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
 
 const char* range_name(Collective c, Path p) {
   if (c == Collective::reduce_scatter) return "fp8wire reduce_scatter";
@@ -155,6 +159,19 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
                           (route.path == Path::one_shot || route.path == Path::two_shot);
     if (feedback)
       a.residual = s.feedback.residual_for(feedback_key, c.count, dtype_of(c.dtype), s.res.produce, capturing);
+    // direct.lanes_apart (sched/algorithms/direct.cpp, "Lanes apart"): not where the produce lane's
+    // quantize carries more than the input (error feedback, the telemetry and the guard's vote) or
+    // reads what only the produce lane has (a coalesced batch's staging), nor under capture.
+    LaneHandover handover = LaneHandover::both;
+    if (config.direct_lanes_apart && a.own_device_bytes && !a.copy_in && !a.residual && batch == 1 &&
+        measured.slot < 0 && !capturing &&
+        direct_lanes_apart_fits(c.collective, route.path, route.stage_elems, a.own_device_bytes, format)) {
+      a.own_per_lane = true;
+      // In place, stage i's finish overwrites the input its produce reads: that hand-over stays.
+      handover = overlaps(c.send, send_bytes_of(c, s.nranks, es), c.recv, recv_bytes_of(c, s.nranks, es))
+                     ? LaneHandover::ready_only
+                     : LaneHandover::none;
+    }
     RouteProgram chosen(c.collective, route, a, s);
     StageProgram* program = &chosen.get();
     CoalescedAllReduce coalesced(*program, items, batch, s.res.scratch, es);
@@ -187,7 +204,7 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
 
     if (res == ncclSuccess) {
       StageOps ops(s, type, format, call_launch);
-      if (route.carrier != Carrier::nccl) ops.use_direct(s.direct.get(), config.direct_ctas, config.direct_lane_flags);
+      if (route.carrier != Carrier::nccl) ops.use_direct(s.direct.get(), config.direct_ctas, config.direct_lane_flags, handover);
       PipelineRun run(sref, c.stream, capturing, call_hooks() != nullptr, joins);
       res = run.finish(run.run(*program, ops, rec.count, route.stage_elems));
       rec.wire_bytes = ops.wire_bytes();

@@ -80,7 +80,15 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
   // communicator runs none (CommState::failed). Not under capture: a graph orders its branches by its
   // edges only, and a flag between two branches is no edge (a replay could run one branch's wait
   // before the other's store), so captured calls keep the events.
-  const DirectWindows* lanes = capturing_ ? nullptr : ops.lanes_by_flags();
+  // direct.lanes_apart: the transfer lane reads nothing the produce lane writes into a buffer set
+  // (sched/algorithms/direct.cpp, "Lanes apart"), so no stage waits for a set to drain; and out of
+  // place, where it overwrites nothing the produce lane reads either, no stage is handed over. A
+  // hand-over that stays is an event then: a flag is only reset safely by a waiter that the reuse
+  // wait orders before the next store (a produce two stages on could set it before this one's reset).
+  const LaneHandover handover = capturing_ ? LaneHandover::both : ops.handover();
+  const DirectWindows* lanes = capturing_ || handover != LaneHandover::both ? nullptr : ops.lanes_by_flags();
+  const bool reuse_wait = handover == LaneHandover::both;
+  const bool ready_wait = handover != LaneHandover::none;
   for (size_t i = 0; i < stages; ++i) {
     Stage st;
     st.index = i;
@@ -92,14 +100,16 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
     st.last = i + 1 == stages;
     const size_t set = i % 2;
     // The set was last read by stage i-2's finish (or, with lane flags, by the last stage that used it).
-    if (lanes) FP8WIRE_TRY(lanes->lanes_reuse(r.produce, st.set_index));
-    else if (i >= 2) FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.produce, r.done[set], 0), "waiting for a buffer set"));
+    if (reuse_wait && lanes) FP8WIRE_TRY(lanes->lanes_reuse(r.produce, st.set_index));
+    else if (reuse_wait && i >= 2)
+      FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.produce, r.done[set], 0), "waiting for a buffer set"));
     ops.set_lane(r.produce);
     {
       NvtxRange q("fp8wire produce");
       FP8WIRE_TRY(program.produce(ops, st));
     }
-    if (lanes) {
+    if (!ready_wait) {
+    } else if (lanes) {
       FP8WIRE_TRY(lanes->lanes_hand(r.produce, st.set_index));
       FP8WIRE_TRY(lanes->lanes_take(r.transfer, st.set_index));
     } else {
@@ -108,8 +118,8 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
     }
     ops.set_lane(r.transfer);
     FP8WIRE_TRY(program.finish(ops, st));
-    if (lanes) FP8WIRE_TRY(lanes->lanes_drained(r.transfer, st.set_index));
-    else FP8WIRE_TRY(check(cuda_->EventRecord(r.done[set], r.transfer), "releasing a buffer set"));
+    if (reuse_wait && lanes) FP8WIRE_TRY(lanes->lanes_drained(r.transfer, st.set_index));
+    else if (reuse_wait) FP8WIRE_TRY(check(cuda_->EventRecord(r.done[set], r.transfer), "releasing a buffer set"));
   }
   return ncclSuccess;
 }

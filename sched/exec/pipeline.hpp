@@ -11,7 +11,8 @@
 // nothing allocates or synchronises. Over a direct transport with direct.lane_flags, the hand-overs
 // between the two lanes (ready, done) are the transport's stream memory operations on this rank's
 // own flags instead (DirectWindows::lanes_*) in calls not under capture; the fork and join stay
-// events. The caller's stream itself runs none of the work: calls of one application group on
+// events. With direct.lanes_apart a call the direct programs allow it for (StageOps::handover) places
+// no wait between its lanes, or (in place) only the hand-over of each stage. The caller's stream itself runs none of the work: calls of one application group on
 // different communicators never wait for one another, whatever order each rank issued them in.
 #pragma once
 

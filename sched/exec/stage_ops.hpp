@@ -22,6 +22,11 @@ class DirectWindows;
 
 namespace fp8wire::sched {
 
+// Which hand-overs the pipeline executor places between its two lanes (sched/exec/pipeline.hpp):
+// both (stage i's finish after its produce; stage i+2's produce after stage i's finish), the first
+// only, or none (direct.lanes_apart, sched/algorithms/direct.cpp).
+enum class LaneHandover { both, ready_only, none };
+
 class StageOps {
  public:
   StageOps(CommState& s, quant::ElemType type, const quant::WireFormat& format, quant::LaunchOptions launch)
@@ -42,15 +47,19 @@ class StageOps {
 
   // The call runs over a direct transport (sched/transport/direct_windows.hpp): the direct programs reach
   // the windows through it, and every codec launch keeps to `max_ctas` thread blocks. With
-  // `lane_flags` (direct.lane_flags) the executor orders its two lanes by the transport's flags.
-  void use_direct(const DirectWindows* direct, uint32_t max_ctas, bool lane_flags = false) {
+  // `lane_flags` (direct.lane_flags) the executor orders its two lanes by the transport's flags;
+  // `handover` says which of its hand-overs between them the call needs (direct.lanes_apart).
+  void use_direct(const DirectWindows* direct, uint32_t max_ctas, bool lane_flags = false,
+                  LaneHandover handover = LaneHandover::both) {
     direct_ = direct;
     launch_.max_ctas = max_ctas;
     lane_flags_ = lane_flags;
+    handover_ = handover;
   }
   const DirectWindows* direct() const { return direct_; }
   // The windows whose flags order the executor's lanes, or null (events order them).
   const DirectWindows* lanes_by_flags() const { return lane_flags_ ? direct_ : nullptr; }
+  LaneHandover handover() const { return handover_; }
 
   void set_lane(cudaStream_t lane) { lane_ = lane; }
   cudaStream_t lane() const { return lane_; }
@@ -119,6 +128,7 @@ class StageOps {
   uint64_t wire_bytes_ = 0;
   const DirectWindows* direct_ = nullptr;
   bool lane_flags_ = false;
+  LaneHandover handover_ = LaneHandover::both;
 };
 
 }  // namespace fp8wire::sched

@@ -8,14 +8,15 @@
 #      (direct.assume_one_host), and a case checking that they went over it, with the library's
 #      defaults (own data on the device); host memory once more with own data in the window
 #      (DIRECT_MULTIRANK_OWN_IN_WINDOW world sizes, default 2,4), with copy-in
-#      (DIRECT_MULTIRANK_COPY_IN, default 2,4) and with lane flags (DIRECT_MULTIRANK_LANE_FLAGS, default 2,4);
+#      (DIRECT_MULTIRANK_COPY_IN, default 2,4), with lane flags (DIRECT_MULTIRANK_LANE_FLAGS, default 2,4)
+#      and with the lanes apart (DIRECT_MULTIRANK_LANES_APART, default 2,4);
 #   3. tests/sched/direct_faults_gpu: a peer gone, a peer absent: released by an abort, no hang;
 #   4. PyTorch DDP parity under the shim with each transport forced, CUDA-graph capture with host memory
 #      (with the default lane events, and with direct.lane_flags);
 #   5. fp8wire-bench sweep at 2 emulated ranks: --transport both (NCCL's sockets and the direct transport,
 #      peer memory here) and --transport host_memory, and the profiles they calibrate.
 # Env: DIRECT_MULTIRANK_HOST (world sizes, default 2,3,4), DIRECT_MULTIRANK_PEER (default 2,3,4),
-# DIRECT_MULTIRANK_OWN_IN_WINDOW, DIRECT_MULTIRANK_COPY_IN and DIRECT_MULTIRANK_LANE_FLAGS (default 2,4), DIRECT_PARTS
+# DIRECT_MULTIRANK_OWN_IN_WINDOW, _COPY_IN, _LANE_FLAGS and _LANES_APART (default 2,4), DIRECT_PARTS
 # (default "kernels multirank faults torch bench").
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_mps_start
@@ -50,6 +51,8 @@ if has multirank; then
     --direct-copy-in --ranks "${DIRECT_MULTIRANK_COPY_IN:-2,4}" --timeout 140
   run multirank_host_memory_lane_flags 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-lane-flags --ranks "${DIRECT_MULTIRANK_LANE_FLAGS:-2,4}" --timeout 140
+  run multirank_host_memory_lanes_apart 150 build/tests/sched/multirank_collectives --direct host_memory \
+    --direct-lanes-apart --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
   grep -hE "direct/|^(PASS|FAIL) multirank" "$OUT"/multirank_*.log | sort | uniq -c | head -20
 fi
 if has faults; then

@@ -8,8 +8,8 @@
 #   knobs, then 16..256 MiB once per variant below (env overrides of configuration keys). Each sweep
 #   measures the pinned-copy rates itself (every rank at once) and prints "link%" per direct point:
 #   the percent of the host-link limit reached (bench/host/link_limit.hpp names the bytes: the fewest
-#   any of the algorithms must move, the rank's own data kept on the GPU). The default, own_*, copy_in and lane_flags runs
-#   check every point; the other variants only re-cut or re-size the same work and skip the checks.
+#   any of the algorithms must move, the rank's own data kept on the GPU). The default, own_*, copy_in, lanes_apart and
+#   lane_flags runs check every point; the other variants only re-cut or re-size the same work and skip the checks.
 # At the end, one table: ranks x collective x size x variant -> ms (plain NCCL, each direct path) and
 # % of the link limit of the faster direct path.
 # Env: LINKLIMIT_RANKS (default "2 4"), LINKLIMIT_VARIANTS (labels from the list below, default all),
@@ -29,6 +29,7 @@ status=0
 # In order of interest: the budget skips the last ones first.
 variants=(
   "default|-"
+  "lanes_apart|FP8WIRE_DIRECT_LANES_APART=1"
   "lane_flags|FP8WIRE_DIRECT_LANE_FLAGS=1"
   "copy_in|FP8WIRE_DIRECT_COPY_IN=1"
   "own_on_gpu|FP8WIRE_DIRECT_OWN_ON_DEVICE=1"
@@ -52,9 +53,9 @@ sweep() {  # sweep <label> <ranks> <min> <max> <env overrides...>
   local dir="$OUT/${label}_n${ranks}" s=$(date +%s) limit="${LINKLIMIT_SWEEP_S:-90}"
   mkdir -p "$dir"
   # The knobs that only cut or size the work differently are bit-exact on the CPU tier: their sweeps
-  # skip the host-side checks (seconds per 256 MiB point); the default, own_*, copy_in and lane_flags
-  # (other data flows or orders) keep them.
-  local check=(); [[ "$label" == default || "$label" == own* || "$label" == copy_in || "$label" == lane_flags ]] || check=(--no-check)
+  # skip the host-side checks (seconds per 256 MiB point); the default, own_*, copy_in, lanes_apart
+  # and lane_flags (other data flows or orders) keep them.
+  local check=(); [[ "$label" == default || "$label" == own* || "$label" == copy_in || "$label" == lane_flags || "$label" == lanes_apart ]] || check=(--no-check)
   env "$@" timeout -k 5 "$limit" "$BIN" sweep --emulate-ranks "$ranks" --transport host_memory ${check[@]+"${check[@]}"} \
     --collectives all_reduce,reduce_scatter --dtypes bf16 --paths passthrough,two_shot,one_shot \
     --min "$min" --max "$max" --step 4 --warmup 1 --repeats 3 --buffers 2 --timeout $(( limit - 5 )) \

@@ -18,11 +18,12 @@
 //
 // Usage: multirank_collectives [--ranks 2,3,4] [--big] [--timeout S] [--per-gpu] [--direct peer_memory|host_memory]
 //                              [--direct-own-in-window] [--direct-copy-in] [--direct-lane-flags]
-//                              [--direct-min-stages K]
+//                              [--direct-lanes-apart] [--direct-min-stages K]
 //   The direct knobs are the library's defaults unless named: --direct-own-in-window turns
 //   direct.own_on_device off (the rank's own data goes through its window like the peers');
-//   --direct-copy-in, --direct-lane-flags, --direct-min-stages K set direct.copy_in (which needs own
-//   data on the device), direct.lane_flags, direct.min_stages.
+//   --direct-copy-in, --direct-lane-flags, --direct-lanes-apart, --direct-min-stages K set
+//   direct.copy_in (which needs own data on the device), direct.lane_flags, direct.lanes_apart,
+//   direct.min_stages.
 //   --per-gpu: rank r runs on GPU r % (visible GPUs) with no NCCL_HOSTID, so NCCL joins real GPUs by
 //   its own transports (NVLink/P2P, or host memory under NCCL_P2P_DISABLE=1) instead of sockets.
 //   --big: the big all-reduce case moves 256 MiB (64 Mi fp32) instead of 64 MiB, at the first world
@@ -128,6 +129,7 @@ DirectMode g_direct = DirectMode::off;
 bool g_own_in_window = false;   // --direct-own-in-window: direct.own_on_device off
 bool g_copy_in = false;         // --direct-copy-in: direct.copy_in (with own data on the device)
 bool g_lane_flags = false;      // --direct-lane-flags: direct.lane_flags
+bool g_lanes_apart = false;     // --direct-lanes-apart: direct.lanes_apart
 uint32_t g_min_stages = 1;      // --direct-min-stages K: direct.min_stages
 
 void report(Rank& R, const std::string& name, bool ok, double ratio, uint64_t hash, bool identical_required) {
@@ -227,6 +229,7 @@ Config test_config() {
   c.direct_own_on_device = !g_own_in_window;
   c.direct_copy_in = g_copy_in;
   c.direct_lane_flags = g_lane_flags;
+  c.direct_lanes_apart = g_lanes_apart;
   c.direct_min_stages = g_min_stages;
   return c;
 }
@@ -754,6 +757,8 @@ int main(int argc, char** argv) {
       g_copy_in = true;
     } else if (a == "--direct-lane-flags") {
       g_lane_flags = true;
+    } else if (a == "--direct-lanes-apart") {
+      g_lanes_apart = true;
     } else if (a == "--direct-min-stages" && i + 1 < argc) {
       const int k = std::atoi(argv[++i]);
       if (k < 1 || k > 64) {
@@ -766,7 +771,7 @@ int main(int argc, char** argv) {
     } else {
       fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu | --ranks-per-host R | "
                       "--direct peer_memory|host_memory | --direct-own-in-window | --direct-copy-in | --direct-lane-flags | "
-                      "--direct-min-stages K\n", a.c_str());
+                      "--direct-lanes-apart | --direct-min-stages K\n", a.c_str());
       return 2;
     }
   }
@@ -823,6 +828,7 @@ int main(int argc, char** argv) {
     if (g_own_in_window) spec.argv.push_back("--direct-own-in-window");
     if (g_copy_in) spec.argv.push_back("--direct-copy-in");
     if (g_lane_flags) spec.argv.push_back("--direct-lane-flags");
+    if (g_lanes_apart) spec.argv.push_back("--direct-lanes-apart");
     if (g_min_stages > 1) spec.argv.insert(spec.argv.end(), {"--direct-min-stages", std::to_string(g_min_stages)});
     if (big && n == worlds.front()) spec.argv.push_back("--big");
     if (per_gpu) spec.argv.push_back("--per-gpu");

@@ -286,6 +286,11 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
       p.cuda.Malloc(&out1, out_bytes);
       p.cuda.Malloc(&out2, out_bytes);
       std::memcpy(in, inputs[static_cast<size_t>(r)].data(), in_bytes);
+      if (cfg.in_place) {
+        if (spec.collective != Collective::all_reduce) throw std::runtime_error("in place: all-reduce only");
+        std::memcpy(out1, in, in_bytes);
+        std::memcpy(out2, in, in_bytes);
+      }
       o.after_setup[static_cast<size_t>(r)] = counts(world, r);  // the calls' own fault points follow
       // One round of the application's calls: first error wins.
       auto round = [&](void* out) {
@@ -296,8 +301,9 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
         if (cfg.group) note(eng.group_start());
         for (int i = 0; i < calls; ++i) {
           if (cfg.feedback_key) sched::Engine::set_feedback_key(cfg.feedback_key + static_cast<uint64_t>(i));
-          note(issue(eng, spec, cfg.forced, static_cast<char*>(in) + static_cast<size_t>(i) * in_call,
-                     static_cast<char*>(out) + static_cast<size_t>(i) * out_call, comm, stream));
+          char* dst = static_cast<char*>(out) + static_cast<size_t>(i) * out_call;
+          note(issue(eng, spec, cfg.forced, cfg.in_place ? dst : static_cast<char*>(in) + static_cast<size_t>(i) * in_call,
+                     dst, comm, stream));
         }
         if (cfg.group) note(eng.group_end());
         if (first != ncclSuccess) watchdog(comm);

@@ -231,6 +231,72 @@ TEST_CASE("direct.lane_flags: the lanes hand stages over by the transport's flag
   MESSAGE(runs << " runs with and without lane flags: bit-exact, alike, no race");
 }
 
+TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lanes (one out of place), no race") {
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  size_t runs = 0, apart = 0;
+  for (int n : {2, 3, 4}) {
+    for (const Variant& v : kVariants) {
+      const bool eligible = v.collective != Collective::all_reduce || v.path == Path::one_shot;
+      for (bool in_place : {false, true}) {
+        if (in_place && v.collective != Collective::all_reduce) continue;
+        for (bool lane_flags : {false, true}) {
+          // Telemetry off, or sampling its default every 16th call: then the first call is measured
+          // (its lanes hand over as before) and the second, apart, must give the same bytes.
+          for (uint32_t sample : {0u, 16u}) {
+          for (size_t count : {size_t(3 * n * 128 + 5), size_t{4099}}) {
+            // Many stages (both sets in turn, each reused), and one.
+            for (auto [window, stage] : {std::pair<size_t, size_t>{24 << 10, 2 << 10}, {1 << 20, 8 << 20}}) {
+              // Rank 0's event waits and codec launches in the first call, without and with lanes apart.
+              uint64_t waits[2] = {}, codec[2] = {};
+              for (bool lanes_apart : {false, true}) {
+                Run cfg;
+                cfg.config = direct_config(DirectMode::host_memory, window, stage);
+                cfg.config.direct_lane_flags = lane_flags;
+                cfg.config.direct_lanes_apart = lanes_apart;
+                cfg.config.telemetry_sample_every = sample;
+                cfg.in_place = in_place;
+                cfg.abort_all = true;
+                cfg.second_call = true;
+                Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 11u + count};
+                const auto inputs = inputs_for(spec, n);
+                const Outcome o = run(cfg, spec, inputs);
+                ++runs;
+                const std::string what = fmt::format("{}{}", describe(spec, n, cfg.config), in_place ? " in place" : "");
+                std::string e = check_clean(cfg, spec, inputs, o);
+                for (int r = 0; r < n && e.empty(); ++r) {
+                  if (o.transports[static_cast<size_t>(r)] != Carrier::host_memory)
+                    e = fmt::format("{}: rank {} went over {}", what, r, to_string(o.transports[static_cast<size_t>(r)]));
+                  else if (o.second[static_cast<size_t>(r)].out != o.first[static_cast<size_t>(r)].out)
+                    e = fmt::format("{}: rank {}: the second call differs from the first", what, r);
+                }
+                if (!e.empty()) failures.push_back(e + (in_place ? " (in place)" : ""));
+                const auto site = [&](sim::Site x) {
+                  return static_cast<uint64_t>(o.after_calls[0][static_cast<int>(x)] - o.after_setup[0][static_cast<int>(x)]);
+                };
+                waits[lanes_apart] = site(lane_flags ? sim::Site::wait_value : sim::Site::stream_wait);
+                codec[lanes_apart] = site(sim::Site::codec);
+              }
+              // Lanes apart: the own chunk quantized once more per stage, fewer waits (in place the
+              // hand-over stays: a call of one stage then waits as often); two-shot as before.
+              const bool took = codec[1] > codec[0] && (in_place ? waits[1] <= waits[0] : waits[1] < waits[0]);
+              const bool same = codec[1] == codec[0] && waits[1] == waits[0];
+              apart += took;
+              if (sample == 0 && (eligible ? !took : !same))
+                failures.push_back(fmt::format("{} n={} count={}{}{}: codec launches {} -> {}, waits {} -> {} with lanes apart",
+                                               to_string(v.collective), n, count, in_place ? " in place" : "",
+                                               lane_flags ? " lane flags" : "", codec[0], codec[1], waits[0], waits[1]));
+            }
+          }
+          }
+        }
+      }
+    }
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+  MESSAGE(runs << " runs, " << apart << " pairs with the lanes apart: bit-exact, alike, no race");
+}
+
 TEST_CASE("direct.min_stages cuts a call the stage size leaves whole: the same bytes, with and without own data on the device") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
@@ -321,6 +387,7 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
     Spec spec;
     DirectMode mode;
     bool lane_flags = false;  // direct.lane_flags: the lanes' hand-overs are flag waits too
+    bool lanes_apart = false; // direct.lanes_apart (telemetry off, so that every call is apart)
   };
   const Scenario scenarios[] = {
       {"two-shot, host memory, pipelined", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory},
@@ -329,6 +396,8 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
       {"all-gather, peer memory", {Collective::all_gather, Path::one_shot, DataType::bf16, ReduceOp::sum, 3000, 7}, DirectMode::peer_memory},
       {"two-shot, host memory, pipelined, lane flags", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory, true},
       {"one-shot, peer memory, pipelined, lane flags", {Collective::all_reduce, Path::one_shot, DataType::f32, ReduceOp::sum, 5000, 4}, DirectMode::peer_memory, true},
+      {"one-shot, host memory, pipelined, lanes apart", {Collective::all_reduce, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 4}, DirectMode::host_memory, false, true},
+      {"reduce-scatter, host memory, pipelined, lanes apart", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 6000, 6}, DirectMode::host_memory, false, true},
   };
   std::vector<std::string> failures;
   size_t runs = 0;
@@ -338,6 +407,8 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
     Run base;
     base.config = direct_config(sc.mode, 24 << 10, 4 << 10);
     base.config.direct_lane_flags = sc.lane_flags;
+    base.config.direct_lanes_apart = sc.lanes_apart;
+    if (sc.lanes_apart) base.config.telemetry_sample_every = 0;
     base.abort_all = true;
     const auto inputs = inputs_for(sc.spec, n);
     const Outcome clean = run(base, sc.spec, inputs);

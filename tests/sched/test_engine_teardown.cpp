@@ -199,14 +199,21 @@ namespace {
 // Rank 0 issues an all-reduce that needs rank 1; rank 1 never issues it and goes (its process ends,
 // or it destroys its communicator out of step). Rank 0's watchdog must see the error, and its abort
 // must release the lanes. Returns "" or what went wrong.
-std::string run_gone_mid_collective(DirectMode mode, Ending how, bool lane_flags) {
+// How the pipeline's lanes are ordered: events (the default), the transport's flags, or not at all
+// where the call allows (direct.lanes_apart: host memory, the one-shot all-reduce out of place here).
+enum class Lanes { events, flags, apart };
+const char* to_string(Lanes l) { return l == Lanes::events ? "lane events" : l == Lanes::flags ? "lane flags" : "lanes apart"; }
+
+std::string run_gone_mid_collective(DirectMode mode, Ending how, Lanes lanes) {
   sim::Options machine;
   machine.nranks = 2;
   sim::World world(machine);
   const Platform& p = world.platform();
   const std::vector<ncclComm_t> comms = world.create_comm();
   Config config = direct_config(mode);
-  config.direct_lane_flags = lane_flags;  // the lanes' hand-overs are flag waits the abort must release too
+  config.direct_lane_flags = lanes == Lanes::flags;  // the lanes' hand-overs are flag waits the abort must release too
+  config.direct_lanes_apart = lanes == Lanes::apart;
+  if (lanes == Lanes::apart) config.telemetry_sample_every = 0;  // a measured call keeps its hand-overs
   std::atomic<int> ready{0};
   std::atomic<bool> gone{false}, rank0_done{false};
   std::string failure;
@@ -270,8 +277,8 @@ TEST_CASE("teardown: a peer gone while a collective waits on it is an error, and
   log_set_level(LogLevel::off);
   for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory})
     for (Ending how : {Ending::process_end, Ending::destroy})
-      for (bool lane_flags : {false, true}) {
-        INFO(to_string(mode), ", rank 1 gone by ", to_string(how), lane_flags ? ", lane flags" : "");
-        CHECK(run_gone_mid_collective(mode, how, lane_flags) == "");
+      for (Lanes lanes : {Lanes::events, Lanes::flags, Lanes::apart}) {
+        INFO(to_string(mode), ", rank 1 gone by ", to_string(how), ", ", to_string(lanes));
+        CHECK(run_gone_mid_collective(mode, how, lanes) == "");
       }
 }

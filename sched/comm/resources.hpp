@@ -17,14 +17,15 @@ struct CommResources {
   cudaStream_t produce = nullptr;
   cudaStream_t transfer = nullptr;
   cudaEvent_t fork = nullptr;
-  // End of the most recent eager FP8 call on each lane: the next call's produce lane waits for the
-  // transfer lane's before it reuses the scratch.
+  // The transfer lane as a call starts (after the fork), which the call's produce lane waits for
+  // before it reuses the scratch: the previous call's transfer work may still read it, also inside
+  // one group (joins deferred) and one capture. Recorded and waited on in the same context each time.
+  cudaEvent_t tail = nullptr;
+  // End of the most recent eager FP8 call on each lane (its join).
   cudaEvent_t produce_end = nullptr;
   cudaEvent_t last = nullptr;
-  bool has_last = false;
-  // The joins of a captured call. Apart from the eager ones so that a capture neither re-records
-  // `last` inside a graph (an eager stream may not wait on that) nor makes the next eager call forget
-  // the previous eager one, whose transfer work may still be reading the scratch.
+  // The joins of a captured call. Apart from the eager ones so that a capture does not re-record
+  // `last` inside a graph (an eager stream may not wait on that).
   cudaEvent_t capture_produce_end = nullptr;
   cudaEvent_t capture_transfer_end = nullptr;
   std::array<cudaEvent_t, 2> ready{};  // stage i quantized (produce -> transfer), per buffer set

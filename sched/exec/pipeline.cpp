@@ -20,7 +20,6 @@ cudaError_t join_lanes(const CudaApi& cuda, CommState& s, cudaStream_t caller, b
   if (err == cudaSuccess) err = cuda.EventRecord(transfer_end, r.transfer);
   if (err == cudaSuccess) err = cuda.StreamWaitEvent(caller, produce_end, 0);
   if (err == cudaSuccess) err = cuda.StreamWaitEvent(caller, transfer_end, 0);
-  if (err == cudaSuccess && !capturing) r.has_last = true;
   return err;
 }
 }  // namespace
@@ -43,14 +42,17 @@ ncclResult_t JoinList::join_all() {
 PipelineRun::PipelineRun(const CommRef& s, cudaStream_t caller, bool capturing, bool mark_begin, JoinList* deferred)
     : s_(s), cuda_(&s->platform->cuda), caller_(caller), capturing_(capturing), deferred_(deferred) {
   CommResources& r = s->res;
-  // A previous eager call may still read the scratch on the transfer lane. Under capture the event
-  // lies outside the graph and must not be waited on (the application orders eager work and graph
-  // replays on its stream, as PyTorch's process group does).
-  cudaError_t err = cudaSuccess;
-  if (r.has_last && !capturing) err = cuda_->StreamWaitEvent(r.produce, r.last, 0);
-  if (err == cudaSuccess) err = cuda_->EventRecord(r.fork, caller);
+  // A previous call may still read the scratch on the transfer lane, also one of the same group
+  // (whose join is deferred) or of the same capture: the produce lane waits for the transfer lane as
+  // it stands after the fork. Both lanes are in the caller's context by then (a capture's branches
+  // once forked), so the event is recorded and waited on in one context. Work of an earlier eager call
+  // is not in a capture's graph; the application orders eager work and graph replays on its stream,
+  // as PyTorch's process group does.
+  cudaError_t err = cuda_->EventRecord(r.fork, caller);
   if (err == cudaSuccess) err = cuda_->StreamWaitEvent(r.produce, r.fork, 0);
   if (err == cudaSuccess) err = cuda_->StreamWaitEvent(r.transfer, r.fork, 0);
+  if (err == cudaSuccess) err = cuda_->EventRecord(r.tail, r.transfer);
+  if (err == cudaSuccess) err = cuda_->StreamWaitEvent(r.produce, r.tail, 0);
   begin_ = check(err, "forking the pipeline lanes");
   // With the exposure profiler's hooks installed (the caller says), an empty kernel marks when the
   // lanes entered the call: the waits on the peers that follow show in no record of their own

@@ -34,9 +34,10 @@
 // quantizes this rank's own data once more, on the transfer lane, into the second half of the device
 // set, and reads that instead of what the produce lane put in the first half. The same input, length
 // and offset give the same bytes, so the result is unchanged; and the transfer lane then reads nothing
-// the produce lane writes (the peers' windows are ordered by their flags, its own window it does not
-// read), so the executor places no wait between the lanes: fp8wire-direct-probe measured the two
-// hand-overs together keeping the link's directions apart. One-shot, the reduce-scatter and the
+// its own produce lane writes (what it reads of any window, its own reduce-scatter inbox included,
+// the peers wrote, under their flags), so the executor places no hand-over between the lanes but the
+// release's (sched/exec/pipeline.cpp): fp8wire-direct-probe measured the two hand-overs together
+// keeping the link's directions apart. One-shot, the reduce-scatter and the
 // all-gather only: two-shot's transfer lane writes its reduced shard into its window, which only the
 // produce lane's reclaim guards. The cost is a second quantize of the rank's own chunk per stage.
 //

@@ -84,7 +84,8 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
   // before the other's store), so captured calls keep the events.
   // direct.lanes_apart: the transfer lane reads nothing the produce lane writes into a buffer set
   // (sched/algorithms/direct.cpp, "Lanes apart"), so no stage waits for a set to drain; and out of
-  // place, where it overwrites nothing the produce lane reads either, no stage is handed over. A
+  // place, where it overwrites nothing the produce lane reads either, no stage is handed over but
+  // for its release of the set, which waits for its produce (liveness, StageOps::gate_release). A
   // hand-over that stays is an event then: a flag is only reset safely by a waiter that the reuse
   // wait orders before the next store (a produce two stages on could set it before this one's reset).
   const LaneHandover handover = capturing_ ? LaneHandover::both : ops.handover();
@@ -111,6 +112,9 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
       FP8WIRE_TRY(program.produce(ops, st));
     }
     if (!ready_wait) {
+      // Only the release waits for the produce (StageOps::gate_release), after the stage's reads.
+      FP8WIRE_TRY(check(cuda_->EventRecord(r.ready[set], r.produce), "marking a stage produced"));
+      ops.gate_release(r.ready[set]);
     } else if (lanes) {
       FP8WIRE_TRY(lanes->lanes_hand(r.produce, st.set_index));
       FP8WIRE_TRY(lanes->lanes_take(r.transfer, st.set_index));
@@ -119,7 +123,9 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
       FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.transfer, r.ready[set], 0), "handing a stage over"));
     }
     ops.set_lane(r.transfer);
-    FP8WIRE_TRY(program.finish(ops, st));
+    const ncclResult_t finished = program.finish(ops, st);
+    ops.gate_release(nullptr);
+    FP8WIRE_TRY(finished);
     if (reuse_wait && lanes) FP8WIRE_TRY(lanes->lanes_drained(r.transfer, st.set_index));
     else if (reuse_wait) FP8WIRE_TRY(check(cuda_->EventRecord(r.done[set], r.transfer), "releasing a buffer set"));
   }

@@ -1,6 +1,7 @@
 #include "sched/exec/stage_ops.hpp"
 
 #include "common/log.hpp"
+#include "common/status.hpp"
 #include "sched/transport/direct_windows.hpp"
 
 namespace fp8wire::sched {
@@ -81,6 +82,10 @@ ncclResult_t StageOps::gather(Transport& over, int nranks, char* base, size_t sl
 ncclResult_t StageOps::reclaim(int set) { return direct_->reclaim(lane_, set); }
 ncclResult_t StageOps::publish(int set, int phase) { return direct_->publish(lane_, set, phase); }
 ncclResult_t StageOps::acquire(int set, int phase) { return direct_->acquire(lane_, set, phase); }
-ncclResult_t StageOps::release(int set) { return direct_->release(lane_, set); }
+ncclResult_t StageOps::release(int set) {
+  if (release_gate_)
+    FP8WIRE_TRY(codec_result(state_->platform->cuda.StreamWaitEvent(lane_, release_gate_, 0), "waiting for the stage's produce"));
+  return direct_->release(lane_, set);
+}
 
 }  // namespace fp8wire::sched

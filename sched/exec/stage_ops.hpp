@@ -60,6 +60,10 @@ class StageOps {
   // The windows whose flags order the executor's lanes, or null (events order them).
   const DirectWindows* lanes_by_flags() const { return lane_flags_ ? direct_ : nullptr; }
   LaneHandover handover() const { return handover_; }
+  // With no hand-over (LaneHandover::none), the stage's release waits for this event (its produce,
+  // publish included): a rank marks a set free for its peers only after every signal it owes them
+  // for the stage, which the transports' liveness rule rests on (sched/transport/direct_windows.hpp).
+  void gate_release(cudaEvent_t produced) { release_gate_ = produced; }
 
   void set_lane(cudaStream_t lane) { lane_ = lane; }
   cudaStream_t lane() const { return lane_; }
@@ -129,6 +133,7 @@ class StageOps {
   const DirectWindows* direct_ = nullptr;
   bool lane_flags_ = false;
   LaneHandover handover_ = LaneHandover::both;
+  cudaEvent_t release_gate_ = nullptr;
 };
 
 }  // namespace fp8wire::sched

@@ -277,9 +277,10 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
                 waits[lanes_apart] = site(lane_flags ? sim::Site::wait_value : sim::Site::stream_wait);
                 codec[lanes_apart] = site(sim::Site::codec);
               }
-              // Lanes apart: the own chunk quantized once more per stage, fewer waits (in place the
-              // hand-over stays: a call of one stage then waits as often); two-shot as before.
-              const bool took = codec[1] > codec[0] && (in_place ? waits[1] <= waits[0] : waits[1] < waits[0]);
+              // Lanes apart: the own chunk quantized once more per stage, no more waits (fewer from
+              // the third stage on: no set waits to drain; each stage's one wait is its hand-over, or
+              // out of place its release's); two-shot as before.
+              const bool took = codec[1] > codec[0] && waits[1] <= waits[0];
               const bool same = codec[1] == codec[0] && waits[1] == waits[0];
               apart += took;
               if (sample == 0 && (eligible ? !took : !same))

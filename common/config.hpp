@@ -179,8 +179,10 @@ struct Config {
   // 16-256 MiB (bench/README.md "Host-link limit").
   bool direct_lane_flags = false;           // direct.lane_flags
   // Host memory with own data on the device: the transfer lane quantizes the rank's own data again for
-  // its own reads, so between fork and join a direct call's two lanes wait on nothing of each other's,
-  // only on the peers' flags (sched/algorithms/direct.cpp, "Lanes apart"). For the one-shot
+  // its own reads, so a direct call's transfer lane no longer waits for each stage's produce before
+  // its reads, only before it frees the set for the peers, and the produce lane never waits for the
+  // transfer lane within a call (sched/algorithms/direct.cpp, "Lanes apart"; in place, each stage's
+  // hand-over stays). For the one-shot
   // all-reduce, the reduce-scatter and the all-gather, in calls that are not coalesced, measured,
   // fed back or captured, without copy-in. fp8wire-direct-probe's duplex probe: the same copies with
   // the flags alone 1.53 ms, with the two hand-overs between the lanes 2.17 ms (bench/README.md

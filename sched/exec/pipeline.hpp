@@ -11,9 +11,12 @@
 // nothing allocates or synchronises. Over a direct transport with direct.lane_flags, the hand-overs
 // between the two lanes (ready, done) are the transport's stream memory operations on this rank's
 // own flags instead (DirectWindows::lanes_*) in calls not under capture; the fork and join stay
-// events. With direct.lanes_apart a call the direct programs allow it for (StageOps::handover) places
-// no wait between its lanes, or (in place) only the hand-over of each stage. The caller's stream itself runs none of the work: calls of one application group on
-// different communicators never wait for one another, whatever order each rank issued them in.
+// events. With direct.lanes_apart a call the direct programs allow it for (StageOps::handover) has
+// its produce lane wait for nothing of the transfer lane's, and its transfer lane wait for a stage's
+// produce only before the stage's release (in place: before the stage's finish, as without). At its
+// start a call's produce lane waits for the transfer lane as it stands (the previous call's work).
+// The caller's stream itself runs none of the work: calls of one application group on different
+// communicators never wait for one another, whatever order each rank issued them in.
 #pragma once
 
 #include <cuda_runtime_api.h>

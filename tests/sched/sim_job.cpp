@@ -283,13 +283,22 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
       p.cuda.StreamCreateWithFlags(&stream, cudaStreamNonBlocking);
       void *in = nullptr, *out1 = nullptr, *out2 = nullptr;
       p.cuda.Malloc(&in, in_bytes);
-      p.cuda.Malloc(&out1, out_bytes);
-      p.cuda.Malloc(&out2, out_bytes);
+      // In place, the output buffer is the larger of the two (reduce-scatter: the input; all-gather:
+      // the output) and this rank's output (reduce-scatter) or input (all-gather) lies at `mine`.
+      const size_t buf_bytes = cfg.in_place ? std::max(in_bytes, out_bytes) : out_bytes;
+      const size_t mine = !cfg.in_place                                     ? 0
+                          : spec.collective == Collective::reduce_scatter ? static_cast<size_t>(r) * out_call
+                          : spec.collective == Collective::all_gather     ? static_cast<size_t>(r) * in_call
+                                                                          : 0;
+      p.cuda.Malloc(&out1, buf_bytes);
+      p.cuda.Malloc(&out2, buf_bytes);
       std::memcpy(in, inputs[static_cast<size_t>(r)].data(), in_bytes);
       if (cfg.in_place) {
-        if (spec.collective != Collective::all_reduce) throw std::runtime_error("in place: all-reduce only");
-        std::memcpy(out1, in, in_bytes);
-        std::memcpy(out2, in, in_bytes);
+        if (spec.collective != Collective::all_reduce && calls > 1)
+          throw std::runtime_error("in place: grouped calls are all-reduces only");
+        const size_t at = spec.collective == Collective::all_gather ? mine : 0;
+        std::memcpy(static_cast<char*>(out1) + at, in, in_bytes);
+        std::memcpy(static_cast<char*>(out2) + at, in, in_bytes);
       }
       o.after_setup[static_cast<size_t>(r)] = counts(world, r);  // the calls' own fault points follow
       // One round of the application's calls: first error wins.
@@ -301,14 +310,18 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
         if (cfg.group) note(eng.group_start());
         for (int i = 0; i < calls; ++i) {
           if (cfg.feedback_key) sched::Engine::set_feedback_key(cfg.feedback_key + static_cast<uint64_t>(i));
-          char* dst = static_cast<char*>(out) + static_cast<size_t>(i) * out_call;
-          note(issue(eng, spec, cfg.forced, cfg.in_place ? dst : static_cast<char*>(in) + static_cast<size_t>(i) * in_call,
-                     dst, comm, stream));
+          char* base = static_cast<char*>(out);
+          char* dst = base + static_cast<size_t>(i) * out_call;
+          const char* src = static_cast<char*>(in) + static_cast<size_t>(i) * in_call;
+          if (cfg.in_place && spec.collective == Collective::all_reduce) src = dst;
+          if (cfg.in_place && spec.collective == Collective::reduce_scatter) src = base, dst = base + mine;
+          if (cfg.in_place && spec.collective == Collective::all_gather) src = base + mine;
+          note(issue(eng, spec, cfg.forced, src, dst, comm, stream));
         }
         if (cfg.group) note(eng.group_end());
         if (first != ncclSuccess) watchdog(comm);
         // The application goes on with its stream: reads the result, rewrites the input.
-        world.app_access(stream, out, out_bytes, false);
+        world.app_access(stream, out, buf_bytes, false);
         world.app_access(stream, in, in_bytes, true);
         return first;
       };
@@ -334,8 +347,9 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
       world.synchronize_rank();
       p.nccl->CommGetAsyncError(comm, &a.async);
       b.async = a.async;
-      a.out.assign(static_cast<char*>(out1), static_cast<char*>(out1) + out_bytes);
-      b.out.assign(static_cast<char*>(out2), static_cast<char*>(out2) + out_bytes);
+      const size_t out_at = spec.collective == Collective::reduce_scatter ? mine : 0;
+      a.out.assign(static_cast<char*>(out1) + out_at, static_cast<char*>(out1) + out_at + out_bytes);
+      b.out.assign(static_cast<char*>(out2) + out_at, static_cast<char*>(out2) + out_at + out_bytes);
       a.info = b.info = sched::EngineProbe(eng).comm_info(comm);
       eng.comm_destroyed(comm);
       p.cuda.Free(in);

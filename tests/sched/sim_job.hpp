@@ -81,7 +81,9 @@ struct Run {
   // issued their calls, as PyTorch's watchdog does on each rank (with a direct transport the peers'
   // lanes wait on flags that only their own abort releases).
   bool abort_all = false;
-  bool in_place = false;     // all-reduce only: each call's output buffer holds its input (send == recv)
+  // NCCL's in-place calls (one call, or grouped all-reduces): all-reduce send == recv; reduce-scatter
+  // recv == send + rank * recvcount; all-gather send == recv + rank * sendcount.
+  bool in_place = false;
 };
 
 // Calls at every fault site a rank has made, snapshotted after the agreement and after its calls.

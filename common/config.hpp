@@ -182,11 +182,11 @@ struct Config {
   // its own reads, so a direct call's transfer lane no longer waits for each stage's produce before
   // its reads, only before it frees the set for the peers, and the produce lane never waits for the
   // transfer lane within a call (sched/algorithms/direct.cpp, "Lanes apart"; in place, each stage's
-  // hand-over stays). For the one-shot
-  // all-reduce, the reduce-scatter and the all-gather, in calls that are not coalesced, measured,
-  // fed back or captured, without copy-in. fp8wire-direct-probe's duplex probe: the same copies with
-  // the flags alone 1.53 ms, with the two hand-overs between the lanes 2.17 ms (bench/README.md
-  // "Host-link limit"). Off: the library's figures with it on are not measured yet.
+  // hand-over stays). For the one-shot all-reduce, the reduce-scatter and the all-gather, in calls
+  // that are not coalesced, measured, fed back or captured, without copy-in. fp8wire-direct-probe's
+  // duplex probe: the same copies with the flags alone 1.53 ms, with the two hand-overs between the
+  // lanes 2.17 ms (bench/README.md "Host-link limit"). Off: the library's figures with it on are not
+  // measured yet.
   bool direct_lanes_apart = false;          // direct.lanes_apart
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------

@@ -37,8 +37,8 @@
 // its own produce lane writes (what it reads of any window, its own reduce-scatter inbox included,
 // the peers wrote, under their flags), so the executor places no hand-over between the lanes but the
 // release's (sched/exec/pipeline.cpp): fp8wire-direct-probe measured the two hand-overs together
-// keeping the link's directions apart. One-shot, the reduce-scatter and the
-// all-gather only: two-shot's transfer lane writes its reduced shard into its window, which only the
+// keeping the link's directions apart. One-shot, the reduce-scatter and the all-gather only:
+// two-shot's transfer lane writes its reduced shard into its window, which only the
 // produce lane's reclaim guards. The cost is a second quantize of the rank's own chunk per stage.
 //
 // Device set of one stage, with copy-in (slot j holds rank j's data; this rank's own is slot r):
@@ -83,8 +83,16 @@ DeviceSlots device_slots(const Fp8Args& a, const Stage& st, int rank, int nranks
   return d;
 }
 
-// Lanes apart: where the transfer lane keeps its own quantized chunk (the second half of the set).
-char* transfer_own(const Fp8Args& a, const Stage& st) { return st.set + a.own_device_bytes / 2 / 256 * 256; }
+// Lanes apart: the second half of the device set, where the transfer lane keeps its own chunk.
+size_t half_set(size_t own_device_bytes) { return own_device_bytes / 2 / 256 * 256; }
+
+// Lanes apart: quantizes this rank's own `st.length` elements from element `first` of the input into
+// the second half of the stage's device set, on the current (transfer) lane; *own = where.
+ncclResult_t quantize_own_here(StageOps& ops, const Fp8Args& a, const Stage& st, size_t first, char** own) {
+  *own = st.set + half_set(a.own_device_bytes);
+  return ops.quantize(static_cast<const char*>(a.src) + first * ops.elem_size(), st.length, *own,
+                      quant::Segmented::single(st.length, ops.format()), first);
+}
 
 // Copies slots [0, n) but `skip` from a window laid out like `to` (slot j at `from + j * stride`,
 // `bytes` used of each) into device slots: one copy per run of contiguous slots.
@@ -113,7 +121,7 @@ ncclResult_t copy_from_peers(StageOps& ops, const DirectWindows& d, int set, con
 bool direct_lanes_apart_fits(Collective collective, Path path, size_t stage_elems, size_t own_device_bytes,
                              const quant::WireFormat& f) {
   const bool program = collective != Collective::all_reduce || path == Path::one_shot;
-  return program && stage_elems > 0 && quant::chunk_bytes(stage_elems, f) <= own_device_bytes / 2 / 256 * 256;
+  return program && stage_elems > 0 && quant::chunk_bytes(stage_elems, f) <= half_set(own_device_bytes);
 }
 
 // --- one-shot ---------------------------------------------------------------------------------------
@@ -140,9 +148,8 @@ ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
   for (int j = 0; j < n; ++j) inputs[j] = d.window(j, st.set_index);
   if (dev.own) inputs[r] = dev.own;
   if (a_.own_per_lane) {  // before the wait on the peers, which it then overlaps
-    char* own = transfer_own(a_, st);
-    FP8WIRE_TRY(ops.quantize(static_cast<const char*>(a_.src) + st.offset * ops.elem_size(), st.length, own,
-                             quant::Segmented::single(st.length, ops.format()), st.offset));
+    char* own = nullptr;
+    FP8WIRE_TRY(quantize_own_here(ops, a_, st, st.offset, &own));
     inputs[r] = own;
   }
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
@@ -254,10 +261,8 @@ ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
   for (int j = 0; j < n; ++j) inputs[j] = mine + j * cb;
   if (dev.own) inputs[r] = dev.own;
   if (a_.own_per_lane) {
-    const size_t first = static_cast<size_t>(r) * a_.count + st.offset;
-    char* own = transfer_own(a_, st);
-    FP8WIRE_TRY(ops.quantize(static_cast<const char*>(a_.src) + first * ops.elem_size(), st.length, own,
-                             quant::Segmented::single(st.length, ops.format()), first));
+    char* own = nullptr;
+    FP8WIRE_TRY(quantize_own_here(ops, a_, st, static_cast<size_t>(r) * a_.count + st.offset, &own));
     inputs[r] = own;
   }
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
@@ -295,11 +300,7 @@ ncclResult_t DirectAllGather::finish(StageOps& ops, const Stage& st) {
   const size_t cb = quant::chunk_bytes(st.length, f);
   const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
   char* own = dev.own;
-  if (a_.own_per_lane) {
-    own = transfer_own(a_, st);
-    FP8WIRE_TRY(ops.quantize(static_cast<const char*>(a_.src) + st.offset * ops.elem_size(), st.length, own,
-                             quant::Segmented::single(st.length, f), st.offset));
-  }
+  if (a_.own_per_lane) FP8WIRE_TRY(quantize_own_here(ops, a_, st, st.offset, &own));
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   auto from = [&](int j) -> const char* {
     if (dev.staged) return dev.slot(j);

@@ -56,6 +56,21 @@ Carrier kind_of(DirectMode m) {
   return m == DirectMode::peer_memory ? Carrier::peer_memory : Carrier::host_memory;
 }
 
+// check_clean, and every rank's calls carried by `kind`; with a second call, its bytes those of the first.
+std::string check_carried(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs, const Outcome& o,
+                                Carrier kind) {
+  std::string e = check_clean(cfg, spec, inputs, o);
+  const int n = static_cast<int>(inputs.size());
+  for (int r = 0; r < n && e.empty(); ++r) {
+    if (o.transports[static_cast<size_t>(r)] != kind)
+      e = fmt::format("{}: rank {} went over {}", describe(spec, n, cfg.config), r,
+                      to_string(o.transports[static_cast<size_t>(r)]));
+    else if (cfg.second_call && o.second[static_cast<size_t>(r)].out != o.first[static_cast<size_t>(r)].out)
+      e = fmt::format("{}: rank {}: the second call differs from the first", describe(spec, n, cfg.config), r);
+  }
+  return e;
+}
+
 }  // namespace
 
 TEST_CASE("every algorithm over both direct transports: the reference bit for bit, alike on every rank, in bound") {
@@ -88,15 +103,7 @@ TEST_CASE("every algorithm over both direct transports: the reference bit for bi
                 const auto inputs = inputs_for(spec, n);
                 const Outcome o = run(cfg, spec, inputs);
                 ++runs;
-                std::string e = check_clean(cfg, spec, inputs, o);
-                for (int r = 0; r < n && e.empty(); ++r)
-                  if (o.transports[static_cast<size_t>(r)] != kind_of(mode))
-                    e = fmt::format("{}: rank {} went over {}", describe(spec, n, cfg.config), r,
-                                    to_string(o.transports[static_cast<size_t>(r)]));
-                if (e.empty() && cfg.second_call)
-                  for (int r = 0; r < n && e.empty(); ++r)
-                    if (o.second[static_cast<size_t>(r)].out != o.first[static_cast<size_t>(r)].out)
-                      e = fmt::format("{}: rank {}: the second call differs from the first", describe(spec, n, cfg.config), r);
+                const std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode));
                 if (!e.empty()) failures.push_back(e);
               }
             }
@@ -141,15 +148,7 @@ TEST_CASE("own data on the device (direct.own_on_device), with and without copy-
               const auto inputs = inputs_for(spec, n);
               const Outcome o = run(cfg, spec, inputs);
               ++runs;
-              std::string e = check_clean(cfg, spec, inputs, o);
-              for (int r = 0; r < n && e.empty(); ++r)
-                if (o.transports[static_cast<size_t>(r)] != Carrier::host_memory)
-                  e = fmt::format("{}: rank {} went over {}", describe(spec, n, cfg.config), r,
-                                  to_string(o.transports[static_cast<size_t>(r)]));
-              if (e.empty() && cfg.second_call)
-                for (int r = 0; r < n && e.empty(); ++r)
-                  if (o.second[static_cast<size_t>(r)].out != o.first[static_cast<size_t>(r)].out)
-                    e = fmt::format("{}: rank {}: the second call differs from the first", describe(spec, n, cfg.config), r);
+              std::string e = check_carried(cfg, spec, inputs, o, Carrier::host_memory);
               // What its peers read of its own (one-shot and all-gather: its input; two-shot: its
               // reduced shard) reaches its window by a copy; the reduce-scatter's own block needs none.
               const auto copies = [&](int r) {
@@ -205,14 +204,7 @@ TEST_CASE("direct.lane_flags: the lanes hand stages over by the transport's flag
                 const auto inputs = inputs_for(spec, n);
                 const Outcome o = run(cfg, spec, inputs);
                 ++runs;
-                std::string e = check_clean(cfg, spec, inputs, o);
-                for (int r = 0; r < n && e.empty(); ++r) {
-                  if (o.transports[static_cast<size_t>(r)] != kind_of(mode))
-                    e = fmt::format("{}: rank {} went over {}", describe(spec, n, cfg.config), r,
-                                    to_string(o.transports[static_cast<size_t>(r)]));
-                  else if (o.second[static_cast<size_t>(r)].out != o.first[static_cast<size_t>(r)].out)
-                    e = fmt::format("{}: rank {}: the second call differs from the first", describe(spec, n, cfg.config), r);
-                }
+                const std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode));
                 const int site = static_cast<int>(sim::Site::write_value);
                 writes[lane_flags] = o.after_calls[0][site] - o.after_setup[0][site];
                 if (!e.empty()) failures.push_back(e);
@@ -261,14 +253,7 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
                 const auto inputs = inputs_for(spec, n);
                 const Outcome o = run(cfg, spec, inputs);
                 ++runs;
-                const std::string what = fmt::format("{}{}", describe(spec, n, cfg.config), in_place ? " in place" : "");
-                std::string e = check_clean(cfg, spec, inputs, o);
-                for (int r = 0; r < n && e.empty(); ++r) {
-                  if (o.transports[static_cast<size_t>(r)] != Carrier::host_memory)
-                    e = fmt::format("{}: rank {} went over {}", what, r, to_string(o.transports[static_cast<size_t>(r)]));
-                  else if (o.second[static_cast<size_t>(r)].out != o.first[static_cast<size_t>(r)].out)
-                    e = fmt::format("{}: rank {}: the second call differs from the first", what, r);
-                }
+                const std::string e = check_carried(cfg, spec, inputs, o, Carrier::host_memory);
                 if (!e.empty()) failures.push_back(e + (in_place ? " (in place)" : ""));
                 const auto site = [&](sim::Site x) {
                   return static_cast<uint64_t>(o.after_calls[0][static_cast<int>(x)] - o.after_setup[0][static_cast<int>(x)]);

@@ -25,6 +25,10 @@
 //              issue one call. duplex_gated: the same with every operation of a call issued before
 //              any runs (the GPU's time alone). Where a way takes the one-stream time or
 //              more while the free one does not, its waits are what serialises the two directions.
+//   duplex_fused the same bytes and handshakes with no stream in between: one kernel per process and
+//              call, half its thread blocks storing this process's stages into its host slots and
+//              half loading the peer's, block pairs handing slots over by flags in host memory
+//              (16, 32, 64 pairs; four slots; and no handshake at all).
 // Prints one line per finding; exit status 0 when every functional check passed.
 //   build/bench/fp8wire-direct-probe [MiB] [probe,...]   (scripts/gpu/direct_probe.sh; default every probe)
 #include <cuda.h>
@@ -353,6 +357,140 @@ int duplex(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sy
   return 0;
 }
 
+// The fused duplex probe (above): one kernel per process and call moves both directions, its thread
+// blocks split into writers (device -> this process's host slot, then a ready flag per block) and
+// readers (the peer's ready flag, host slot -> device, then a free flag per block); writer block c
+// reuses a slot once the peer's reader block c has freed it. Flags are per block pair, so no block
+// waits on more than one other; they only grow (stage g of all calls of one way).
+struct FusedFlags {
+  volatile uint32_t* ready_out;      // the peer's "stage g of block c is in my slot" (I write)
+  const volatile uint32_t* ready_in;  // mine (the peer writes)
+  volatile uint32_t* free_out;       // the peer's "I have read your slot" (I write)
+  const volatile uint32_t* free_in;   // mine
+};
+constexpr int kFlagStride = 64;  // uint32 words: each flag its own cache line (Shared::flag)
+
+__device__ void wait_geq(const volatile uint32_t* f, uint32_t v) {
+  if (threadIdx.x == 0)
+    while (*f < v) __nanosleep(200);
+  __syncthreads();
+}
+__device__ void signal(volatile uint32_t* f, uint32_t v) {
+  __syncthreads();  // every thread's accesses of the stage are done
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    *f = v;
+  }
+}
+
+__global__ void duplex_fused_kernel(const int4* __restrict__ src, int4* __restrict__ dst, int4* mine,
+                                    const int4* peer_slots, FusedFlags f, uint32_t g0, int stages, int slots,
+                                    size_t stage_vec, bool handshakes) {
+  const int pairs = gridDim.x / 2;
+  const bool writer = blockIdx.x < pairs;
+  const int c = blockIdx.x % pairs;
+  const size_t per = stage_vec / pairs;
+  for (int i = 0; i < stages; ++i) {
+    const uint32_t g = g0 + i;
+    const size_t at = (g % slots) * stage_vec + c * per;
+    if (writer) {
+      if (handshakes && g >= static_cast<uint32_t>(slots)) wait_geq(f.free_in + c * kFlagStride, g + 1 - slots);
+      for (size_t k = threadIdx.x; k < per; k += blockDim.x) mine[at + k] = src[at + k];
+      if (handshakes) signal(f.ready_out + c * kFlagStride, g + 1);
+    } else {
+      if (handshakes) wait_geq(f.ready_in + c * kFlagStride, g + 1);
+      for (size_t k = threadIdx.x; k < per; k += blockDim.x) dst[at + k] = __ldcv(peer_slots + at + k);
+      if (handshakes) signal(f.free_out + c * kFlagStride, g + 1);
+    }
+  }
+}
+
+int duplex_fused(Shared& s, int me, size_t bulk_bytes, const std::function<void()>& sync_step) {
+  constexpr int kStages = 8;
+  constexpr int kCalls = 7;  // the first warms up
+  constexpr int kSlots = 4;
+  struct Way { int pairs, slots; bool handshakes; };
+  constexpr Way kWays[] = {{16, 2, true}, {32, 2, true}, {64, 2, true}, {32, 4, true}, {32, 2, false}};
+  constexpr int kWayCount = sizeof(kWays) / sizeof(kWays[0]);
+  static_assert(2 * kWayCount <= sizeof(Control::numbers) / sizeof(double), "both processes' medians in Control");
+  const size_t stage = std::min<size_t>(4u << 20, bulk_bytes / (2 * kSlots)) / (16 * 64 * 512) * (16 * 64 * 512);
+  if (stage == 0) {
+    std::printf("FAIL duplex_fused: the bulk region is too small for a stage\n");
+    return 1;
+  }
+  const int peer = 1 - me;
+  char* window[2] = {s.bulk(), s.bulk() + kSlots * stage};
+  char *src = nullptr, *dst = nullptr;
+  unsigned* bad = nullptr;
+  FP8WIRE_CUDA_OR(cudaMalloc(&src, kSlots * stage), die());
+  FP8WIRE_CUDA_OR(cudaMalloc(&dst, kSlots * stage), die());
+  FP8WIRE_CUDA_OR(cudaMalloc(&bad, sizeof(unsigned)), die());
+  FP8WIRE_CUDA_OR(cudaMemset(bad, 0, sizeof(unsigned)), die());
+  fill<<<264, 256>>>(reinterpret_cast<uint32_t*>(src), kSlots * stage / 4, 100 + me);
+  cudaStream_t st;
+  FP8WIRE_CUDA_OR(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), die());
+  cudaEvent_t t0, t1;
+  FP8WIRE_CUDA_OR(cudaEventCreate(&t0), die());
+  FP8WIRE_CUDA_OR(cudaEventCreate(&t1), die());
+  FP8WIRE_CUDA_OR(cudaDeviceSynchronize(), die());
+  auto dev = [](void* host) { return reinterpret_cast<uint32_t*>(dptr(host)); };
+  for (int w = 0; w < kWayCount; ++w) {
+    const Way way = kWays[w];
+    // Fresh flags per way: [ready for process 0, ready for 1, free for 0, free for 1] x 64 blocks.
+    const int base = 400 + w * 4 * 64;
+    FusedFlags f;
+    f.ready_out = dev(s.flag(base + 64 * peer));
+    f.ready_in = dev(s.flag(base + 64 * me));
+    f.free_out = dev(s.flag(base + 128 + 64 * peer));
+    f.free_in = dev(s.flag(base + 128 + 64 * me));
+    std::vector<float> times;
+    uint32_t g = 0;
+    for (int call = 0; call < kCalls; ++call, g += kStages) {
+      sync_step();
+      enter("duplex_fused", 1);
+      FP8WIRE_CUDA_OR(cudaEventRecord(t0, st), die());
+      duplex_fused_kernel<<<2 * way.pairs, 512, 0, st>>>(
+          reinterpret_cast<const int4*>(src), reinterpret_cast<int4*>(dst), reinterpret_cast<int4*>(dptr(window[me])),
+          reinterpret_cast<const int4*>(dptr(window[peer])), f, g, kStages, way.slots, stage / 16, way.handshakes);
+      FP8WIRE_CUDA_OR(cudaGetLastError(), die());
+      FP8WIRE_CUDA_OR(cudaEventRecord(t1, st), die());
+      FP8WIRE_CUDA_OR(cudaEventSynchronize(t1), die());
+      float t = 0;
+      FP8WIRE_CUDA_OR(cudaEventElapsedTime(&t, t0, t1), die());
+      if (call > 0) times.push_back(t);
+    }
+    std::sort(times.begin(), times.end());
+    s.ctl()->numbers[kWayCount * me + w] = times[times.size() / 2];
+    if (way.handshakes) {  // the stages last read hold the peer's pattern
+      const size_t used = std::min(kSlots, way.slots) * stage;
+      check<<<264, 256, 0, st>>>(reinterpret_cast<const uint32_t*>(dst), used / 4, 100 + peer, bad);
+    }
+  }
+  unsigned b = 0;
+  FP8WIRE_CUDA_OR(cudaMemcpy(&b, bad, sizeof b, cudaMemcpyDeviceToHost), die());
+  sync_step();
+  if (me == 0) {
+    const double mib = static_cast<double>(kStages * stage) / (1 << 20);
+    std::printf("duplex_fused: 2 processes x %d stages of %.1f MiB each way per call in one kernel each (%.0f MiB per direction on the link), median of %d calls, slower process:\n",
+                kStages, static_cast<double>(stage) / (1 << 20), 2 * mib, kCalls - 1);
+    for (int w = 0; w < kWayCount; ++w) {
+      const double t = std::max(s.ctl()->numbers[w], s.ctl()->numbers[kWayCount + w]);
+      std::printf("duplex_fused: %2d writer + %2d reader blocks, %d slots, %-13s %.3f ms, %.1f GB/s per direction\n",
+                  kWays[w].pairs, kWays[w].pairs, kWays[w].slots, kWays[w].handshakes ? "flags" : "no handshake", t,
+                  2 * mib * (1 << 20) / (t * 1e6));
+    }
+  }
+  std::printf("duplex_fused: process %d read the peer's bytes with %u mismatches\n", me, b);
+  std::fflush(stdout);
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  cudaStreamDestroy(st);
+  cudaFree(src);
+  cudaFree(dst);
+  cudaFree(bad);
+  return b != 0;
+}
+
 int child(Shared s, int me, size_t bulk_bytes, const std::string& probes) {
   watchdog(me, 12);
   FP8WIRE_CUDA_OR(cudaSetDevice(0), die());
@@ -583,6 +721,7 @@ int child(Shared s, int me, size_t bulk_bytes, const std::string& probes) {
   }
   if (want("duplex")) fails += duplex(s, me, bulk_bytes, sync_step, false);
   if (want("duplex_gated")) fails += duplex(s, me, bulk_bytes, sync_step, true);
+  if (want("duplex_fused")) fails += duplex_fused(s, me, bulk_bytes, sync_step);
   FP8WIRE_CUDA_OR(cudaHostUnregister(s.base), die());
   return fails;
 }

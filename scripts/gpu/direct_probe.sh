@@ -4,7 +4,7 @@
 # release, CUDA IPC between processes of one GPU, and kernel load/store bandwidth to mapped host
 # memory against cudaMemcpyAsync's, and the pipeline's copies in both directions at once with and
 # without its handshakes (bench/direct_probe.cu says what each line means). PROBE_LIST: some of
-# caps,pingpong,graph,ipc,bandwidth,starve,duplex,duplex_gated (default all); PROBE_MIB: the bulk region (256).
+# caps,pingpong,graph,ipc,bandwidth,starve,duplex,duplex_gated,duplex_fused (default all); PROBE_MIB: the bulk region (256).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_mps_start
 gpu_out direct-probe

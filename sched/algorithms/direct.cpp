@@ -40,6 +40,9 @@
 // keeping the link's directions apart. One-shot, the reduce-scatter and the all-gather only:
 // two-shot's transfer lane writes its reduced shard into its window, which only the
 // produce lane's reclaim guards. The cost is a second quantize of the rank's own chunk per stage.
+// With copy-in too, the copy-in slots, the transfer lane's own chunk among them, lie in the set's
+// first half and the produce lane's own chunk in the second (device_slots), so neither lane touches
+// what the other does.
 //
 // Device set of one stage, with copy-in (slot j holds rank j's data; this rank's own is slot r):
 //   one-shot, all-gather, reduce-scatter   [slot 0 .. slot n-1]                    chunk (block) each
@@ -61,35 +64,42 @@ constexpr int kReduced = 1;  // phase: two-shot's reduced shards
 
 // Where this rank's device buffer set holds a stage's data (null: through the windows).
 struct DeviceSlots {
-  char* own = nullptr;     // this rank's own data (slot r with copy-in, else the set's start)
+  char* own = nullptr;     // the produce lane's own data (slot r with copy-in, else the set's start; device_slots)
   char* staged = nullptr;  // slot 0 of the copy-in slots, `stride` bytes apart (null: no copy-in)
   size_t stride = 0;
   char* slot(int j) const { return staged + static_cast<size_t>(j) * stride; }
 };
 
+// Lanes apart: the second half of the device set, where the transfer lane keeps its own chunk.
+size_t half_set(size_t own_device_bytes) { return own_device_bytes / 2 / 256 * 256; }
+
 // The device slots of a stage whose per-rank unit is `unit` bytes, `units` of them per rank
-// (two-shot: its shard and its reduced shard), laid out as above.
+// (two-shot: its shard and its reduced shard), laid out as above. With the lanes apart each lane
+// keeps to one half of the set, whatever a stage's length (a short last stage's slots fall where a
+// full stage's were): the produce lane's own chunk at the start of the first half and the transfer
+// lane's in the second, or with copy-in, the produce lane's in the second half and the transfer
+// lane's as slot r of the copy-in slots in the first.
 DeviceSlots device_slots(const Fp8Args& a, const Stage& st, int rank, int nranks, size_t unit, int units) {
   DeviceSlots d;
   if (!a.own_device_bytes || !st.set) return d;
   const size_t n = static_cast<size_t>(nranks);
-  if (a.copy_in && units * n * unit <= a.own_device_bytes) {
+  const size_t room = a.own_per_lane ? half_set(a.own_device_bytes) : a.own_device_bytes;
+  if (a.copy_in && units * n * unit <= room) {
     d.staged = st.set;
     d.stride = unit;
-    d.own = d.slot(rank);
-  } else if (units * unit <= a.own_device_bytes) {
+    d.own = a.own_per_lane ? st.set + room : d.slot(rank);
+  } else if (units * unit <= room) {
     d.own = st.set;
   }
   return d;
 }
 
-// Lanes apart: the second half of the device set, where the transfer lane keeps its own chunk.
-size_t half_set(size_t own_device_bytes) { return own_device_bytes / 2 / 256 * 256; }
-
 // Lanes apart: quantizes this rank's own `st.length` elements from element `first` of the input into
-// the second half of the stage's device set, on the current (transfer) lane; *own = where.
-ncclResult_t quantize_own_here(StageOps& ops, const Fp8Args& a, const Stage& st, size_t first, char** own) {
-  *own = st.set + half_set(a.own_device_bytes);
+// the transfer lane's half of the stage's device set (device_slots), on the current (transfer) lane;
+// *own = where.
+ncclResult_t quantize_own_here(StageOps& ops, const Fp8Args& a, const Stage& st, const DeviceSlots& dev, int rank,
+                               size_t first, char** own) {
+  *own = dev.staged ? dev.slot(rank) : st.set + half_set(a.own_device_bytes);
   return ops.quantize(static_cast<const char*>(a.src) + first * ops.elem_size(), st.length, *own,
                       quant::Segmented::single(st.length, ops.format()), first);
 }
@@ -145,18 +155,17 @@ ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
   std::array<const void*, quant::kMaxReduceInputs> inputs;
-  for (int j = 0; j < n; ++j) inputs[j] = d.window(j, st.set_index);
+  for (int j = 0; j < n; ++j) inputs[j] = dev.staged ? dev.slot(j) : d.window(j, st.set_index);
   if (dev.own) inputs[r] = dev.own;
   if (a_.own_per_lane) {  // before the wait on the peers, which it then overlaps
     char* own = nullptr;
-    FP8WIRE_TRY(quantize_own_here(ops, a_, st, st.offset, &own));
+    FP8WIRE_TRY(quantize_own_here(ops, a_, st, dev, r, st.offset, &own));
     inputs[r] = own;
   }
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   if (dev.staged) {
     FP8WIRE_TRY(copy_from_peers(ops, d, st.set_index, dev, 0, [&](int) { return cb; }));
     FP8WIRE_TRY(ops.release(st.set_index));
-    for (int j = 0; j < n; ++j) inputs[j] = dev.slot(j);
   }
   quant::ReduceOutput out;
   out.plain = static_cast<char*>(a_.dst) + st.offset * ops.elem_size();
@@ -258,18 +267,17 @@ ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
   char* mine = d.window(r, st.set_index);
   const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
   std::array<const void*, quant::kMaxReduceInputs> inputs;
-  for (int j = 0; j < n; ++j) inputs[j] = mine + j * cb;
+  for (int j = 0; j < n; ++j) inputs[j] = dev.staged ? dev.slot(j) : mine + j * cb;
   if (dev.own) inputs[r] = dev.own;
   if (a_.own_per_lane) {
     char* own = nullptr;
-    FP8WIRE_TRY(quantize_own_here(ops, a_, st, static_cast<size_t>(r) * a_.count + st.offset, &own));
+    FP8WIRE_TRY(quantize_own_here(ops, a_, st, dev, r, static_cast<size_t>(r) * a_.count + st.offset, &own));
     inputs[r] = own;
   }
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   if (dev.staged) {
     FP8WIRE_TRY(copy_slots_but(ops, dev.staged, mine, cb, cb, n, r));
     FP8WIRE_TRY(ops.release(st.set_index));
-    for (int j = 0; j < n; ++j) inputs[j] = dev.slot(j);
   }
   quant::ReduceOutput out;
   out.plain = static_cast<char*>(a_.dst) + st.offset * ops.elem_size();
@@ -300,11 +308,11 @@ ncclResult_t DirectAllGather::finish(StageOps& ops, const Stage& st) {
   const size_t cb = quant::chunk_bytes(st.length, f);
   const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
   char* own = dev.own;
-  if (a_.own_per_lane) FP8WIRE_TRY(quantize_own_here(ops, a_, st, st.offset, &own));
+  if (a_.own_per_lane) FP8WIRE_TRY(quantize_own_here(ops, a_, st, dev, r, st.offset, &own));
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   auto from = [&](int j) -> const char* {
-    if (dev.staged) return dev.slot(j);
-    return own && j == r ? own : d.window(j, st.set_index);
+    if (own && j == r) return own;  // with copy-in, slot r; with the lanes apart, the transfer lane's
+    return dev.staged ? dev.slot(j) : d.window(j, st.set_index);
   };
   if (dev.staged) {
     FP8WIRE_TRY(copy_from_peers(ops, d, st.set_index, dev, 0, [&](int) { return cb; }));

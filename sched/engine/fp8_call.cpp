@@ -163,7 +163,7 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
     // quantize carries more than the input (error feedback, the telemetry and the guard's vote) or
     // reads what only the produce lane has (a coalesced batch's staging), nor under capture.
     LaneHandover handover = LaneHandover::both;
-    if (config.direct_lanes_apart && a.own_device_bytes && !a.copy_in && !a.residual && batch == 1 &&
+    if (config.direct_lanes_apart && a.own_device_bytes && !a.residual && batch == 1 &&
         measured.slot < 0 && !capturing &&
         direct_lanes_apart_fits(c.collective, route.path, route.stage_elems, a.own_device_bytes, format)) {
       a.own_per_lane = true;

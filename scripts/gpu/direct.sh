@@ -53,6 +53,8 @@ if has multirank; then
     --direct-lane-flags --ranks "${DIRECT_MULTIRANK_LANE_FLAGS:-2,4}" --timeout 140
   run multirank_host_memory_lanes_apart 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-lanes-apart --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
+  run multirank_host_memory_lanes_apart_copy_in 150 build/tests/sched/multirank_collectives --direct host_memory \
+    --direct-lanes-apart --direct-copy-in --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
   grep -hE "direct/|^(PASS|FAIL) multirank" "$OUT"/multirank_*.log | sort | uniq -c | head -20
 fi
 if has faults; then

@@ -231,7 +231,9 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
     for (const Variant& v : kVariants) {
       const bool eligible = v.collective != Collective::all_reduce || v.path == Path::one_shot;
       for (bool in_place : {false, true}) {
-        for (bool lane_flags : {false, true}) {
+        // The lanes' own order by flags (unused apart) and the copy-in data flow (its slots beside
+        // the transfer lane's own chunk).
+        for (auto [lane_flags, copy_in] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
           // Telemetry off, or sampling its default every 16th call: then the first call is measured
           // (its lanes hand over as before) and the second, apart, must give the same bytes.
           for (uint32_t sample : {0u, 16u}) {
@@ -245,6 +247,7 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
                 cfg.config = direct_config(DirectMode::host_memory, window, stage);
                 cfg.config.direct_lane_flags = lane_flags;
                 cfg.config.direct_lanes_apart = lanes_apart;
+                cfg.config.direct_copy_in = copy_in;
                 cfg.config.telemetry_sample_every = sample;
                 cfg.in_place = in_place;
                 cfg.abort_all = true;
@@ -254,7 +257,7 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
                 const Outcome o = run(cfg, spec, inputs);
                 ++runs;
                 const std::string e = check_carried(cfg, spec, inputs, o, Carrier::host_memory);
-                if (!e.empty()) failures.push_back(e + (in_place ? " (in place)" : ""));
+                if (!e.empty()) failures.push_back(e + (in_place ? " (in place)" : "") + (copy_in ? " (copy-in)" : ""));
                 const auto site = [&](sim::Site x) {
                   return static_cast<uint64_t>(o.after_calls[0][static_cast<int>(x)] - o.after_setup[0][static_cast<int>(x)]);
                 };
@@ -268,9 +271,10 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
               const bool same = codec[1] == codec[0] && waits[1] == waits[0];
               apart += took;
               if (sample == 0 && (eligible ? !took : !same))
-                failures.push_back(fmt::format("{} n={} count={}{}{}: codec launches {} -> {}, waits {} -> {} with lanes apart",
+                failures.push_back(fmt::format("{} n={} count={}{}{}{}: codec launches {} -> {}, waits {} -> {} with lanes apart",
                                                to_string(v.collective), n, count, in_place ? " in place" : "",
-                                               lane_flags ? " lane flags" : "", codec[0], codec[1], waits[0], waits[1]));
+                                               lane_flags ? " lane flags" : "", copy_in ? " copy-in" : "", codec[0],
+                                               codec[1], waits[0], waits[1]));
             }
           }
           }
@@ -373,6 +377,7 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
     DirectMode mode;
     bool lane_flags = false;  // direct.lane_flags: the lanes' hand-overs are flag waits too
     bool lanes_apart = false; // direct.lanes_apart (telemetry off, so that every call is apart)
+    bool copy_in = false;     // direct.copy_in
   };
   const Scenario scenarios[] = {
       {"two-shot, host memory, pipelined", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory},
@@ -383,6 +388,7 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
       {"one-shot, peer memory, pipelined, lane flags", {Collective::all_reduce, Path::one_shot, DataType::f32, ReduceOp::sum, 5000, 4}, DirectMode::peer_memory, true},
       {"one-shot, host memory, pipelined, lanes apart", {Collective::all_reduce, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 4}, DirectMode::host_memory, false, true},
       {"reduce-scatter, host memory, pipelined, lanes apart", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 6000, 6}, DirectMode::host_memory, false, true},
+      {"one-shot, host memory, pipelined, lanes apart, copy-in", {Collective::all_reduce, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 4}, DirectMode::host_memory, false, true, true},
   };
   std::vector<std::string> failures;
   size_t runs = 0;
@@ -393,6 +399,7 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
     base.config = direct_config(sc.mode, 24 << 10, 4 << 10);
     base.config.direct_lane_flags = sc.lane_flags;
     base.config.direct_lanes_apart = sc.lanes_apart;
+    base.config.direct_copy_in = sc.copy_in;
     if (sc.lanes_apart) base.config.telemetry_sample_every = 0;
     base.abort_all = true;
     const auto inputs = inputs_for(sc.spec, n);

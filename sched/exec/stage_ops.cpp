@@ -1,5 +1,7 @@
 #include "sched/exec/stage_ops.hpp"
 
+#include <array>
+
 #include "common/log.hpp"
 #include "common/status.hpp"
 #include "sched/transport/direct_windows.hpp"
@@ -12,29 +14,53 @@ ncclResult_t StageOps::codec_result(cudaError_t err, const char* what) const {
   return ncclUnhandledCudaError;
 }
 
+quant::LaunchOptions StageOps::over(std::span<const void* const> touched, uint64_t sr_offset) const {
+  quant::LaunchOptions o = launch_;
+  o.sr_offset = sr_offset;
+  if (direct_)
+    for (const void* p : touched)
+      if (p && direct_->in_a_window(p)) o.max_ctas = window_ctas_;
+  return o;
+}
+
 ncclResult_t StageOps::quantize(const void* in, size_t count, void* wire, quant::Segmented layout,
                                 uint64_t sr_offset, float* residual) {
+  const quant::LaunchOptions o = over({in, wire}, sr_offset);
   if (residual)
-    return codec_result(codec_->quantize_with_residual(in, type_, count, residual, wire, layout, format_, lane_,
-                                                       at(sr_offset)),
+    return codec_result(codec_->quantize_with_residual(in, type_, count, residual, wire, layout, format_, lane_, o),
                         "quantize (error feedback)");
-  return codec_result(codec_->quantize(in, type_, count, wire, layout, format_, lane_, at(sr_offset)), "quantize");
+  return codec_result(codec_->quantize(in, type_, count, wire, layout, format_, lane_, o), "quantize");
 }
 
 ncclResult_t StageOps::dequantize(const void* wire, quant::Segmented layout, size_t count, void* out) {
-  return codec_result(codec_->dequantize(wire, layout, count, out, type_, format_, lane_, launch_), "dequantize");
+  return codec_result(codec_->dequantize(wire, layout, count, out, type_, format_, lane_, over({wire, out})),
+                      "dequantize");
 }
+
+namespace {
+// The operands of a dequantize-reduce: its k inputs, a plain addend, its output.
+std::array<const void*, quant::kMaxReduceInputs + 2> reduce_operands(const void* const* inputs, int k,
+                                                                    const void* plain, const quant::ReduceOutput& out) {
+  std::array<const void*, quant::kMaxReduceInputs + 2> ops{};
+  for (int i = 0; i < k && i < quant::kMaxReduceInputs; ++i) ops[static_cast<size_t>(i)] = inputs[i];
+  ops[quant::kMaxReduceInputs] = plain;
+  ops[quant::kMaxReduceInputs + 1] = out.plain ? out.plain : out.wire;
+  return ops;
+}
+}  // namespace
 
 ncclResult_t StageOps::reduce(const void* const* inputs, int k, size_t count, float post, quant::ReduceOutput out,
                               uint64_t sr_offset) {
-  return codec_result(codec_->dequantize_reduce(inputs, k, count, post, out, format_, lane_, at(sr_offset)),
+  const auto operands = reduce_operands(inputs, k, nullptr, out);
+  return codec_result(codec_->dequantize_reduce(inputs, k, count, post, out, format_, lane_, over(operands, sr_offset)),
                       "dequantize-reduce");
 }
 
 ncclResult_t StageOps::reduce_with_plain(const void* const* inputs, int k, const void* plain, int plain_position,
                                          size_t count, float post, quant::ReduceOutput out, uint64_t sr_offset) {
+  const auto operands = reduce_operands(inputs, k, plain, out);
   return codec_result(codec_->dequantize_reduce_mixed(inputs, k, plain, type_, plain_position, count, post, out,
-                                                      format_, lane_, at(sr_offset)),
+                                                      format_, lane_, over(operands, sr_offset)),
                       "dequantize-reduce (with a plain addend)");
 }
 

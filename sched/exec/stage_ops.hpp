@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 
 #include "quant/quant.hpp"
@@ -46,13 +47,17 @@ class StageOps {
   void add_wire_bytes(uint64_t bytes) { wire_bytes_ += bytes; }
 
   // The call runs over a direct transport (sched/transport/direct_windows.hpp): the direct programs reach
-  // the windows through it, and every codec launch keeps to `max_ctas` thread blocks. With
-  // `lane_flags` (direct.lane_flags) the executor orders its two lanes by the transport's flags;
-  // `handover` says which of its hand-overs between them the call needs (direct.lanes_apart).
-  void use_direct(const DirectWindows* direct, uint32_t max_ctas, bool lane_flags = false,
+  // the windows through it, and every codec launch that loads or stores a window keeps to
+  // `window_ctas` thread blocks (direct.ctas: the link's share; the rest of the GPU is the
+  // application's), while one on device memory alone runs at the codec's own width, as over NCCL (it
+  // is on a lane's path between two transfers: capped, it held them apart; bench/README.md
+  // "Host-link limit"). With `lane_flags` (direct.lane_flags) the executor orders its two lanes by the
+  // transport's flags; `handover` says which of its hand-overs between them the call needs
+  // (direct.lanes_apart).
+  void use_direct(const DirectWindows* direct, uint32_t window_ctas, bool lane_flags = false,
                   LaneHandover handover = LaneHandover::both) {
     direct_ = direct;
-    launch_.max_ctas = max_ctas;
+    window_ctas_ = window_ctas;
     lane_flags_ = lane_flags;
     handover_ = handover;
   }
@@ -113,11 +118,12 @@ class StageOps {
   ncclResult_t gather(Transport& over, int nranks, char* base, size_t slot_bytes, GatherMethod how);
 
  private:
-  quant::LaunchOptions at(uint64_t sr_offset) const {
-    quant::LaunchOptions o = launch_;
-    o.sr_offset = sr_offset;
-    return o;
+  // The launch options of a codec kernel that reads or writes `touched`, its first element
+  // `sr_offset` of the call (use_direct: kept to direct.ctas where it touches a window).
+  quant::LaunchOptions over(std::initializer_list<const void*> touched, uint64_t sr_offset = 0) const {
+    return over(std::span<const void* const>(touched.begin(), touched.size()), sr_offset);
   }
+  quant::LaunchOptions over(std::span<const void* const> touched, uint64_t sr_offset = 0) const;
   ncclResult_t codec_result(cudaError_t err, const char* what) const;
 
   CommState* state_;
@@ -131,6 +137,7 @@ class StageOps {
   cudaStream_t lane_ = nullptr;
   uint64_t wire_bytes_ = 0;
   const DirectWindows* direct_ = nullptr;
+  uint32_t window_ctas_ = 0;
   bool lane_flags_ = false;
   LaneHandover handover_ = LaneHandover::both;
   cudaEvent_t release_gate_ = nullptr;

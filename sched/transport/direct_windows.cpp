@@ -55,6 +55,13 @@ char* DirectWindows::window(int r, int set) const {
   return peers_[static_cast<size_t>(r)].data.device + static_cast<size_t>(set) * set_bytes_;
 }
 
+bool DirectWindows::in_a_window(const void* p) const {
+  const auto* c = static_cast<const char*>(p);
+  for (int r = 0; r < nranks_; ++r)
+    if (c >= window(r, 0) && c < window(r, 0) + kDirectSets * set_bytes_) return true;
+  return false;
+}
+
 ncclResult_t DirectWindows::op(cudaError_t err, const char* what) const {
   if (err == cudaSuccess) return ncclSuccess;
   FP8WIRE_ERROR("direct transport ({}), rank {}: {} failed: {}", to_string(kind_), rank_, what,

@@ -101,6 +101,8 @@ class DirectWindows {
   size_t set_bytes() const { return set_bytes_; }
   // Buffer set `set` of rank `r`'s data window, as this process's GPU work addresses it.
   char* window(int r, int set) const;
+  // Whether `p` lies in any rank's data window (as this process addresses them).
+  bool in_a_window(const void* p) const;
 
   // The protocol's four steps (above), as stream memory operations on `lane`.
   ncclResult_t reclaim(cudaStream_t lane, int set) const;

@@ -251,6 +251,7 @@ SiteCounts counts(const sim::World& w, int rank) {
 Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) {
   sim::Options machine = cfg.machine;
   machine.nranks = static_cast<int>(inputs.size());
+  if (cfg.config.direct_transport != DirectMode::off) machine.window_ctas = cfg.config.direct_ctas;
   sim::World world(machine);
   world.set_fault(cfg.fault);
   const Platform& p = world.platform();

@@ -1127,8 +1127,20 @@ std::vector<Range> segmented_ranges(const void* wire, size_t count, quant::Segme
 }
 
 cudaError_t launch(World::State& w, cudaStream_t s, const char* what, std::vector<Range> ranges,
-                   std::function<const char*()> fn) {
+                   std::function<const char*()> fn, uint32_t max_ctas = 0) {
   if (fail_here(w, Site::codec)) return cudaErrorLaunchFailure;
+  if (w.opt.window_ctas) {  // Options::window_ctas: the launch's width follows what it touches
+    const RankState& r = w.ranks[static_cast<size_t>(me())];
+    bool window = false;
+    for (const Range& x : ranges) {
+      const auto b = reinterpret_cast<uintptr_t>(x.p);
+      window = window || (x.bytes && inside(r.mapped, b, b + x.bytes));
+    }
+    const uint32_t expected = window ? w.opt.window_ctas : 0;
+    if (max_ctas != expected)
+      w.protocol.push_back(fmt::format("rank {}: {} {} a window with at most {} thread blocks (expected {})", me(),
+                                       what, window ? "touches" : "does not touch", max_ctas, expected));
+  }
   auto op = std::make_unique<ComputeOp>();
   op->what = what;
   op->ranges = std::move(ranges);
@@ -1165,7 +1177,8 @@ cudaError_t c_quantize(const void* in, quant::ElemType t, size_t count, void* wi
   auto ranges = segmented_ranges(wire, count, layout, f, true);
   ranges.push_back({in, count * quant::elem_size(t), false});
   return launch(w, s, "quantize", std::move(ranges),
-                [=] { return quant::ref::quantize(in, t, count, wire, layout, f, opt.sr_offset, telemetry_of(opt)); });
+                [=] { return quant::ref::quantize(in, t, count, wire, layout, f, opt.sr_offset, telemetry_of(opt)); },
+                opt.max_ctas);
 }
 
 cudaError_t c_quantize_residual(const void* in, quant::ElemType t, size_t count, float* residual, void* wire,
@@ -1180,7 +1193,7 @@ cudaError_t c_quantize_residual(const void* in, quant::ElemType t, size_t count,
   ranges.push_back({residual, count * sizeof(float), true});
   return launch(w, s, "quantize with residual", std::move(ranges), [=] {
     return quant::ref::quantize_with_residual(in, t, count, residual, wire, layout, f, opt.sr_offset, telemetry_of(opt));
-  });
+  }, opt.max_ctas);
 }
 
 cudaError_t c_dequantize(const void* wire, quant::Segmented layout, size_t count, void* out, quant::ElemType t,
@@ -1192,7 +1205,7 @@ cudaError_t c_dequantize(const void* wire, quant::Segmented layout, size_t count
   auto ranges = segmented_ranges(wire, count, layout, f, false);
   ranges.push_back({out, count * quant::elem_size(t), true});
   return launch(w, s, "dequantize", std::move(ranges),
-                [=] { return quant::ref::dequantize(wire, layout, count, out, t, f, telemetry_of(opt)); });
+                [=] { return quant::ref::dequantize(wire, layout, count, out, t, f, telemetry_of(opt)); }, opt.max_ctas);
 }
 
 cudaError_t reduce(World::State& w, const void* const* inputs, int k, const void* plain, quant::ElemType plain_type,
@@ -1214,7 +1227,7 @@ cudaError_t reduce(World::State& w, const void* const* inputs, int k, const void
   return launch(w, s, plain ? "dequantize-reduce (mixed)" : "dequantize-reduce", std::move(ranges), [=] {
     return quant::ref::dequantize_reduce(ins.data(), k, plain, plain_type, plain_position, count, post, ro, f,
                                          opt.sr_offset, telemetry_of(opt));
-  });
+  }, opt.max_ctas);
 }
 
 cudaError_t c_reduce(const void* const* inputs, int k, size_t count, float post, quant::ReduceOutput out,

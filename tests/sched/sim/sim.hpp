@@ -64,6 +64,10 @@ struct Options {
   bool p2p_disabled = false;
   bool nvlink = false;
   uint64_t schedule_seed = 1;  // order in which runnable streams progress
+  // direct.ctas of the job (0: not checked): a codec launch that touches a direct-transport window
+  // must keep to it, and one on the rank's own allocations alone must run uncapped (a protocol error
+  // otherwise).
+  uint32_t window_ctas = 0;
 };
 
 class World {

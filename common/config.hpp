@@ -157,7 +157,7 @@ struct Config {
   bool direct_assume_one_host = false;      // direct.assume_one_host
   uint64_t direct_window_bytes = 64ull << 20; // direct.window_bytes  per rank and communicator, two buffer sets
   uint64_t direct_stage_bytes = 8ull << 20;   // direct.stage_bytes   caller bytes per pipeline stage (at most)
-  uint32_t direct_ctas = 16;                // direct.ctas  thread blocks per codec kernel over direct memory
+  uint32_t direct_ctas = 16;                // direct.ctas  thread blocks per codec kernel that touches a window
   // Cut every direct call into at least this many stages, of 1 MiB of caller data at the least: a call
   // of one stage overlaps nothing (its quantize, then its reduce), one of k balanced stages reaches at
   // most k / (k + 1) of the host link; direct.stage_bytes still bounds the larger calls' stages.
@@ -170,8 +170,10 @@ struct Config {
   bool direct_own_on_device = true;         // direct.own_on_device
   // Host memory, with own data on the device: what a rank reads of its peers' windows is first copied
   // into its device buffer set by a copy engine, and the kernels read only device memory
-  // (sched/algorithms/direct.cpp, "Copy-in"). Off: measured no better than the default, at 2 and 4
-  // ranks, 16-256 MiB (bench/README.md "Host-link limit").
+  // (sched/algorithms/direct.cpp, "Copy-in"). Off: with every codec kernel then on device memory
+  // at the codec's width, the 2-rank all-reduce gains (64 / 256 MiB: 59.5 / 65 % of the host-link
+  // limit against 50 / 53 %) but the reduce-scatter does not, and at 4 ranks the all-reduce loses at
+  // 16 MiB (38 against 45.5 %) (bench/README.md "Host-link limit").
   bool direct_copy_in = false;              // direct.copy_in
   // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's
   // own flag page instead of events, in calls not under graph capture (sched/exec/pipeline.hpp). The
@@ -183,10 +185,12 @@ struct Config {
   // its reads, only before it frees the set for the peers, and the produce lane never waits for the
   // transfer lane within a call (sched/algorithms/direct.cpp, "Lanes apart"; in place, each stage's
   // hand-over stays). For the one-shot all-reduce, the reduce-scatter and the all-gather, in calls
-  // that are not coalesced, measured, fed back or captured, without copy-in. fp8wire-direct-probe's
+  // that are not coalesced, measured, fed back or captured; with copy-in too. fp8wire-direct-probe's
   // duplex probe: the same copies with the flags alone 1.53 ms, with the two hand-overs between the
-  // lanes 2.17 ms (bench/README.md "Host-link limit"). Off: the library's figures with it on are not
-  // measured yet.
+  // lanes 2.17 ms. Off: alone it moves the limit's share little (2 ranks, all-reduce 38-55 %, the
+  // reduce-scatter lower); with copy-in the 2-rank all-reduce gains most (64 / 256 MiB: 65 / 70 %
+  // against the defaults' 50 / 53 %) but the reduce-scatter loses 2-3 points and 16 MiB calls
+  // more (bench/README.md "Host-link limit").
   bool direct_lanes_apart = false;          // direct.lanes_apart
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------

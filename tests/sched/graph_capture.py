@@ -186,10 +186,9 @@ def main():
     # Whole-run bound: start-up plus every phase at its limit, below sched.sh's outer timeout.
     launch_timeout = 20 + args.step_timeout * 2
 
-    import torch  # only to know whether there is a GPU at all
-
-    if not torch.cuda.is_available():
-        print("SKIPPED: no CUDA device")
+    have_gpu, why = emulated_launch.gpu_available()
+    if not have_gpu:
+        print(f"SKIPPED {tag}: {why}")
         return 77
     t = time.time()
     ok, res = emulated_launch.launch(__file__, args.nproc, dict(common),

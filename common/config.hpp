@@ -175,6 +175,11 @@ struct Config {
   // limit against 50 / 53 %) but the reduce-scatter does not, and at 4 ranks the all-reduce loses at
   // 16 MiB (38 against 45.5 %) (bench/README.md "Host-link limit").
   bool direct_copy_in = false;              // direct.copy_in
+  // Host memory, with own data on the device: what a rank writes for its peers and no one else (the
+  // reduce-scatter's blocks, two-shot's shards) is quantized into its device buffer set and written
+  // into their windows by a copy engine, so no kernel stores over the link: with copy-in, every byte
+  // over it is the copy engines' (sched/algorithms/direct.cpp, "Copy-out"). Off: not measured yet.
+  bool direct_copy_out = false;             // direct.copy_out
   // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's
   // own flag page instead of events, in calls not under graph capture (sched/exec/pipeline.hpp). The
   // same order. Off: 2-3 points further from the host-link limit than the events at 2 and 4 ranks,

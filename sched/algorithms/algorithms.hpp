@@ -28,6 +28,9 @@ struct Fp8Args {
   // With own data on the device, direct.copy_in: the peers' data this rank reads is copied from their
   // windows into the same device buffer set first (sched/algorithms/direct.cpp, "Copy-in").
   bool copy_in = false;
+  // With own data on the device, direct.copy_out: what this rank writes for its peers alone is
+  // quantized into the device set and copied into their windows by a copy engine.
+  bool copy_out = false;
   // With own data on the device, direct.lanes_apart: the finish quantizes this rank's own data again
   // on the transfer lane, into the second half of the device set, instead of reading what the produce
   // lane put in the first half, so the executor needs no hand-over between its lanes

@@ -30,6 +30,15 @@
 // windows where the stage's slots do not fit the device set). Measured no faster than the kernels'
 // own loads (bench/README.md "Host-link limit"), so off by default.
 //
+// Copy-out (direct.copy_out, with own data on the device; Fp8Args::copy_out): what this rank writes for
+// one peer alone (the reduce-scatter's block, two-shot's shard for its owner) is quantized into the
+// device set's copy-out slots and copied into that peer's inbox by a copy engine, instead of the
+// quantize storing it there over the link; with copy-in too, every byte over the link is a copy
+// engine's, and every kernel reads and writes device memory only (at the codec's width, not
+// direct.ctas). The one-shot all-reduce and the all-gather write nothing for one peer alone (their
+// own chunk already goes by a copy). Again the same bytes, a choice of this rank alone, and a stage
+// whose slots do not fit the set falls back to the quantize's stores.
+//
 // Lanes apart (direct.lanes_apart, with own data on the device; Fp8Args::own_per_lane): the finish
 // quantizes this rank's own data once more, on the transfer lane, into the second half of the device
 // set, and reads that instead of what the produce lane put in the first half. The same input, length
@@ -48,6 +57,7 @@
 //   one-shot, all-gather, reduce-scatter   [slot 0 .. slot n-1]                    chunk (block) each
 //   two-shot                               [inbox slots 0..n-1][reduced slots 0..n-1]  one shard each
 // and with own data only: the own chunk (block), or two-shot's [own shard][own reduced shard].
+// Copy-out slots (slot j: this rank's block or shard for rank j) follow those (device_slots).
 #include <array>
 #include <utility>
 
@@ -66,8 +76,10 @@ constexpr int kReduced = 1;  // phase: two-shot's reduced shards
 struct DeviceSlots {
   char* own = nullptr;     // the produce lane's own data (slot r with copy-in, else the set's start; device_slots)
   char* staged = nullptr;  // slot 0 of the copy-in slots, `stride` bytes apart (null: no copy-in)
+  char* out = nullptr;     // slot 0 of the copy-out slots, `stride` bytes apart (null: no copy-out)
   size_t stride = 0;
   char* slot(int j) const { return staged + static_cast<size_t>(j) * stride; }
+  char* out_slot(int j) const { return out + static_cast<size_t>(j) * stride; }
 };
 
 // Lanes apart: the second half of the device set, where the transfer lane keeps its own chunk.
@@ -78,20 +90,41 @@ size_t half_set(size_t own_device_bytes) { return own_device_bytes / 2 / 256 * 2
 // keeps to one half of the set, whatever a stage's length (a short last stage's slots fall where a
 // full stage's were): the produce lane's own chunk at the start of the first half and the transfer
 // lane's in the second, or with copy-in, the produce lane's in the second half and the transfer
-// lane's as slot r of the copy-in slots in the first.
+// lane's as slot r of the copy-in slots in the first. The copy-out slots follow what the produce
+// lane keeps: its own chunk with the lanes apart (in its half), else the own or copy-in slots.
 DeviceSlots device_slots(const Fp8Args& a, const Stage& st, int rank, int nranks, size_t unit, int units) {
   DeviceSlots d;
   if (!a.own_device_bytes || !st.set) return d;
   const size_t n = static_cast<size_t>(nranks);
   const size_t room = a.own_per_lane ? half_set(a.own_device_bytes) : a.own_device_bytes;
+  d.stride = unit;
   if (a.copy_in && units * n * unit <= room) {
     d.staged = st.set;
-    d.stride = unit;
     d.own = a.own_per_lane ? st.set + room : d.slot(rank);
   } else if (units * unit <= room) {
     d.own = st.set;
+  } else {
+    return d;
+  }
+  if (a.copy_out) {
+    char* from = a.own_per_lane ? d.own + unit : st.set + (d.staged ? units * n : units) * unit;
+    char* end = a.own_per_lane && !d.staged ? st.set + room : st.set + (a.own_per_lane ? 2 * room : a.own_device_bytes);
+    if (from + n * unit <= end) d.out = from;
   }
   return d;
+}
+
+// Quantizes `len` elements from element `first` of the input for rank j (j != this rank) into
+// `window` (its inbox slot for this rank), straight or, with copy-out slots, into slot j of those
+// and then by a copy engine; `bytes` of wire.
+ncclResult_t quantize_for_peer(StageOps& ops, const Fp8Args& a, const DeviceSlots& dev, int j, size_t first,
+                               size_t len, char* window, size_t bytes) {
+  const quant::Segmented layout = quant::Segmented::single(len, ops.format());
+  const char* in = static_cast<const char*>(a.src) + first * ops.elem_size();
+  float* residual = a.residual ? a.residual + first : nullptr;
+  if (!dev.out) return ops.quantize(in, len, window, layout, first, residual);
+  FP8WIRE_TRY(ops.quantize(in, len, dev.out_slot(j), layout, first, residual));
+  return ops.copy(window, dev.out_slot(j), bytes, cudaMemcpyDefault);
 }
 
 // Lanes apart: quantizes this rank's own `st.length` elements from element `first` of the input into
@@ -181,16 +214,20 @@ ncclResult_t DirectTwoShotAllReduce::produce(StageOps& ops, const Stage& st) {
   const quant::WireFormat& f = ops.format();
   const ShardLayout l = shard_layout(st.length, n, f);
   const char* src = static_cast<const char*>(a_.src);
-  char* own = device_slots(a_, st, r, n, l.seg_stride, 2).own;
+  const DeviceSlots dev = device_slots(a_, st, r, n, l.seg_stride, 2);
   FP8WIRE_TRY(ops.reclaim(st.set_index));
-  // Shard j straight into owner j's inbox, slot r: the transfer is this kernel's stores.
+  // Shard j into owner j's inbox, slot r: straight (the transfer is this kernel's stores) or by copy-out.
   for (int j = 0; j < n; ++j) {
     const size_t len = l.length(j);
     if (!len) continue;
     const size_t first = st.offset + l.begin(j);
-    char* to = own && j == r ? own : d.window(j, st.set_index) + r * l.seg_stride;
-    FP8WIRE_TRY(ops.quantize(src + first * ops.elem_size(), len, to, quant::Segmented::single(len, f), first,
-                             a_.residual ? a_.residual + first : nullptr));
+    if (j == r && dev.own) {
+      FP8WIRE_TRY(ops.quantize(src + first * ops.elem_size(), len, dev.own, quant::Segmented::single(len, f), first,
+                               a_.residual ? a_.residual + first : nullptr));
+      continue;
+    }
+    FP8WIRE_TRY(quantize_for_peer(ops, a_, dev, j, first, len, d.window(j, st.set_index) + r * l.seg_stride,
+                                  l.bytes(j, f)));
     if (j != r) ops.add_wire_bytes(l.bytes(j, f));
   }
   return ops.publish(st.set_index, kInputs);
@@ -248,13 +285,16 @@ ncclResult_t DirectReduceScatter::produce(StageOps& ops, const Stage& st) {
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   const auto* src = static_cast<const char*>(a_.src);
-  char* own = device_slots(a_, st, r, n, cb, 1).own;
+  const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   for (int j = 0; j < n; ++j) {
     const size_t first = static_cast<size_t>(j) * a_.count + st.offset;
-    char* to = own && j == r ? own : d.window(j, st.set_index) + r * cb;
-    FP8WIRE_TRY(ops.quantize(src + first * ops.elem_size(), st.length, to,
-                             quant::Segmented::single(st.length, ops.format()), first));
+    if (j == r && dev.own) {
+      FP8WIRE_TRY(ops.quantize(src + first * ops.elem_size(), st.length, dev.own,
+                               quant::Segmented::single(st.length, ops.format()), first));
+      continue;
+    }
+    FP8WIRE_TRY(quantize_for_peer(ops, a_, dev, j, first, st.length, d.window(j, st.set_index) + r * cb, cb));
     if (j != r) ops.add_wire_bytes(cb);
   }
   return ops.publish(st.set_index, kInputs);

@@ -154,6 +154,7 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
     if (route.carrier == Carrier::host_memory && config.direct_own_on_device) {
       a.own_device_bytes = s.res.layout.set_bytes;
       a.copy_in = config.direct_copy_in;
+      a.copy_out = config.direct_copy_out;
     }
     const bool feedback = config.error_feedback && c.collective == Collective::all_reduce && batch == 1 &&
                           (route.path == Path::one_shot || route.path == Path::two_shot);

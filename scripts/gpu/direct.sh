@@ -8,8 +8,9 @@
 #      (direct.assume_one_host), and a case checking that they went over it, with the library's
 #      defaults (own data on the device); host memory once more with own data in the window
 #      (DIRECT_MULTIRANK_OWN_IN_WINDOW world sizes, default 2,4), with copy-in
-#      (DIRECT_MULTIRANK_COPY_IN, default 2,4), with lane flags (DIRECT_MULTIRANK_LANE_FLAGS, default 2,4)
-#      and with the lanes apart (DIRECT_MULTIRANK_LANES_APART, default 2,4);
+#      (DIRECT_MULTIRANK_COPY_IN, default 2,4; also copy-out), with lane flags (DIRECT_MULTIRANK_LANE_FLAGS,
+#      default 2,4) and with the lanes apart (DIRECT_MULTIRANK_LANES_APART, default 2,4; also with
+#      copy-in, and with copy-in and copy-out);
 #   3. tests/sched/direct_faults_gpu: a peer gone, a peer absent: released by an abort, no hang;
 #   4. PyTorch DDP parity under the shim with each transport forced, CUDA-graph capture with host memory
 #      (with the default lane events, and with direct.lane_flags);
@@ -55,6 +56,10 @@ if has multirank; then
     --direct-lanes-apart --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
   run multirank_host_memory_lanes_apart_copy_in 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-lanes-apart --direct-copy-in --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
+  run multirank_host_memory_copy_out 150 build/tests/sched/multirank_collectives --direct host_memory \
+    --direct-copy-out --ranks "${DIRECT_MULTIRANK_COPY_IN:-2,4}" --timeout 140
+  run multirank_host_memory_copies_lanes_apart 150 build/tests/sched/multirank_collectives --direct host_memory \
+    --direct-copy-in --direct-copy-out --direct-lanes-apart --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
   grep -hE "direct/|^(PASS|FAIL) multirank" "$OUT"/multirank_*.log | sort | uniq -c | head -20
 fi
 if has faults; then

@@ -424,6 +424,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.direct_min_stages = 6;
   c.direct_own_on_device = false;
   c.direct_copy_in = !Config{}.direct_copy_in;
+  c.direct_copy_out = !Config{}.direct_copy_out;
   c.direct_lane_flags = !Config{}.direct_lane_flags;
   c.direct_lanes_apart = !Config{}.direct_lanes_apart;
   c.log_level = "trace";
@@ -502,6 +503,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.direct_min_stages == 6);
   CHECK_FALSE(p.direct_own_on_device);
   CHECK(p.direct_copy_in == c.direct_copy_in);
+  CHECK(p.direct_copy_out == c.direct_copy_out);
   CHECK(p.direct_lane_flags == c.direct_lane_flags);
   CHECK(p.direct_lanes_apart == c.direct_lanes_apart);
   CHECK(p.log_level == c.log_level);

@@ -117,11 +117,11 @@ TEST_CASE("every algorithm over both direct transports: the reference bit for bi
   MESSAGE(runs << " runs over the direct transports (" << pipelined << " pipelined): bit-exact, alike, in bound");
 }
 
-TEST_CASE("own data on the device (direct.own_on_device), with and without copy-in: the same bytes, its windows still written for the peers") {
+TEST_CASE("own data on the device (direct.own_on_device), with and without copy-in and copy-out: the same bytes, its windows still written for the peers") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
-  size_t runs = 0, copied = 0, copied_in = 0;
-  for (bool copy_in : {false, true})
+  size_t runs = 0, copied = 0, copied_in = 0, copied_out = 0;
+  for (auto [copy_in, copy_out] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}, std::pair{true, true}})
   for (int n : {2, 3, 4, 8}) {
     for (const Variant& v : kVariants) {
       for (DataType t : {DataType::f32, DataType::bf16}) {
@@ -137,6 +137,7 @@ TEST_CASE("own data on the device (direct.own_on_device), with and without copy-
               cfg.config = direct_config(DirectMode::host_memory, window, stage);
               cfg.config.direct_own_on_device = true;
               cfg.config.direct_copy_in = copy_in;
+              cfg.config.direct_copy_out = copy_out;
               cfg.config.scratch_max_bytes = scratch;
               cfg.abort_all = true;
               cfg.second_call = count == 4099;
@@ -166,6 +167,22 @@ TEST_CASE("own data on the device (direct.own_on_device), with and without copy-
                   e = fmt::format("{}: rank 0 copied {} times with copy-in", describe(spec, n, cfg.config), copies(0));
                 else ++copied_in;
               }
+              // Copy-out: the reduce-scatter's blocks and two-shot's shards for the peers reach their
+              // windows by copies, so there are more copies than without it (the one-shot all-reduce
+              // and the all-gather write nothing for one peer alone; 127 elements leave some shards
+              // empty, and more ranks' shards than a stage's blocks fill are empty too).
+              const bool writes_for_peers = v.collective == Collective::reduce_scatter || v.path == Path::two_shot;
+              if (e.empty() && copy_out && writes_for_peers && scratch > (8 << 10) && count > 127) {
+                Run plain = cfg;
+                plain.config.direct_copy_out = false;
+                const Outcome p = run(plain, spec, inputs);
+                const int site = static_cast<int>(sim::Site::memcpy_async);
+                const int without = p.after_calls[0][site] - p.after_setup[0][site];
+                if (copies(0) <= without)
+                  e = fmt::format("{}: rank 0 copied {} times with copy-out, {} without", describe(spec, n, cfg.config),
+                                  copies(0), without);
+                else ++copied_out;
+              }
               if (!e.empty()) failures.push_back(e);
             }
           }
@@ -176,6 +193,7 @@ TEST_CASE("own data on the device (direct.own_on_device), with and without copy-
   CHECK_MESSAGE(failures.empty(), first_failures(failures));
   CHECK(copied > 50);
   CHECK(copied_in > 50);
+  CHECK(copied_out > 50);
   MESSAGE(runs << " runs with own data on the device: bit-exact, alike, in bound");
 }
 
@@ -233,7 +251,9 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
       for (bool in_place : {false, true}) {
         // The lanes' own order by flags (unused apart) and the copy-in data flow (its slots beside
         // the transfer lane's own chunk).
-        for (auto [lane_flags, copy_in] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+        for (auto [lane_flags, copy_in, copy_out] : {std::tuple{false, false, false}, std::tuple{true, false, false},
+                                                     std::tuple{false, true, false}, std::tuple{false, false, true},
+                                                     std::tuple{false, true, true}}) {
           // Telemetry off, or sampling its default every 16th call: then the first call is measured
           // (its lanes hand over as before) and the second, apart, must give the same bytes.
           for (uint32_t sample : {0u, 16u}) {
@@ -248,6 +268,7 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
                 cfg.config.direct_lane_flags = lane_flags;
                 cfg.config.direct_lanes_apart = lanes_apart;
                 cfg.config.direct_copy_in = copy_in;
+                cfg.config.direct_copy_out = copy_out;
                 cfg.config.telemetry_sample_every = sample;
                 cfg.in_place = in_place;
                 cfg.abort_all = true;
@@ -257,7 +278,7 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
                 const Outcome o = run(cfg, spec, inputs);
                 ++runs;
                 const std::string e = check_carried(cfg, spec, inputs, o, Carrier::host_memory);
-                if (!e.empty()) failures.push_back(e + (in_place ? " (in place)" : "") + (copy_in ? " (copy-in)" : ""));
+                if (!e.empty()) failures.push_back(e + (in_place ? " (in place)" : ""));
                 const auto site = [&](sim::Site x) {
                   return static_cast<uint64_t>(o.after_calls[0][static_cast<int>(x)] - o.after_setup[0][static_cast<int>(x)]);
                 };
@@ -271,10 +292,10 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
               const bool same = codec[1] == codec[0] && waits[1] == waits[0];
               apart += took;
               if (sample == 0 && (eligible ? !took : !same))
-                failures.push_back(fmt::format("{} n={} count={}{}{}{}: codec launches {} -> {}, waits {} -> {} with lanes apart",
+                failures.push_back(fmt::format("{} n={} count={}{}{}{}{}: codec launches {} -> {}, waits {} -> {} with lanes apart",
                                                to_string(v.collective), n, count, in_place ? " in place" : "",
-                                               lane_flags ? " lane flags" : "", copy_in ? " copy-in" : "", codec[0],
-                                               codec[1], waits[0], waits[1]));
+                                               lane_flags ? " lane flags" : "", copy_in ? " copy-in" : "",
+                                               copy_out ? " copy-out" : "", codec[0], codec[1], waits[0], waits[1]));
             }
           }
           }
@@ -378,6 +399,7 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
     bool lane_flags = false;  // direct.lane_flags: the lanes' hand-overs are flag waits too
     bool lanes_apart = false; // direct.lanes_apart (telemetry off, so that every call is apart)
     bool copy_in = false;     // direct.copy_in
+    bool copy_out = false;    // direct.copy_out
   };
   const Scenario scenarios[] = {
       {"two-shot, host memory, pipelined", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory},
@@ -389,6 +411,8 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
       {"one-shot, host memory, pipelined, lanes apart", {Collective::all_reduce, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 4}, DirectMode::host_memory, false, true},
       {"reduce-scatter, host memory, pipelined, lanes apart", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 6000, 6}, DirectMode::host_memory, false, true},
       {"one-shot, host memory, pipelined, lanes apart, copy-in", {Collective::all_reduce, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 4}, DirectMode::host_memory, false, true, true},
+      {"two-shot, host memory, pipelined, copy-in, copy-out", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory, false, false, true, true},
+      {"reduce-scatter, host memory, pipelined, lanes apart, copy-out", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 6000, 6}, DirectMode::host_memory, false, true, false, true},
   };
   std::vector<std::string> failures;
   size_t runs = 0;
@@ -400,6 +424,7 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
     base.config.direct_lane_flags = sc.lane_flags;
     base.config.direct_lanes_apart = sc.lanes_apart;
     base.config.direct_copy_in = sc.copy_in;
+    base.config.direct_copy_out = sc.copy_out;
     if (sc.lanes_apart) base.config.telemetry_sample_every = 0;
     base.abort_all = true;
     const auto inputs = inputs_for(sc.spec, n);

@@ -27,8 +27,8 @@
 // read device memory only, so every byte over the link is DMA. The set is released as soon as the
 // copies are done, before the reduce, so the peers may refill their windows while this rank computes.
 // Again the same bytes and results, and a choice of this rank alone (it falls back to reading the
-// windows where the stage's slots do not fit the device set). Measured no faster than the kernels'
-// own loads (bench/README.md "Host-link limit"), so off by default.
+// windows where the stage's slots do not fit the device set). Off by default: it helps the 2-rank
+// all-reduce, not the reduce-scatter or small calls (bench/README.md "Host-link limit").
 //
 // Copy-out (direct.copy_out, with own data on the device; Fp8Args::copy_out): what this rank writes for
 // one peer alone (the reduce-scatter's block, two-shot's shard for its owner) is quantized into the
@@ -40,8 +40,8 @@
 // whose slots do not fit the set falls back to the quantize's stores.
 //
 // Lanes apart (direct.lanes_apart, with own data on the device; Fp8Args::own_per_lane): the finish
-// quantizes this rank's own data once more, on the transfer lane, into the second half of the device
-// set, and reads that instead of what the produce lane put in the first half. The same input, length
+// quantizes this rank's own data once more, on the transfer lane, into the first half of the device
+// set, and reads that instead of what the produce lane put in the second half. The same input, length
 // and offset give the same bytes, so the result is unchanged; and the transfer lane then reads nothing
 // its own produce lane writes (what it reads of any window, its own reduce-scatter inbox included,
 // the peers wrote, under their flags), so the executor places no hand-over between the lanes but the
@@ -49,9 +49,9 @@
 // keeping the link's directions apart. One-shot, the reduce-scatter and the all-gather only:
 // two-shot's transfer lane writes its reduced shard into its window, which only the
 // produce lane's reclaim guards. The cost is a second quantize of the rank's own chunk per stage.
-// With copy-in too, the copy-in slots, the transfer lane's own chunk among them, lie in the set's
-// first half and the produce lane's own chunk in the second (device_slots), so neither lane touches
-// what the other does.
+// With copy-in and copy-out too, the copy-in slots, the transfer lane's own chunk among them, lie in
+// the first half and the copy-out slots in the second after the produce lane's own chunk
+// (device_slots), so neither lane touches what the other does, whatever each stage's layout.
 //
 // Device set of one stage, with copy-in (slot j holds rank j's data; this rank's own is slot r):
 //   one-shot, all-gather, reduce-scatter   [slot 0 .. slot n-1]                    chunk (block) each
@@ -74,7 +74,7 @@ constexpr int kReduced = 1;  // phase: two-shot's reduced shards
 
 // Where this rank's device buffer set holds a stage's data (null: through the windows).
 struct DeviceSlots {
-  char* own = nullptr;     // the produce lane's own data (slot r with copy-in, else the set's start; device_slots)
+  char* own = nullptr;     // the produce lane's own data (device_slots says where)
   char* staged = nullptr;  // slot 0 of the copy-in slots, `stride` bytes apart (null: no copy-in)
   char* out = nullptr;     // slot 0 of the copy-out slots, `stride` bytes apart (null: no copy-out)
   size_t stride = 0;
@@ -82,16 +82,15 @@ struct DeviceSlots {
   char* out_slot(int j) const { return out + static_cast<size_t>(j) * stride; }
 };
 
-// Lanes apart: the second half of the device set, where the transfer lane keeps its own chunk.
+// Lanes apart: the bytes of each half of the device set, one lane's each (device_slots).
 size_t half_set(size_t own_device_bytes) { return own_device_bytes / 2 / 256 * 256; }
 
 // The device slots of a stage whose per-rank unit is `unit` bytes, `units` of them per rank
 // (two-shot: its shard and its reduced shard), laid out as above. With the lanes apart each lane
-// keeps to one half of the set, whatever a stage's length (a short last stage's slots fall where a
-// full stage's were): the produce lane's own chunk at the start of the first half and the transfer
-// lane's in the second, or with copy-in, the produce lane's in the second half and the transfer
-// lane's as slot r of the copy-in slots in the first. The copy-out slots follow what the produce
-// lane keeps: its own chunk with the lanes apart (in its half), else the own or copy-in slots.
+// keeps to one half of the set, whatever a stage's length and whether its copy-in slots fit (a short
+// last stage's may where a full stage's did not): the produce lane to the second half (its own chunk
+// at the start, then its copy-out slots), the transfer lane to the first (its own chunk, or the
+// copy-in slots with its own as slot r). Otherwise the copy-out slots follow the own or copy-in slots.
 DeviceSlots device_slots(const Fp8Args& a, const Stage& st, int rank, int nranks, size_t unit, int units) {
   DeviceSlots d;
   if (!a.own_device_bytes || !st.set) return d;
@@ -102,13 +101,13 @@ DeviceSlots device_slots(const Fp8Args& a, const Stage& st, int rank, int nranks
     d.staged = st.set;
     d.own = a.own_per_lane ? st.set + room : d.slot(rank);
   } else if (units * unit <= room) {
-    d.own = st.set;
+    d.own = a.own_per_lane ? st.set + room : st.set;
   } else {
     return d;
   }
   if (a.copy_out) {
     char* from = a.own_per_lane ? d.own + unit : st.set + (d.staged ? units * n : units) * unit;
-    char* end = a.own_per_lane && !d.staged ? st.set + room : st.set + (a.own_per_lane ? 2 * room : a.own_device_bytes);
+    char* end = st.set + (a.own_per_lane ? 2 * room : a.own_device_bytes);
     if (from + n * unit <= end) d.out = from;
   }
   return d;
@@ -128,11 +127,11 @@ ncclResult_t quantize_for_peer(StageOps& ops, const Fp8Args& a, const DeviceSlot
 }
 
 // Lanes apart: quantizes this rank's own `st.length` elements from element `first` of the input into
-// the transfer lane's half of the stage's device set (device_slots), on the current (transfer) lane;
-// *own = where.
+// the transfer lane's half of the stage's device set (the first; device_slots), on the current
+// (transfer) lane; *own = where.
 ncclResult_t quantize_own_here(StageOps& ops, const Fp8Args& a, const Stage& st, const DeviceSlots& dev, int rank,
                                size_t first, char** own) {
-  *own = dev.staged ? dev.slot(rank) : st.set + half_set(a.own_device_bytes);
+  *own = dev.staged ? dev.slot(rank) : st.set;
   return ops.quantize(static_cast<const char*>(a.src) + first * ops.elem_size(), st.length, *own,
                       quant::Segmented::single(st.length, ops.format()), first);
 }

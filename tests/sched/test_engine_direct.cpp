@@ -258,8 +258,12 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
           // (its lanes hand over as before) and the second, apart, must give the same bytes.
           for (uint32_t sample : {0u, 16u}) {
           for (size_t count : {size_t(3 * n * 128 + 5), size_t{4099}}) {
-            // Many stages (both sets in turn, each reused), and one.
-            for (auto [window, stage] : {std::pair<size_t, size_t>{24 << 10, 2 << 10}, {1 << 20, 8 << 20}}) {
+            // Many stages (both sets in turn, each reused), and one; and many in a device set of 3
+            // KiB (scratch.max_bytes 8 KiB), where a full stage's copy-in slots do not fit half of
+            // it and a short last stage's do: each lane must keep to its half either way.
+            for (auto [window, stage, scratch] : {std::tuple<size_t, size_t, size_t>{24 << 10, 2 << 10, 512 << 10},
+                                                  {1 << 20, 8 << 20, 512 << 10},
+                                                  {24 << 10, 2 << 10, 8 << 10}}) {
               // Rank 0's event waits and codec launches in the first call, without and with lanes apart.
               uint64_t waits[2] = {}, codec[2] = {};
               for (bool lanes_apart : {false, true}) {
@@ -269,6 +273,7 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
                 cfg.config.direct_lanes_apart = lanes_apart;
                 cfg.config.direct_copy_in = copy_in;
                 cfg.config.direct_copy_out = copy_out;
+                cfg.config.scratch_max_bytes = scratch;
                 cfg.config.telemetry_sample_every = sample;
                 cfg.in_place = in_place;
                 cfg.abort_all = true;

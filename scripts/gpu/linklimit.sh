@@ -123,13 +123,19 @@ def size(b):
         if b >= 1 << s and b % (1 << s) == 0:
             return f"{b >> s}{u}"
     return str(b)
-print("\n# link limit table (ms = median of the slowest rank; link% = limit / time of the faster direct path)")
-print(f"# {'ranks':>5} {'collective':<15} {'size':>7} {'variant':<18} {'nccl':>9} {'two_shot':>9} {'one_shot':>9} {'limit':>9} {'link%':>6}  pinned D2H/H2D GB/s (both at once)")
+# "vs default": the default run's faster direct time over this variant's, both from this run (above 1:
+# the variant is faster).
+default_best = {(n, coll, sz): best for n, coll, sz, variant, d, best, pc in rows if variant == "default"}
+print("\n# link limit table (ms = median of the slowest rank; link% = limit / time of the faster direct path;"
+      " vs default = the defaults' time / this one's, same run)")
+print(f"# {'ranks':>5} {'collective':<15} {'size':>7} {'variant':<28} {'nccl':>9} {'two_shot':>9} {'one_shot':>9} {'limit':>9} {'link%':>6} {'vs default':>10}  pinned D2H/H2D GB/s (both at once)")
 for n, coll, sz, variant, d, best, pc in rows:
     lim = best["link_limit_us"] / 1e3 if best and best.get("link_limit_us") else 0
     pct = f"{best['link_limit_pct']:5.1f}%" if best and best.get("link_limit_pct") else f"{'-':>6}"
-    print(f"  {n:>5} {coll:<15} {size(sz):>7} {variant:<18} {ms(d.get('nccl'))} {ms(d.get('two_shot/direct'))} "
-          f"{ms(d.get('one_shot/direct'))} {lim:9.3f} {pct}  {pc.get('d2h_gbps', 0):.1f}/{pc.get('h2d_gbps', 0):.1f} "
+    base = default_best.get((n, coll, sz))
+    vs = f"{base['time_us']['median'] / best['time_us']['median']:9.2f}x" if base and best and variant != "default" else f"{'':>10}"
+    print(f"  {n:>5} {coll:<15} {size(sz):>7} {variant:<28} {ms(d.get('nccl'))} {ms(d.get('two_shot/direct'))} "
+          f"{ms(d.get('one_shot/direct'))} {lim:9.3f} {pct} {vs}  {pc.get('d2h_gbps', 0):.1f}/{pc.get('h2d_gbps', 0):.1f} "
           f"({pc.get('duplex_d2h_gbps', 0):.1f}/{pc.get('duplex_h2d_gbps', 0):.1f})")
 bases = {}
 for f in sorted(out.glob("default_n*/sweep.json")):

@@ -14,7 +14,7 @@ ncclResult_t StageOps::codec_result(cudaError_t err, const char* what) const {
   return ncclUnhandledCudaError;
 }
 
-quant::LaunchOptions StageOps::over(std::span<const void* const> touched, uint64_t sr_offset) const {
+quant::LaunchOptions StageOps::launch_for(std::span<const void* const> touched, uint64_t sr_offset) const {
   quant::LaunchOptions o = launch_;
   o.sr_offset = sr_offset;
   if (direct_)
@@ -25,7 +25,7 @@ quant::LaunchOptions StageOps::over(std::span<const void* const> touched, uint64
 
 ncclResult_t StageOps::quantize(const void* in, size_t count, void* wire, quant::Segmented layout,
                                 uint64_t sr_offset, float* residual) {
-  const quant::LaunchOptions o = over({in, wire}, sr_offset);
+  const quant::LaunchOptions o = launch_for({in, wire}, sr_offset);
   if (residual)
     return codec_result(codec_->quantize_with_residual(in, type_, count, residual, wire, layout, format_, lane_, o),
                         "quantize (error feedback)");
@@ -33,7 +33,7 @@ ncclResult_t StageOps::quantize(const void* in, size_t count, void* wire, quant:
 }
 
 ncclResult_t StageOps::dequantize(const void* wire, quant::Segmented layout, size_t count, void* out) {
-  return codec_result(codec_->dequantize(wire, layout, count, out, type_, format_, lane_, over({wire, out})),
+  return codec_result(codec_->dequantize(wire, layout, count, out, type_, format_, lane_, launch_for({wire, out})),
                       "dequantize");
 }
 
@@ -52,15 +52,16 @@ std::array<const void*, quant::kMaxReduceInputs + 2> reduce_operands(const void*
 ncclResult_t StageOps::reduce(const void* const* inputs, int k, size_t count, float post, quant::ReduceOutput out,
                               uint64_t sr_offset) {
   const auto operands = reduce_operands(inputs, k, nullptr, out);
-  return codec_result(codec_->dequantize_reduce(inputs, k, count, post, out, format_, lane_, over(operands, sr_offset)),
-                      "dequantize-reduce");
+  return codec_result(
+      codec_->dequantize_reduce(inputs, k, count, post, out, format_, lane_, launch_for(operands, sr_offset)),
+      "dequantize-reduce");
 }
 
 ncclResult_t StageOps::reduce_with_plain(const void* const* inputs, int k, const void* plain, int plain_position,
                                          size_t count, float post, quant::ReduceOutput out, uint64_t sr_offset) {
   const auto operands = reduce_operands(inputs, k, plain, out);
   return codec_result(codec_->dequantize_reduce_mixed(inputs, k, plain, type_, plain_position, count, post, out,
-                                                      format_, lane_, over(operands, sr_offset)),
+                                                      format_, lane_, launch_for(operands, sr_offset)),
                       "dequantize-reduce (with a plain addend)");
 }
 

@@ -120,10 +120,10 @@ class StageOps {
  private:
   // The launch options of a codec kernel that reads or writes `touched`, its first element
   // `sr_offset` of the call (use_direct: kept to direct.ctas where it touches a window).
-  quant::LaunchOptions over(std::initializer_list<const void*> touched, uint64_t sr_offset = 0) const {
-    return over(std::span<const void* const>(touched.begin(), touched.size()), sr_offset);
+  quant::LaunchOptions launch_for(std::initializer_list<const void*> touched, uint64_t sr_offset = 0) const {
+    return launch_for(std::span<const void* const>(touched.begin(), touched.size()), sr_offset);
   }
-  quant::LaunchOptions over(std::span<const void* const> touched, uint64_t sr_offset = 0) const;
+  quant::LaunchOptions launch_for(std::span<const void* const> touched, uint64_t sr_offset = 0) const;
   ncclResult_t codec_result(cudaError_t err, const char* what) const;
 
   CommState* state_;

@@ -32,8 +32,8 @@ struct Fp8Args {
   // quantized into the device set and copied into their windows by a copy engine.
   bool copy_out = false;
   // With own data on the device, direct.lanes_apart: the finish quantizes this rank's own data again
-  // on the transfer lane, into the second half of the device set, instead of reading what the produce
-  // lane put in the first half, so the executor needs no hand-over between its lanes
+  // on the transfer lane, into its own half of the device set, instead of reading what the produce
+  // lane put in the other, so the executor needs no hand-over between its lanes
   // (sched/algorithms/direct.cpp, "Lanes apart"; direct_lanes_apart_fits says when it may be set).
   bool own_per_lane = false;
 };

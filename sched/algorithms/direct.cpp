@@ -113,17 +113,19 @@ DeviceSlots device_slots(const Fp8Args& a, const Stage& st, int rank, int nranks
   return d;
 }
 
-// Quantizes `len` elements from element `first` of the input for rank j (j != this rank) into
-// `window` (its inbox slot for this rank), straight or, with copy-out slots, into slot j of those
-// and then by a copy engine; `bytes` of wire.
-ncclResult_t quantize_for_peer(StageOps& ops, const Fp8Args& a, const DeviceSlots& dev, int j, size_t first,
-                               size_t len, char* window, size_t bytes) {
+// Quantizes `len` elements from element `first` of the input for rank j, `bytes` of wire whose place
+// is `window` (rank j's inbox slot for this rank): this rank's own into the device set where it is
+// kept there; a peer's straight into `window` or, with copy-out slots, into slot j of those and then
+// by a copy engine.
+ncclResult_t quantize_for(StageOps& ops, const Fp8Args& a, const DeviceSlots& dev, int j, size_t first, size_t len,
+                          char* window, size_t bytes) {
   const quant::Segmented layout = quant::Segmented::single(len, ops.format());
   const char* in = static_cast<const char*>(a.src) + first * ops.elem_size();
   float* residual = a.residual ? a.residual + first : nullptr;
-  if (!dev.out) return ops.quantize(in, len, window, layout, first, residual);
-  FP8WIRE_TRY(ops.quantize(in, len, dev.out_slot(j), layout, first, residual));
-  return ops.copy(window, dev.out_slot(j), bytes, cudaMemcpyDefault);
+  const bool own = j == ops.rank() && dev.own;
+  char* to = own ? dev.own : dev.out ? dev.out_slot(j) : window;
+  FP8WIRE_TRY(ops.quantize(in, len, to, layout, first, residual));
+  return own || to == window ? ncclSuccess : ops.copy(window, to, bytes, cudaMemcpyDefault);
 }
 
 // Lanes apart: quantizes this rank's own `st.length` elements from element `first` of the input into
@@ -212,21 +214,14 @@ ncclResult_t DirectTwoShotAllReduce::produce(StageOps& ops, const Stage& st) {
   const int n = ops.nranks(), r = ops.rank();
   const quant::WireFormat& f = ops.format();
   const ShardLayout l = shard_layout(st.length, n, f);
-  const char* src = static_cast<const char*>(a_.src);
   const DeviceSlots dev = device_slots(a_, st, r, n, l.seg_stride, 2);
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   // Shard j into owner j's inbox, slot r: straight (the transfer is this kernel's stores) or by copy-out.
   for (int j = 0; j < n; ++j) {
     const size_t len = l.length(j);
     if (!len) continue;
-    const size_t first = st.offset + l.begin(j);
-    if (j == r && dev.own) {
-      FP8WIRE_TRY(ops.quantize(src + first * ops.elem_size(), len, dev.own, quant::Segmented::single(len, f), first,
-                               a_.residual ? a_.residual + first : nullptr));
-      continue;
-    }
-    FP8WIRE_TRY(quantize_for_peer(ops, a_, dev, j, first, len, d.window(j, st.set_index) + r * l.seg_stride,
-                                  l.bytes(j, f)));
+    FP8WIRE_TRY(quantize_for(ops, a_, dev, j, st.offset + l.begin(j), len,
+                             d.window(j, st.set_index) + r * l.seg_stride, l.bytes(j, f)));
     if (j != r) ops.add_wire_bytes(l.bytes(j, f));
   }
   return ops.publish(st.set_index, kInputs);
@@ -283,17 +278,11 @@ ncclResult_t DirectReduceScatter::produce(StageOps& ops, const Stage& st) {
   const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
-  const auto* src = static_cast<const char*>(a_.src);
   const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   for (int j = 0; j < n; ++j) {
-    const size_t first = static_cast<size_t>(j) * a_.count + st.offset;
-    if (j == r && dev.own) {
-      FP8WIRE_TRY(ops.quantize(src + first * ops.elem_size(), st.length, dev.own,
-                               quant::Segmented::single(st.length, ops.format()), first));
-      continue;
-    }
-    FP8WIRE_TRY(quantize_for_peer(ops, a_, dev, j, first, st.length, d.window(j, st.set_index) + r * cb, cb));
+    FP8WIRE_TRY(quantize_for(ops, a_, dev, j, static_cast<size_t>(j) * a_.count + st.offset, st.length,
+                             d.window(j, st.set_index) + r * cb, cb));
     if (j != r) ops.add_wire_bytes(cb);
   }
   return ops.publish(st.set_index, kInputs);

@@ -170,16 +170,17 @@ struct Config {
   bool direct_own_on_device = true;         // direct.own_on_device
   // Host memory, with own data on the device: what a rank reads of its peers' windows is first copied
   // into its device buffer set by a copy engine, and the kernels read only device memory
-  // (sched/algorithms/direct.cpp, "Copy-in"). Off: with every codec kernel then on device memory
-  // at the codec's width, the 2-rank all-reduce gains (64 / 256 MiB: 59.5 / 65 % of the host-link
-  // limit against 50 / 53 %) but the reduce-scatter does not, and at 4 ranks the all-reduce loses at
-  // 16 MiB (38 against 45.5 %) (bench/README.md "Host-link limit").
-  bool direct_copy_in = false;              // direct.copy_in
+  // (sched/algorithms/direct.cpp, "Copy-in"). On, with direct.copy_out: every byte over the host link
+  // is then a copy engine's and every codec kernel runs on device memory at the codec's width; the two
+  // together were as fast as without them or faster at every size and world size measured (2 ranks,
+  // 64 / 256 MiB: all-reduce 57 / 61 -> 61 / 67 % of the host-link limit, reduce-scatter 45 / 47 ->
+  // 55 / 59 %; 4 ranks, reduce-scatter 44 / 44 -> 51 / 52 %; bench/README.md "Host-link limit").
+  bool direct_copy_in = true;               // direct.copy_in
   // Host memory, with own data on the device: what a rank writes for its peers and no one else (the
   // reduce-scatter's blocks, two-shot's shards) is quantized into its device buffer set and written
-  // into their windows by a copy engine, so no kernel stores over the link: with copy-in, every byte
-  // over it is the copy engines' (sched/algorithms/direct.cpp, "Copy-out"). Off: not measured yet.
-  bool direct_copy_out = false;             // direct.copy_out
+  // into their windows by a copy engine, so no kernel stores over the link (sched/algorithms/direct.cpp,
+  // "Copy-out"). On, with direct.copy_in (above).
+  bool direct_copy_out = true;              // direct.copy_out
   // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's
   // own flag page instead of events, in calls not under graph capture (sched/exec/pipeline.hpp). The
   // same order. Off: 2-3 points further from the host-link limit than the events at 2 and 4 ranks,
@@ -192,10 +193,9 @@ struct Config {
   // hand-over stays). For the one-shot all-reduce, the reduce-scatter and the all-gather, in calls
   // that are not coalesced, measured, fed back or captured; with copy-in too. fp8wire-direct-probe's
   // duplex probe: the same copies with the flags alone 1.53 ms, with the two hand-overs between the
-  // lanes 2.17 ms. Off: alone it moves the limit's share little (2 ranks, all-reduce 38-55 %, the
-  // reduce-scatter lower); with copy-in the 2-rank all-reduce gains most (64 / 256 MiB: 65 / 70 %
-  // against the defaults' 50 / 53 %) but the reduce-scatter loses 2-3 points and 16 MiB calls
-  // more (bench/README.md "Host-link limit").
+  // lanes 2.17 ms. Off: with the copies on, the 2-rank all-reduce gains (64 / 256 MiB: 67 / 70 % of
+  // the host-link limit against 61 / 67 %), the 4-rank calls nothing, and 16 MiB calls lose up to
+  // 8 % (bench/README.md "Host-link limit").
   bool direct_lanes_apart = false;          // direct.lanes_apart
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------

@@ -27,8 +27,8 @@
 // read device memory only, so every byte over the link is DMA. The set is released as soon as the
 // copies are done, before the reduce, so the peers may refill their windows while this rank computes.
 // Again the same bytes and results, and a choice of this rank alone (it falls back to reading the
-// windows where the stage's slots do not fit the device set). Off by default: it helps the 2-rank
-// all-reduce, not the reduce-scatter or small calls (bench/README.md "Host-link limit").
+// windows where the stage's slots do not fit the device set). On by default with copy-out (below):
+// together they were never slower and up to 1.3x faster (bench/README.md "Host-link limit").
 //
 // Copy-out (direct.copy_out, with own data on the device; Fp8Args::copy_out): what this rank writes for
 // one peer alone (the reduce-scatter's block, two-shot's shard for its owner) is quantized into the

@@ -6,18 +6,18 @@
 #   2. tests/sched/multirank_collectives --direct host_memory | peer_memory: the collectives matrix with
 #      every FP8 call the direct transport carries over it, between processes sharing the GPU
 #      (direct.assume_one_host), and a case checking that they went over it, with the library's
-#      defaults (own data on the device); host memory once more with own data in the window
-#      (DIRECT_MULTIRANK_OWN_IN_WINDOW world sizes, default 2,4), with copy-in
-#      (DIRECT_MULTIRANK_COPY_IN, default 2,4; also copy-out), with lane flags (DIRECT_MULTIRANK_LANE_FLAGS,
-#      default 2,4) and with the lanes apart (DIRECT_MULTIRANK_LANES_APART, default 2,4; also with
-#      copy-in, and with copy-in and copy-out);
+#      defaults (own data on the device, copied in and out); host memory once more with own data in
+#      the window (DIRECT_MULTIRANK_OWN_IN_WINDOW world sizes, default 2,4), without copy-in and
+#      copy-out, and with one of them (DIRECT_MULTIRANK_COPIES, default 2,4), with lane flags
+#      (DIRECT_MULTIRANK_LANE_FLAGS, default 2,4) and with the lanes apart (DIRECT_MULTIRANK_LANES_APART,
+#      default 2,4; also without the copies, and with copy-in alone);
 #   3. tests/sched/direct_faults_gpu: a peer gone, a peer absent: released by an abort, no hang;
 #   4. PyTorch DDP parity under the shim with each transport forced, CUDA-graph capture with host memory
 #      (with the default lane events, and with direct.lane_flags);
 #   5. fp8wire-bench sweep at 2 emulated ranks: --transport both (NCCL's sockets and the direct transport,
 #      peer memory here) and --transport host_memory, and the profiles they calibrate.
 # Env: DIRECT_MULTIRANK_HOST (world sizes, default 2,3,4), DIRECT_MULTIRANK_PEER (default 2,3,4),
-# DIRECT_MULTIRANK_OWN_IN_WINDOW, _COPY_IN, _LANE_FLAGS and _LANES_APART (default 2,4), DIRECT_PARTS
+# DIRECT_MULTIRANK_OWN_IN_WINDOW, _COPIES, _LANE_FLAGS and _LANES_APART (default 2,4), DIRECT_PARTS
 # (default "kernels multirank faults torch bench").
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_mps_start
@@ -48,18 +48,21 @@ if has multirank; then
     --ranks "${DIRECT_MULTIRANK_PEER:-2,3,4}" --timeout 140
   run multirank_host_memory_own_in_window 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-own-in-window --ranks "${DIRECT_MULTIRANK_OWN_IN_WINDOW:-2,4}" --timeout 140
-  run multirank_host_memory_copy_in 150 build/tests/sched/multirank_collectives --direct host_memory \
-    --direct-copy-in --ranks "${DIRECT_MULTIRANK_COPY_IN:-2,4}" --timeout 140
+  run multirank_host_memory_no_copies 150 build/tests/sched/multirank_collectives --direct host_memory \
+    --direct-no-copy-in --direct-no-copy-out --ranks "${DIRECT_MULTIRANK_COPIES:-2,4}" --timeout 140
+  run multirank_host_memory_copy_in_only 150 build/tests/sched/multirank_collectives --direct host_memory \
+    --direct-no-copy-out --ranks "${DIRECT_MULTIRANK_COPIES:-2,4}" --timeout 140
+  run multirank_host_memory_copy_out_only 150 build/tests/sched/multirank_collectives --direct host_memory \
+    --direct-no-copy-in --ranks "${DIRECT_MULTIRANK_COPIES:-2,4}" --timeout 140
   run multirank_host_memory_lane_flags 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-lane-flags --ranks "${DIRECT_MULTIRANK_LANE_FLAGS:-2,4}" --timeout 140
   run multirank_host_memory_lanes_apart 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-lanes-apart --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
+  run multirank_host_memory_lanes_apart_no_copies 150 build/tests/sched/multirank_collectives --direct host_memory \
+    --direct-lanes-apart --direct-no-copy-in --direct-no-copy-out --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" \
+    --timeout 140
   run multirank_host_memory_lanes_apart_copy_in 150 build/tests/sched/multirank_collectives --direct host_memory \
-    --direct-lanes-apart --direct-copy-in --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
-  run multirank_host_memory_copy_out 150 build/tests/sched/multirank_collectives --direct host_memory \
-    --direct-copy-out --ranks "${DIRECT_MULTIRANK_COPY_IN:-2,4}" --timeout 140
-  run multirank_host_memory_copies_lanes_apart 150 build/tests/sched/multirank_collectives --direct host_memory \
-    --direct-copy-in --direct-copy-out --direct-lanes-apart --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
+    --direct-lanes-apart --direct-no-copy-out --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
   grep -hE "direct/|^(PASS|FAIL) multirank" "$OUT"/multirank_*.log | sort | uniq -c | head -20
 fi
 if has faults; then

@@ -17,12 +17,12 @@
 // The test reports err / bound and fails above 1.
 //
 // Usage: multirank_collectives [--ranks 2,3,4] [--big] [--timeout S] [--per-gpu] [--direct peer_memory|host_memory]
-//                              [--direct-own-in-window] [--direct-copy-in] [--direct-copy-out]
+//                              [--direct-own-in-window] [--direct-no-copy-in] [--direct-no-copy-out]
 //                              [--direct-lane-flags] [--direct-lanes-apart] [--direct-min-stages K]
 //   The direct knobs are the library's defaults unless named: --direct-own-in-window turns
-//   direct.own_on_device off (the rank's own data goes through its window like the peers');
-//   --direct-copy-in, --direct-copy-out, --direct-lane-flags, --direct-lanes-apart,
-//   --direct-min-stages K set direct.copy_in and direct.copy_out (which need own data on the device),
+//   direct.own_on_device off (the rank's own data goes through its window like the peers', and
+//   nothing is copied in or out); --direct-no-copy-in, --direct-no-copy-out turn direct.copy_in,
+//   direct.copy_out off; --direct-lane-flags, --direct-lanes-apart, --direct-min-stages K set
 //   direct.lane_flags, direct.lanes_apart, direct.min_stages.
 //   --per-gpu: rank r runs on GPU r % (visible GPUs) with no NCCL_HOSTID, so NCCL joins real GPUs by
 //   its own transports (NVLink/P2P, or host memory under NCCL_P2P_DISABLE=1) instead of sockets.
@@ -127,8 +127,8 @@ int g_ranks_per_host = 0;
 // ranks share this machine's GPU, so direct.assume_one_host), and a case checks that they did.
 DirectMode g_direct = DirectMode::off;
 bool g_own_in_window = false;   // --direct-own-in-window: direct.own_on_device off
-bool g_copy_in = false;         // --direct-copy-in: direct.copy_in (with own data on the device)
-bool g_copy_out = false;        // --direct-copy-out: direct.copy_out (with own data on the device)
+bool g_copy_in = Config{}.direct_copy_in;    // --direct-no-copy-in: direct.copy_in off
+bool g_copy_out = Config{}.direct_copy_out;  // --direct-no-copy-out: direct.copy_out off
 bool g_lane_flags = false;      // --direct-lane-flags: direct.lane_flags
 bool g_lanes_apart = false;     // --direct-lanes-apart: direct.lanes_apart
 uint32_t g_min_stages = 1;      // --direct-min-stages K: direct.min_stages
@@ -755,10 +755,10 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--direct-own-in-window") {
       g_own_in_window = true;
-    } else if (a == "--direct-copy-in") {
-      g_copy_in = true;
-    } else if (a == "--direct-copy-out") {
-      g_copy_out = true;
+    } else if (a == "--direct-no-copy-in") {
+      g_copy_in = false;
+    } else if (a == "--direct-no-copy-out") {
+      g_copy_out = false;
     } else if (a == "--direct-lane-flags") {
       g_lane_flags = true;
     } else if (a == "--direct-lanes-apart") {
@@ -774,16 +774,12 @@ int main(int argc, char** argv) {
       child_out = argv[++i];
     } else {
       fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu | --ranks-per-host R | "
-                      "--direct peer_memory|host_memory | --direct-own-in-window | --direct-copy-in | --direct-copy-out | --direct-lane-flags | "
+                      "--direct peer_memory|host_memory | --direct-own-in-window | --direct-no-copy-in | --direct-no-copy-out | --direct-lane-flags | "
                       "--direct-lanes-apart | --direct-min-stages K\n", a.c_str());
       return 2;
     }
   }
-  if ((g_copy_in || g_copy_out) && g_own_in_window) {
-    fprintf(stderr, "--direct-copy-in or --direct-copy-out with --direct-own-in-window: both need the rank's own data "
-                    "on the device; give one or the other\n");
-    return 2;
-  }
+  if (g_own_in_window) g_copy_in = g_copy_out = false;  // both need the rank's own data on the device
   if (!child_out.empty()) {
     // One rank, started by the launcher below: RANK, WORLD_SIZE, MASTER_PORT (and NCCL_HOSTID when
     // emulated) are set; rank 0 serves the NCCL unique id.
@@ -830,8 +826,8 @@ int main(int argc, char** argv) {
     if (g_ranks_per_host) spec.argv.insert(spec.argv.end(), {"--ranks-per-host", std::to_string(g_ranks_per_host)});
     if (g_direct != DirectMode::off) spec.argv.insert(spec.argv.end(), {"--direct", to_string(g_direct)});
     if (g_own_in_window) spec.argv.push_back("--direct-own-in-window");
-    if (g_copy_in) spec.argv.push_back("--direct-copy-in");
-    if (g_copy_out) spec.argv.push_back("--direct-copy-out");
+    if (!g_copy_in) spec.argv.push_back("--direct-no-copy-in");
+    if (!g_copy_out) spec.argv.push_back("--direct-no-copy-out");
     if (g_lane_flags) spec.argv.push_back("--direct-lane-flags");
     if (g_lanes_apart) spec.argv.push_back("--direct-lanes-apart");
     if (g_min_stages > 1) spec.argv.insert(spec.argv.end(), {"--direct-min-stages", std::to_string(g_min_stages)});

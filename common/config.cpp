@@ -510,6 +510,7 @@ std::vector<KeySpec> build_key_table() {
                                       {"host_memory", DirectMode::host_memory}}));
   t.push_back(bool_key("direct.assume_one_host", [](auto& c) -> auto& { return c.direct_assume_one_host; }));
   t.push_back(size_key("direct.window_bytes", [](auto& c) -> auto& { return c.direct_window_bytes; }, 64ull << 10));
+  t.push_back(uint_key("direct.sets", [](auto& c) -> auto& { return c.direct_sets; }, 2, 4));
   t.push_back(size_key("direct.stage_bytes", [](auto& c) -> auto& { return c.direct_stage_bytes; }, 4096));
   t.push_back(uint_key("direct.ctas", [](auto& c) -> auto& { return c.direct_ctas; }, 1, 1024));
   t.push_back(uint_key("direct.min_stages", [](auto& c) -> auto& { return c.direct_min_stages; }, 1, 64));
@@ -576,7 +577,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 896 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 904 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

@@ -155,13 +155,18 @@ struct Config {
   // emulated on one GPU with NCCL_HOSTID, containers that set it): the direct transport is then set up
   // among them. Never on by default: ranks on different machines cannot map each other's memory.
   bool direct_assume_one_host = false;      // direct.assume_one_host
-  uint64_t direct_window_bytes = 64ull << 20; // direct.window_bytes  per rank and communicator, two buffer sets
+  uint64_t direct_window_bytes = 64ull << 20; // direct.window_bytes  per rank and communicator, direct.sets buffer sets
   uint64_t direct_stage_bytes = 8ull << 20;   // direct.stage_bytes   caller bytes per pipeline stage (at most)
   uint32_t direct_ctas = 16;                // direct.ctas  thread blocks per codec kernel that touches a window
   // Cut every direct call into at least this many stages, of 1 MiB of caller data at the least: a call
   // of one stage overlaps nothing (its quantize, then its reduce), one of k balanced stages reaches at
   // most k / (k + 1) of the host link; direct.stage_bytes still bounds the larger calls' stages.
   uint32_t direct_min_stages = 1;           // direct.min_stages
+  // Buffer sets of a window (and of the device scratch a direct call uses), 2 to 4: stage i uses set
+  // i % sets, so a rank may write up to `sets` stages ahead of its slowest peer's reads (2: one
+  // stage's transfer beside the next one's quantize; more: room for the ranks to drift apart and
+  // for the handshakes' latency, in smaller sets and so smaller stages).
+  uint32_t direct_sets = 2;                 // direct.sets
   // Host memory: a rank's own quantized data (its input, its own shard and reduced shard) stays on
   // its GPU for its own reads, and what the peers read is written to its window by a copy engine
   // (sched/algorithms/direct.cpp): fewer bytes over the host link, the same bytes in every result.

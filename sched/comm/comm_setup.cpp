@@ -29,8 +29,10 @@ bool allocate_resources(CommState& s, const Config& config) {
   if (cuda.StreamCreateWithFlags(&r.produce, cudaStreamNonBlocking) != cudaSuccess ||
       cuda.StreamCreateWithFlags(&r.transfer, cudaStreamNonBlocking) != cudaSuccess)
     return false;
-  for (cudaEvent_t* e : {&r.fork, &r.tail, &r.produce_end, &r.last, &r.capture_produce_end, &r.capture_transfer_end,
-                         &r.ready[0], &r.ready[1], &r.done[0], &r.done[1]})
+  std::vector<cudaEvent_t*> events = {&r.fork, &r.tail, &r.produce_end, &r.last, &r.capture_produce_end,
+                                       &r.capture_transfer_end};
+  for (int i = 0; i < kMaxBufferSets; ++i) events.insert(events.end(), {&r.ready[i], &r.done[i]});
+  for (cudaEvent_t* e : events)
     if (cuda.EventCreateWithFlags(e, cudaEventDisableTiming) != cudaSuccess) return false;
   void* p = nullptr;
   if (cuda.Malloc(&p, r.layout.total_bytes) != cudaSuccess) {

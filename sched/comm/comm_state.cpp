@@ -46,9 +46,11 @@ void release_resources(CommState& s) {
   if (r.produce) cuda.StreamSynchronize(r.produce);
   if (r.transfer) cuda.StreamSynchronize(r.transfer);
   if (r.scratch) cuda.Free(r.scratch);
-  for (cudaEvent_t e : {r.fork, r.tail, r.produce_end, r.last, r.capture_produce_end, r.capture_transfer_end,
-                        r.ready[0], r.ready[1], r.done[0], r.done[1]})
+  for (cudaEvent_t e : {r.fork, r.tail, r.produce_end, r.last, r.capture_produce_end, r.capture_transfer_end})
     if (e) cuda.EventDestroy(e);
+  for (int i = 0; i < kMaxBufferSets; ++i)
+    for (cudaEvent_t e : {r.ready[i], r.done[i]})
+      if (e) cuda.EventDestroy(e);
   if (r.produce) cuda.StreamDestroy(r.produce);
   if (r.transfer) cuda.StreamDestroy(r.transfer);
   r = CommResources{};

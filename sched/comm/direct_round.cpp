@@ -93,7 +93,8 @@ bool try_direct(CommState& s, const Config& config, Carrier kind) {
   s.platform->cuda.GetLastError();
   if (all_agree(s, opened)) {
     if (m.unlink) m.unlink(own.flags), m.unlink(own.data);
-    s.direct = std::make_unique<DirectWindows>(*s.platform, kind, s.rank, s.nranks, std::move(peers));
+    s.direct = std::make_unique<DirectWindows>(*s.platform, kind, s.rank, s.nranks,
+                                               static_cast<int>(config.direct_sets), std::move(peers));
     FP8WIRE_INFO("comm {}: direct transport {} ready: {} ranks, {} per window, {} per buffer set", s.id,
                  to_string(kind), s.nranks, format_size(config.direct_window_bytes),
                  format_size(s.direct->set_bytes()));

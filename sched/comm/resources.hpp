@@ -28,8 +28,8 @@ struct CommResources {
   // `last` inside a graph (an eager stream may not wait on that).
   cudaEvent_t capture_produce_end = nullptr;
   cudaEvent_t capture_transfer_end = nullptr;
-  std::array<cudaEvent_t, 2> ready{};  // stage i quantized (produce -> transfer), per buffer set
-  std::array<cudaEvent_t, 2> done{};   // stage i finished with its buffer set (transfer -> produce)
+  std::array<cudaEvent_t, kMaxBufferSets> ready{};  // stage i quantized (produce -> transfer), per buffer set
+  std::array<cudaEvent_t, kMaxBufferSets> done{};   // stage i finished with its buffer set (transfer -> produce)
   char* scratch = nullptr;
   ScratchLayout layout;
 };

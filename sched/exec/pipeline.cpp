@@ -92,19 +92,23 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
   const DirectWindows* lanes = capturing_ || handover != LaneHandover::both ? nullptr : ops.lanes_by_flags();
   const bool reuse_wait = handover == LaneHandover::both;
   const bool ready_wait = handover != LaneHandover::none;
+  // Buffer sets: two, or over a direct transport its windows' (direct.sets), the device scratch cut
+  // alike (ScratchLayout::set_bytes_for, which the direct programs' device slots are sized by).
+  static_assert(kDirectMaxSets <= kMaxBufferSets);
+  const int sets = ops.direct() ? ops.direct()->sets() : 2;
   for (size_t i = 0; i < stages; ++i) {
+    const size_t set = i % static_cast<size_t>(sets);
     Stage st;
     st.index = i;
     st.offset = i * stage_elems;
     st.length = std::min(stage_elems, count - st.offset);
-    st.set = r.scratch + r.layout.set_offset(static_cast<int>(i % 2));
-    st.set_index = static_cast<int>(i % 2);
+    st.set = r.scratch + r.layout.set_offset(static_cast<int>(set), sets);
+    st.set_index = static_cast<int>(set);
     st.only = stages == 1;
     st.last = i + 1 == stages;
-    const size_t set = i % 2;
-    // The set was last read by stage i-2's finish (or, with lane flags, by the last stage that used it).
+    // The set was last read by stage i-sets' finish (or, with lane flags, by the last stage that used it).
     if (reuse_wait && lanes) FP8WIRE_TRY(lanes->lanes_reuse(r.produce, st.set_index));
-    else if (reuse_wait && i >= 2)
+    else if (reuse_wait && i >= static_cast<size_t>(sets))
       FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.produce, r.done[set], 0), "waiting for a buffer set"));
     ops.set_lane(r.produce);
     {

@@ -5,8 +5,9 @@
 //   produce:   \-> [wait last] produce(0) | produce(1) | [wait done 0] produce(2) ...  -^
 //   transfer:   \-> [wait ready 0] finish(0) | [wait ready 1] finish(1) | ...           -^
 //
-// Stage i uses buffer set i % 2, so the quantize of stage i+1 overlaps the transfer of stage i, and
-// the produce lane waits for stage i-2 to finish with a set before reusing it. Only events link the
+// Stage i uses buffer set i % 2 (over a direct transport i % direct.sets), so the quantize of stage
+// i+1 overlaps the transfer of stage i, and the produce lane waits for stage i-2 (i-sets) to finish
+// with a set before reusing it. Only events link the
 // streams, so the same code is legal under CUDA graph capture (fork/join of a captured stream), and
 // nothing allocates or synchronises. Over a direct transport with direct.lane_flags, the hand-overs
 // between the two lanes (ready, done) are the transport's stream memory operations on this rank's
@@ -36,7 +37,7 @@ struct Stage {
   size_t offset = 0;
   size_t length = 0;
   char* set = nullptr;
-  int set_index = 0;  // which of the two buffer sets (the direct transports' windows have two as well)
+  int set_index = 0;  // which buffer set (of two, or of a direct transport's direct.sets)
   bool only = false;  // the call's single stage (it may use both buffer sets)
   bool last = false;
 };

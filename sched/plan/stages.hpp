@@ -32,12 +32,15 @@ size_t stage_scratch_bytes(Collective collective, Path path, size_t stage_elems,
                            const quant::WireFormat& format);
 
 // The per-communicator scratch pool: [coalescing staging | buffer set 0 | buffer set 1]. Two sets
-// let the quantize of stage i+1 overlap the transfer of stage i.
+// let the quantize of stage i+1 overlap the transfer of stage i. A direct call with more buffer sets
+// (direct.sets) cuts the same bytes into that many: set_bytes_for / set_offset(i, sets).
+inline constexpr int kMaxBufferSets = 4;
 struct ScratchLayout {
   size_t total_bytes = 0;
   size_t staging_bytes = 0;  // caller-dtype staging for coalesced calls (0: coalescing off)
-  size_t set_bytes = 0;      // bytes of one buffer set
-  size_t set_offset(int i) const { return staging_bytes + static_cast<size_t>(i) * set_bytes; }
+  size_t set_bytes = 0;      // bytes of one buffer set (of two)
+  size_t set_bytes_for(int sets) const { return sets <= 2 ? set_bytes : 2 * set_bytes / static_cast<size_t>(sets) / 256 * 256; }
+  size_t set_offset(int i, int sets = 2) const { return staging_bytes + static_cast<size_t>(i) * set_bytes_for(sets); }
 };
 ScratchLayout scratch_layout(const Config& config);
 

@@ -1,5 +1,6 @@
 #include "sched/transport/direct_windows.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -16,18 +17,19 @@ void init_flags(DirectFlags& f) {
   for (auto& set : f.free)
     for (uint32_t& w : set) __atomic_store_n(&w, 1u, __ATOMIC_RELAXED);
   __atomic_store_n(&f.closed, 0u, __ATOMIC_RELAXED);
-  for (int s = 0; s < kDirectSets; ++s) {
+  for (int s = 0; s < kDirectMaxSets; ++s) {
     __atomic_store_n(&f.handed[s], 0u, __ATOMIC_RELAXED);
     __atomic_store_n(&f.drained[s], 1u, __ATOMIC_RELAXED);
   }
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
-DirectWindows::DirectWindows(const Platform& platform, Carrier kind, int rank, int nranks,
-                                 std::vector<DirectPeer> peers)
-    : platform_(&platform), kind_(kind), rank_(rank), nranks_(nranks), peers_(std::move(peers)) {
+DirectWindows::DirectWindows(const Platform& platform, Carrier kind, int rank, int nranks, int sets,
+                             std::vector<DirectPeer> peers)
+    : platform_(&platform), kind_(kind), rank_(rank), nranks_(nranks),
+      sets_(std::clamp(sets, 2, kDirectMaxSets)), peers_(std::move(peers)) {
   // Buffer sets start 256-byte aligned (the codec wants 16).
-  set_bytes_ = peers_[static_cast<size_t>(rank_)].data.bytes / kDirectSets / 256 * 256;
+  set_bytes_ = peers_[static_cast<size_t>(rank_)].data.bytes / static_cast<size_t>(sets_) / 256 * 256;
 }
 
 DirectWindows::~DirectWindows() {
@@ -58,7 +60,7 @@ char* DirectWindows::window(int r, int set) const {
 bool DirectWindows::in_a_window(const void* p) const {
   const auto* c = static_cast<const char*>(p);
   for (int r = 0; r < nranks_; ++r)
-    if (c >= window(r, 0) && c < window(r, 0) + kDirectSets * set_bytes_) return true;
+    if (c >= window(r, 0) && c < window(r, 0) + static_cast<size_t>(sets_) * set_bytes_) return true;
   return false;
 }
 
@@ -140,12 +142,12 @@ ncclResult_t DirectWindows::lanes_drained(cudaStream_t transfer, int set) const 
 void DirectWindows::release_waits() const {
   DirectFlags* f = flags_host();
   if (!f) return;
-  for (int s = 0; s < kDirectSets; ++s)
+  for (int s = 0; s < kDirectMaxSets; ++s)
     for (int j = 0; j < nranks_; ++j) {
       for (int p = 0; p < kDirectPhases; ++p) __atomic_store_n(&f->ready[s][p][j], 1u, __ATOMIC_RELAXED);
       __atomic_store_n(&f->free[s][j], 1u, __ATOMIC_RELAXED);
     }
-  for (int s = 0; s < kDirectSets; ++s) {
+  for (int s = 0; s < kDirectMaxSets; ++s) {
     __atomic_store_n(&f->handed[s], 1u, __ATOMIC_RELAXED);
     __atomic_store_n(&f->drained[s], 1u, __ATOMIC_RELAXED);
   }
@@ -170,7 +172,7 @@ bool DirectWindows::peer_gone(int j) const {
 bool DirectWindows::holds_a_set(int j) const {
   const DirectFlags* f = flags_host();
   if (!f) return false;
-  for (int s = 0; s < kDirectSets; ++s)
+  for (int s = 0; s < kDirectMaxSets; ++s)
     if (__atomic_load_n(&f->free[s][j], __ATOMIC_ACQUIRE) != 1u) return true;
   return false;
 }

@@ -15,8 +15,8 @@
 //   - no host synchronisation per call, and the operations are captured into CUDA graphs like any
 //     stream work;
 //   - the host can store into its own flags: an abort releases every wait this rank's lanes are in.
-// The protocol, per buffer set s (the two sets alternate between pipeline stages, and calls reuse
-// them), with flags owned by the rank that waits on them:
+// The protocol, per buffer set s (direct.sets of them, 2 to 4, taken by pipeline stages in turn, and
+// calls reuse them), with flags owned by the rank that waits on them:
 //   ready[s][p][j] in rank r's page = 1: rank j has written what r reads in phase p of set s (a phase
 //                                         is one "writers write, readers read" step: one-shot has one,
 //                                         two-shot two: the shards, then the reduced shards);
@@ -60,22 +60,22 @@
 
 namespace fp8wire::sched {
 
-inline constexpr int kDirectSets = 2;      // buffer sets of a window (the pipeline's two)
+inline constexpr int kDirectMaxSets = 4;   // buffer sets of a window, at most (direct.sets)
 inline constexpr int kDirectPhases = 2;    // data handshakes per stage: two-shot has two (shards, reduced shards)
 inline constexpr int kDirectMaxRanks = 16; // ranks of one machine (quant::kMaxReduceInputs)
 
 // One rank's flags (its host window's contents).
 struct DirectFlags {
-  uint32_t ready[kDirectSets][kDirectPhases][kDirectMaxRanks];
-  uint32_t free[kDirectSets][kDirectMaxRanks];
+  uint32_t ready[kDirectMaxSets][kDirectPhases][kDirectMaxRanks];
+  uint32_t free[kDirectMaxSets][kDirectMaxRanks];
   // 1 once the owner tore its transport down in order (its lanes idle, every release written): it
   // will read no peer's window again. Written by the owner's host, read by the peers' hosts.
   uint32_t closed;
   // This rank's own two pipeline lanes, by the same protocol (direct.lane_flags; sched/exec/
   // pipeline.cpp), read and written by this rank only: handed[s] = 1, the produce lane handed set s's
   // stage to the transfer lane; drained[s] = 1, the transfer lane has finished with set s.
-  uint32_t handed[kDirectSets];
-  uint32_t drained[kDirectSets];
+  uint32_t handed[kDirectMaxSets];
+  uint32_t drained[kDirectMaxSets];
 };
 // The flags' initial state: nothing written yet, everything free.
 void init_flags(DirectFlags& f);
@@ -83,14 +83,15 @@ void init_flags(DirectFlags& f);
 // One rank's view of the communicator's windows.
 struct DirectPeer {
   Window flags;   // the rank's flag page (a host window)
-  Window data;    // the rank's data window: two buffer sets
+  Window data;    // the rank's data window: `sets` buffer sets
 };
 
 class DirectWindows {
  public:
   // `peers[r]` is rank r's windows as this process maps them (its own at `rank`, created here; the
-  // others opened). Takes ownership: the destructor closes the peers' and destroys its own.
-  DirectWindows(const Platform& platform, Carrier kind, int rank, int nranks, std::vector<DirectPeer> peers);
+  // others opened), each cut into `sets` buffer sets (2..kDirectMaxSets). Takes ownership: the
+  // destructor closes the peers' and destroys its own.
+  DirectWindows(const Platform& platform, Carrier kind, int rank, int nranks, int sets, std::vector<DirectPeer> peers);
   ~DirectWindows();
   DirectWindows(const DirectWindows&) = delete;
   DirectWindows& operator=(const DirectWindows&) = delete;
@@ -98,6 +99,7 @@ class DirectWindows {
   Carrier kind() const { return kind_; }
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
+  int sets() const { return sets_; }
   size_t set_bytes() const { return set_bytes_; }
   // Buffer set `set` of rank `r`'s data window, as this process's GPU work addresses it.
   char* window(int r, int set) const;
@@ -154,6 +156,7 @@ class DirectWindows {
   Carrier kind_;
   int rank_;
   int nranks_;
+  int sets_;
   size_t set_bytes_ = 0;
   bool keep_own_window_ = false;
   std::vector<DirectPeer> peers_;

@@ -18,12 +18,12 @@
 //
 // Usage: multirank_collectives [--ranks 2,3,4] [--big] [--timeout S] [--per-gpu] [--direct peer_memory|host_memory]
 //                              [--direct-own-in-window] [--direct-no-copy-in] [--direct-no-copy-out]
-//                              [--direct-lane-flags] [--direct-lanes-apart] [--direct-min-stages K]
+//                              [--direct-lane-flags] [--direct-lanes-apart] [--direct-min-stages K] [--direct-sets K]
 //   The direct knobs are the library's defaults unless named: --direct-own-in-window turns
 //   direct.own_on_device off (the rank's own data goes through its window like the peers', and
 //   nothing is copied in or out); --direct-no-copy-in, --direct-no-copy-out turn direct.copy_in,
-//   direct.copy_out off; --direct-lane-flags, --direct-lanes-apart, --direct-min-stages K set
-//   direct.lane_flags, direct.lanes_apart, direct.min_stages.
+//   direct.copy_out off; --direct-lane-flags, --direct-lanes-apart, --direct-min-stages K,
+//   --direct-sets K set direct.lane_flags, direct.lanes_apart, direct.min_stages, direct.sets.
 //   --per-gpu: rank r runs on GPU r % (visible GPUs) with no NCCL_HOSTID, so NCCL joins real GPUs by
 //   its own transports (NVLink/P2P, or host memory under NCCL_P2P_DISABLE=1) instead of sockets.
 //   --big: the big all-reduce case moves 256 MiB (64 Mi fp32) instead of 64 MiB, at the first world
@@ -132,6 +132,7 @@ bool g_copy_out = Config{}.direct_copy_out;  // --direct-no-copy-out: direct.cop
 bool g_lane_flags = false;      // --direct-lane-flags: direct.lane_flags
 bool g_lanes_apart = false;     // --direct-lanes-apart: direct.lanes_apart
 uint32_t g_min_stages = 1;      // --direct-min-stages K: direct.min_stages
+uint32_t g_sets = Config{}.direct_sets;  // --direct-sets K: direct.sets
 
 void report(Rank& R, const std::string& name, bool ok, double ratio, uint64_t hash, bool identical_required) {
   fprintf(R.out, "%s%s %s %.4f %016llx %d\n", R.tag.c_str(), name.c_str(), ok ? "PASS" : "FAIL", ratio,
@@ -233,6 +234,7 @@ Config test_config() {
   c.direct_lane_flags = g_lane_flags;
   c.direct_lanes_apart = g_lanes_apart;
   c.direct_min_stages = g_min_stages;
+  c.direct_sets = g_sets;
   return c;
 }
 
@@ -770,12 +772,19 @@ int main(int argc, char** argv) {
         return 2;
       }
       g_min_stages = static_cast<uint32_t>(k);
+    } else if (a == "--direct-sets" && i + 1 < argc) {
+      const int k = std::atoi(argv[++i]);
+      if (k < 2 || k > 4) {
+        fprintf(stderr, "--direct-sets: got '%s', expected 2..4\n", argv[i]);
+        return 2;
+      }
+      g_sets = static_cast<uint32_t>(k);
     } else if (a == "--rank-output" && i + 1 < argc) {
       child_out = argv[++i];
     } else {
       fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu | --ranks-per-host R | "
                       "--direct peer_memory|host_memory | --direct-own-in-window | --direct-no-copy-in | --direct-no-copy-out | --direct-lane-flags | "
-                      "--direct-lanes-apart | --direct-min-stages K\n", a.c_str());
+                      "--direct-lanes-apart | --direct-min-stages K | --direct-sets K\n", a.c_str());
       return 2;
     }
   }
@@ -831,6 +840,7 @@ int main(int argc, char** argv) {
     if (g_lane_flags) spec.argv.push_back("--direct-lane-flags");
     if (g_lanes_apart) spec.argv.push_back("--direct-lanes-apart");
     if (g_min_stages > 1) spec.argv.insert(spec.argv.end(), {"--direct-min-stages", std::to_string(g_min_stages)});
+    if (g_sets != Config{}.direct_sets) spec.argv.insert(spec.argv.end(), {"--direct-sets", std::to_string(g_sets)});
     if (big && n == worlds.front()) spec.argv.push_back("--big");
     if (per_gpu) spec.argv.push_back("--per-gpu");
     else spec.one_gpu = true;

@@ -95,7 +95,7 @@ TEST_CASE("every algorithm over both direct transports: the reference bit for bi
                 cfg.second_call = count == 4099;  // back to back, unsynchronised: the flags are reused
                 Spec spec{v.collective, v.path, t, op, count, 7u + count};
                 const quant::WireFormat f = quant::WireFormat::from(cfg.config);
-                const size_t set = cfg.config.direct_window_bytes / sched::kDirectSets / 256 * 256;
+                const size_t set = cfg.config.direct_window_bytes / cfg.config.direct_sets / 256 * 256;
                 const size_t st = sched::direct_stage_elems(cfg.config, set, v.collective, v.path, count,
                                                             dtype_size(t), n, f);
                 if (st == 0) continue;  // does not fit one buffer set: over NCCL (tested below)
@@ -143,7 +143,7 @@ TEST_CASE("own data on the device (direct.own_on_device), with and without copy-
               cfg.second_call = count == 4099;
               Spec spec{v.collective, v.path, t, op, count, 11u + count};
               const quant::WireFormat f = quant::WireFormat::from(cfg.config);
-              const size_t set = cfg.config.direct_window_bytes / sched::kDirectSets / 256 * 256;
+              const size_t set = cfg.config.direct_window_bytes / cfg.config.direct_sets / 256 * 256;
               if (sched::direct_stage_elems(cfg.config, set, v.collective, v.path, count, dtype_size(t), n, f) == 0)
                 continue;
               const auto inputs = inputs_for(spec, n);
@@ -312,6 +312,63 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
   MESSAGE(runs << " runs, " << apart << " pairs with the lanes apart: bit-exact, alike, no race");
 }
 
+TEST_CASE("direct.sets 3 and 4: stages take the sets in turn, each reused; the same bytes, no race, calls back to back") {
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  size_t runs = 0;
+  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
+    for (int sets : {3, 4}) {
+      for (int n : {2, 3, 4}) {
+        for (const Variant& v : kVariants) {
+          // Host memory: the defaults (copy-in and copy-out), neither, the lanes apart, the lanes'
+          // order by flags. Peer memory has none of them.
+          for (auto [copies, lanes_apart, lane_flags] : {std::tuple{true, false, false}, std::tuple{false, false, false},
+                                                         std::tuple{true, true, false}, std::tuple{true, false, true}}) {
+            if (mode == DirectMode::peer_memory && (!copies || lanes_apart || lane_flags)) continue;
+            for (bool in_place : {false, true}) {
+              // Many stages of 1 KiB in a 24 KiB window (every set reused), and in a device scratch of
+              // 12 KiB cut into `sets` (a full stage's slots then do not fit it, a short last stage's may).
+              for (auto [window, stage, scratch] : {std::tuple<size_t, size_t, size_t>{24 << 10, 1 << 10, 512 << 10},
+                                                    {24 << 10, 1 << 10, 12 << 10}}) {
+                Run cfg;
+                cfg.config = direct_config(mode, window, stage);
+                cfg.config.direct_sets = static_cast<uint32_t>(sets);
+                cfg.config.direct_copy_in = cfg.config.direct_copy_out = copies;
+                cfg.config.direct_lanes_apart = lanes_apart;
+                cfg.config.direct_lane_flags = lane_flags;
+                cfg.config.scratch_max_bytes = scratch;
+                if (lanes_apart) cfg.config.telemetry_sample_every = 0;
+                cfg.in_place = in_place;
+                cfg.abort_all = true;
+                cfg.second_call = true;
+                const size_t count = 4099;
+                Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 13u + count};
+                const quant::WireFormat f = quant::WireFormat::from(cfg.config);
+                const size_t set = window / static_cast<size_t>(sets) / 256 * 256;
+                const size_t st = sched::direct_stage_elems(cfg.config, set, v.collective, v.path, count, 2, n, f);
+                if (st == 0) continue;
+                if (sched::stage_count(count, st) <= static_cast<size_t>(sets)) {
+                  failures.push_back(fmt::format("{}: {} stages, no set reused", describe(spec, n, cfg.config),
+                                                 sched::stage_count(count, st)));
+                  continue;
+                }
+                const auto inputs = inputs_for(spec, n);
+                const Outcome o = run(cfg, spec, inputs);
+                ++runs;
+                const std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode));
+                if (!e.empty()) failures.push_back(e + (in_place ? " (in place)" : ""));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+  CHECK(runs > 300);
+  MESSAGE(runs << " runs with 3 and 4 buffer sets: bit-exact, alike, no race");
+}
+
 TEST_CASE("direct.min_stages cuts a call the stage size leaves whole: the same bytes, with and without own data on the device") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
@@ -405,6 +462,7 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
     bool lanes_apart = false; // direct.lanes_apart (telemetry off, so that every call is apart)
     bool copy_in = false;     // direct.copy_in
     bool copy_out = false;    // direct.copy_out
+    uint32_t sets = 2;        // direct.sets
   };
   const Scenario scenarios[] = {
       {"two-shot, host memory, pipelined", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory},
@@ -418,6 +476,7 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
       {"one-shot, host memory, pipelined, lanes apart, copy-in", {Collective::all_reduce, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 4}, DirectMode::host_memory, false, true, true},
       {"two-shot, host memory, pipelined, copy-in, copy-out", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory, false, false, true, true},
       {"reduce-scatter, host memory, pipelined, lanes apart, copy-out", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 6000, 6}, DirectMode::host_memory, false, true, false, true},
+      {"two-shot, host memory, pipelined, copy-in, copy-out, 4 sets", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory, false, false, true, true, 4},
   };
   std::vector<std::string> failures;
   size_t runs = 0;
@@ -430,6 +489,7 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
     base.config.direct_lanes_apart = sc.lanes_apart;
     base.config.direct_copy_in = sc.copy_in;
     base.config.direct_copy_out = sc.copy_out;
+    base.config.direct_sets = sc.sets;
     if (sc.lanes_apart) base.config.telemetry_sample_every = 0;
     base.abort_all = true;
     const auto inputs = inputs_for(sc.spec, n);

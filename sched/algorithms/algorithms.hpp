@@ -149,7 +149,9 @@ class DirectTwoShotAllReduce final : public Fp8Program {
  public:
   using Fp8Program::Fp8Program;
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
-  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;  // the shards: reduce, publish the reduced one
+  bool has_gather() const override { return true; }
+  ncclResult_t gather(StageOps& ops, const Stage& st) override;  // the reduced shards: decode, release
 };
 class DirectReduceScatter final : public Fp8Program {
  public:

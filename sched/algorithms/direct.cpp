@@ -227,40 +227,63 @@ ncclResult_t DirectTwoShotAllReduce::produce(StageOps& ops, const Stage& st) {
   return ops.publish(st.set_index, kInputs);
 }
 
+namespace {
+// Where one stage of two-shot keeps what its finish and its gather share.
+struct TwoShotPlaces {
+  ShardLayout l;
+  size_t reduced_at;  // in a window, and in the copy-in slots
+  char* mine;         // this rank's window (its inbox, then its reduced shard)
+  DeviceSlots dev;
+  char* own_reduced;  // this rank's own reduced shard on the device (null: in its window)
+};
+TwoShotPlaces two_shot_places(const StageOps& ops, const Fp8Args& a, const Stage& st) {
+  const int n = ops.nranks(), r = ops.rank();
+  TwoShotPlaces p{shard_layout(st.length, n, ops.format()), 0, ops.direct()->window(r, st.set_index), {}, nullptr};
+  p.reduced_at = static_cast<size_t>(n) * p.l.seg_stride;
+  p.dev = device_slots(a, st, r, n, p.l.seg_stride, 2);
+  // After its own shard, or in its reduced slot.
+  p.own_reduced = !p.dev.own ? nullptr : p.dev.staged ? p.dev.slot(r) + p.reduced_at : p.dev.own + p.l.seg_stride;
+  return p;
+}
+}  // namespace
+
 ncclResult_t DirectTwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
-  const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const quant::WireFormat& f = ops.format();
-  const ShardLayout l = shard_layout(st.length, n, f);
-  const size_t reduced_at = static_cast<size_t>(n) * l.seg_stride;  // in a window, and in the copy-in slots
-  char* mine = d.window(r, st.set_index);
-  const DeviceSlots dev = device_slots(a_, st, r, n, l.seg_stride, 2);
-  // This rank's own reduced shard on the device: after its own shard, or in its reduced slot.
-  char* own_reduced = !dev.own ? nullptr : dev.staged ? dev.slot(r) + reduced_at : dev.own + l.seg_stride;
+  const TwoShotPlaces p = two_shot_places(ops, a_, st);
+  const ShardLayout& l = p.l;
   FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   if (l.length(r)) {
     std::array<const void*, quant::kMaxReduceInputs> inputs;
-    for (int j = 0; j < n; ++j) inputs[j] = mine + j * l.seg_stride;
-    if (dev.own) inputs[r] = dev.own;
-    if (dev.staged) {
-      FP8WIRE_TRY(copy_slots_but(ops, dev.staged, mine, l.seg_stride, l.bytes(r, f), n, r));
-      for (int j = 0; j < n; ++j) inputs[j] = dev.slot(j);
+    for (int j = 0; j < n; ++j) inputs[j] = p.mine + j * l.seg_stride;
+    if (p.dev.own) inputs[r] = p.dev.own;
+    if (p.dev.staged) {
+      FP8WIRE_TRY(copy_slots_but(ops, p.dev.staged, p.mine, l.seg_stride, l.bytes(r, f), n, r));
+      for (int j = 0; j < n; ++j) inputs[j] = p.dev.slot(j);
     }
     quant::ReduceOutput out;
-    out.wire = own_reduced ? own_reduced : mine + reduced_at;
+    out.wire = p.own_reduced ? p.own_reduced : p.mine + p.reduced_at;
     FP8WIRE_TRY(ops.reduce(inputs.data(), n, l.length(r), a_.post, out, st.offset + l.begin(r)));
-    if (own_reduced) FP8WIRE_TRY(ops.copy(mine + reduced_at, own_reduced, l.bytes(r, f), cudaMemcpyDefault));
+    if (p.own_reduced) FP8WIRE_TRY(ops.copy(p.mine + p.reduced_at, p.own_reduced, l.bytes(r, f), cudaMemcpyDefault));
     ops.add_wire_bytes(l.bytes(r, f) * static_cast<uint64_t>(n - 1));
   }
-  FP8WIRE_TRY(ops.publish(st.set_index, kReduced));
+  return ops.publish(st.set_index, kReduced);
+}
+
+ncclResult_t DirectTwoShotAllReduce::gather(StageOps& ops, const Stage& st) {
+  const DirectWindows& d = *ops.direct();
+  const int n = ops.nranks(), r = ops.rank();
+  const quant::WireFormat& f = ops.format();
+  const TwoShotPlaces p = two_shot_places(ops, a_, st);
+  const ShardLayout& l = p.l;
   FP8WIRE_TRY(ops.acquire(st.set_index, kReduced));
   // Every rank, the owner included, decodes the same reduced bytes: identical results.
   auto reduced_of = [&](int j) -> const char* {
-    if (j == r && own_reduced) return own_reduced;
-    return dev.staged ? dev.slot(j) + reduced_at : d.window(j, st.set_index) + reduced_at;
+    if (j == r && p.own_reduced) return p.own_reduced;
+    return p.dev.staged ? p.dev.slot(j) + p.reduced_at : d.window(j, st.set_index) + p.reduced_at;
   };
-  if (dev.staged) {
-    FP8WIRE_TRY(copy_from_peers(ops, d, st.set_index, dev, reduced_at, [&](int j) { return l.bytes(j, f); }));
+  if (p.dev.staged) {
+    FP8WIRE_TRY(copy_from_peers(ops, d, st.set_index, p.dev, p.reduced_at, [&](int j) { return l.bytes(j, f); }));
     FP8WIRE_TRY(ops.release(st.set_index));
   }
   char* dst = static_cast<char*>(a_.dst);
@@ -270,7 +293,7 @@ ncclResult_t DirectTwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
     FP8WIRE_TRY(ops.dequantize(reduced_of(j), quant::Segmented::single(len, f), len,
                                dst + (st.offset + l.begin(j)) * ops.elem_size()));
   }
-  return dev.staged ? ncclSuccess : ops.release(st.set_index);
+  return p.dev.staged ? ncclSuccess : ops.release(st.set_index);
 }
 
 // --- reduce-scatter ---------------------------------------------------------------------------------

@@ -12,7 +12,15 @@ ncclResult_t MeasuredProgram::produce(StageOps& ops, const Stage& st) {
 
 ncclResult_t MeasuredProgram::finish(StageOps& ops, const Stage& st) {
   FP8WIRE_TRY(inner_->finish(ops, st));
-  if (!st.last) return ncclSuccess;
+  return st.last && !inner_->has_gather() ? read_back(ops) : ncclSuccess;
+}
+
+ncclResult_t MeasuredProgram::gather(StageOps& ops, const Stage& st) {
+  FP8WIRE_TRY(inner_->gather(ops, st));
+  return st.last ? read_back(ops) : ncclSuccess;
+}
+
+ncclResult_t MeasuredProgram::read_back(StageOps& ops) {
   cudaError_t err = cuda_->MemcpyAsync(host_, device_, sizeof(*host_), cudaMemcpyDeviceToHost, ops.lane());
   if (err == cudaSuccess) err = cuda_->EventRecord(done_, ops.lane());
   if (err != cudaSuccess) {

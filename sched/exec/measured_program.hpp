@@ -11,7 +11,8 @@ namespace fp8wire::sched {
 
 // A measured call's program: `inner` with its record zeroed on the produce lane before the first
 // stage and copied to pinned host memory, then its event recorded, on the transfer lane after the
-// last (which follows every quantize of the call).
+// last stage's last part (its gather, where the program has one), which follows every quantize of
+// the call.
 class MeasuredProgram final : public StageProgram {
  public:
   MeasuredProgram(StageProgram& inner, const TelemetryMonitor& m, int slot, const CudaApi& cuda)
@@ -19,9 +20,12 @@ class MeasuredProgram final : public StageProgram {
         cuda_(&cuda) {}
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
   ncclResult_t finish(StageOps& ops, const Stage& st) override;
+  bool has_gather() const override { return inner_->has_gather(); }
+  ncclResult_t gather(StageOps& ops, const Stage& st) override;
   bool recorded() const { return recorded_; }
 
  private:
+  ncclResult_t read_back(StageOps& ops);
   StageProgram* inner_;
   quant::CallTelemetry* device_;
   quant::CallTelemetry* host_;

@@ -96,6 +96,22 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
   // alike (ScratchLayout::set_bytes_for, which the direct programs' device slots are sized by).
   static_assert(kDirectMaxSets <= kMaxBufferSets);
   const int sets = ops.direct() ? ops.direct()->sets() : 2;
+  // A program's gather (StageProgram) one stage late where a third set leaves room: stage i+1's
+  // produce then still has a set of its own while stages i-1 and i hold theirs.
+  const bool late_gather = program.has_gather() && sets >= 3;
+  // The end of a stage's transfer part: its gather (if the program splits one off), then the set
+  // handed back to the produce lane.
+  auto end_stage = [&](const Stage& st) -> ncclResult_t {
+    if (program.has_gather()) {
+      ops.set_lane(r.transfer);
+      FP8WIRE_TRY(program.gather(ops, st));
+    }
+    const size_t set = static_cast<size_t>(st.set_index);
+    if (reuse_wait && lanes) return lanes->lanes_drained(r.transfer, st.set_index);
+    if (reuse_wait) return check(cuda_->EventRecord(r.done[set], r.transfer), "releasing a buffer set");
+    return ncclSuccess;
+  };
+  Stage previous;
   for (size_t i = 0; i < stages; ++i) {
     const size_t set = i % static_cast<size_t>(sets);
     Stage st;
@@ -130,10 +146,11 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
     const ncclResult_t finished = program.finish(ops, st);
     ops.gate_release(nullptr);
     FP8WIRE_TRY(finished);
-    if (reuse_wait && lanes) FP8WIRE_TRY(lanes->lanes_drained(r.transfer, st.set_index));
-    else if (reuse_wait) FP8WIRE_TRY(check(cuda_->EventRecord(r.done[set], r.transfer), "releasing a buffer set"));
+    if (!late_gather) FP8WIRE_TRY(end_stage(st));
+    else if (i > 0) FP8WIRE_TRY(end_stage(previous));
+    previous = st;
   }
-  return ncclSuccess;
+  return late_gather && stages > 0 ? end_stage(previous) : ncclSuccess;
 }
 
 ncclResult_t PipelineRun::join() {

@@ -44,11 +44,18 @@ struct Stage {
 
 // An FP8 algorithm as a stage program: what runs on the produce lane (quantize into the stage's
 // buffer set) and what runs on the transfer lane (exchange, reduce, gather, decode), per stage.
+// A program whose transfer part has a second handshake with the peers (two-shot over a direct
+// transport: the reduced shards) may split it: finish() up to that handshake's publish, gather() the
+// rest, down to the stage's release. With three or more buffer sets the executor runs stage i-1's
+// gather after stage i's finish, so the lane does not wait on the peers' second signal of a stage
+// while the next stage's data is there to move; otherwise each stage's gather right after its finish.
 class StageProgram {
  public:
   virtual ~StageProgram() = default;
   virtual ncclResult_t produce(StageOps& ops, const Stage& stage) = 0;
   virtual ncclResult_t finish(StageOps& ops, const Stage& stage) = 0;
+  virtual bool has_gather() const { return false; }
+  virtual ncclResult_t gather(StageOps&, const Stage&) { return ncclSuccess; }
 };
 
 // Joins gathered from several calls, made together at the end of a batch (a group flush).

@@ -18,7 +18,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -161,20 +163,51 @@ std::string emulated_host_id(int rank) { return fmt::format("emulated-host-{}", 
 
 void set_emulated_host(int rank) { ::setenv("NCCL_HOSTID", emulated_host_id(rank).c_str(), 1); }
 
-int find_free_port() {
+std::pair<int, int> ephemeral_port_range() {
+  int low = 32768, high = 60999;  // Linux's default
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int a = 0, b = 0;
+    if (std::fscanf(f, "%d %d", &a, &b) == 2 && a > 0 && a <= b && b <= 65535) low = a, high = b;
+    std::fclose(f);
+  }
+  return {low, high};
+}
+
+namespace {
+// Whether `port` can be bound on every interface (as rank 0 binds it) right now; 0: any free
+// port, which *bound receives.
+bool bindable(int port, int* bound = nullptr) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
+  if (fd < 0) return false;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  int port = 0;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  if (ok && bound) *bound = ntohs(addr.sin_port);
   ::close(fd);
-  return port;
+  return ok;
+}
+}  // namespace
+
+int find_free_port() {
+  // Below the kernel's ephemeral range: a port from that range (what a bind to port 0 returns) is
+  // handed to other sockets too, NCCL's among them and every outgoing connection, and was seen
+  // taken between this probe and rank 0's bind. One below it is only ever taken on purpose.
+  const auto [low, high] = ephemeral_port_range();
+  constexpr int kLowest = 20000;  // clear of the registered services most machines run
+  if (low - 1 > kLowest + 1000) {
+    std::mt19937 rng(std::random_device{}());
+    std::uniform_int_distribution<int> pick(kLowest, low - 1);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const int port = pick(rng);
+      if (port != 29500 && bindable(port)) return port;  // 29500: torchrun's default
+    }
+  }
+  int port = 0;
+  return bindable(0, &port) ? port : 0;
 }
 
 namespace {

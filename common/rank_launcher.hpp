@@ -73,8 +73,11 @@ void set_emulated_host(int rank);
 // its own transports (NVLink, P2P), between them over sockets.
 std::vector<std::vector<std::pair<std::string, std::string>>> host_blocks_env(int nranks, int ranks_per_host);
 
-// A TCP port free on the loopback interface right now.
+// A TCP port free on every interface right now, below the kernel's ephemeral range where it can
+// (ephemeral_port_range), so that no socket the kernel numbers itself takes it before rank 0 binds it.
 int find_free_port();
+// The kernel's range for ports it hands out itself (/proc/sys/net/ipv4/ip_local_port_range).
+std::pair<int, int> ephemeral_port_range();
 
 // Rank 0 listens on master_port and sends `bytes` of `data` to world_size - 1 peers; the others
 // connect (retrying until timeout) and receive them into `data`. Returns false with an error naming

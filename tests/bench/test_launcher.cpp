@@ -1,4 +1,7 @@
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <array>
 #include <chrono>
@@ -58,6 +61,25 @@ TEST_CASE("an executable that does not exist is reported") {
   const LaunchResult res = launch_local_ranks(spec);
   CHECK_FALSE(res.ok);
   CHECK(res.error.find("could not exec") != std::string::npos);
+}
+
+TEST_CASE("the bootstrap port is free and below the kernel's ephemeral range, which any socket may be given") {
+  const auto [low, high] = ephemeral_port_range();
+  REQUIRE(0 < low);
+  REQUIRE(low <= high);
+  for (int i = 0; i < 20; ++i) {
+    const int port = find_free_port();
+    REQUIRE(port > 0);
+    if (low > 21000) CHECK(port < low);  // Linux's default range starts at 32768
+    // Free: rank 0 binds it as the launcher's ranks will.
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    CHECK(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    ::close(fd);
+  }
 }
 
 TEST_CASE("TCP bootstrap hands rank 0's blob to every rank") {

@@ -165,8 +165,11 @@ struct Config {
   // Buffer sets of a window (and of the device scratch a direct call uses), 2 to 4: stage i uses set
   // i % sets, so a rank may write up to `sets` stages ahead of its slowest peer's reads (2: one
   // stage's transfer beside the next one's quantize; more: room for the ranks to drift apart and
-  // for the handshakes' latency, in smaller sets and so smaller stages).
-  uint32_t direct_sets = 2;                 // direct.sets
+  // for the handshakes' latency, in smaller sets), and from 3 two-shot gathers each stage's reduced
+  // shards one stage late (sched/exec/pipeline.hpp). 3: in two runs against 2, the all-reduce 1.06-1.13x
+  // from 64 MiB at 2 and 4 ranks (2 ranks 256 MiB: 71 % of the host-link limit), the reduce-scatter
+  // and 16 MiB calls within +-8 %; 4 measured like 3 (bench/README.md "Host-link limit").
+  uint32_t direct_sets = 3;                 // direct.sets
   // Host memory: a rank's own quantized data (its input, its own shard and reduced shard) stays on
   // its GPU for its own reads, and what the peers read is written to its window by a copy engine
   // (sched/algorithms/direct.cpp): fewer bytes over the host link, the same bytes in every result.

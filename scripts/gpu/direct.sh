@@ -8,8 +8,8 @@
 #      (direct.assume_one_host), and a case checking that they went over it, with the library's
 #      defaults (own data on the device, copied in and out); host memory once more with own data in
 #      the window (DIRECT_MULTIRANK_OWN_IN_WINDOW world sizes, default 2,4), without copy-in and
-#      copy-out, and with one of them (DIRECT_MULTIRANK_COPIES, default 2,4), with 4 buffer sets and
-#      with 3 and the lanes apart (DIRECT_MULTIRANK_SETS, default 2,4), with lane flags
+#      copy-out, and with one of them (DIRECT_MULTIRANK_COPIES, default 2,4), with 2 and with 4 buffer
+#      sets (DIRECT_MULTIRANK_SETS, default 2,4), with lane flags
 #      (DIRECT_MULTIRANK_LANE_FLAGS, default 2,4) and with the lanes apart (DIRECT_MULTIRANK_LANES_APART,
 #      default 2,4; also without the copies, and with copy-in alone);
 #   3. tests/sched/direct_faults_gpu: a peer gone, a peer absent: released by an abort, no hang;
@@ -55,10 +55,10 @@ if has multirank; then
     --direct-no-copy-out --ranks "${DIRECT_MULTIRANK_COPIES:-2,4}" --timeout 140
   run multirank_host_memory_copy_out_only 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-no-copy-in --ranks "${DIRECT_MULTIRANK_COPIES:-2,4}" --timeout 140
+  run multirank_host_memory_sets2 150 build/tests/sched/multirank_collectives --direct host_memory \
+    --direct-sets 2 --ranks "${DIRECT_MULTIRANK_SETS:-2,4}" --timeout 140
   run multirank_host_memory_sets4 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-sets 4 --ranks "${DIRECT_MULTIRANK_SETS:-2,4}" --timeout 140
-  run multirank_host_memory_sets3_lanes_apart 150 build/tests/sched/multirank_collectives --direct host_memory \
-    --direct-sets 3 --direct-lanes-apart --ranks "${DIRECT_MULTIRANK_SETS:-2,4}" --timeout 140
   run multirank_host_memory_lane_flags 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-lane-flags --ranks "${DIRECT_MULTIRANK_LANE_FLAGS:-2,4}" --timeout 140
   run multirank_host_memory_lanes_apart 150 build/tests/sched/multirank_collectives --direct host_memory \

@@ -9,7 +9,7 @@
 #   measures the pinned-copy rates itself (every rank at once) and prints "link%" per direct point:
 #   the percent of the host-link limit reached (bench/host/link_limit.hpp names the bytes: the fewest
 #   any of the algorithms must move, the rank's own data kept on the GPU). The default, own_*, *cop*, *lanes_apart*,
-#   lane_flags and sets3/4 runs check every point; the other variants only re-cut or re-size the same work and skip the checks.
+#   lane_flags and sets2/4 runs check every point; the other variants only re-cut or re-size the same work and skip the checks.
 # At the end, one table: ranks x collective x size x variant -> ms (plain NCCL, each direct path) and
 # % of the link limit of the faster direct path.
 # Env: LINKLIMIT_RANKS (default "2 4"), LINKLIMIT_VARIANTS (labels from the list below, default all),
@@ -30,11 +30,8 @@ status=0
 variants=(
   "default|-"
   "lanes_apart|FP8WIRE_DIRECT_LANES_APART=1"
-  "sets3|FP8WIRE_DIRECT_SETS=3"
+  "sets2|FP8WIRE_DIRECT_SETS=2"
   "sets4|FP8WIRE_DIRECT_SETS=4"
-  "sets4_lanes_apart|FP8WIRE_DIRECT_SETS=4 FP8WIRE_DIRECT_LANES_APART=1"
-  "sets4_stage16M|FP8WIRE_DIRECT_SETS=4 FP8WIRE_DIRECT_STAGE_BYTES=16MiB"
-  "sets4_stage4M|FP8WIRE_DIRECT_SETS=4 FP8WIRE_DIRECT_STAGE_BYTES=4MiB"
   "no_copies|FP8WIRE_DIRECT_COPY_IN=0 FP8WIRE_DIRECT_COPY_OUT=0"
   "copy_in_only|FP8WIRE_DIRECT_COPY_OUT=0"
   "stages4|FP8WIRE_DIRECT_MIN_STAGES=4"
@@ -57,7 +54,7 @@ sweep() {  # sweep <label> <ranks> <min> <max> <env overrides...>
   mkdir -p "$dir"
   # The knobs that only cut or size the work differently are bit-exact on the CPU tier: their sweeps
   # skip the host-side checks (seconds per 256 MiB point); the default, own_*, *cop*, *lanes_apart*,
-  # lane_flags and sets3/sets4 (other data flows, orders or set counts) keep them.
+  # lane_flags and sets2/sets4 (other data flows, orders or set counts) keep them.
   local check=(); [[ "$label" == default || "$label" == own* || "$label" == *cop* || "$label" == lane_flags || "$label" == *lanes_apart* || "$label" == sets? ]] || check=(--no-check)
   env "$@" timeout -k 5 "$limit" "$BIN" sweep --emulate-ranks "$ranks" --transport host_memory ${check[@]+"${check[@]}"} \
     --collectives all_reduce,reduce_scatter --dtypes bf16 --paths passthrough,two_shot,one_shot \

@@ -274,6 +274,7 @@ TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lane
                 cfg.config.direct_copy_in = copy_in;
                 cfg.config.direct_copy_out = copy_out;
                 cfg.config.scratch_max_bytes = scratch;
+                cfg.config.direct_sets = 2;  // the device sets of 3 KiB above (3 and 4 sets: their own test)
                 cfg.config.telemetry_sample_every = sample;
                 cfg.in_place = in_place;
                 cfg.abort_all = true;

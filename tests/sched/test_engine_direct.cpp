@@ -86,7 +86,7 @@ TEST_CASE("every algorithm over both direct transports: the reference bit for bi
             if (n == 16 && t != DataType::bf16) continue;
             for (size_t count : {size_t{1}, size_t{127}, size_t(3 * n * 128 + 5), size_t{4099}}) {
               // A window of 1 MiB takes each call in one stage; 24 KiB (and a 2 KiB stage cap) cuts
-              // the larger ones into many, both buffer sets in turn.
+              // the larger ones into many, the buffer sets in turn.
               for (auto [window, stage] : {std::pair<size_t, size_t>{1 << 20, 8 << 20}, {24 << 10, 2 << 10}}) {
                 if (count < 1000 && window < (1 << 20)) continue;  // one stage either way
                 Run cfg;

@@ -370,6 +370,68 @@ TEST_CASE("direct.sets 3 and 4: stages take the sets in turn, each reused; the s
   MESSAGE(runs << " runs with 3 and 4 buffer sets: bit-exact, alike, no race");
 }
 
+TEST_CASE("3 and 4 buffer sets with grouped all-reduces coalesced into one call, and with error feedback: the same bytes, no race") {
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  size_t runs = 0;
+  for (int sets : {3, 4}) {
+    for (int n : {2, 3, 4}) {
+      for (Algorithm algorithm : {Algorithm::two_shot, Algorithm::one_shot}) {
+        const Path path = algorithm == Algorithm::two_shot ? Path::two_shot : Path::one_shot;
+        // Three grouped all-reduces packed into one pipelined call through the staging area: its
+        // copy-out follows the last stage's gather. Multiples of 12 blocks, so that the packed call
+        // cuts the buffer as the reference's one call over the group's buffer does.
+        {
+          Run cfg;
+          cfg.config = direct_config(DirectMode::host_memory, 24 << 10, 1 << 10);
+          cfg.config.direct_sets = static_cast<uint32_t>(sets);
+          cfg.config.algorithm = algorithm;
+          cfg.forced = false;
+          cfg.group = 3;
+          cfg.abort_all = true;
+          Spec spec{Collective::all_reduce, path, DataType::bf16, ReduceOp::sum, 1536, 31u};
+          const quant::WireFormat f = quant::WireFormat::from(cfg.config);
+          const size_t set = cfg.config.direct_window_bytes / static_cast<size_t>(sets) / 256 * 256;
+          const size_t whole = 3 * spec.count;  // the packed call
+          const size_t st = sched::direct_stage_elems(cfg.config, set, spec.collective, path, whole, 2, n, f);
+          REQUIRE(st > 0);
+          CHECK(sched::stage_count(whole, st) > static_cast<size_t>(sets));  // every set reused
+          const auto inputs = inputs_for(spec, n, cfg.group);
+          const Outcome o = run(cfg, spec, inputs);
+          ++runs;
+          if (std::string e = check_carried(cfg, spec, inputs, o, Carrier::host_memory); !e.empty())
+            failures.push_back(e + " (three grouped)");
+        }
+        // Error feedback: the residual is read and written by the produce lane's quantize of each
+        // stage while the transfer lane gathers the stage before; the first call's bytes are the
+        // reference's (its residual starts at zero).
+        {
+          Run cfg;
+          cfg.config = direct_config(DirectMode::host_memory, 24 << 10, 1 << 10);
+          cfg.config.direct_sets = static_cast<uint32_t>(sets);
+          cfg.config.error_feedback = true;
+          cfg.config.telemetry_sample_every = 0;
+          cfg.feedback_key = 77;
+          cfg.abort_all = true;
+          Spec spec{Collective::all_reduce, path, DataType::bf16, ReduceOp::avg, 4099, 37u};
+          const quant::WireFormat f = quant::WireFormat::from(cfg.config);
+          const size_t set = cfg.config.direct_window_bytes / static_cast<size_t>(sets) / 256 * 256;
+          const size_t st = sched::direct_stage_elems(cfg.config, set, spec.collective, path, spec.count, 2, n, f);
+          REQUIRE(st > 0);
+          CHECK(sched::stage_count(spec.count, st) > static_cast<size_t>(sets));
+          const auto inputs = inputs_for(spec, n);
+          const Outcome o = run(cfg, spec, inputs);
+          ++runs;
+          if (std::string e = check_carried(cfg, spec, inputs, o, Carrier::host_memory); !e.empty())
+            failures.push_back(e + " (error feedback)");
+        }
+      }
+    }
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+  MESSAGE(runs << " runs with 3 and 4 buffer sets, coalesced or fed back: bit-exact, alike, no race");
+}
+
 TEST_CASE("direct.min_stages cuts a call the stage size leaves whole: the same bytes, with and without own data on the device") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;

@@ -19,8 +19,8 @@ namespace fp8wire::sched {
 namespace {
 
 // Several grouped all-reduces packed through the staging area into one: copied in on the produce
-// lane before the first stage, copied out on the transfer lane after the last stage's last part (its
-// gather, where the program has one), all between the call's fork and join.
+// lane before the first stage, copied out on the transfer lane after the last stage's gather (its
+// last part), all between the call's fork and join.
 class CoalescedAllReduce final : public StageProgram {
  public:
   CoalescedAllReduce(StageProgram& inner, const Pending* items, size_t batch, char* staging, size_t elem_size)
@@ -36,18 +36,11 @@ class CoalescedAllReduce final : public StageProgram {
     }
     return inner_->produce(ops, st);
   }
-  ncclResult_t finish(StageOps& ops, const Stage& st) override {
-    FP8WIRE_TRY(inner_->finish(ops, st));
-    return st.last && !inner_->has_gather() ? copy_out(ops) : ncclSuccess;
-  }
+  ncclResult_t finish(StageOps& ops, const Stage& st) override { return inner_->finish(ops, st); }
   bool has_gather() const override { return inner_->has_gather(); }
   ncclResult_t gather(StageOps& ops, const Stage& st) override {
     FP8WIRE_TRY(inner_->gather(ops, st));
-    return st.last ? copy_out(ops) : ncclSuccess;
-  }
-
- private:
-  ncclResult_t copy_out(StageOps& ops) {
+    if (!st.last) return ncclSuccess;
     size_t off = 0;
     for (size_t i = 0; i < batch_; ++i) {
       const size_t bytes = items_[i].call.count * es_;
@@ -57,6 +50,7 @@ class CoalescedAllReduce final : public StageProgram {
     return ncclSuccess;
   }
 
+ private:
   StageProgram* inner_;
   const Pending* items_;
   size_t batch_;

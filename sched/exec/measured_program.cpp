@@ -10,17 +10,11 @@ ncclResult_t MeasuredProgram::produce(StageOps& ops, const Stage& st) {
   return inner_->produce(ops, st);
 }
 
-ncclResult_t MeasuredProgram::finish(StageOps& ops, const Stage& st) {
-  FP8WIRE_TRY(inner_->finish(ops, st));
-  return st.last && !inner_->has_gather() ? read_back(ops) : ncclSuccess;
-}
+ncclResult_t MeasuredProgram::finish(StageOps& ops, const Stage& st) { return inner_->finish(ops, st); }
 
 ncclResult_t MeasuredProgram::gather(StageOps& ops, const Stage& st) {
   FP8WIRE_TRY(inner_->gather(ops, st));
-  return st.last ? read_back(ops) : ncclSuccess;
-}
-
-ncclResult_t MeasuredProgram::read_back(StageOps& ops) {
+  if (!st.last) return ncclSuccess;
   cudaError_t err = cuda_->MemcpyAsync(host_, device_, sizeof(*host_), cudaMemcpyDeviceToHost, ops.lane());
   if (err == cudaSuccess) err = cuda_->EventRecord(done_, ops.lane());
   if (err != cudaSuccess) {

@@ -11,8 +11,7 @@ namespace fp8wire::sched {
 
 // A measured call's program: `inner` with its record zeroed on the produce lane before the first
 // stage and copied to pinned host memory, then its event recorded, on the transfer lane after the
-// last stage's last part (its gather, where the program has one), which follows every quantize of
-// the call.
+// last stage's gather (its last part), which follows every quantize of the call.
 class MeasuredProgram final : public StageProgram {
  public:
   MeasuredProgram(StageProgram& inner, const TelemetryMonitor& m, int slot, const CudaApi& cuda)
@@ -25,7 +24,6 @@ class MeasuredProgram final : public StageProgram {
   bool recorded() const { return recorded_; }
 
  private:
-  ncclResult_t read_back(StageOps& ops);
   StageProgram* inner_;
   quant::CallTelemetry* device_;
   quant::CallTelemetry* host_;

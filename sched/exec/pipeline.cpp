@@ -99,13 +99,9 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
   // A program's gather (StageProgram) one stage late where a third set leaves room: stage i+1's
   // produce then still has a set of its own while stages i-1 and i hold theirs.
   const bool late_gather = program.has_gather() && sets >= 3;
-  // The end of a stage's transfer part: its gather (if the program splits one off), then the set
-  // handed back to the produce lane.
+  // The end of a stage's transfer part: its gather, then the set handed back to the produce lane.
   auto end_stage = [&](const Stage& st) -> ncclResult_t {
-    if (program.has_gather()) {
-      ops.set_lane(r.transfer);
-      FP8WIRE_TRY(program.gather(ops, st));
-    }
+    FP8WIRE_TRY(program.gather(ops, st));
     const size_t set = static_cast<size_t>(st.set_index);
     if (reuse_wait && lanes) return lanes->lanes_drained(r.transfer, st.set_index);
     if (reuse_wait) return check(cuda_->EventRecord(r.done[set], r.transfer), "releasing a buffer set");

@@ -44,11 +44,12 @@ struct Stage {
 
 // An FP8 algorithm as a stage program: what runs on the produce lane (quantize into the stage's
 // buffer set) and what runs on the transfer lane (exchange, reduce, gather, decode), per stage.
-// A program whose transfer part has a second handshake with the peers (two-shot over a direct
-// transport: the reduced shards) may split it: finish() up to that handshake's publish, gather() the
-// rest, down to the stage's release. With three or more buffer sets the executor runs stage i-1's
-// gather after stage i's finish, so the lane does not wait on the peers' second signal of a stage
-// while the next stage's data is there to move; otherwise each stage's gather right after its finish.
+// gather() is the rest of a stage's transfer part, run after its finish(): nothing, unless the
+// program's transfer part has a second handshake with the peers (two-shot over a direct transport:
+// the reduced shards) and it splits there (has_gather: finish() up to that handshake's publish,
+// gather() the rest, down to the stage's release). Such a gather runs one stage late with three or
+// more buffer sets, after stage i+1's finish, so the lane does not wait on the peers' second signal
+// of a stage while the next stage's data is there to move; every other gather right after its finish.
 class StageProgram {
  public:
   virtual ~StageProgram() = default;

@@ -28,8 +28,7 @@ DirectWindows::DirectWindows(const Platform& platform, Carrier kind, int rank, i
                              std::vector<DirectPeer> peers)
     : platform_(&platform), kind_(kind), rank_(rank), nranks_(nranks),
       sets_(std::clamp(sets, 2, kDirectMaxSets)), peers_(std::move(peers)) {
-  // Buffer sets start 256-byte aligned (the codec wants 16).
-  set_bytes_ = peers_[static_cast<size_t>(rank_)].data.bytes / static_cast<size_t>(sets_) / 256 * 256;
+  set_bytes_ = direct_set_bytes_of(peers_[static_cast<size_t>(rank_)].data.bytes, sets_);
 }
 
 DirectWindows::~DirectWindows() {

@@ -64,6 +64,12 @@ inline constexpr int kDirectMaxSets = 4;   // buffer sets of a window, at most (
 inline constexpr int kDirectPhases = 2;    // data handshakes per stage: two-shot has two (shards, reduced shards)
 inline constexpr int kDirectMaxRanks = 16; // ranks of one machine (quant::kMaxReduceInputs)
 
+// Bytes of one buffer set of a window of `window_bytes` cut into `sets`: sets start 256-byte aligned
+// (the codec wants 16).
+inline size_t direct_set_bytes_of(size_t window_bytes, int sets) {
+  return window_bytes / static_cast<size_t>(sets) / 256 * 256;
+}
+
 // One rank's flags (its host window's contents).
 struct DirectFlags {
   uint32_t ready[kDirectMaxSets][kDirectPhases][kDirectMaxRanks];

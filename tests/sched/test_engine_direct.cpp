@@ -52,6 +52,13 @@ Config direct_config(DirectMode kind, size_t window, size_t stage_bytes = 8 << 2
   return c;
 }
 
+// The stage of a direct call of `count` elements of `t`: the library's rule over one buffer set of
+// the window `c` describes; 0 when not even one unit fits (the call goes over NCCL).
+size_t direct_stage_for(const Config& c, Collective collective, Path path, size_t count, DataType t, int n) {
+  const size_t set = sched::direct_set_bytes_of(c.direct_window_bytes, static_cast<int>(c.direct_sets));
+  return sched::direct_stage_elems(c, set, collective, path, count, dtype_size(t), n, quant::WireFormat::from(c));
+}
+
 Carrier kind_of(DirectMode m) {
   return m == DirectMode::peer_memory ? Carrier::peer_memory : Carrier::host_memory;
 }
@@ -94,10 +101,7 @@ TEST_CASE("every algorithm over both direct transports: the reference bit for bi
                 cfg.abort_all = true;
                 cfg.second_call = count == 4099;  // back to back, unsynchronised: the flags are reused
                 Spec spec{v.collective, v.path, t, op, count, 7u + count};
-                const quant::WireFormat f = quant::WireFormat::from(cfg.config);
-                const size_t set = cfg.config.direct_window_bytes / cfg.config.direct_sets / 256 * 256;
-                const size_t st = sched::direct_stage_elems(cfg.config, set, v.collective, v.path, count,
-                                                            dtype_size(t), n, f);
+                const size_t st = direct_stage_for(cfg.config, v.collective, v.path, count, t, n);
                 if (st == 0) continue;  // does not fit one buffer set: over NCCL (tested below)
                 if (st < count) ++pipelined;
                 const auto inputs = inputs_for(spec, n);
@@ -142,10 +146,7 @@ TEST_CASE("own data on the device (direct.own_on_device), with and without copy-
               cfg.abort_all = true;
               cfg.second_call = count == 4099;
               Spec spec{v.collective, v.path, t, op, count, 11u + count};
-              const quant::WireFormat f = quant::WireFormat::from(cfg.config);
-              const size_t set = cfg.config.direct_window_bytes / cfg.config.direct_sets / 256 * 256;
-              if (sched::direct_stage_elems(cfg.config, set, v.collective, v.path, count, dtype_size(t), n, f) == 0)
-                continue;
+              if (direct_stage_for(cfg.config, v.collective, v.path, count, t, n) == 0) continue;
               const auto inputs = inputs_for(spec, n);
               const Outcome o = run(cfg, spec, inputs);
               ++runs;
@@ -344,9 +345,7 @@ TEST_CASE("direct.sets 3 and 4: stages take the sets in turn, each reused; the s
                 cfg.second_call = true;
                 const size_t count = 4099;
                 Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 13u + count};
-                const quant::WireFormat f = quant::WireFormat::from(cfg.config);
-                const size_t set = window / static_cast<size_t>(sets) / 256 * 256;
-                const size_t st = sched::direct_stage_elems(cfg.config, set, v.collective, v.path, count, 2, n, f);
+                const size_t st = direct_stage_for(cfg.config, v.collective, v.path, count, spec.dtype, n);
                 if (st == 0) continue;
                 if (sched::stage_count(count, st) <= static_cast<size_t>(sets)) {
                   failures.push_back(fmt::format("{}: {} stages, no set reused", describe(spec, n, cfg.config),
@@ -390,10 +389,8 @@ TEST_CASE("3 and 4 buffer sets with grouped all-reduces coalesced into one call,
           cfg.group = 3;
           cfg.abort_all = true;
           Spec spec{Collective::all_reduce, path, DataType::bf16, ReduceOp::sum, 1536, 31u};
-          const quant::WireFormat f = quant::WireFormat::from(cfg.config);
-          const size_t set = cfg.config.direct_window_bytes / static_cast<size_t>(sets) / 256 * 256;
           const size_t whole = 3 * spec.count;  // the packed call
-          const size_t st = sched::direct_stage_elems(cfg.config, set, spec.collective, path, whole, 2, n, f);
+          const size_t st = direct_stage_for(cfg.config, spec.collective, path, whole, spec.dtype, n);
           REQUIRE(st > 0);
           CHECK(sched::stage_count(whole, st) > static_cast<size_t>(sets));  // every set reused
           const auto inputs = inputs_for(spec, n, cfg.group);
@@ -414,9 +411,7 @@ TEST_CASE("3 and 4 buffer sets with grouped all-reduces coalesced into one call,
           cfg.feedback_key = 77;
           cfg.abort_all = true;
           Spec spec{Collective::all_reduce, path, DataType::bf16, ReduceOp::avg, 4099, 37u};
-          const quant::WireFormat f = quant::WireFormat::from(cfg.config);
-          const size_t set = cfg.config.direct_window_bytes / static_cast<size_t>(sets) / 256 * 256;
-          const size_t st = sched::direct_stage_elems(cfg.config, set, spec.collective, path, spec.count, 2, n, f);
+          const size_t st = direct_stage_for(cfg.config, spec.collective, path, spec.count, spec.dtype, n);
           REQUIRE(st > 0);
           CHECK(sched::stage_count(spec.count, st) > static_cast<size_t>(sets));
           const auto inputs = inputs_for(spec, n);

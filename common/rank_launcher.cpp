@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -13,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -210,6 +212,14 @@ int find_free_port() {
   return bindable(0, &port) ? port : 0;
 }
 
+int omp_threads_per_rank(int nranks) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const long online = ::sysconf(_SC_NPROCESSORS_ONLN);
+  const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : static_cast<int>(online);
+  return std::max(1, cpus / (2 * std::max(nranks, 1)));
+}
+
 namespace {
 
 LaunchResult launch_and_wait(const LaunchSpec& spec, const std::vector<std::pair<std::string, std::string>>& shared_env) {
@@ -330,11 +340,17 @@ LaunchResult launch_local_ranks(const LaunchSpec& spec) {
     StopSignals signals;
     std::optional<PrivateMps> mps;
     std::vector<std::pair<std::string, std::string>> shared_env;
+    // The user's OMP_NUM_THREADS stands; a single rank keeps OpenMP's own default.
+    const int omp_threads = std::getenv("OMP_NUM_THREADS") || spec.nranks < 2 ? 0 : omp_threads_per_rank(spec.nranks);
+    if (omp_threads) shared_env.push_back({"OMP_NUM_THREADS", std::to_string(omp_threads)});
+    const std::string threads_note =
+        omp_threads ? fmt::format("; OMP_NUM_THREADS={} per rank (unset here)", omp_threads) : std::string();
     if (spec.one_gpu && spec.nranks > 0 && !spec.argv.empty()) {
       mps.emplace();
-      shared_env = mps->rank_env();
+      for (auto& kv : mps->rank_env()) shared_env.push_back(kv);
       if (!spec.quiet)
-        std::fprintf(stderr, "fp8wire launcher: %d ranks on one GPU, %s\n", spec.nranks, mps->describe().c_str());
+        std::fprintf(stderr, "fp8wire launcher: %d ranks on one GPU, %s%s\n", spec.nranks, mps->describe().c_str(),
+                     threads_note.c_str());
     }
     result = launch_and_wait(spec, shared_env);
     if (mps) {

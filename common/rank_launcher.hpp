@@ -5,7 +5,8 @@
 // Three ways a rank comes to exist:
 //   * local launch (default): the launcher forks one child per visible GPU, or N children on one GPU
 //     with --emulate-ranks N, and sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT for
-//     each, exactly as torchrun would;
+//     each, exactly as torchrun would, and OMP_NUM_THREADS where the environment leaves it unset
+//     (omp_threads_per_rank);
 //   * torchrun or any launcher that sets those variables (multi-node): the process is one rank;
 //   * in both cases rank 0 serves the NCCL unique id over a small TCP exchange on MASTER_ADDR:PORT.
 // The launcher reaps every child; when one fails or the deadline passes it kills the others (SIGTERM,
@@ -72,6 +73,13 @@ void set_emulated_host(int rank);
 // one machine with 4 or 8 GPUs standing in for a job spanning 2 hosts, NCCL inside each "host" over
 // its own transports (NVLink, P2P), between them over sockets.
 std::vector<std::vector<std::pair<std::string, std::string>>> host_blocks_env(int nranks, int ranks_per_host);
+
+// OpenMP threads per rank when the launcher's environment does not set OMP_NUM_THREADS: the CPUs
+// this process may run on (sched_getaffinity), shared out among `nranks` ranks with half of each
+// share left to the threads that are not OpenMP's (the one issuing CUDA work, NCCL's and PyTorch's),
+// at least 1. Without it every rank's intra-op pool takes every CPU and its idle threads spin, so
+// ranks sharing one machine hold each other's CUDA-issuing threads off the CPUs (torchrun sets 1).
+int omp_threads_per_rank(int nranks);
 
 // A TCP port free on every interface right now, below the kernel's ephemeral range where it can
 // (ephemeral_port_range), so that no socket the kernel numbers itself takes it before rank 0 binds it.

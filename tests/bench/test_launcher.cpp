@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdlib>
@@ -32,6 +33,26 @@ TEST_CASE("launcher sets torchrun variables and reaps every child") {
   const LaunchResult res = launch_local_ranks(spec);
   CHECK_MESSAGE(res.ok, res.error);
   CHECK(res.exit_codes == std::vector<int>{0, 0, 0});
+}
+
+TEST_CASE("ranks share the CPUs out by OMP_NUM_THREADS, unless the environment sets it") {
+  const char* before = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = before ? before : "";
+  ::unsetenv("OMP_NUM_THREADS");
+  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  const int share = omp_threads_per_rank(2);
+  CHECK(share >= 1);
+  CHECK(share <= std::max(1L, cpus / 2));
+  CHECK(omp_threads_per_rank(1000000) == 1);
+  LaunchResult res = launch_local_ranks(shell("test \"$OMP_NUM_THREADS\" = " + std::to_string(share), 2));
+  CHECK_MESSAGE(res.ok, res.error);
+  res = launch_local_ranks(shell("test -z \"$OMP_NUM_THREADS\"", 1));  // one rank: OpenMP's own default
+  CHECK_MESSAGE(res.ok, res.error);
+  ::setenv("OMP_NUM_THREADS", "3", 1);
+  res = launch_local_ranks(shell("test \"$OMP_NUM_THREADS\" = 3", 2));
+  CHECK_MESSAGE(res.ok, res.error);
+  if (before) ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  else ::unsetenv("OMP_NUM_THREADS");
 }
 
 TEST_CASE("a failing rank stops the others quickly and is named") {

@@ -15,7 +15,8 @@
 # Env: LINKLIMIT_RANKS (default "2 4"), LINKLIMIT_VARIANTS (labels from the list below, default all),
 # LINKLIMIT_BUDGET (seconds, default 145: a sweep that would end past it, judged by the last one of the
 # same world size, is skipped and named), LINKLIMIT_SWEEP_S (one sweep's time limit, default 90; 4 ranks
-# from 64 KiB need more), LINKLIMIT_MIN (the default run's smallest size, default 64KiB).
+# from 64 KiB need more), LINKLIMIT_MIN (the default run's smallest size, default 64KiB), LINKLIMIT_MAX
+# (every run's largest size, default 256MiB).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_out linklimit
 gpu_mps_start
@@ -76,8 +77,9 @@ for entry in "${variants[@]}"; do
     if (( $(date +%s) - t0 + ${last[$n]:-0} > budget )); then
       echo "==== $label, $n ranks: skipped (it would end past LINKLIMIT_BUDGET=${budget} s)"; continue
     fi
-    if [[ "$label" == default ]]; then sweep "$label" "$n" "${LINKLIMIT_MIN:-64KiB}" 256MiB $envs
-    else sweep "$label" "$n" 16MiB 256MiB $envs; fi
+    max="${LINKLIMIT_MAX:-256MiB}"
+    if [[ "$label" == default ]]; then sweep "$label" "$n" "${LINKLIMIT_MIN:-64KiB}" "$max" $envs
+    else sweep "$label" "$n" 16MiB "$max" $envs; fi
   done
 done
 

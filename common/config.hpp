@@ -162,6 +162,13 @@ struct Config {
   // of one stage overlaps nothing (its quantize, then its reduce), one of k balanced stages reaches at
   // most k / (k + 1) of the host link; direct.stage_bytes still bounds the larger calls' stages.
   uint32_t direct_min_stages = 1;           // direct.min_stages
+  // Larger calls in at most this many stages (0: no bound): a call that direct.stage_bytes would cut
+  // into more gets stages of count / max_stages, as far as a buffer set holds them (else as many
+  // more as it needs); direct.min_stages still cuts after it. Per-stage costs (a flag round trip,
+  // copies per peer of stage / ranks each) then stay a fixed share of the call: at 256 MiB, stages of
+  // 32 MiB instead of 8 reached 1.33x (4 ranks) and 1.04-1.09x (2 ranks) in one run, calls up to
+  // 64 MiB keep their 8 MiB stages (bench/README.md "Host-link limit").
+  uint32_t direct_max_stages = 8;           // direct.max_stages
   // Buffer sets of a window (and of the device scratch a direct call uses), 2 to 4: stage i uses set
   // i % sets, so a rank may write up to `sets` stages ahead of its slowest peer's reads (2: one
   // stage's transfer beside the next one's quantize; more: room for the ranks to drift apart and

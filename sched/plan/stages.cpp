@@ -148,6 +148,9 @@ size_t direct_stage_elems(const Config& config, size_t set_bytes, Collective col
   // Caller bytes per element of `count`: the reduce-scatter's stage spans every rank's block.
   const size_t per_elem = elem_bytes * (collective == Collective::all_reduce ? 1 : static_cast<size_t>(nranks));
   size_t want = std::max<size_t>(config.direct_stage_bytes / std::max<size_t>(per_elem, 1), 1);
+  // direct.max_stages: a larger call in that many larger stages (as far as `fits` allows, below).
+  if (config.direct_max_stages > 0)
+    want = std::max(want, (count + config.direct_max_stages - 1) / config.direct_max_stages);
   // direct.min_stages: smaller stages for the calls direct.stage_bytes would leave in too few to
   // overlap (whole units, rounded down: at least that many stages where the call has the units), but
   // none under kMinCutStageBytes of caller data: each stage costs a flag round trip between the ranks

@@ -478,7 +478,8 @@ TEST_CASE("a call whose unit does not fit one buffer set of the window goes over
 }
 
 TEST_CASE("direct transport sizes: one stage when the call fits, whole units otherwise") {
-  const Config c = direct_config(DirectMode::host_memory, 1 << 20, 64 << 10);
+  Config c = direct_config(DirectMode::host_memory, 1 << 20, 64 << 10);
+  c.direct_max_stages = 0;  // stages of direct.stage_bytes however many (direct.max_stages below)
   const quant::WireFormat f = quant::WireFormat::from(c);
   // 4 ranks, bf16, two-shot: a unit is 4 x 128 elements.
   CHECK(sched::direct_stage_elems(c, 512 << 10, Collective::all_reduce, Path::two_shot, 1000, 2, 4, f) == 1000);
@@ -503,6 +504,31 @@ TEST_CASE("direct transport sizes: one stage when the call fits, whole units oth
   k4.direct_min_stages = 1;
   CHECK(sched::direct_stage_elems(k4, set64, Collective::all_reduce, Path::two_shot, size_t{20} << 20, 2, 4, f) ==
         size_t{20} << 20);
+  // direct.max_stages 8: a call of more than 8 stages of direct.stage_bytes gets 8 larger ones where
+  // a set holds them, more (of whole units, as large as fit) where it does not; calls of up to 8
+  // keep direct.stage_bytes.
+  Config m8 = direct_config(DirectMode::host_memory, 64 << 20, 8 << 20);
+  m8.direct_max_stages = 8;
+  for (const auto [mib, stages] : {std::pair<size_t, size_t>{16, 2}, {64, 8}, {256, 8}}) {
+    const size_t count = mib << 19;  // bf16 elements
+    const size_t st = sched::direct_stage_elems(m8, set64, Collective::all_reduce, Path::one_shot, count, 2, 2, f);
+    CAPTURE(mib);
+    CHECK(sched::stage_count(count, st) == stages);
+    CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, st, 2, f) <= set64);
+  }
+  // The reduce-scatter's stage counts every rank's block: blocks of 16 Mi elements (128 MiB of bf16
+  // over 4 ranks) in 8 stages, not 16 of 8 MiB.
+  const size_t rs = sched::direct_stage_elems(m8, set64, Collective::reduce_scatter, Path::two_shot, size_t{16} << 20, 2, 4, f);
+  CHECK(sched::stage_count(size_t{16} << 20, rs) == 8);
+  // A set too small for count / 8: as large as fit, so more stages.
+  const size_t small_set = 4 << 20;
+  const size_t capped = sched::direct_stage_elems(m8, small_set, Collective::all_reduce, Path::one_shot, size_t{128} << 20, 2, 2, f);
+  CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, capped, 2, f) <= small_set);
+  CHECK(sched::stage_count(size_t{128} << 20, capped) > 8);
+  // direct.min_stages cuts after it.
+  m8.direct_min_stages = 16;
+  CHECK(sched::stage_count(size_t{128} << 19, sched::direct_stage_elems(m8, set64, Collective::all_reduce, Path::one_shot,
+                                                                          size_t{128} << 19, 2, 2, f)) >= 16);
   // One-shot: only this rank's chunk lives in its window.
   CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, 128, 8, f) == quant::chunk_bytes(128, f));
   CHECK(sched::direct_set_bytes(Collective::reduce_scatter, Path::two_shot, 128, 8, f) == 8 * quant::chunk_bytes(128, f));

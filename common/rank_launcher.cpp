@@ -215,8 +215,8 @@ int find_free_port() {
 int omp_threads_per_rank(int nranks) {
   cpu_set_t set;
   CPU_ZERO(&set);
-  const long online = ::sysconf(_SC_NPROCESSORS_ONLN);
-  const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : static_cast<int>(online);
+  const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                                  : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
   return std::max(1, cpus / (2 * std::max(nranks, 1)));
 }
 

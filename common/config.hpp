@@ -196,6 +196,18 @@ struct Config {
   // into their windows by a copy engine, so no kernel stores over the link (sched/algorithms/direct.cpp,
   // "Copy-out"). On, with direct.copy_in (above).
   bool direct_copy_out = true;              // direct.copy_out
+  // With copy-in, a stage's transfer lane copies in what its peers published before it waits for the
+  // stage's own produce, which it needs only from its first operation on the rank's own data
+  // (sched/exec/pipeline.hpp, StageOps::gate_produce): the ranks of one host share the copy engines
+  // in arrival order, so the rank's own copy-out may wait behind its peers'. The same bytes and
+  // results. A choice of each rank alone.
+  bool direct_early_copy_in = true;         // direct.early_copy_in
+  // A stage's sends (its first write into a window: the copy-out, or a quantize there) wait until every
+  // peer has published the previous stage, so the ranks of one host, whose copies share the copy
+  // engines in arrival order, take turns stage by stage instead of one rank queueing all of its
+  // stages ahead of its peers' (sched/exec/pipeline.cpp). The same bytes and results; lanes ordered by
+  // events only (not with direct.lane_flags); not two-shot, whose second phase it serialised.
+  bool direct_paced_sends = true;           // direct.paced_sends
   // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's
   // own flag page instead of events, in calls not under graph capture (sched/exec/pipeline.hpp). The
   // same order. Off: 2-3 points further from the host-link limit than the events at 2 and 4 ranks,

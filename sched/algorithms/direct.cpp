@@ -29,6 +29,12 @@
 // Again the same bytes and results, and a choice of this rank alone (it falls back to reading the
 // windows where the stage's slots do not fit the device set). On by default with copy-out (below):
 // together they were never slower and up to 1.3x faster (bench/README.md "Host-link limit").
+// The copy-in slots of a stage are no slot its produce lane writes (that lane's own chunk and
+// copy-out slots lie elsewhere in the set: device_slots), so with direct.early_copy_in a stage's
+// copy-in (StageOps::fetch) is issued before the transfer lane waits for the stage's produce: the
+// ranks of one host share the copy engines in the order their copies arrive, so this rank's own
+// copy-out may wait behind its peers', and a transfer lane that waited for it first would leave
+// their published data unread meanwhile.
 //
 // Copy-out (direct.copy_out, with own data on the device; Fp8Args::copy_out): what this rank writes for
 // one peer alone (the reduce-scatter's block, two-shot's shard for its owner) is quantized into the
@@ -139,25 +145,25 @@ ncclResult_t quantize_own_here(StageOps& ops, const Fp8Args& a, const Stage& st,
 }
 
 // Copies slots [0, n) but `skip` from a window laid out like `to` (slot j at `from + j * stride`,
-// `bytes` used of each) into device slots: one copy per run of contiguous slots.
+// `bytes` used of each) into device slots: one copy per run of contiguous slots. What the peers wrote
+// only, into copy-in slots: a fetch, which may run before the stage's own produce (StageOps::fetch).
 ncclResult_t copy_slots_but(StageOps& ops, char* to, const char* from, size_t stride, size_t bytes, int n, int skip) {
   for (auto [first, last] : {std::pair{0, skip}, std::pair{skip + 1, n}}) {
     if (first >= last) continue;
     const size_t offset = static_cast<size_t>(first) * stride;
-    FP8WIRE_TRY(ops.copy(to + offset, from + offset, static_cast<size_t>(last - first - 1) * stride + bytes,
-                         cudaMemcpyDefault));
+    FP8WIRE_TRY(ops.fetch(to + offset, from + offset, static_cast<size_t>(last - first - 1) * stride + bytes));
   }
   return ncclSuccess;
 }
 
 // Copies what every peer j wrote at `at` of its own window (`bytes(j)` bytes; none when 0) into the
-// same place of device slot j: one copy per peer, its windows being apart.
+// same place of device slot j: one fetch per peer, its windows being apart.
 template <class BytesOf>
 ncclResult_t copy_from_peers(StageOps& ops, const DirectWindows& d, int set, const DeviceSlots& dev, size_t at,
                              BytesOf bytes) {
   for (int j = 0; j < ops.nranks(); ++j)
     if (j != ops.rank() && bytes(j))
-      FP8WIRE_TRY(ops.copy(dev.slot(j) + at, d.window(j, set) + at, bytes(j), cudaMemcpyDefault));
+      FP8WIRE_TRY(ops.fetch(dev.slot(j) + at, d.window(j, set) + at, bytes(j)));
   return ncclSuccess;
 }
 }  // namespace

@@ -31,7 +31,7 @@ bool allocate_resources(CommState& s, const Config& config) {
     return false;
   std::vector<cudaEvent_t*> events = {&r.fork, &r.tail, &r.produce_end, &r.last, &r.capture_produce_end,
                                        &r.capture_transfer_end};
-  for (int i = 0; i < kMaxBufferSets; ++i) events.insert(events.end(), {&r.ready[i], &r.done[i]});
+  for (int i = 0; i < kMaxBufferSets; ++i) events.insert(events.end(), {&r.ready[i], &r.done[i], &r.acquired[i]});
   for (cudaEvent_t* e : events)
     if (cuda.EventCreateWithFlags(e, cudaEventDisableTiming) != cudaSuccess) return false;
   void* p = nullptr;

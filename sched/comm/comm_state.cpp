@@ -49,7 +49,7 @@ void release_resources(CommState& s) {
   for (cudaEvent_t e : {r.fork, r.tail, r.produce_end, r.last, r.capture_produce_end, r.capture_transfer_end})
     if (e) cuda.EventDestroy(e);
   for (int i = 0; i < kMaxBufferSets; ++i)
-    for (cudaEvent_t e : {r.ready[i], r.done[i]})
+    for (cudaEvent_t e : {r.ready[i], r.done[i], r.acquired[i]})
       if (e) cuda.EventDestroy(e);
   if (r.produce) cuda.StreamDestroy(r.produce);
   if (r.transfer) cuda.StreamDestroy(r.transfer);

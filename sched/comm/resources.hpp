@@ -30,6 +30,7 @@ struct CommResources {
   cudaEvent_t capture_transfer_end = nullptr;
   std::array<cudaEvent_t, kMaxBufferSets> ready{};  // stage i quantized (produce -> transfer), per buffer set
   std::array<cudaEvent_t, kMaxBufferSets> done{};   // stage i finished with its buffer set (transfer -> produce)
+  std::array<cudaEvent_t, kMaxBufferSets> acquired{};  // stage i's peers published (transfer -> produce; direct.paced_sends)
   char* scratch = nullptr;
   ScratchLayout layout;
 };

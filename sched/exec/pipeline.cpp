@@ -92,6 +92,17 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
   const DirectWindows* lanes = capturing_ || handover != LaneHandover::both ? nullptr : ops.lanes_by_flags();
   const bool reuse_wait = handover == LaneHandover::both;
   const bool ready_wait = handover != LaneHandover::none;
+  // direct.early_copy_in: the hand-over by event waits at the stage's produce gate (StageOps::
+  // gate_produce), after the copy-in of what the peers published, not before the stage's finish.
+  const bool early_copy_in = ops.early_copy_in();
+  // direct.paced_sends (events only): stage i's first write into a window waits until every peer has
+  // published stage i-1 (its acquire on the transfer lane). The ranks of one host share the copy
+  // engines in the order their copies arrive; unpaced, a rank ahead queues all its stages' sends
+  // before its peers' first, and every rank's reads of the lagging rank's stages wait behind them.
+  // Not for a program with a gather (two-shot): its transfer lane reaches stage i's acquire only
+  // after the gather of stage i-2, and tying the sends to that serialised its two phases (measured
+  // 0.63-0.71x at 64 MiB, bench/README.md "Host-link limit").
+  const bool paced = ops.paced_sends() && !lanes && !program.has_gather();
   // Buffer sets: two, or over a direct transport its windows' (direct.sets), the device scratch cut
   // alike (ScratchLayout::set_bytes_for, which the direct programs' device slots are sized by).
   static_assert(kDirectMaxSets <= kMaxBufferSets);
@@ -123,9 +134,12 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
     else if (reuse_wait && i >= static_cast<size_t>(sets))
       FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.produce, r.done[set], 0), "waiting for a buffer set"));
     ops.set_lane(r.produce);
+    if (paced && i > 0) ops.gate_send(r.acquired[static_cast<size_t>(previous.set_index)]);
     {
       NvtxRange q("fp8wire produce");
-      FP8WIRE_TRY(program.produce(ops, st));
+      const ncclResult_t produced = program.produce(ops, st);
+      ops.gate_send(nullptr);
+      FP8WIRE_TRY(produced);
     }
     if (!ready_wait) {
       // Only the release waits for the produce (StageOps::gate_release), after the stage's reads.
@@ -136,12 +150,17 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
       FP8WIRE_TRY(lanes->lanes_take(r.transfer, st.set_index));
     } else {
       FP8WIRE_TRY(check(cuda_->EventRecord(r.ready[set], r.produce), "handing a stage over"));
-      FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.transfer, r.ready[set], 0), "handing a stage over"));
+      if (early_copy_in) ops.gate_produce(r.ready[set]);
+      else FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.transfer, r.ready[set], 0), "handing a stage over"));
     }
     ops.set_lane(r.transfer);
+    if (paced) ops.mark_acquired(r.acquired[set]);
     const ncclResult_t finished = program.finish(ops, st);
+    ops.mark_acquired(nullptr);
     ops.gate_release(nullptr);
+    const ncclResult_t gated = ops.pass_produce_gate();
     FP8WIRE_TRY(finished);
+    FP8WIRE_TRY(gated);
     if (!late_gather) FP8WIRE_TRY(end_stage(st));
     else if (i > 0) FP8WIRE_TRY(end_stage(previous));
     previous = st;

@@ -14,7 +14,10 @@
 // own flags instead (DirectWindows::lanes_*) in calls not under capture; the fork and join stay
 // events. With direct.lanes_apart a call the direct programs allow it for (StageOps::handover) has
 // its produce lane wait for nothing of the transfer lane's, and its transfer lane wait for a stage's
-// produce only before the stage's release (in place: before the stage's finish, as without). At its
+// produce only before the stage's release (in place: before the stage's finish, as without). With
+// direct.early_copy_in the ready hand-over by event is waited for inside the stage's finish, just before
+// its first operation that touches what the produce lane writes or reads (StageOps::gate_produce):
+// its copy-in of the peers' data goes first. At its
 // start a call's produce lane waits for the transfer lane as it stands (the previous call's work).
 // The caller's stream itself runs none of the work: calls of one application group on different
 // communicators never wait for one another, whatever order each rank issued them in.

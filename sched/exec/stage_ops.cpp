@@ -1,6 +1,7 @@
 #include "sched/exec/stage_ops.hpp"
 
 #include <array>
+#include <utility>
 
 #include "common/log.hpp"
 #include "common/status.hpp"
@@ -25,6 +26,8 @@ quant::LaunchOptions StageOps::launch_for(std::span<const void* const> touched, 
 
 ncclResult_t StageOps::quantize(const void* in, size_t count, void* wire, quant::Segmented layout,
                                 uint64_t sr_offset, float* residual) {
+  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(pass_send_gate(wire));
   const quant::LaunchOptions o = launch_for({in, wire}, sr_offset);
   if (residual)
     return codec_result(codec_->quantize_with_residual(in, type_, count, residual, wire, layout, format_, lane_, o),
@@ -33,6 +36,7 @@ ncclResult_t StageOps::quantize(const void* in, size_t count, void* wire, quant:
 }
 
 ncclResult_t StageOps::dequantize(const void* wire, quant::Segmented layout, size_t count, void* out) {
+  FP8WIRE_TRY(pass_produce_gate());
   return codec_result(codec_->dequantize(wire, layout, count, out, type_, format_, lane_, launch_for({wire, out})),
                       "dequantize");
 }
@@ -51,6 +55,7 @@ std::array<const void*, quant::kMaxReduceInputs + 2> reduce_operands(const void*
 
 ncclResult_t StageOps::reduce(const void* const* inputs, int k, size_t count, float post, quant::ReduceOutput out,
                               uint64_t sr_offset) {
+  FP8WIRE_TRY(pass_produce_gate());
   const auto operands = reduce_operands(inputs, k, nullptr, out);
   return codec_result(
       codec_->dequantize_reduce(inputs, k, count, post, out, format_, lane_, launch_for(operands, sr_offset)),
@@ -59,6 +64,7 @@ ncclResult_t StageOps::reduce(const void* const* inputs, int k, size_t count, fl
 
 ncclResult_t StageOps::reduce_with_plain(const void* const* inputs, int k, const void* plain, int plain_position,
                                          size_t count, float post, quant::ReduceOutput out, uint64_t sr_offset) {
+  FP8WIRE_TRY(pass_produce_gate());
   const auto operands = reduce_operands(inputs, k, plain, out);
   return codec_result(codec_->dequantize_reduce_mixed(inputs, k, plain, type_, plain_position, count, post, out,
                                                       format_, lane_, launch_for(operands, sr_offset)),
@@ -66,12 +72,15 @@ ncclResult_t StageOps::reduce_with_plain(const void* const* inputs, int k, const
 }
 
 ncclResult_t StageOps::copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(pass_send_gate(dst));
   if (!bytes) return ncclSuccess;
   const cudaError_t err = state_->platform->cuda.MemcpyAsync(dst, src, bytes, kind, lane_);
   return codec_result(err, "staging copy");
 }
 
 ncclResult_t StageOps::zero(void* dst, size_t bytes) {
+  FP8WIRE_TRY(pass_produce_gate());
   if (!bytes) return ncclSuccess;
   return codec_result(state_->platform->cuda.MemsetAsync(dst, 0, bytes, lane_), "zeroing");
 }
@@ -82,18 +91,21 @@ ncclDataType_t StageOps::nccl_dtype() const {
 
 ncclResult_t StageOps::reduce_scatter_plain(Transport& over, int nranks, const void* send, void* recv,
                                             size_t recvcount) {
+  FP8WIRE_TRY(pass_produce_gate());
   const ncclResult_t res = over.reduce_scatter_plain(send, recv, recvcount, nccl_dtype(), lane_);
   if (res == ncclSuccess) wire_bytes_ += recvcount * elem_size() * static_cast<uint64_t>(nranks - 1);
   return res;
 }
 
 ncclResult_t StageOps::all_gather_plain(Transport& over, int nranks, const void* send, void* recv, size_t sendcount) {
+  FP8WIRE_TRY(pass_produce_gate());
   const ncclResult_t res = over.all_gather_plain(send, recv, sendcount, nccl_dtype(), lane_);
   if (res == ncclSuccess) wire_bytes_ += sendcount * elem_size() * static_cast<uint64_t>(nranks - 1);
   return res;
 }
 
 ncclResult_t StageOps::exchange(Transport& over, std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) {
+  FP8WIRE_TRY(pass_produce_gate());
   const ncclResult_t res = over.exchange(sends, recvs, lane_);
   if (res == ncclSuccess)
     for (const PeerSend& s : sends) wire_bytes_ += s.bytes;
@@ -101,15 +113,47 @@ ncclResult_t StageOps::exchange(Transport& over, std::span<const PeerSend> sends
 }
 
 ncclResult_t StageOps::gather(Transport& over, int nranks, char* base, size_t slot_bytes, GatherMethod how) {
+  FP8WIRE_TRY(pass_produce_gate());
   const ncclResult_t res = over.gather(base, slot_bytes, how, lane_);
   if (res == ncclSuccess) wire_bytes_ += slot_bytes * static_cast<uint64_t>(nranks - 1);
   return res;
 }
 
-ncclResult_t StageOps::reclaim(int set) { return direct_->reclaim(lane_, set); }
-ncclResult_t StageOps::publish(int set, int phase) { return direct_->publish(lane_, set, phase); }
-ncclResult_t StageOps::acquire(int set, int phase) { return direct_->acquire(lane_, set, phase); }
+ncclResult_t StageOps::pass_produce_gate() {
+  if (!produce_gate_) return ncclSuccess;
+  const cudaEvent_t gate = std::exchange(produce_gate_, nullptr);
+  return codec_result(state_->platform->cuda.StreamWaitEvent(lane_, gate, 0), "waiting for the stage's produce");
+}
+
+ncclResult_t StageOps::pass_send_gate(const void* written) {
+  if (!send_gate_ || (written && !(direct_ && direct_->in_a_window(written)))) return ncclSuccess;
+  const cudaEvent_t gate = std::exchange(send_gate_, nullptr);
+  return codec_result(state_->platform->cuda.StreamWaitEvent(lane_, gate, 0),
+                      "waiting for the peers' previous stage (paced sends)");
+}
+
+ncclResult_t StageOps::fetch(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return ncclSuccess;
+  return codec_result(state_->platform->cuda.MemcpyAsync(dst, src, bytes, cudaMemcpyDefault, lane_), "copy-in");
+}
+
+ncclResult_t StageOps::reclaim(int set) {
+  FP8WIRE_TRY(pass_produce_gate());
+  return direct_->reclaim(lane_, set);
+}
+ncclResult_t StageOps::publish(int set, int phase) {
+  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(pass_send_gate(nullptr));
+  return direct_->publish(lane_, set, phase);
+}
+ncclResult_t StageOps::acquire(int set, int phase) {
+  FP8WIRE_TRY(direct_->acquire(lane_, set, phase));
+  if (!acquired_mark_) return ncclSuccess;
+  const cudaEvent_t mark = std::exchange(acquired_mark_, nullptr);
+  return codec_result(state_->platform->cuda.EventRecord(mark, lane_), "marking a stage's peers published");
+}
 ncclResult_t StageOps::release(int set) {
+  FP8WIRE_TRY(pass_produce_gate());
   if (release_gate_)
     FP8WIRE_TRY(codec_result(state_->platform->cuda.StreamWaitEvent(lane_, release_gate_, 0), "waiting for the stage's produce"));
   return direct_->release(lane_, set);

@@ -54,21 +54,44 @@ class StageOps {
   // "Host-link limit"). With `lane_flags` (direct.lane_flags) the executor orders its two lanes by the
   // transport's flags; `handover` says which of its hand-overs between them the call needs
   // (direct.lanes_apart).
+  // `early_copy_in` (direct.early_copy_in): the executor hands each stage over by a produce gate
+  // (gate_produce, below) instead of a wait before the stage's finish. `paced_sends`
+  // (direct.paced_sends): it holds each stage's sends until the peers published the previous stage
+  // (gate_send, below).
   void use_direct(const DirectWindows* direct, uint32_t window_ctas, bool lane_flags = false,
-                  LaneHandover handover = LaneHandover::both) {
+                  LaneHandover handover = LaneHandover::both, bool early_copy_in = false, bool paced_sends = false) {
     direct_ = direct;
     window_ctas_ = window_ctas;
     lane_flags_ = lane_flags;
     handover_ = handover;
+    early_copy_in_ = early_copy_in;
+    paced_sends_ = paced_sends;
   }
   const DirectWindows* direct() const { return direct_; }
   // The windows whose flags order the executor's lanes, or null (events order them).
   const DirectWindows* lanes_by_flags() const { return lane_flags_ ? direct_ : nullptr; }
   LaneHandover handover() const { return handover_; }
+  bool early_copy_in() const { return direct_ && early_copy_in_; }
+  bool paced_sends() const { return direct_ && paced_sends_; }
   // With no hand-over (LaneHandover::none), the stage's release waits for this event (its produce,
   // publish included): a rank marks a set free for its peers only after every signal it owes them
   // for the stage, which the transports' liveness rule rests on (sched/transport/direct_windows.hpp).
   void gate_release(cudaEvent_t produced) { release_gate_ = produced; }
+  // The stage's hand-over from the produce lane, placed as late as it may be: the current lane waits
+  // for `produced` once, before the first operation of the stage that may touch what the produce lane
+  // writes or reads (its own quantized data, the caller's buffers, the flags it owes the peers): every
+  // operation but acquire() and fetch(), which move only what the peers wrote. So a stage's copy-in
+  // runs while its own produce still waits for the copy engine (sched/exec/pipeline.hpp).
+  void gate_produce(cudaEvent_t produced) { produce_gate_ = produced; }
+  // Waits for the produce gate now if it is still closed (the executor, once the stage's finish is
+  // issued: the rest of the stage follows its produce, as with the wait before the finish).
+  ncclResult_t pass_produce_gate();
+  // Paced sends (direct.paced_sends), set by the executor around a stage's produce: the lane waits for
+  // `acquired` once, before the stage's first write into a window (a copy or a quantize there) or its
+  // publish. With `mark`, the next acquire() on the lane records `mark` once its waits are issued: the
+  // stage's peers have published what it reads (sched/exec/pipeline.hpp).
+  void gate_send(cudaEvent_t acquired) { send_gate_ = acquired; }
+  void mark_acquired(cudaEvent_t mark) { acquired_mark_ = mark; }
 
   void set_lane(cudaStream_t lane) { lane_ = lane; }
   cudaStream_t lane() const { return lane_; }
@@ -96,6 +119,9 @@ class StageOps {
   // Device-to-device copy (the coalescing staging area), and zeroing (padding). cudaMemcpyDefault
   // for a copy into a host window (its mapped address), which CUDA resolves through unified addressing.
   ncclResult_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind = cudaMemcpyDeviceToDevice);
+  // A copy of what the peers wrote, from a window into this rank's copy-in slots, which no produce
+  // lane writes (sched/algorithms/direct.cpp, "Copy-in"): the one copy a produce gate lets through.
+  ncclResult_t fetch(void* dst, const void* src, size_t bytes);
   ncclResult_t zero(void* dst, size_t bytes);
   // Sums in the caller's precision over `over`'s ranks (the hierarchical path inside a host).
   ncclResult_t reduce_scatter_plain(Transport& over, int nranks, const void* send, void* recv, size_t recvcount);
@@ -140,7 +166,13 @@ class StageOps {
   uint32_t window_ctas_ = 0;
   bool lane_flags_ = false;
   LaneHandover handover_ = LaneHandover::both;
+  bool early_copy_in_ = false;
+  bool paced_sends_ = false;
   cudaEvent_t release_gate_ = nullptr;
+  cudaEvent_t produce_gate_ = nullptr;
+  cudaEvent_t send_gate_ = nullptr;
+  cudaEvent_t acquired_mark_ = nullptr;
+  ncclResult_t pass_send_gate(const void* written);  // when `written` is in a window (null: always)
 };
 
 }  // namespace fp8wire::sched

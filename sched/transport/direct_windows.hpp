@@ -37,11 +37,14 @@
 // in its own page, in place of the executor's events between its lanes: sched/exec/pipeline.hpp).
 //
 // Liveness. A peer that has gone (destroyed or aborted its communicator, or whose process ended) is an
-// error only for an operation of this rank that waits on it. Such a wait always follows this rank's
-// reclaim of the stage's set, which clears free[s][j], and the peer sets it again only with the last
-// step of its part of that stage, after every signal it owes this rank for it. So "free[s][j] == 0
-// for some set while peer j is gone" is exactly "this rank waits, or will wait, on a signal that
-// cannot come": no timer and no query of the lanes, and it holds for graph replays too. "Gone" is
+// error only for an operation of this rank that waits on it. Such a wait comes with this rank's
+// reclaim of the stage's set, which clears free[s][j]: after it, or (a transfer lane's acquire with
+// direct.early_copy_in) beside it, the produce lane reaching that reclaim without waiting on the
+// peer, whose release of the set's previous stage came with every signal it owed for that stage.
+// The peer sets free[s][j] again only with the last step of its part of the stage, after every
+// signal it owes this rank for it. So "free[s][j] == 0 for some set while peer j is gone" is, from
+// the moment the reclaim has run, exactly "this rank waits, or will wait, on a signal that cannot
+// come": no timer and no query of the lanes, and it holds for graph replays too. "Gone" is
 // the peer's `closed` mark (stored when its transport is torn down, after its lanes drained) or the
 // platform's answer that the peer no longer holds its flag page (DirectMemoryApi::owner_gone: a lock
 // the kernel drops when the process ends, whatever its PID namespace, unlike a pid probe).

@@ -4,7 +4,9 @@ starts (each by exec'ing /proc/self/exe, so most kernels name it "exe", a name t
 rely on since others keep the program's), fails a run sampled with
 fewer ranks than it has, and judges memory on the samples taken while training; soak.sh's variants
 run on the CPU; scripts/fidelity.py judges and reports the curves and rejects bad input;
-scripts/gpu/prof_direct_check.py judges the profiler against the step-time estimate."""
+scripts/gpu/prof_direct_check.py judges the profiler against the step-time estimate;
+scripts/direct_timeline.py reads Kineto traces of several ranks and says how busy each direction of
+the host link was and whether the ranks' copies ran at once."""
 import json
 import os
 import subprocess
@@ -19,6 +21,7 @@ import soak_monitor  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import kernel_breakdown  # noqa: E402
+import direct_timeline  # noqa: E402
 
 # A process tree like `fp8wire-train --ranks 2`: a launcher that forks two ranks, each re-exec'ing
 # the same program; argv[0] stays "fp8wire-train" throughout, /proc/<pid>/comm becomes "exe" on most
@@ -310,6 +313,58 @@ class KernelFamilies(unittest.TestCase):
         self.assertEqual(kernel_breakdown.family(fused), "trainer fused")
         self.assertEqual(kernel_breakdown.family("void fp8wire::quant::quantize_blocks<float>(...)"), "fp8wire codec")
         self.assertEqual(kernel_breakdown.family("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN"), "matmul")
+
+
+def kineto_trace(ops):
+    """A Kineto chrome trace with `ops` = (start_us, dur_us, stream, what, bytes); what: D2H, H2D or a kernel name."""
+    events = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 0, "dur": 1, "args": {}}]
+    for ts, dur, stream, what, nbytes in ops:
+        if what in ("D2H", "H2D"):
+            name = "Memcpy DtoH (Device -> Pinned)" if what == "D2H" else "Memcpy HtoD (Pinned -> Device)"
+            events.append({"ph": "X", "cat": "gpu_memcpy", "name": name, "ts": ts, "dur": dur,
+                           "args": {"stream": stream, "bytes": nbytes}})
+        else:
+            events.append({"ph": "X", "cat": "kernel", "name": what, "ts": ts, "dur": dur, "args": {"stream": stream}})
+    return {"traceEvents": events}
+
+
+class DirectTimeline(unittest.TestCase):
+    QUANTIZE = ("void fp8wire::quant::detail::quantize_kernel<(fp8wire::quant::ElemType)2, (fp8wire::Fp8Format)0>"
+                "(fp8wire::quant::detail::QuantizeParams)")
+
+    def write(self, folder, name, ops):
+        path = os.path.join(folder, name)
+        with open(path, "w") as f:
+            json.dump(kineto_trace(ops), f)
+        return path
+
+    def test_copies_one_at_a_time_and_a_stray_op_before_the_calls(self):
+        with tempfile.TemporaryDirectory() as d:
+            # Rank 0: a stray op 1 s before the calls (left out), then D2H 1000..1100, H2D 1200..1300.
+            # Rank 1: D2H 1100..1200 (after rank 0's: one at a time), H2D 1250..1350 (50 us beside rank 0's).
+            r0 = self.write(d, "r0.json", [(0, 5, 7, "D2H", 1000), (1_000_000, 4, 16, self.QUANTIZE, 0),
+                                           (1_000_010, 100, 16, "D2H", 5_000_000),
+                                           (1_000_200, 100, 17, "H2D", 5_000_000)])
+            r1 = self.write(d, "r1.json", [(1_000_110, 100, 16, "D2H", 5_000_000),
+                                           (1_000_250, 100, 17, "H2D", 5_000_000)])
+            ops = direct_timeline.after_last_pause(direct_timeline.load(r0), 50_000)
+            self.assertEqual(len(ops), 3)
+            self.assertEqual(ops[0][3], "quantize_kernel")
+            out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "direct_timeline.py"), "--calls", "1",
+                                  r0, r1], capture_output=True, text=True, check=True).stdout
+        self.assertIn("2 ranks, 1 calls in 350 us", out)
+        # D2H: 200 us busy of 350, 10 MB in 200 us = 50 GB/s, no overlap; H2D: 150 us busy, 50 of them twice.
+        self.assertIn("D2H: busy 57.1 % of the span, 50.0 GB/s while busy; two or more ranks' copies at once 0.0 %", out)
+        self.assertIn("H2D: busy 42.9 % of the span, 66.7 GB/s while busy; two or more ranks' copies at once 33.3 %", out)
+        self.assertRegex(out, r"\n +0\.0 +4\.0 +4\.0 +0 +16 quantize_kernel")  # times from the first kept op
+
+    def test_a_trace_without_gpu_work_is_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            empty = self.write(d, "r0.json", [])
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "direct_timeline.py"), empty],
+                               capture_output=True, text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("holds no kernels or copies", r.stderr)
 
 
 if __name__ == "__main__":

@@ -202,11 +202,13 @@ struct Config {
   // in arrival order, so the rank's own copy-out may wait behind its peers'. The same bytes and
   // results. A choice of each rank alone.
   bool direct_early_copy_in = true;         // direct.early_copy_in
-  // A stage's sends (its first write into a window: the copy-out, or a quantize there) wait until every
-  // peer has published the previous stage, so the ranks of one host, whose copies share the copy
-  // engines in arrival order, take turns stage by stage instead of one rank queueing all of its
-  // stages ahead of its peers' (sched/exec/pipeline.cpp). The same bytes and results; lanes ordered by
-  // events only (not with direct.lane_flags); not two-shot, whose second phase it serialised.
+  // Host memory: a stage's sends (its first write into a window: the copy-out, or a quantize there)
+  // wait until every peer has published the previous stage, so the ranks of one host, whose copies
+  // share the copy engines in arrival order, take turns stage by stage instead of one rank queueing
+  // all of its stages ahead of its peers' (sched/exec/pipeline.cpp). The same bytes and results;
+  // lanes ordered by events only (not with direct.lane_flags); not two-shot, whose second phase it
+  // serialised; not peer memory, whose kernels store over NVLink or P2P with no copy engine between
+  // (not measured there).
   bool direct_paced_sends = true;           // direct.paced_sends
   // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's
   // own flag page instead of events, in calls not under graph capture (sched/exec/pipeline.hpp). The

@@ -17,7 +17,9 @@
 // produce only before the stage's release (in place: before the stage's finish, as without). With
 // direct.early_copy_in the ready hand-over by event is waited for inside the stage's finish, just before
 // its first operation that touches what the produce lane writes or reads (StageOps::gate_produce):
-// its copy-in of the peers' data goes first. At its
+// its copy-in of the peers' data goes first. With direct.paced_sends (host memory, programs without
+// a gather) a stage's first write into a window waits for the transfer lane's acquire of the stage
+// before it (StageOps::gate_send), so the ranks' copies reach the copy engines stage by stage. At its
 // start a call's produce lane waits for the transfer lane as it stands (the previous call's work).
 // The caller's stream itself runs none of the work: calls of one application group on different
 // communicators never wait for one another, whatever order each rank issued them in.

@@ -500,6 +500,18 @@ void Profiler::ensure_flush_thread() {
     FP8WIRE_WARN_ONCE("fp8wire profiler: no exit-flush thread; SIGTERM, SIGINT and _exit lose the unreported steps");
 }
 
+namespace {
+// The shim's per-call telemetry (shim/fp8wire.h fp8wire_call_error), resolved at run time: null
+// without libfp8wire.so (or one older than it). Resolved first outside mutex_ (the flushes below):
+// dlsym takes the loader's lock, which a thread loading a library may hold while it waits for
+// mutex_ (a CUPTI delivery from a library's constructor).
+using CallErrorFn = int (*)(uint64_t, double*, double*);
+CallErrorFn call_error_fn() {
+  static const CallErrorFn fn = reinterpret_cast<CallErrorFn>(dlsym(RTLD_DEFAULT, "fp8wire_call_error"));
+  return fn;
+}
+}  // namespace
+
 void Profiler::flush_thread_main() {
   // SIGTERM/SIGINT go to another thread: their handler waits for a flush that needs mutex_, which
   // this thread may hold.
@@ -518,6 +530,7 @@ void Profiler::flush_thread_main() {
       // kernel is delivered without its timestamps. Outside mutex_: delivery takes it.
       cuptiActivityFlushAll(0);
       bool trace_all_apis = false;
+      call_error_fn();  // report_locked's, resolved before mutex_ is taken
       {
         std::lock_guard guard(mutex_);
         if (!finished_) {
@@ -667,16 +680,6 @@ void Profiler::open_outputs_locked() {
     FP8WIRE_WARN("fp8wire profiler: cannot write '{}.trace.json' (profiler.output): {}", base, strerror(errno));
 }
 
-namespace {
-// The shim's per-call telemetry (shim/fp8wire.h fp8wire_call_error), resolved at run time: null
-// without libfp8wire.so (or one older than it).
-using CallErrorFn = int (*)(uint64_t, double*, double*);
-CallErrorFn call_error_fn() {
-  static const CallErrorFn fn = reinterpret_cast<CallErrorFn>(dlsym(RTLD_DEFAULT, "fp8wire_call_error"));
-  return fn;
-}
-}  // namespace
-
 void Profiler::report_locked(std::vector<Collector::Finalized>&& steps) {
   if (steps.empty()) return;
   // A measured call's error is in by now: the step was reported after its settle time, and the
@@ -780,6 +783,7 @@ void Profiler::flush(bool at_exit) {
   if (at_exit) stop_flush_thread();
   // Outside the mutex: FlushAll delivers buffers through buffer_completed, which takes it.
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  call_error_fn();  // report_locked's, resolved before mutex_ is taken
   std::lock_guard lock(mutex_);
   if (finished_) return;
   drain_events_locked();

@@ -198,6 +198,64 @@ TEST_CASE("own data on the device (direct.own_on_device), with and without copy-
   MESSAGE(runs << " runs with own data on the device: bit-exact, alike, in bound");
 }
 
+TEST_CASE("the copy orders (direct.early_copy_in, direct.paced_sends), each on and off: the same bytes, no race; pacing waits where it should") {
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  size_t runs = 0, paced_calls = 0;
+  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
+    for (int n : {2, 3, 4}) {
+      for (const Variant& v : kVariants) {
+        for (bool in_place : {false, true}) {
+          for (size_t count : {size_t(3 * n * 128 + 5), size_t{4099}}) {
+            // Stage waits of each (early, paced) run of this case: [early][paced].
+            int waits[2][2] = {};
+            for (bool early : {false, true}) {
+              for (bool paced : {false, true}) {
+                Run cfg;
+                cfg.config = direct_config(mode, 24 << 10, 2 << 10);  // many stages, the sets in turn
+                cfg.config.direct_early_copy_in = early;
+                cfg.config.direct_paced_sends = paced;
+                cfg.abort_all = true;
+                cfg.in_place = in_place;
+                cfg.second_call = count == 4099;
+                Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 13u + count};
+                const size_t st = direct_stage_for(cfg.config, v.collective, v.path, count, DataType::bf16, n);
+                if (st == 0 || st >= count) continue;  // one stage: nothing to order
+                const auto inputs = inputs_for(spec, n);
+                const Outcome o = run(cfg, spec, inputs);
+                ++runs;
+                const std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode));
+                if (!e.empty()) failures.push_back(e);
+                const int site = static_cast<int>(sim::Site::stream_wait);
+                waits[early][paced] = o.after_calls[0][site] - o.after_setup[0][site];
+              }
+            }
+            if (waits[0][0] == 0) continue;  // not run (one stage)
+            // Early copy-in moves the stage's wait, it adds none; pacing adds one wait per stage but
+            // the first, over host memory and for programs without a gather (not two-shot's all-reduce).
+            const bool gather = v.collective == Collective::all_reduce && v.path == Path::two_shot;
+            const bool pacing = mode == DirectMode::host_memory && !gather;
+            for (bool early : {false, true}) {
+              if (waits[early][0] != waits[0][0])
+                failures.push_back(fmt::format("{} n={} {}: early copy-in changed the stage waits {} -> {}",
+                                               to_string(v.collective), n, to_string(mode), waits[0][0], waits[early][0]));
+              const bool more = waits[early][1] > waits[early][0];
+              if (more != pacing)
+                failures.push_back(fmt::format("{} {} n={} {}: paced {} stage waits, unpaced {}", to_string(v.collective),
+                                               to_string(v.path), n, to_string(mode), waits[early][1], waits[early][0]));
+              else if (more)
+                ++paced_calls;
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+  CHECK(paced_calls > 20);
+  MESSAGE(runs << " runs with the copy orders on and off: bit-exact, alike, in bound; " << paced_calls << " paced");
+}
+
 TEST_CASE("direct.lane_flags: the lanes hand stages over by the transport's flags: the same bytes, no race, calls back to back") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;

@@ -119,17 +119,16 @@ ncclResult_t StageOps::gather(Transport& over, int nranks, char* base, size_t sl
   return res;
 }
 
-ncclResult_t StageOps::pass_produce_gate() {
-  if (!produce_gate_) return ncclSuccess;
-  const cudaEvent_t gate = std::exchange(produce_gate_, nullptr);
-  return codec_result(state_->platform->cuda.StreamWaitEvent(lane_, gate, 0), "waiting for the stage's produce");
+ncclResult_t StageOps::pass_gate(cudaEvent_t& gate, const char* what) {
+  if (!gate) return ncclSuccess;
+  return codec_result(state_->platform->cuda.StreamWaitEvent(lane_, std::exchange(gate, nullptr), 0), what);
 }
 
+ncclResult_t StageOps::pass_produce_gate() { return pass_gate(produce_gate_, "waiting for the stage's produce"); }
+
 ncclResult_t StageOps::pass_send_gate(const void* written) {
-  if (!send_gate_ || (written && !(direct_ && direct_->in_a_window(written)))) return ncclSuccess;
-  const cudaEvent_t gate = std::exchange(send_gate_, nullptr);
-  return codec_result(state_->platform->cuda.StreamWaitEvent(lane_, gate, 0),
-                      "waiting for the peers' previous stage (paced sends)");
+  if (written && !(direct_ && direct_->in_a_window(written))) return ncclSuccess;
+  return pass_gate(send_gate_, "waiting for the peers' previous stage (paced sends)");
 }
 
 ncclResult_t StageOps::fetch(void* dst, const void* src, size_t bytes) {

@@ -233,7 +233,7 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
                  rec.gather == GatherMethod::automatic ? "" : to_string(rec.gather), rec.app_bytes,
                  rec.coalesced_calls);
   }
-  // The host time of the call (issue to return) tells a host-bound job where its milliseconds went.
+  // The host time of the call (from entering the call to its return) tells a host-bound job where its milliseconds went.
   FP8WIRE_DEBUG("seq {} {} {} x{} {} comm {} -> {} ({} calls), wire {} B, {:.1f} us on the host{}", seq,
                 to_string(c.collective), rec.count, es, to_string(s.agreement.fabric), s.id, to_string(rec.path),
                 rec.coalesced_calls, rec.wire_bytes, static_cast<double>(now_ns() - issue) / 1e3,

@@ -3,7 +3,7 @@
 # memory, as scripts/main-job.sh runs it, without the profiler) once per variant below: environment
 # overrides of the launcher's thread share and of configuration keys. Prints each run's summary line
 # (the trainer's mean step over the steps after warm-up), then the shim's host time per FP8 call from
-# the debug run's log (issue to return: how much of a host-bound step the library itself takes).
+# the debug run's log (from entering the call to its return: how much of a host-bound step the library itself takes).
 # Env: STEPS (default 15), MAIN_KNOBS_VARIANTS (labels from the list below, default all).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_out main_direct_knobs

@@ -153,8 +153,7 @@ ncclResult_t StageOps::acquire(int set, int phase) {
 }
 ncclResult_t StageOps::release(int set) {
   FP8WIRE_TRY(pass_produce_gate());
-  if (release_gate_)
-    FP8WIRE_TRY(codec_result(state_->platform->cuda.StreamWaitEvent(lane_, release_gate_, 0), "waiting for the stage's produce"));
+  FP8WIRE_TRY(pass_gate(release_gate_, "waiting for the stage's produce"));
   return direct_->release(lane_, set);
 }
 

@@ -173,7 +173,8 @@ class StageOps {
   cudaEvent_t send_gate_ = nullptr;
   cudaEvent_t acquired_mark_ = nullptr;
   ncclResult_t pass_send_gate(const void* written);  // when `written` is in a window (null: always)
-  ncclResult_t pass_gate(cudaEvent_t& gate, const char* what);  // waits for `gate` once, then clears it
+  // Waits for `gate` once, then clears it (the produce, send and release gates).
+  ncclResult_t pass_gate(cudaEvent_t& gate, const char* what);
 };
 
 }  // namespace fp8wire::sched

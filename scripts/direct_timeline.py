@@ -4,8 +4,11 @@
 
 For each direction of the host link (D2H: device to pinned host memory, H2D: back) it prints how busy
 the copies kept it over the profiled calls, and for how much of that time copies of two ranks ran at
-once: near 0 means the ranks' copies were served one at a time. Then every kernel and copy of every
-rank in one window of about one call, in time order, with rank, stream and duration.
+once: near 0 means the ranks' copies were served one at a time. Then the idle gaps between one copy
+of a direction and the next (any rank's): how many per call, how long (each is a hand-over: a flag
+seen, a wait passed, a kernel done, before the next copy starts). Then every kernel and copy of every
+rank in one window of about one call, in time order, with rank, stream and duration: by default the
+period with the most operations (a profiler's own pause can leave a period nearly empty).
 
     scripts/direct_timeline.py [--calls N] [--window K] TRACE.rank0.json TRACE.rank1.json ...
 """
@@ -60,6 +63,34 @@ def union_us(intervals):
     return total
 
 
+def median(values):
+    v = sorted(values)
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
+
+
+def idle_gaps(intervals):
+    """The idle gaps between the merged busy intervals, in time order."""
+    gaps, end = [], None
+    for a, b in sorted(intervals):
+        if end is not None and a > end:
+            gaps.append(a - end)
+        end = b if end is None else max(end, b)
+    return gaps
+
+
+def print_idle(ranks, span, calls):
+    """The idle gaps between one copy of a direction and the next: how many per call, their median, and
+    their time per call, gaps of a call period or more left out (a profiler's pause, the end of a
+    call that waits for the host)."""
+    period = span / max(calls, 1)
+    for direction in ("D2H", "H2D"):
+        gaps = idle_gaps([(s, e) for r in ranks for s, e, _, k, _ in r if k == direction])
+        short = [g for g in gaps if g < period]
+        if short:
+            print(f"{direction} idle between copies: {len(short) / max(calls, 1):.1f} gaps per call, median "
+                  f"{median(short):.1f} us, {sum(short) / max(calls, 1):.0f} us per call")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", nargs="+", help="one Kineto trace per rank, in rank order")
@@ -85,7 +116,11 @@ def main():
         moved = sum(b for r in ranks for _, _, _, k, b in r if k == direction)
         print(f"{direction}: busy {100 * busy / (t1 - t0):.1f} % of the span, {moved / busy / 1e3:.1f} GB/s while busy; "
               f"two or more ranks' copies at once {100 * (summed - busy) / busy:.1f} % of the busy time")
-    window = a.window if a.window >= 0 else a.calls // 2
+    print_idle(ranks, t1 - t0, a.calls)
+    def ops_in(k):
+        return sum(1 for r in ranks for op in r if t0 + k * period <= op[0] < t0 + (k + 1) * period)
+    # The busiest period, the middle one among equals.
+    window = a.window if a.window >= 0 else max(range(a.calls), key=lambda k: (ops_in(k), -abs(k - a.calls // 2)))
     lo, hi = t0 + window * period, t0 + (window + 1) * period
     print(f"\ncall period {window} ({lo - t0:.0f}..{hi - t0:.0f} us), every rank, in time order:")
     print(f"{'start_us':>9} {'end_us':>9} {'dur_us':>7} rank stream {'what':<24} {'MB':>6}")

@@ -5,7 +5,8 @@
 # rank's kernels and copies on one timeline (scripts/direct_timeline.py): how busy each direction of
 # the host link was, whether the ranks' copies ran at once, and one call period op by op.
 # Env: DIRECT_TRACE_RANKS (default "2 4"), DIRECT_TRACE_MIB (default 16,64), DIRECT_TRACE_OPS (ar,rs),
-# DIRECT_TRACE_ENV (configuration overrides for the library, e.g. "FP8WIRE_DIRECT_PACED_SENDS=0").
+# DIRECT_TRACE_ENV (configuration overrides for the library, e.g. "FP8WIRE_DIRECT_PACED_SENDS=0"),
+# DIRECT_TRACE_KEEP=1 (keep the raw traces, packed).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_out direct-trace
 lib="$BUILD/shim/libfp8wire.so"
@@ -23,7 +24,12 @@ for first in "$OUT"/traces/*_r0.json; do
   case="${first%_r0.json}"
   traces=("$case"_r*.json)
   echo "==== $(basename "$case")"
-  "$PY" scripts/direct_timeline.py "${traces[@]}" | tee "$OUT/$(basename "$case").timeline.txt" | head -n 3
+  # Written whole, then its head shown (a pipe into head would cut the file short).
+  "$PY" scripts/direct_timeline.py "${traces[@]}" > "$OUT/$(basename "$case").timeline.txt" || status=1
+  head -n 3 "$OUT/$(basename "$case").timeline.txt"
 done
-rm -rf "$OUT/traces"  # megabytes per case; the timelines above keep what they show
+# Megabytes per case; the timelines above keep what they show (DIRECT_TRACE_KEEP=1 packs the traces
+# into traces.tar.gz instead, for another look with scripts/direct_timeline.py --window).
+if [[ "${DIRECT_TRACE_KEEP:-0}" == 1 ]]; then tar -C "$OUT" -czf "$OUT/traces.tar.gz" traces; fi
+rm -rf "$OUT/traces"
 exit "$status"

@@ -68,27 +68,36 @@ def median(values):
     return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
 
 
-def idle_gaps(intervals):
-    """The idle gaps between the merged busy intervals, in time order."""
-    gaps, end = [], None
-    for a, b in sorted(intervals):
+def idle_gaps(copies):
+    """The idle gaps of one direction, in time order, from its copies (start, end, rank): each gap's
+    length and whether the copy after it is of the same rank as the copy before it."""
+    gaps, end, last_rank = [], None, None
+    for a, b, rank in sorted(copies):
         if end is not None and a > end:
-            gaps.append(a - end)
-        end = b if end is None else max(end, b)
+            gaps.append((a - end, rank == last_rank))
+        if end is None or b >= end:
+            end, last_rank = b, rank
     return gaps
 
 
 def print_idle(ranks, span, calls):
     """The idle gaps between one copy of a direction and the next: how many per call, their median, and
     their time per call, gaps of a call period or more left out (a profiler's pause, the end of a
-    call that waits for the host)."""
+    call that waits for the host). Split by whether the next copy is the same rank's (on one lane,
+    a kernel between two copies holds the second back) or another rank's (a hand-over between ranks)."""
     period = span / max(calls, 1)
     for direction in ("D2H", "H2D"):
-        gaps = idle_gaps([(s, e) for r in ranks for s, e, _, k, _ in r if k == direction])
-        short = [g for g in gaps if g < period]
-        if short:
-            print(f"{direction} idle between copies: {len(short) / max(calls, 1):.1f} gaps per call, median "
-                  f"{median(short):.1f} us, {sum(short) / max(calls, 1):.0f} us per call")
+        copies = [(s, e, rank) for rank, r in enumerate(ranks) for s, e, _, k, _ in r if k == direction]
+        short = [(g, same) for g, same in idle_gaps(copies) if g < period]
+        if not short:
+            continue
+        line = (f"{direction} idle between copies: {len(short) / max(calls, 1):.1f} gaps per call, median "
+                f"{median([g for g, _ in short]):.1f} us, {sum(g for g, _ in short) / max(calls, 1):.0f} us per call")
+        for label, want in (("after the same rank's copy", True), ("after another rank's", False)):
+            part = [g for g, same in short if same == want]
+            if part:
+                line += f"; {label}: {len(part)}, median {median(part):.1f} us"
+        print(line)
 
 
 def main():

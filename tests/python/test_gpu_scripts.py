@@ -360,19 +360,23 @@ class DirectTimeline(unittest.TestCase):
 
     def test_idle_gaps_between_copies_and_the_busiest_period_listed(self):
         with tempfile.TemporaryDirectory() as d:
-            # Two calls of 400 us. D2H: 0..100 (rank 0), 120..220 (rank 1), 240..340 (rank 0): gaps of 20.
-            # Then a pause of 460 us (longer than a call: left out of the idle sums), 800..900 (rank 1).
-            # H2D: 100..200 (rank 1), 230..330 (rank 0): one gap of 30. Call period 0 holds 5 ops, period 1
-            # one: the busiest is listed although the middle one (1) is the default's neighbour.
-            r0 = self.write(d, "r0.json", [(0, 100, 16, "D2H", 1), (240, 100, 16, "D2H", 1), (230, 100, 17, "H2D", 1)])
-            r1 = self.write(d, "r1.json", [(120, 100, 16, "D2H", 1), (100, 100, 17, "H2D", 1), (800, 100, 16, "D2H", 1)])
+            # Two calls of 500 us. D2H: 0..100 (rank 0), 120..220 (rank 1), 240..340 (rank 0): gaps of 20
+            # after another rank's copy; 360..380 (rank 0): a gap of 20 after the same rank's.
+            # Then a pause of 520 us (longer than a call: left out of the idle sums), 900..1000 (rank 1).
+            # H2D: 100..200 (rank 1), 230..330 (rank 0): one gap of 30. Call period 0 holds 6 ops, period 1
+            # one: the busiest is listed, not the middle one (1).
+            r0 = self.write(d, "r0.json", [(0, 100, 16, "D2H", 1), (240, 100, 16, "D2H", 1), (230, 100, 17, "H2D", 1),
+                                           (360, 20, 16, "D2H", 1)])
+            r1 = self.write(d, "r1.json", [(120, 100, 16, "D2H", 1), (100, 100, 17, "H2D", 1), (900, 100, 16, "D2H", 1)])
             out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "direct_timeline.py"), "--calls", "2",
                                   r0, r1], capture_output=True, text=True, check=True).stdout
-        self.assertIn("2 ranks, 2 calls in 900 us: 450 us per call", out)
-        self.assertIn("D2H idle between copies: 1.0 gaps per call, median 20.0 us, 20 us per call", out)
-        self.assertIn("H2D idle between copies: 0.5 gaps per call, median 30.0 us, 15 us per call", out)
-        self.assertIn("call period 0 (0..450 us)", out)
-        self.assertNotRegex(out, r"\n +800\.0 ")  # period 1's lone copy is not listed
+        self.assertIn("2 ranks, 2 calls in 1000 us: 500 us per call", out)
+        self.assertIn("D2H idle between copies: 1.5 gaps per call, median 20.0 us, 30 us per call; "
+                      "after the same rank's copy: 1, median 20.0 us; after another rank's: 2, median 20.0 us", out)
+        self.assertIn("H2D idle between copies: 0.5 gaps per call, median 30.0 us, 15 us per call; "
+                      "after another rank's: 1, median 30.0 us", out)
+        self.assertIn("call period 0 (0..500 us)", out)
+        self.assertNotRegex(out, r"\n +900\.0 ")  # period 1's lone copy is not listed
 
     def test_a_trace_without_gpu_work_is_refused(self):
         with tempfile.TemporaryDirectory() as d:

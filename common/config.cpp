@@ -519,6 +519,7 @@ std::vector<KeySpec> build_key_table() {
   t.push_back(bool_key("direct.copy_in", [](auto& c) -> auto& { return c.direct_copy_in; }));
   t.push_back(bool_key("direct.early_copy_in", [](auto& c) -> auto& { return c.direct_early_copy_in; }));
   t.push_back(bool_key("direct.paced_sends", [](auto& c) -> auto& { return c.direct_paced_sends; }));
+  t.push_back(bool_key("direct.copy_lanes", [](auto& c) -> auto& { return c.direct_copy_lanes; }));
   t.push_back(bool_key("direct.copy_out", [](auto& c) -> auto& { return c.direct_copy_out; }));
   t.push_back(bool_key("direct.lane_flags", [](auto& c) -> auto& { return c.direct_lane_flags; }));
   t.push_back(bool_key("direct.lanes_apart", [](auto& c) -> auto& { return c.direct_lanes_apart; }));
@@ -580,7 +581,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 904 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 912 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

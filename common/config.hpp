@@ -210,6 +210,15 @@ struct Config {
   // serialised; not peer memory, whose kernels store over NVLink or P2P with no copy engine between
   // (not measured there).
   bool direct_paced_sends = true;           // direct.paced_sends
+  // A stage's copies over the link on lanes of their own: its sends (reclaim, copy-out, publish) on a
+  // send lane beside the produce lane's kernels, its copy-in (acquire, fetch) on a fetch lane beside
+  // the transfer lane's kernels, each copy lane waiting for the kernel it follows and never the other
+  // way, so a lane's next copy is not held behind a kernel that waits for its previous one
+  // (sched/exec/pipeline.cpp). The same bytes and results; calls not under graph capture, lanes
+  // ordered by events (not direct.lane_flags, not direct.lanes_apart), programs without a gather (not
+  // two-shot). 2 ranks over host memory: 1.03-1.66x, 16-256 MiB; 4 ranks level within run-to-run
+  // spread (bench/README.md "Host-link limit").
+  bool direct_copy_lanes = true;            // direct.copy_lanes
   // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's
   // own flag page instead of events, in calls not under graph capture (sched/exec/pipeline.hpp). The
   // same order. Off: 2-3 points further from the host-link limit than the events at 2 and 4 ranks,

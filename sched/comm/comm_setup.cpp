@@ -27,10 +27,12 @@ bool allocate_resources(CommState& s, const Config& config) {
   CommResources& r = s.res;
   r.layout = scratch_layout(config);
   if (cuda.StreamCreateWithFlags(&r.produce, cudaStreamNonBlocking) != cudaSuccess ||
-      cuda.StreamCreateWithFlags(&r.transfer, cudaStreamNonBlocking) != cudaSuccess)
+      cuda.StreamCreateWithFlags(&r.transfer, cudaStreamNonBlocking) != cudaSuccess ||
+      cuda.StreamCreateWithFlags(&r.send, cudaStreamNonBlocking) != cudaSuccess ||
+      cuda.StreamCreateWithFlags(&r.fetch, cudaStreamNonBlocking) != cudaSuccess)
     return false;
   std::vector<cudaEvent_t*> events = {&r.fork, &r.tail, &r.produce_end, &r.last, &r.capture_produce_end,
-                                       &r.capture_transfer_end};
+                                       &r.capture_transfer_end, &r.to_copy_lane, &r.to_kernel_lane, &r.send_end};
   for (int i = 0; i < kMaxBufferSets; ++i) events.insert(events.end(), {&r.ready[i], &r.done[i], &r.acquired[i]});
   for (cudaEvent_t* e : events)
     if (cuda.EventCreateWithFlags(e, cudaEventDisableTiming) != cudaSuccess) return false;

@@ -34,8 +34,8 @@ void release_resources(CommState& s) {
     // A lane may wait on a peer's flag: after an abort, or once that peer is gone, no signal comes,
     // and this rank releases its own waits. Then the windows go once every peer has read what this
     // rank wrote (their release flags), so that no peer's kernel reads freed memory.
-    const cudaStream_t lanes[] = {r.produce, r.transfer};
-    s.direct->drain(lanes, 2, s.aborting);
+    const cudaStream_t lanes[] = {r.produce, r.transfer, r.send, r.fetch};
+    s.direct->drain(lanes, 4, s.aborting);
     // Every release this rank owes is written: from here its peers may see it as closed in order.
     s.direct->mark_closed();
     if (!s.direct->wait_peers_done(s.aborting)) s.direct->keep_own_window();
@@ -43,16 +43,17 @@ void release_resources(CommState& s) {
   }
   // The lanes may still run an FP8 call of this communicator (its last one, or one an abort cut
   // short): wait for them before freeing what they read.
-  if (r.produce) cuda.StreamSynchronize(r.produce);
-  if (r.transfer) cuda.StreamSynchronize(r.transfer);
+  for (cudaStream_t lane : {r.produce, r.transfer, r.send, r.fetch})
+    if (lane) cuda.StreamSynchronize(lane);
   if (r.scratch) cuda.Free(r.scratch);
-  for (cudaEvent_t e : {r.fork, r.tail, r.produce_end, r.last, r.capture_produce_end, r.capture_transfer_end})
+  for (cudaEvent_t e : {r.fork, r.tail, r.produce_end, r.last, r.capture_produce_end, r.capture_transfer_end,
+                        r.to_copy_lane, r.to_kernel_lane, r.send_end})
     if (e) cuda.EventDestroy(e);
   for (int i = 0; i < kMaxBufferSets; ++i)
     for (cudaEvent_t e : {r.ready[i], r.done[i], r.acquired[i]})
       if (e) cuda.EventDestroy(e);
-  if (r.produce) cuda.StreamDestroy(r.produce);
-  if (r.transfer) cuda.StreamDestroy(r.transfer);
+  for (cudaStream_t lane : {r.produce, r.transfer, r.send, r.fetch})
+    if (lane) cuda.StreamDestroy(lane);
   r = CommResources{};
 }
 

@@ -1,6 +1,7 @@
 #include "sched/exec/pipeline.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "common/log.hpp"
 #include "common/nvtx.hpp"
@@ -75,6 +76,33 @@ ncclResult_t PipelineRun::check(cudaError_t err, const char* what) {
 ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count, size_t stage_elems) {
   if (begin_ != ncclSuccess) return begin_;
   CommResources& r = s_->res;
+  // direct.copy_lanes (StageOps::set_lanes): calls ordered by events, not under capture, programs
+  // without a gather (whose transfer lane also sends). The copy lanes start where the lanes do (the
+  // fork, and the transfer lane's work of the previous call, whose reduce may still read the copy-in
+  // slots the fetch lane fills), and the transfer lane waits for both at the end, so the join
+  // covers them whatever the call's outcome.
+  const bool copy_lanes = ops.copy_lanes() && !capturing_ && r.send && r.fetch && !ops.lanes_by_flags() &&
+                          ops.handover() == LaneHandover::both && !program.has_gather();
+  if (!copy_lanes) return run_stages(program, ops, count, stage_elems, false);
+  cudaError_t err = cudaSuccess;
+  for (cudaStream_t lane : {r.send, r.fetch}) {
+    if (err == cudaSuccess) err = cuda_->StreamWaitEvent(lane, r.fork, 0);
+    if (err == cudaSuccess) err = cuda_->StreamWaitEvent(lane, r.tail, 0);
+  }
+  ncclResult_t res = check(err, "forking the copy lanes");
+  if (res == ncclSuccess) res = run_stages(program, ops, count, stage_elems, true);
+  err = cudaSuccess;
+  for (auto [lane, end] : {std::pair{r.send, r.send_end}, std::pair{r.fetch, r.to_kernel_lane}}) {
+    if (err == cudaSuccess) err = cuda_->EventRecord(end, lane);
+    if (err == cudaSuccess) err = cuda_->StreamWaitEvent(r.transfer, end, 0);
+  }
+  const ncclResult_t joined = check(err, "joining the copy lanes");
+  return res != ncclSuccess ? res : joined;
+}
+
+ncclResult_t PipelineRun::run_stages(StageProgram& program, StageOps& ops, size_t count, size_t stage_elems,
+                                     bool copy_lanes) {
+  CommResources& r = s_->res;
   const size_t stages = stage_count(count, stage_elems);
   // direct.lane_flags: the lanes hand stages over by the transport's flags, not events. Each wait is
   // issued after the store it waits for, so an error cut short leaves no wait unsatisfiable; the flags
@@ -131,14 +159,22 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
     st.last = i + 1 == stages;
     // The set was last read by stage i-sets' finish (or, with lane flags, by the last stage that used it).
     if (reuse_wait && lanes) FP8WIRE_TRY(lanes->lanes_reuse(r.produce, st.set_index));
-    else if (reuse_wait && i >= static_cast<size_t>(sets))
+    else if (reuse_wait && i >= static_cast<size_t>(sets)) {
       FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.produce, r.done[set], 0), "waiting for a buffer set"));
-    ops.set_lane(r.produce);
+      // The fetch lane refills the set's copy-in slots, and the send lane the rank's own window, which
+      // stage i-sets' reduce may have read (the peers' reads of the window are the reclaim's).
+      if (copy_lanes)
+        for (cudaStream_t lane : {r.send, r.fetch})
+          FP8WIRE_TRY(check(cuda_->StreamWaitEvent(lane, r.done[set], 0), "waiting for a buffer set"));
+    }
+    ops.set_lanes(r.produce, copy_lanes ? r.send : nullptr, StageOps::Half::produce, r.to_copy_lane);
     if (paced && i > 0) ops.gate_send(r.acquired[static_cast<size_t>(previous.set_index)]);
+    cudaStream_t produced_on = r.produce;  // where the whole of the stage's produce is done
     {
       NvtxRange q("fp8wire produce");
-      const ncclResult_t produced = program.produce(ops, st);
+      ncclResult_t produced = program.produce(ops, st);
       ops.gate_send(nullptr);
+      if (produced == ncclSuccess) produced = ops.end_half(&produced_on);
       FP8WIRE_TRY(produced);
     }
     if (!ready_wait) {
@@ -149,13 +185,15 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
       FP8WIRE_TRY(lanes->lanes_hand(r.produce, st.set_index));
       FP8WIRE_TRY(lanes->lanes_take(r.transfer, st.set_index));
     } else {
-      FP8WIRE_TRY(check(cuda_->EventRecord(r.ready[set], r.produce), "handing a stage over"));
+      FP8WIRE_TRY(check(cuda_->EventRecord(r.ready[set], produced_on), "handing a stage over"));
       if (early_copy_in) ops.gate_produce(r.ready[set]);
       else FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.transfer, r.ready[set], 0), "handing a stage over"));
     }
-    ops.set_lane(r.transfer);
+    ops.set_lanes(r.transfer, copy_lanes ? r.fetch : nullptr, StageOps::Half::finish, r.to_kernel_lane);
     if (paced) ops.mark_acquired(r.acquired[set]);
-    const ncclResult_t finished = program.finish(ops, st);
+    ncclResult_t finished = program.finish(ops, st);
+    cudaStream_t finished_on = r.transfer;  // the transfer lane, after the fetch lane's part
+    if (finished == ncclSuccess) finished = ops.end_half(&finished_on);
     ops.mark_acquired(nullptr);
     ops.gate_release(nullptr);
     const ncclResult_t gated = ops.pass_produce_gate();

@@ -26,6 +26,7 @@ quant::LaunchOptions StageOps::launch_for(std::span<const void* const> touched, 
 
 ncclResult_t StageOps::quantize(const void* in, size_t count, void* wire, quant::Segmented layout,
                                 uint64_t sr_offset, float* residual) {
+  FP8WIRE_TRY(on_lane(half_ == Half::produce && writes_window(wire)));
   FP8WIRE_TRY(pass_produce_gate());
   FP8WIRE_TRY(pass_send_gate(wire));
   const quant::LaunchOptions o = launch_for({in, wire}, sr_offset);
@@ -36,6 +37,7 @@ ncclResult_t StageOps::quantize(const void* in, size_t count, void* wire, quant:
 }
 
 ncclResult_t StageOps::dequantize(const void* wire, quant::Segmented layout, size_t count, void* out) {
+  FP8WIRE_TRY(on_lane(false));
   FP8WIRE_TRY(pass_produce_gate());
   return codec_result(codec_->dequantize(wire, layout, count, out, type_, format_, lane_, launch_for({wire, out})),
                       "dequantize");
@@ -55,6 +57,7 @@ std::array<const void*, quant::kMaxReduceInputs + 2> reduce_operands(const void*
 
 ncclResult_t StageOps::reduce(const void* const* inputs, int k, size_t count, float post, quant::ReduceOutput out,
                               uint64_t sr_offset) {
+  FP8WIRE_TRY(on_lane(false));
   FP8WIRE_TRY(pass_produce_gate());
   const auto operands = reduce_operands(inputs, k, nullptr, out);
   return codec_result(
@@ -64,6 +67,7 @@ ncclResult_t StageOps::reduce(const void* const* inputs, int k, size_t count, fl
 
 ncclResult_t StageOps::reduce_with_plain(const void* const* inputs, int k, const void* plain, int plain_position,
                                          size_t count, float post, quant::ReduceOutput out, uint64_t sr_offset) {
+  FP8WIRE_TRY(on_lane(false));
   FP8WIRE_TRY(pass_produce_gate());
   const auto operands = reduce_operands(inputs, k, plain, out);
   return codec_result(codec_->dequantize_reduce_mixed(inputs, k, plain, type_, plain_position, count, post, out,
@@ -72,6 +76,7 @@ ncclResult_t StageOps::reduce_with_plain(const void* const* inputs, int k, const
 }
 
 ncclResult_t StageOps::copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  FP8WIRE_TRY(on_lane(half_ == Half::produce && writes_window(dst)));
   FP8WIRE_TRY(pass_produce_gate());
   FP8WIRE_TRY(pass_send_gate(dst));
   if (!bytes) return ncclSuccess;
@@ -80,6 +85,7 @@ ncclResult_t StageOps::copy(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 ncclResult_t StageOps::zero(void* dst, size_t bytes) {
+  FP8WIRE_TRY(on_lane(false));
   FP8WIRE_TRY(pass_produce_gate());
   if (!bytes) return ncclSuccess;
   return codec_result(state_->platform->cuda.MemsetAsync(dst, 0, bytes, lane_), "zeroing");
@@ -91,6 +97,7 @@ ncclDataType_t StageOps::nccl_dtype() const {
 
 ncclResult_t StageOps::reduce_scatter_plain(Transport& over, int nranks, const void* send, void* recv,
                                             size_t recvcount) {
+  FP8WIRE_TRY(on_lane(false));
   FP8WIRE_TRY(pass_produce_gate());
   const ncclResult_t res = over.reduce_scatter_plain(send, recv, recvcount, nccl_dtype(), lane_);
   if (res == ncclSuccess) wire_bytes_ += recvcount * elem_size() * static_cast<uint64_t>(nranks - 1);
@@ -98,6 +105,7 @@ ncclResult_t StageOps::reduce_scatter_plain(Transport& over, int nranks, const v
 }
 
 ncclResult_t StageOps::all_gather_plain(Transport& over, int nranks, const void* send, void* recv, size_t sendcount) {
+  FP8WIRE_TRY(on_lane(false));
   FP8WIRE_TRY(pass_produce_gate());
   const ncclResult_t res = over.all_gather_plain(send, recv, sendcount, nccl_dtype(), lane_);
   if (res == ncclSuccess) wire_bytes_ += sendcount * elem_size() * static_cast<uint64_t>(nranks - 1);
@@ -105,6 +113,7 @@ ncclResult_t StageOps::all_gather_plain(Transport& over, int nranks, const void*
 }
 
 ncclResult_t StageOps::exchange(Transport& over, std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) {
+  FP8WIRE_TRY(on_lane(false));
   FP8WIRE_TRY(pass_produce_gate());
   const ncclResult_t res = over.exchange(sends, recvs, lane_);
   if (res == ncclSuccess)
@@ -113,10 +122,45 @@ ncclResult_t StageOps::exchange(Transport& over, std::span<const PeerSend> sends
 }
 
 ncclResult_t StageOps::gather(Transport& over, int nranks, char* base, size_t slot_bytes, GatherMethod how) {
+  FP8WIRE_TRY(on_lane(false));
   FP8WIRE_TRY(pass_produce_gate());
   const ncclResult_t res = over.gather(base, slot_bytes, how, lane_);
   if (res == ncclSuccess) wire_bytes_ += slot_bytes * static_cast<uint64_t>(nranks - 1);
   return res;
+}
+
+bool StageOps::writes_window(const void* p) const { return direct_ && direct_->in_a_window(p); }
+
+ncclResult_t StageOps::on_lane(bool copy) {
+  if (!copy_lane_) return ncclSuccess;
+  const CudaApi& cuda = state_->platform->cuda;
+  auto hop = [&](cudaStream_t from, cudaStream_t to, const char* what) -> ncclResult_t {
+    cudaError_t err = cuda.EventRecord(hop_, from);
+    if (err == cudaSuccess) err = cuda.StreamWaitEvent(to, hop_, 0);
+    return codec_result(err, what);
+  };
+  if (copy) {
+    if (half_ == Half::produce && kernel_since_hop_)
+      FP8WIRE_TRY(hop(kernel_lane_, copy_lane_, "handing a stage's sends to the send lane"));
+    kernel_since_hop_ = false;
+    copy_since_hop_ = true;
+    lane_ = copy_lane_;
+  } else {
+    if (half_ == Half::finish && copy_since_hop_)
+      FP8WIRE_TRY(hop(copy_lane_, kernel_lane_, "handing a stage's copy-in to the transfer lane"));
+    copy_since_hop_ = false;
+    kernel_since_hop_ = true;
+    lane_ = kernel_lane_;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t StageOps::end_half(cudaStream_t* all_done) {
+  // The produce half ends on its copy lane (after its publish), the finish half on its kernel lane,
+  // each waiting for the other lane's operations since they last met.
+  if (copy_lane_) FP8WIRE_TRY(on_lane(half_ == Half::produce));
+  *all_done = lane_;
+  return ncclSuccess;
 }
 
 ncclResult_t StageOps::pass_gate(cudaEvent_t& gate, const char* what) {
@@ -132,26 +176,31 @@ ncclResult_t StageOps::pass_send_gate(const void* written) {
 }
 
 ncclResult_t StageOps::fetch(void* dst, const void* src, size_t bytes) {
+  FP8WIRE_TRY(on_lane(half_ == Half::finish));
   if (!bytes) return ncclSuccess;
   return codec_result(state_->platform->cuda.MemcpyAsync(dst, src, bytes, cudaMemcpyDefault, lane_), "copy-in");
 }
 
 ncclResult_t StageOps::reclaim(int set) {
+  FP8WIRE_TRY(on_lane(half_ == Half::produce));
   FP8WIRE_TRY(pass_produce_gate());
   return direct_->reclaim(lane_, set);
 }
 ncclResult_t StageOps::publish(int set, int phase) {
+  FP8WIRE_TRY(on_lane(half_ == Half::produce));
   FP8WIRE_TRY(pass_produce_gate());
   FP8WIRE_TRY(pass_send_gate(nullptr));
   return direct_->publish(lane_, set, phase);
 }
 ncclResult_t StageOps::acquire(int set, int phase) {
+  FP8WIRE_TRY(on_lane(half_ == Half::finish));
   FP8WIRE_TRY(direct_->acquire(lane_, set, phase));
   if (!acquired_mark_) return ncclSuccess;
   const cudaEvent_t mark = std::exchange(acquired_mark_, nullptr);
   return codec_result(state_->platform->cuda.EventRecord(mark, lane_), "marking a stage's peers published");
 }
 ncclResult_t StageOps::release(int set) {
+  FP8WIRE_TRY(on_lane(false));
   FP8WIRE_TRY(pass_produce_gate());
   FP8WIRE_TRY(pass_gate(release_gate_, "waiting for the stage's produce"));
   return direct_->release(lane_, set);

@@ -58,14 +58,18 @@ class StageOps {
   // (gate_produce, below) instead of a wait before the stage's finish. `paced_sends`
   // (direct.paced_sends): it holds each stage's sends until the peers published the previous stage
   // (gate_send, below).
+  // `copy_lanes` (direct.copy_lanes): the executor may give each half of a stage a copy lane beside
+  // its kernel lane (set_lanes, below).
   void use_direct(const DirectWindows* direct, uint32_t window_ctas, bool lane_flags = false,
-                  LaneHandover handover = LaneHandover::both, bool early_copy_in = false, bool paced_sends = false) {
+                  LaneHandover handover = LaneHandover::both, bool early_copy_in = false, bool paced_sends = false,
+                  bool copy_lanes = false) {
     direct_ = direct;
     window_ctas_ = window_ctas;
     lane_flags_ = lane_flags;
     handover_ = handover;
     early_copy_in_ = early_copy_in;
     paced_sends_ = paced_sends;
+    copy_lanes_ = copy_lanes;
   }
   const DirectWindows* direct() const { return direct_; }
   // The windows whose flags order the executor's lanes, or null (events order them).
@@ -73,6 +77,7 @@ class StageOps {
   LaneHandover handover() const { return handover_; }
   bool early_copy_in() const { return direct_ && early_copy_in_; }
   bool paced_sends() const { return direct_ && paced_sends_; }
+  bool copy_lanes() const { return direct_ && copy_lanes_; }
   // With no hand-over (LaneHandover::none), the stage's release waits for this event (its produce,
   // publish included): a rank marks a set free for its peers only after every signal it owes them
   // for the stage, which the transports' liveness rule rests on (sched/transport/direct_windows.hpp).
@@ -93,7 +98,27 @@ class StageOps {
   void gate_send(cudaEvent_t acquired) { send_gate_ = acquired; }
   void mark_acquired(cudaEvent_t mark) { acquired_mark_ = mark; }
 
-  void set_lane(cudaStream_t lane) { lane_ = lane; }
+  // Every operation on `lane`.
+  void set_lane(cudaStream_t lane) { set_lanes(lane, nullptr, Half::produce, nullptr); }
+  // Copy lanes (direct.copy_lanes): a stage's half on a kernel lane and a copy lane. In the produce
+  // half the copy lane takes what goes to the peers (reclaim, every write into a window, publish)
+  // and waits, through `hop`, for the kernels issued before each of those (what it sends); the kernel
+  // lane never waits for it. In the finish half the copy lane takes the copy-in (acquire, fetch) and
+  // the kernel lane waits for it before its next operation (what it reads), never the other way.
+  // So neither copy lane holds a copy behind a kernel that waits for its previous copy. Without a
+  // copy lane every operation runs on `kernel`.
+  enum class Half { produce, finish };
+  void set_lanes(cudaStream_t kernel, cudaStream_t copy, Half half, cudaEvent_t hop) {
+    kernel_lane_ = lane_ = kernel;
+    copy_lane_ = copy;
+    half_ = half;
+    hop_ = hop;
+    kernel_since_hop_ = copy_since_hop_ = false;
+  }
+  // Ends a half on copy lanes: the lane where all of it is done (the produce half's copy lane, the
+  // finish half's kernel lane, each after a last wait on the other), then current; the kernel lane
+  // without a copy lane.
+  ncclResult_t end_half(cudaStream_t* all_done);
   cudaStream_t lane() const { return lane_; }
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
@@ -173,6 +198,17 @@ class StageOps {
   cudaEvent_t send_gate_ = nullptr;
   cudaEvent_t acquired_mark_ = nullptr;
   ncclResult_t pass_send_gate(const void* written);  // when `written` is in a window (null: always)
+  // Copy lanes: puts the next operation on its lane (the copy lane where `copy`), after the hop that
+  // orders it (set_lanes).
+  ncclResult_t on_lane(bool copy);
+  bool writes_window(const void* p) const;  // `p` lies in a window of the direct transport
+  cudaStream_t kernel_lane_ = nullptr;
+  cudaStream_t copy_lane_ = nullptr;
+  Half half_ = Half::produce;
+  cudaEvent_t hop_ = nullptr;
+  bool kernel_since_hop_ = false;  // the kernel lane ran an operation since the copy lane last waited on it
+  bool copy_since_hop_ = false;    // the copy lane ran an operation since the kernel lane last waited on it
+  bool copy_lanes_ = false;
   // Waits for `gate` once, then clears it (the produce, send and release gates).
   ncclResult_t pass_gate(cudaEvent_t& gate, const char* what);
 };

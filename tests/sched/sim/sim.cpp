@@ -218,8 +218,10 @@ void record_access(World::State& w, int rank, int lane, const Clock& clock, cons
     if (overlap && (a.write || write)) {
       const bool ordered = a.clock[static_cast<size_t>(a.lane)] <= clock[static_cast<size_t>(a.lane)];
       if (!ordered) {
-        w.races.push_back(fmt::format("rank {}: {} ({} of {} bytes at +{}) races with {} ({})", rank, what,
-                                      write ? "write" : "read", bytes, b - a.begin, a.what, a.write ? "write" : "read"));
+        // The lanes are numbered per rank in the order they were created (0: the host).
+        w.races.push_back(fmt::format("rank {}: {} ({} of {} bytes at +{}, lane {}) races with {} ({}, lane {})", rank,
+                                      what, write ? "write" : "read", bytes, b - a.begin, lane, a.what,
+                                      a.write ? "write" : "read", a.lane));
       } else if (write && b <= a.begin && a.end <= e) {
         it = r.log.erase(it);  // covered by an ordered write: it can no longer race with anything
         continue;

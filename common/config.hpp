@@ -200,7 +200,8 @@ struct Config {
   // stage's own produce, which it needs only from its first operation on the rank's own data
   // (sched/exec/pipeline.hpp, StageOps::gate_produce): the ranks of one host share the copy engines
   // in arrival order, so the rank's own copy-out may wait behind its peers'. The same bytes and
-  // results. A choice of each rank alone.
+  // results. A choice of each rank alone. With direct.copy_lanes (below) the copy-in runs on a lane of
+  // its own and never waits for the stage's produce, whatever this says.
   bool direct_early_copy_in = true;         // direct.early_copy_in
   // Host memory: a stage's sends (its first write into a window: the copy-out, or a quantize there)
   // wait until every peer has published the previous stage, so the ranks of one host, whose copies

@@ -18,12 +18,12 @@ struct CommResources {
   cudaStream_t transfer = nullptr;
   // direct.copy_lanes: the stage's sends (beside the produce lane) and its copy-in (beside the transfer
   // lane) on lanes of their own, and the events that hand a stage from a kernel lane to its copy lane
-  // and back (StageOps::set_lanes), and the send lane's end for the call's join. Each event is
-  // recorded on one lane only, so a record never overtakes an earlier one still pending.
+  // and back (StageOps::set_lanes), and the send lane's end for the call's join. Each of these three
+  // is recorded on one lane only, so a record never completes before an earlier one still pending.
   cudaStream_t send = nullptr;
   cudaStream_t fetch = nullptr;
-  cudaEvent_t to_copy_lane = nullptr;    // recorded on the produce lane
-  cudaEvent_t to_kernel_lane = nullptr;  // recorded on the fetch lane
+  cudaEvent_t to_copy_lane = nullptr;    // recorded on the produce lane (also the copy lanes' start)
+  cudaEvent_t to_kernel_lane = nullptr;  // recorded on the fetch lane (also its end)
   cudaEvent_t send_end = nullptr;        // recorded on the send lane
   cudaEvent_t fork = nullptr;
   // The transfer lane as a call starts (after the fork), which the call's produce lane waits for

@@ -77,18 +77,18 @@ ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count
   if (begin_ != ncclSuccess) return begin_;
   CommResources& r = s_->res;
   // direct.copy_lanes (StageOps::set_lanes): calls ordered by events, not under capture, programs
-  // without a gather (whose transfer lane also sends). The copy lanes start where the lanes do (the
-  // fork, and the transfer lane's work of the previous call, whose reduce may still read the copy-in
-  // slots the fetch lane fills), and the transfer lane waits for both at the end, so the join
-  // covers them whatever the call's outcome.
+  // without a gather (whose transfer lane also sends). The copy lanes start where the produce lane
+  // stands: after the fork, the transfer lane's work of the previous call (whose reduce may still
+  // read the copy-in slots the fetch lane fills) and whatever the call put on the produce lane first
+  // (a new error-feedback residual is zeroed there, and a quantize on the send lane reads it). At
+  // the end the transfer lane waits for both (the fetch lane's end is its hop event, which only
+  // that lane records), so the join covers them whatever the call's outcome.
   const bool copy_lanes = ops.copy_lanes() && !capturing_ && r.send && r.fetch && !ops.lanes_by_flags() &&
                           ops.handover() == LaneHandover::both && !program.has_gather();
   if (!copy_lanes) return run_stages(program, ops, count, stage_elems, false);
-  cudaError_t err = cudaSuccess;
-  for (cudaStream_t lane : {r.send, r.fetch}) {
-    if (err == cudaSuccess) err = cuda_->StreamWaitEvent(lane, r.fork, 0);
-    if (err == cudaSuccess) err = cuda_->StreamWaitEvent(lane, r.tail, 0);
-  }
+  cudaError_t err = cuda_->EventRecord(r.to_copy_lane, r.produce);
+  for (cudaStream_t lane : {r.send, r.fetch})
+    if (err == cudaSuccess) err = cuda_->StreamWaitEvent(lane, r.to_copy_lane, 0);
   ncclResult_t res = check(err, "forking the copy lanes");
   if (res == ncclSuccess) res = run_stages(program, ops, count, stage_elems, true);
   err = cudaSuccess;
@@ -124,7 +124,7 @@ ncclResult_t PipelineRun::run_stages(StageProgram& program, StageOps& ops, size_
   // gate_produce), after the copy-in of what the peers published, not before the stage's finish.
   const bool early_copy_in = ops.early_copy_in();
   // direct.paced_sends (events only): stage i's first write into a window waits until every peer has
-  // published stage i-1 (its acquire on the transfer lane). The ranks of one host share the copy
+  // published stage i-1 (its acquire, on the transfer lane or with copy lanes the fetch lane). The ranks of one host share the copy
   // engines in the order their copies arrive; unpaced, a rank ahead queues all its stages' sends
   // before its peers' first, and every rank's reads of the lagging rank's stages wait behind them.
   // Not for a program with a gather (two-shot): its transfer lane reaches stage i's acquire only
@@ -194,6 +194,7 @@ ncclResult_t PipelineRun::run_stages(StageProgram& program, StageOps& ops, size_
     ncclResult_t finished = program.finish(ops, st);
     cudaStream_t finished_on = r.transfer;  // the transfer lane, after the fetch lane's part
     if (finished == ncclSuccess) finished = ops.end_half(&finished_on);
+    else ops.set_lane(r.transfer);  // a failed finish's last gate goes where the stage would have ended
     ops.mark_acquired(nullptr);
     ops.gate_release(nullptr);
     const ncclResult_t gated = ops.pass_produce_gate();

@@ -93,8 +93,9 @@ class StageOps {
   ncclResult_t pass_produce_gate();
   // Paced sends (direct.paced_sends), set by the executor around a stage's produce: the lane waits for
   // `acquired` once, before the stage's first write into a window (a copy or a quantize there) or its
-  // publish. With `mark`, the next acquire() on the lane records `mark` once its waits are issued: the
-  // stage's peers have published what it reads (sched/exec/pipeline.hpp).
+  // publish. With `mark`, the next acquire() records `mark` on its lane (the transfer lane, or with
+  // copy lanes the fetch lane) once its waits are issued: the stage's peers have published what it
+  // reads (sched/exec/pipeline.hpp).
   void gate_send(cudaEvent_t acquired) { send_gate_ = acquired; }
   void mark_acquired(cudaEvent_t mark) { acquired_mark_ = mark; }
 

@@ -39,8 +39,11 @@
 // Liveness. A peer that has gone (destroyed or aborted its communicator, or whose process ended) is an
 // error only for an operation of this rank that waits on it. Such a wait comes with this rank's
 // reclaim of the stage's set, which clears free[s][j]: after it, or (a transfer lane's acquire with
-// direct.early_copy_in) beside it, the produce lane reaching that reclaim without waiting on the
-// peer, whose release of the set's previous stage came with every signal it owed for that stage.
+// direct.early_copy_in, or the fetch lane's with direct.copy_lanes) beside it, the lane that reclaims
+// (produce, or with copy lanes send) reaching that reclaim without waiting on the peer, whose release
+// of the set's previous stage came with every signal it owed for that stage: before its reclaim it
+// waits only on detected free flags, on this rank's own events, and on an acquire of an earlier
+// stage (paced sends).
 // The peer sets free[s][j] again only with the last step of its part of the stage, after every
 // signal it owes this rank for it. So "free[s][j] == 0 for some set while peer j is gone" is, from
 // the moment the reclaim has run, exactly "this rank waits, or will wait, on a signal that cannot

@@ -30,10 +30,10 @@ status=0
 # In order of interest: the budget skips the last ones first.
 variants=(
   "default|-"
-  "late_copy_in|FP8WIRE_DIRECT_EARLY_COPY_IN=0"
-  "unpaced|FP8WIRE_DIRECT_PACED_SENDS=0"
-  "unpaced_late_copy_in|FP8WIRE_DIRECT_PACED_SENDS=0 FP8WIRE_DIRECT_EARLY_COPY_IN=0"
   "no_copy_lanes|FP8WIRE_DIRECT_COPY_LANES=0"
+  "late_copy_in|FP8WIRE_DIRECT_EARLY_COPY_IN=0 FP8WIRE_DIRECT_COPY_LANES=0"
+  "unpaced|FP8WIRE_DIRECT_PACED_SENDS=0"
+  "unpaced_late_copy_in|FP8WIRE_DIRECT_PACED_SENDS=0 FP8WIRE_DIRECT_EARLY_COPY_IN=0 FP8WIRE_DIRECT_COPY_LANES=0"
   "lanes_apart|FP8WIRE_DIRECT_LANES_APART=1"
   "sets2|FP8WIRE_DIRECT_SETS=2"
   "sets4|FP8WIRE_DIRECT_SETS=4"

@@ -504,10 +504,14 @@ TEST_CASE("3 and 4 buffer sets with grouped all-reduces coalesced into one call,
         }
         // Error feedback: the residual is read and written by the produce lane's quantize of each
         // stage while the transfer lane gathers the stage before; the first call's bytes are the
-        // reference's (its residual starts at zero).
-        {
+        // reference's (its residual starts at zero, zeroed on the produce lane before the call's
+        // lanes fork). Also where the quantize writes straight into a window (own data in the
+        // window, peer memory), which with copy lanes runs on the send lane.
+        for (auto [mode, own] : {std::pair{DirectMode::host_memory, true}, std::pair{DirectMode::host_memory, false},
+                                 std::pair{DirectMode::peer_memory, false}}) {
           Run cfg;
-          cfg.config = direct_config(DirectMode::host_memory, 24 << 10, 1 << 10);
+          cfg.config = direct_config(mode, 24 << 10, 1 << 10);
+          cfg.config.direct_own_on_device = own;
           cfg.config.direct_sets = static_cast<uint32_t>(sets);
           cfg.config.error_feedback = true;
           cfg.config.telemetry_sample_every = 0;
@@ -520,7 +524,7 @@ TEST_CASE("3 and 4 buffer sets with grouped all-reduces coalesced into one call,
           const auto inputs = inputs_for(spec, n);
           const Outcome o = run(cfg, spec, inputs);
           ++runs;
-          if (std::string e = check_carried(cfg, spec, inputs, o, Carrier::host_memory); !e.empty())
+          if (std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode)); !e.empty())
             failures.push_back(e + " (error feedback)");
         }
       }

@@ -26,8 +26,7 @@ quant::LaunchOptions StageOps::launch_for(std::span<const void* const> touched, 
 
 ncclResult_t StageOps::quantize(const void* in, size_t count, void* wire, quant::Segmented layout,
                                 uint64_t sr_offset, float* residual) {
-  FP8WIRE_TRY(on_lane(half_ == Half::produce && writes_window(wire)));
-  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(enter(half_ == Half::produce && writes_window(wire)));
   FP8WIRE_TRY(pass_send_gate(wire));
   const quant::LaunchOptions o = launch_for({in, wire}, sr_offset);
   if (residual)
@@ -37,8 +36,7 @@ ncclResult_t StageOps::quantize(const void* in, size_t count, void* wire, quant:
 }
 
 ncclResult_t StageOps::dequantize(const void* wire, quant::Segmented layout, size_t count, void* out) {
-  FP8WIRE_TRY(on_lane(false));
-  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(enter(false));
   return codec_result(codec_->dequantize(wire, layout, count, out, type_, format_, lane_, launch_for({wire, out})),
                       "dequantize");
 }
@@ -57,8 +55,7 @@ std::array<const void*, quant::kMaxReduceInputs + 2> reduce_operands(const void*
 
 ncclResult_t StageOps::reduce(const void* const* inputs, int k, size_t count, float post, quant::ReduceOutput out,
                               uint64_t sr_offset) {
-  FP8WIRE_TRY(on_lane(false));
-  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(enter(false));
   const auto operands = reduce_operands(inputs, k, nullptr, out);
   return codec_result(
       codec_->dequantize_reduce(inputs, k, count, post, out, format_, lane_, launch_for(operands, sr_offset)),
@@ -67,8 +64,7 @@ ncclResult_t StageOps::reduce(const void* const* inputs, int k, size_t count, fl
 
 ncclResult_t StageOps::reduce_with_plain(const void* const* inputs, int k, const void* plain, int plain_position,
                                          size_t count, float post, quant::ReduceOutput out, uint64_t sr_offset) {
-  FP8WIRE_TRY(on_lane(false));
-  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(enter(false));
   const auto operands = reduce_operands(inputs, k, plain, out);
   return codec_result(codec_->dequantize_reduce_mixed(inputs, k, plain, type_, plain_position, count, post, out,
                                                       format_, lane_, launch_for(operands, sr_offset)),
@@ -76,8 +72,7 @@ ncclResult_t StageOps::reduce_with_plain(const void* const* inputs, int k, const
 }
 
 ncclResult_t StageOps::copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  FP8WIRE_TRY(on_lane(half_ == Half::produce && writes_window(dst)));
-  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(enter(half_ == Half::produce && writes_window(dst)));
   FP8WIRE_TRY(pass_send_gate(dst));
   if (!bytes) return ncclSuccess;
   const cudaError_t err = state_->platform->cuda.MemcpyAsync(dst, src, bytes, kind, lane_);
@@ -85,8 +80,7 @@ ncclResult_t StageOps::copy(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 ncclResult_t StageOps::zero(void* dst, size_t bytes) {
-  FP8WIRE_TRY(on_lane(false));
-  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(enter(false));
   if (!bytes) return ncclSuccess;
   return codec_result(state_->platform->cuda.MemsetAsync(dst, 0, bytes, lane_), "zeroing");
 }
@@ -97,24 +91,21 @@ ncclDataType_t StageOps::nccl_dtype() const {
 
 ncclResult_t StageOps::reduce_scatter_plain(Transport& over, int nranks, const void* send, void* recv,
                                             size_t recvcount) {
-  FP8WIRE_TRY(on_lane(false));
-  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(enter(false));
   const ncclResult_t res = over.reduce_scatter_plain(send, recv, recvcount, nccl_dtype(), lane_);
   if (res == ncclSuccess) wire_bytes_ += recvcount * elem_size() * static_cast<uint64_t>(nranks - 1);
   return res;
 }
 
 ncclResult_t StageOps::all_gather_plain(Transport& over, int nranks, const void* send, void* recv, size_t sendcount) {
-  FP8WIRE_TRY(on_lane(false));
-  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(enter(false));
   const ncclResult_t res = over.all_gather_plain(send, recv, sendcount, nccl_dtype(), lane_);
   if (res == ncclSuccess) wire_bytes_ += sendcount * elem_size() * static_cast<uint64_t>(nranks - 1);
   return res;
 }
 
 ncclResult_t StageOps::exchange(Transport& over, std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) {
-  FP8WIRE_TRY(on_lane(false));
-  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(enter(false));
   const ncclResult_t res = over.exchange(sends, recvs, lane_);
   if (res == ncclSuccess)
     for (const PeerSend& s : sends) wire_bytes_ += s.bytes;
@@ -122,8 +113,7 @@ ncclResult_t StageOps::exchange(Transport& over, std::span<const PeerSend> sends
 }
 
 ncclResult_t StageOps::gather(Transport& over, int nranks, char* base, size_t slot_bytes, GatherMethod how) {
-  FP8WIRE_TRY(on_lane(false));
-  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(enter(false));
   const ncclResult_t res = over.gather(base, slot_bytes, how, lane_);
   if (res == ncclSuccess) wire_bytes_ += slot_bytes * static_cast<uint64_t>(nranks - 1);
   return res;
@@ -133,26 +123,25 @@ bool StageOps::writes_window(const void* p) const { return direct_ && direct_->i
 
 ncclResult_t StageOps::on_lane(bool copy) {
   if (!copy_lane_) return ncclSuccess;
-  const CudaApi& cuda = state_->platform->cuda;
-  auto hop = [&](cudaStream_t from, cudaStream_t to, const char* what) -> ncclResult_t {
+  // The lane the other one waits for in this half: the kernel lane in the produce half (the sends
+  // follow its kernels), the copy lane in the finish half (the kernels follow its copy-in).
+  const bool on_waited = copy == (half_ == Half::finish);
+  if (!on_waited && hop_pending_) {
+    const cudaStream_t from = copy ? kernel_lane_ : copy_lane_, to = copy ? copy_lane_ : kernel_lane_;
+    const CudaApi& cuda = state_->platform->cuda;
     cudaError_t err = cuda.EventRecord(hop_, from);
     if (err == cudaSuccess) err = cuda.StreamWaitEvent(to, hop_, 0);
-    return codec_result(err, what);
-  };
-  if (copy) {
-    if (half_ == Half::produce && kernel_since_hop_)
-      FP8WIRE_TRY(hop(kernel_lane_, copy_lane_, "handing a stage's sends to the send lane"));
-    kernel_since_hop_ = false;
-    copy_since_hop_ = true;
-    lane_ = copy_lane_;
-  } else {
-    if (half_ == Half::finish && copy_since_hop_)
-      FP8WIRE_TRY(hop(copy_lane_, kernel_lane_, "handing a stage's copy-in to the transfer lane"));
-    copy_since_hop_ = false;
-    kernel_since_hop_ = true;
-    lane_ = kernel_lane_;
+    FP8WIRE_TRY(codec_result(err, copy ? "handing a stage's sends to the send lane"
+                                       : "handing a stage's copy-in to the transfer lane"));
   }
+  hop_pending_ = on_waited;
+  lane_ = copy ? copy_lane_ : kernel_lane_;
   return ncclSuccess;
+}
+
+ncclResult_t StageOps::enter(bool copy) {
+  FP8WIRE_TRY(on_lane(copy));
+  return pass_produce_gate();
 }
 
 ncclResult_t StageOps::end_half(cudaStream_t* all_done) {
@@ -171,7 +160,7 @@ ncclResult_t StageOps::pass_gate(cudaEvent_t& gate, const char* what) {
 ncclResult_t StageOps::pass_produce_gate() { return pass_gate(produce_gate_, "waiting for the stage's produce"); }
 
 ncclResult_t StageOps::pass_send_gate(const void* written) {
-  if (written && !(direct_ && direct_->in_a_window(written))) return ncclSuccess;
+  if (written && !writes_window(written)) return ncclSuccess;
   return pass_gate(send_gate_, "waiting for the peers' previous stage (paced sends)");
 }
 
@@ -182,13 +171,11 @@ ncclResult_t StageOps::fetch(void* dst, const void* src, size_t bytes) {
 }
 
 ncclResult_t StageOps::reclaim(int set) {
-  FP8WIRE_TRY(on_lane(half_ == Half::produce));
-  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(enter(half_ == Half::produce));
   return direct_->reclaim(lane_, set);
 }
 ncclResult_t StageOps::publish(int set, int phase) {
-  FP8WIRE_TRY(on_lane(half_ == Half::produce));
-  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(enter(half_ == Half::produce));
   FP8WIRE_TRY(pass_send_gate(nullptr));
   return direct_->publish(lane_, set, phase);
 }
@@ -200,8 +187,7 @@ ncclResult_t StageOps::acquire(int set, int phase) {
   return codec_result(state_->platform->cuda.EventRecord(mark, lane_), "marking a stage's peers published");
 }
 ncclResult_t StageOps::release(int set) {
-  FP8WIRE_TRY(on_lane(false));
-  FP8WIRE_TRY(pass_produce_gate());
+  FP8WIRE_TRY(enter(false));
   FP8WIRE_TRY(pass_gate(release_gate_, "waiting for the stage's produce"));
   return direct_->release(lane_, set);
 }

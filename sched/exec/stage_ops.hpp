@@ -114,7 +114,7 @@ class StageOps {
     copy_lane_ = copy;
     half_ = half;
     hop_ = hop;
-    kernel_since_hop_ = copy_since_hop_ = false;
+    hop_pending_ = false;
   }
   // Ends a half on copy lanes: the lane where all of it is done (the produce half's copy lane, the
   // finish half's kernel lane, each after a last wait on the other), then current; the kernel lane
@@ -200,15 +200,16 @@ class StageOps {
   cudaEvent_t acquired_mark_ = nullptr;
   ncclResult_t pass_send_gate(const void* written);  // when `written` is in a window (null: always)
   // Copy lanes: puts the next operation on its lane (the copy lane where `copy`), after the hop that
-  // orders it (set_lanes).
+  // orders it (set_lanes). enter() then passes the produce gate there: every operation but acquire()
+  // and fetch() enters so.
   ncclResult_t on_lane(bool copy);
+  ncclResult_t enter(bool copy);
   bool writes_window(const void* p) const;  // `p` lies in a window of the direct transport
   cudaStream_t kernel_lane_ = nullptr;
   cudaStream_t copy_lane_ = nullptr;
   Half half_ = Half::produce;
   cudaEvent_t hop_ = nullptr;
-  bool kernel_since_hop_ = false;  // the kernel lane ran an operation since the copy lane last waited on it
-  bool copy_since_hop_ = false;    // the copy lane ran an operation since the kernel lane last waited on it
+  bool hop_pending_ = false;  // the lane the other waits for in this half ran an operation since it last did
   bool copy_lanes_ = false;
   // Waits for `gate` once, then clears it (the produce, send and release gates).
   ncclResult_t pass_gate(cudaEvent_t& gate, const char* what);

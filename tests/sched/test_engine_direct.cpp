@@ -198,6 +198,24 @@ TEST_CASE("own data on the device (direct.own_on_device), with and without copy-
   MESSAGE(runs << " runs with own data on the device: bit-exact, alike, in bound");
 }
 
+namespace {
+// A call of many stages (the sets in turn, each reused), every rank aborting its communicator at the
+// end; with count 4099 a second call follows the first.
+Run many_stages(DirectMode mode, bool in_place, size_t count) {
+  Run cfg;
+  cfg.config = direct_config(mode, 24 << 10, 2 << 10);
+  cfg.abort_all = true;
+  cfg.in_place = in_place;
+  cfg.second_call = count == 4099;
+  return cfg;
+}
+// Rank 0's stream waits in the first call.
+int stream_waits(const Outcome& o) {
+  const int site = static_cast<int>(sim::Site::stream_wait);
+  return o.after_calls[0][site] - o.after_setup[0][site];
+}
+}  // namespace
+
 TEST_CASE("the copy orders (direct.early_copy_in, direct.paced_sends), each on and off: the same bytes, no race; pacing waits where it should") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
@@ -211,13 +229,9 @@ TEST_CASE("the copy orders (direct.early_copy_in, direct.paced_sends), each on a
             int waits[2][2] = {};
             for (bool early : {false, true}) {
               for (bool paced : {false, true}) {
-                Run cfg;
-                cfg.config = direct_config(mode, 24 << 10, 2 << 10);  // many stages, the sets in turn
+                Run cfg = many_stages(mode, in_place, count);
                 cfg.config.direct_early_copy_in = early;
                 cfg.config.direct_paced_sends = paced;
-                cfg.abort_all = true;
-                cfg.in_place = in_place;
-                cfg.second_call = count == 4099;
                 Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 13u + count};
                 const size_t st = direct_stage_for(cfg.config, v.collective, v.path, count, DataType::bf16, n);
                 if (st == 0 || st >= count) continue;  // one stage: nothing to order
@@ -226,8 +240,7 @@ TEST_CASE("the copy orders (direct.early_copy_in, direct.paced_sends), each on a
                 ++runs;
                 const std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode));
                 if (!e.empty()) failures.push_back(e);
-                const int site = static_cast<int>(sim::Site::stream_wait);
-                waits[early][paced] = o.after_calls[0][site] - o.after_setup[0][site];
+                waits[early][paced] = stream_waits(o);
               }
             }
             if (waits[0][0] == 0) continue;  // not run (one stage)
@@ -267,20 +280,15 @@ TEST_CASE("direct.copy_lanes: sends and copy-in on lanes of their own: the same 
           for (size_t count : {size_t(3 * n * 128 + 5), size_t{4099}}) {
             int waits[2] = {};  // stream waits of rank 0 without and with copy lanes
             for (bool copy_lanes : {false, true}) {
-              Run cfg;
-              cfg.config = direct_config(mode, 24 << 10, 2 << 10);  // many stages, the sets in turn
+              Run cfg = many_stages(mode, in_place, count);
               cfg.config.direct_copy_lanes = copy_lanes;
-              cfg.abort_all = true;
-              cfg.in_place = in_place;
-              cfg.second_call = count == 4099;
               Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 29u + count};
               const auto inputs = inputs_for(spec, n);
               const Outcome o = run(cfg, spec, inputs);
               ++runs;
               const std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode));
               if (!e.empty()) failures.push_back(e);
-              const int site = static_cast<int>(sim::Site::stream_wait);
-              waits[copy_lanes] = o.after_calls[0][site] - o.after_setup[0][site];
+              waits[copy_lanes] = stream_waits(o);
             }
             // The copy lanes hop to and from the kernel lanes: more waits, except for two-shot's
             // all-reduce (a program with a gather), which keeps to two lanes.

@@ -76,15 +76,17 @@ ncclResult_t PipelineRun::check(cudaError_t err, const char* what) {
 ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count, size_t stage_elems) {
   if (begin_ != ncclSuccess) return begin_;
   CommResources& r = s_->res;
-  // direct.copy_lanes (StageOps::set_lanes): calls ordered by events, not under capture, programs
-  // without a gather (whose transfer lane also sends). The copy lanes start where the produce lane
+  // direct.copy_lanes (StageOps::set_lanes): calls ordered by events, not under capture. A program
+  // with a gather (two-shot) sends from its transfer lane too (the reduced shard it computed, then
+  // its publish): those stay there, behind the reduce they follow; its gather's acquire and copy-in
+  // go to the fetch lane like the finish's. The copy lanes start where the produce lane
   // stands: after the fork, the transfer lane's work of the previous call (whose reduce may still
   // read the copy-in slots the fetch lane fills) and whatever the call put on the produce lane first
   // (a new error-feedback residual is zeroed there, and a quantize on the send lane reads it). At
   // the end the transfer lane waits for both (the fetch lane's end is its hop event, which only
   // that lane records), so the join covers them whatever the call's outcome.
   const bool copy_lanes = ops.copy_lanes() && !capturing_ && r.send && r.fetch && !ops.lanes_by_flags() &&
-                          ops.handover() == LaneHandover::both && !program.has_gather();
+                          ops.handover() == LaneHandover::both;
   if (!copy_lanes) return run_stages(program, ops, count, stage_elems, false);
   cudaError_t err = cuda_->EventRecord(r.to_copy_lane, r.produce);
   for (cudaStream_t lane : {r.send, r.fetch})

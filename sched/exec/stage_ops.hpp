@@ -105,7 +105,9 @@ class StageOps {
   // half the copy lane takes what goes to the peers (reclaim, every write into a window, publish)
   // and waits, through `hop`, for the kernels issued before each of those (what it sends); the kernel
   // lane never waits for it. In the finish half the copy lane takes the copy-in (acquire, fetch) and
-  // the kernel lane waits for it before its next operation (what it reads), never the other way.
+  // the kernel lane waits for it before its next operation (what it reads), never the other way; what
+  // a finish writes into a window (two-shot's reduced shard) and publishes stays on the kernel lane,
+  // after the kernel that computed it.
   // So neither copy lane holds a copy behind a kernel that waits for its previous copy. Without a
   // copy lane every operation runs on `kernel`.
   enum class Half { produce, finish };

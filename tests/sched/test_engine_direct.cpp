@@ -269,7 +269,7 @@ TEST_CASE("the copy orders (direct.early_copy_in, direct.paced_sends), each on a
   MESSAGE(runs << " runs with the copy orders on and off: bit-exact, alike, in bound; " << paced_calls << " paced");
 }
 
-TEST_CASE("direct.copy_lanes: sends and copy-in on lanes of their own: the same bytes, no race; used where it applies") {
+TEST_CASE("direct.copy_lanes: sends and copy-in on lanes of their own: the same bytes, no race; used by every program") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
   size_t runs = 0, on_copy_lanes = 0;
@@ -282,6 +282,9 @@ TEST_CASE("direct.copy_lanes: sends and copy-in on lanes of their own: the same 
             for (bool copy_lanes : {false, true}) {
               Run cfg = many_stages(mode, in_place, count);
               cfg.config.direct_copy_lanes = copy_lanes;
+              // Two sets for the second size: two-shot's gather then follows its own stage's finish
+              // (with three, one stage late).
+              if (count == 4099) cfg.config.direct_sets = 2;
               Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 29u + count};
               const auto inputs = inputs_for(spec, n);
               const Outcome o = run(cfg, spec, inputs);
@@ -290,14 +293,13 @@ TEST_CASE("direct.copy_lanes: sends and copy-in on lanes of their own: the same 
               if (!e.empty()) failures.push_back(e);
               waits[copy_lanes] = stream_waits(o);
             }
-            // The copy lanes hop to and from the kernel lanes: more waits, except for two-shot's
-            // all-reduce (a program with a gather), which keeps to two lanes.
-            const bool gather = v.collective == Collective::all_reduce && v.path == Path::two_shot;
-            if ((waits[1] > waits[0]) == gather)
+            // The copy lanes hop to and from the kernel lanes: more waits, for every program (two-shot's
+            // gather included).
+            if (waits[1] <= waits[0])
               failures.push_back(fmt::format("{} {} n={} {}: {} stream waits with copy lanes, {} without",
                                              to_string(v.collective), to_string(v.path), n, to_string(mode), waits[1],
                                              waits[0]));
-            else if (!gather)
+            else
               ++on_copy_lanes;
           }
         }

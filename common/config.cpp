@@ -515,6 +515,8 @@ std::vector<KeySpec> build_key_table() {
   t.push_back(uint_key("direct.ctas", [](auto& c) -> auto& { return c.direct_ctas; }, 1, 1024));
   t.push_back(uint_key("direct.min_stages", [](auto& c) -> auto& { return c.direct_min_stages; }, 1, 64));
   t.push_back(uint_key("direct.max_stages", [](auto& c) -> auto& { return c.direct_max_stages; }, 0, 4096));
+  t.push_back(uint_key("direct.shared_max_stages", [](auto& c) -> auto& { return c.direct_shared_max_stages; }, 0,
+                       4096));
   t.push_back(bool_key("direct.own_on_device", [](auto& c) -> auto& { return c.direct_own_on_device; }));
   t.push_back(bool_key("direct.copy_in", [](auto& c) -> auto& { return c.direct_copy_in; }));
   t.push_back(bool_key("direct.early_copy_in", [](auto& c) -> auto& { return c.direct_early_copy_in; }));

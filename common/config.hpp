@@ -169,6 +169,12 @@ struct Config {
   // 32 MiB instead of 8 reached 1.33x (4 ranks) and 1.04-1.09x (2 ranks) in one run, calls up to
   // 64 MiB keep their 8 MiB stages (bench/README.md "Host-link limit").
   uint32_t direct_max_stages = 8;           // direct.max_stages
+  // direct.max_stages where ranks of the communicator share a GPU, so its host link (ranks emulated
+  // on one GPU): their copies take turns on the link, and the ranks' stages interleave there, so a
+  // call needs fewer of its own, each of which costs hand-overs between the ranks. With copy lanes,
+  // 2 stages against 8 at 64 MiB: 1.15-1.27x at 2 and 4 ranks, the same within the run's spread at
+  // 16 and 256 MiB (bench/README.md "Host-link limit"). 0: no bound.
+  uint32_t direct_shared_max_stages = 2;    // direct.shared_max_stages
   // Buffer sets of a window (and of the device scratch a direct call uses), 2 to 4: stage i uses set
   // i % sets, so a rank may write up to `sets` stages ahead of its slowest peer's reads (2: one
   // stage's transfer beside the next one's quantize; more: room for the ranks to drift apart and

@@ -1,8 +1,10 @@
 // The direct windows' round of the agreement (rounds.hpp): each rank creates a flag page and a data
 // window, the ranks exchange the handles, open each other's windows and confirm on every rank; then
 // the names are unlinked (nothing is left behind when a process dies).
+#include <algorithm>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "common/log.hpp"
@@ -16,13 +18,27 @@ namespace fp8wire::sched {
 
 namespace {
 
-// What one rank offers: its flag page and data window, by handle.
+// What one rank offers: its flag page and data window, by handle, and which GPU it runs on.
 struct DirectOffer {
   uint32_t ok = 0;
   uint32_t reserved = 0;  // explicit padding: the handles start 8-byte aligned
   WindowHandle flags;
   WindowHandle data;
+  uint64_t gpu = 0;  // HostFacts::gpu_hash (0: unknown)
 };
+
+// The most offers naming one GPU (1 when none is known twice): every rank computes it from the same
+// offers, so every rank cuts a direct call alike (direct.shared_max_stages).
+int ranks_per_gpu(std::span<const DirectOffer> offers) {
+  int most = 1;
+  for (const DirectOffer& a : offers) {
+    if (!a.gpu) continue;
+    int same = 0;
+    for (const DirectOffer& b : offers) same += b.gpu == a.gpu ? 1 : 0;
+    most = std::max(most, same);
+  }
+  return most;
+}
 
 // The kinds to try, in order: the configured one, or with auto peer memory unless some rank has P2P
 // disabled, then host memory.
@@ -73,6 +89,7 @@ bool try_direct(CommState& s, const Config& config, Carrier kind) {
   }
   s.platform->cuda.GetLastError();
   offer.ok = ok ? 1 : 0;
+  offer.gpu = s.platform->host_facts ? s.platform->host_facts(s.device).gpu_hash : 0;
   std::vector<char> all;
   const bool exchanged = gather_bytes(s, &offer, sizeof(offer), all) == ncclSuccess;
   std::vector<DirectOffer> offers(n);
@@ -95,9 +112,10 @@ bool try_direct(CommState& s, const Config& config, Carrier kind) {
     if (m.unlink) m.unlink(own.flags), m.unlink(own.data);
     s.direct = std::make_unique<DirectWindows>(*s.platform, kind, s.rank, s.nranks,
                                                static_cast<int>(config.direct_sets), std::move(peers));
-    FP8WIRE_INFO("comm {}: direct transport {} ready: {} ranks, {} per window, {} per buffer set", s.id,
-                 to_string(kind), s.nranks, format_size(config.direct_window_bytes),
-                 format_size(s.direct->set_bytes()));
+    s.direct->set_ranks_per_gpu(ranks_per_gpu(offers));
+    FP8WIRE_INFO("comm {}: direct transport {} ready: {} ranks ({} at most on one GPU), {} per window, {} per "
+                 "buffer set", s.id, to_string(kind), s.nranks, s.direct->ranks_per_gpu(),
+                 format_size(config.direct_window_bytes), format_size(s.direct->set_bytes()));
     return true;
   }
   for (size_t r = 0; r < n; ++r) {

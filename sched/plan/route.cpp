@@ -62,7 +62,7 @@ Route route_fp8(const Config& config, const CommFacts& comm, const CallShape& ca
     r.carrier = carrier_for(config, call.collective, algorithm, bytes, call.nranks, comm.fabric, comm.direct);
     if (r.carrier != Carrier::nccl) {
       r.stage_elems = direct_stage_elems(config, comm.direct_set_bytes, call.collective, algorithm, call.count, es,
-                                         call.nranks, format);
+                                         call.nranks, format, comm.direct_ranks_per_gpu);
       if (r.stage_elems == 0) r.carrier = Carrier::nccl;
     }
   }

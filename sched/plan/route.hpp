@@ -30,6 +30,7 @@ struct CommFacts {
   int ranks_per_host = 0;
   Carrier direct = Carrier::nccl;  // the kind of its direct windows (nccl: it has none)
   size_t direct_set_bytes = 0;                 // one buffer set of those windows
+  int direct_ranks_per_gpu = 1;                // most ranks on one GPU (DirectWindows::ranks_per_gpu)
   ScratchLayout scratch;
 };
 

@@ -141,16 +141,17 @@ size_t direct_set_bytes(Collective collective, Path path, size_t len, int nranks
 }
 
 size_t direct_stage_elems(const Config& config, size_t set_bytes, Collective collective, Path path, size_t count,
-                          size_t elem_bytes, int nranks, const quant::WireFormat& f) {
+                          size_t elem_bytes, int nranks, const quant::WireFormat& f, int ranks_per_gpu) {
   if (count == 0) return 0;
   const size_t unit = stage_unit_elems(collective, path, nranks, f);
   auto fits = [&](size_t n) { return direct_set_bytes(collective, path, n, nranks, f) <= set_bytes; };
   // Caller bytes per element of `count`: the reduce-scatter's stage spans every rank's block.
   const size_t per_elem = elem_bytes * (collective == Collective::all_reduce ? 1 : static_cast<size_t>(nranks));
   size_t want = std::max<size_t>(config.direct_stage_bytes / std::max<size_t>(per_elem, 1), 1);
-  // direct.max_stages: a larger call in that many larger stages (as far as `fits` allows, below).
-  if (config.direct_max_stages > 0)
-    want = std::max(want, (count + config.direct_max_stages - 1) / config.direct_max_stages);
+  // direct.max_stages (direct.shared_max_stages where ranks share a GPU's host link): a larger call
+  // in that many larger stages (as far as `fits` allows, below).
+  const uint32_t max_stages = ranks_per_gpu > 1 ? config.direct_shared_max_stages : config.direct_max_stages;
+  if (max_stages > 0) want = std::max(want, (count + max_stages - 1) / max_stages);
   // direct.min_stages: smaller stages for the calls direct.stage_bytes would leave in too few to
   // overlap (whole units, rounded down: at least that many stages where the call has the units), but
   // none under kMinCutStageBytes of caller data: each stage costs a flag round trip between the ranks

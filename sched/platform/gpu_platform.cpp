@@ -47,6 +47,16 @@ bool local_nvlink(int device) {
   return true;
 }
 
+// The device's UUID, hashed: the same on every process that uses this GPU, whatever NCCL_HOSTID says.
+uint64_t gpu_hash(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sched::fnv1a(prop.uuid.bytes, sizeof(prop.uuid.bytes));
+}
+
 cudaError_t event_record(cudaEvent_t e, cudaStream_t s) { return cudaEventRecord(e, s); }
 
 }  // namespace
@@ -57,6 +67,7 @@ HostFacts gpu_host_facts(int device) {
   f.p2p_disabled = env_is("NCCL_P2P_DISABLE", "1");
   f.nvlink_local = local_nvlink(device);
   f.process_id = static_cast<uint32_t>(getpid());
+  f.gpu_hash = gpu_hash(device);
   return f;
 }
 

@@ -18,6 +18,9 @@ struct HostFacts {
   bool p2p_disabled = false; // NCCL_P2P_DISABLE=1
   bool nvlink_local = false; // `device` reaches every other GPU this process sees over NVLink
   uint32_t process_id = 0;   // this process (two ranks of one communicator in one process: no FP8)
+  // A hash of `device`'s UUID (0: unknown): ranks with the same one share a GPU, so its host link
+  // too (ranks emulated on one GPU), which sets how a direct call is cut (direct.shared_max_stages).
+  uint64_t gpu_hash = 0;
 };
 
 struct Platform {

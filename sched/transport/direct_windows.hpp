@@ -113,6 +113,10 @@ class DirectWindows {
   int nranks() const { return nranks_; }
   int sets() const { return sets_; }
   size_t set_bytes() const { return set_bytes_; }
+  // The most ranks of the communicator on one GPU (1 where each has its own or the GPUs are unknown):
+  // above 1 they share that GPU's host link (ranks emulated on one GPU). The same on every rank.
+  int ranks_per_gpu() const { return ranks_per_gpu_; }
+  void set_ranks_per_gpu(int ranks) { ranks_per_gpu_ = ranks; }
   // Buffer set `set` of rank `r`'s data window, as this process's GPU work addresses it.
   char* window(int r, int set) const;
   // Whether `p` lies in any rank's data window (as this process addresses them).
@@ -170,6 +174,7 @@ class DirectWindows {
   int nranks_;
   int sets_;
   size_t set_bytes_ = 0;
+  int ranks_per_gpu_ = 1;
   bool keep_own_window_ = false;
   std::vector<DirectPeer> peers_;
 };

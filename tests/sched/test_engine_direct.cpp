@@ -311,6 +311,38 @@ TEST_CASE("direct.copy_lanes: sends and copy-in on lanes of their own: the same 
   MESSAGE(runs << " runs with copy lanes on and off: bit-exact, alike, in bound; " << on_copy_lanes << " on copy lanes");
 }
 
+TEST_CASE("direct.shared_max_stages: ranks on one GPU cut a call into fewer stages: the same bytes, no race") {
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  size_t runs = 0, fewer = 0;
+  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
+    for (int n : {2, 4}) {
+      for (const Variant& v : kVariants) {
+        const size_t count = 4099;  // 4 stages of the test's stage size at most, 2 with the ranks on one GPU
+        int waits[2] = {};
+        for (bool one_gpu : {false, true}) {
+          Run cfg = many_stages(mode, false, count);
+          cfg.machine.one_gpu = one_gpu;
+          Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 41u + static_cast<uint32_t>(n)};
+          const auto inputs = inputs_for(spec, n);
+          const Outcome o = run(cfg, spec, inputs);
+          ++runs;
+          const std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode));
+          if (!e.empty()) failures.push_back(e);
+          waits[one_gpu] = stream_waits(o);
+        }
+        if (waits[1] < waits[0]) ++fewer;
+        else if (waits[1] > waits[0])
+          failures.push_back(fmt::format("{} {} n={} {}: {} stream waits on one GPU, {} apart", to_string(v.collective),
+                                         to_string(v.path), n, to_string(mode), waits[1], waits[0]));
+      }
+    }
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+  CHECK(fewer > 8);  // the calls the test's sizes cut into more than 2 stages apart
+  MESSAGE(runs << " runs on one GPU and apart: bit-exact, alike, in bound; " << fewer << " in fewer stages on one GPU");
+}
+
 TEST_CASE("direct.lane_flags: the lanes hand stages over by the transport's flags: the same bytes, no race, calls back to back") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
@@ -633,6 +665,21 @@ TEST_CASE("direct transport sizes: one stage when the call fits, whole units oth
     CHECK(sched::stage_count(count, st) == stages);
     CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, st, 2, f) <= set64);
   }
+  // Ranks sharing a GPU's host link (DirectWindows::ranks_per_gpu above 1): direct.shared_max_stages
+  // (2 by default) bounds the count instead, so 64 MiB goes in 2 stages of 32 MiB; 16 MiB keeps two
+  // of direct.stage_bytes; 256 MiB stages as large as a set holds (5 here). 0 lifts the bound.
+  Config shared = m8;
+  REQUIRE(shared.direct_shared_max_stages == 2);
+  for (const auto [mib, stages] : {std::pair<size_t, size_t>{16, 2}, {64, 2}, {256, 5}}) {
+    const size_t count = mib << 19;
+    const size_t st = sched::direct_stage_elems(shared, set64, Collective::all_reduce, Path::one_shot, count, 2, 2, f, 2);
+    CAPTURE(mib);
+    CHECK(sched::stage_count(count, st) == stages);
+    CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, st, 2, f) <= set64);
+  }
+  shared.direct_shared_max_stages = 0;
+  CHECK(sched::stage_count(size_t{64} << 19, sched::direct_stage_elems(shared, set64, Collective::all_reduce,
+                                                                      Path::one_shot, size_t{64} << 19, 2, 2, f, 4)) == 8);
   // The reduce-scatter's stage counts every rank's block: blocks of 16 Mi elements (128 MiB of bf16
   // over 4 ranks) in 8 stages, not 16 of 8 MiB.
   const size_t rs = sched::direct_stage_elems(m8, set64, Collective::reduce_scatter, Path::two_shot, size_t{16} << 20, 2, 4, f);

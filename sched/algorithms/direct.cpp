@@ -53,8 +53,9 @@
 // the peers wrote, under their flags), so the executor places no hand-over between the lanes but the
 // release's (sched/exec/pipeline.cpp): fp8wire-direct-probe measured the two hand-overs together
 // keeping the link's directions apart. One-shot, the reduce-scatter and the all-gather only:
-// two-shot's transfer lane writes its reduced shard into its window, which only the
-// produce lane's reclaim guards. The cost is a second quantize of the rank's own chunk per stage.
+// two-shot's transfer lane writes its reduced shard into its window, which only the reclaim guards
+// (on the produce lane, or with copy lanes the send lane). The cost is a second quantize of the
+// rank's own chunk per stage.
 // With copy-in and copy-out too, the copy-in slots, the transfer lane's own chunk among them, lie in
 // the first half and the copy-out slots in the second after the produce lane's own chunk
 // (device_slots), so neither lane touches what the other does, whatever each stage's layout.

@@ -26,6 +26,7 @@ struct DirectOffer {
   WindowHandle data;
   uint64_t gpu = 0;  // HostFacts::gpu_hash (0: unknown)
 };
+static_assert(sizeof(DirectOffer) == 8 + 2 * sizeof(WindowHandle) + 8, "DirectOffer travels as raw bytes: no padding");
 
 // The most offers naming one GPU (1 when none is known twice): every rank computes it from the same
 // offers, so every rank cuts a direct call alike (direct.shared_max_stages).

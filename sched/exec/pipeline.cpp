@@ -126,12 +126,12 @@ ncclResult_t PipelineRun::run_stages(StageProgram& program, StageOps& ops, size_
   // gate_produce), after the copy-in of what the peers published, not before the stage's finish.
   const bool early_copy_in = ops.early_copy_in();
   // direct.paced_sends (events only): stage i's first write into a window waits until every peer has
-  // published stage i-1 (its acquire, on the transfer lane or with copy lanes the fetch lane). The ranks of one host share the copy
-  // engines in the order their copies arrive; unpaced, a rank ahead queues all its stages' sends
-  // before its peers' first, and every rank's reads of the lagging rank's stages wait behind them.
-  // Not for a program with a gather (two-shot): its transfer lane reaches stage i's acquire only
-  // after the gather of stage i-2, and tying the sends to that serialised its two phases (measured
-  // 0.63-0.71x at 64 MiB, bench/README.md "Host-link limit").
+  // published stage i-1 (its acquire, on the transfer lane or with copy lanes the fetch lane). The
+  // ranks of one host share the copy engines in the order their copies arrive; unpaced, a rank ahead
+  // queues all its stages' sends before its peers' first, and every rank's reads of the lagging
+  // rank's stages wait behind them. Not for a program with a gather (two-shot): the lane of its
+  // acquires reaches stage i's only after the gather of stage i-2, and tying the sends to that
+  // serialised its two phases (measured 0.63-0.71x at 64 MiB, bench/README.md "Host-link limit").
   const bool paced = ops.paced_sends() && !lanes && !program.has_gather();
   // Buffer sets: two, or over a direct transport its windows' (direct.sets), the device scratch cut
   // alike (ScratchLayout::set_bytes_for, which the direct programs' device slots are sized by).
@@ -159,12 +159,14 @@ ncclResult_t PipelineRun::run_stages(StageProgram& program, StageOps& ops, size_
     st.set_index = static_cast<int>(set);
     st.only = stages == 1;
     st.last = i + 1 == stages;
-    // The set was last read by stage i-sets' finish (or, with lane flags, by the last stage that used it).
+    // The set was last read by stage i-sets' finish, or its gather where the program has one (with
+    // lane flags, by the last stage that used it).
     if (reuse_wait && lanes) FP8WIRE_TRY(lanes->lanes_reuse(r.produce, st.set_index));
     else if (reuse_wait && i >= static_cast<size_t>(sets)) {
       FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.produce, r.done[set], 0), "waiting for a buffer set"));
-      // The fetch lane refills the set's copy-in slots, and the send lane the rank's own window, which
-      // stage i-sets' reduce may have read (the peers' reads of the window are the reclaim's).
+      // The fetch lane refills the set's copy-in slots (two-shot's reduced slots too), and the send
+      // lane the rank's own window, which stage i-sets' reduce or decode may have read (the peers'
+      // reads of the window are the reclaim's).
       if (copy_lanes)
         for (cudaStream_t lane : {r.send, r.fetch})
           FP8WIRE_TRY(check(cuda_->StreamWaitEvent(lane, r.done[set], 0), "waiting for a buffer set"));

@@ -277,14 +277,14 @@ TEST_CASE("direct.copy_lanes: sends and copy-in on lanes of their own: the same 
     for (int n : {2, 3, 4}) {
       for (const Variant& v : kVariants) {
         for (bool in_place : {false, true}) {
-          for (size_t count : {size_t(3 * n * 128 + 5), size_t{4099}}) {
+          // Three sets (two-shot's gather one stage late, after the next stage's finish) and two (right
+          // after its own); 4099 elements reuse every set.
+          for (auto [count, sets] : {std::pair{size_t(3 * n * 128 + 5), 3u}, {size_t{4099}, 3u}, {size_t{4099}, 2u}}) {
             int waits[2] = {};  // stream waits of rank 0 without and with copy lanes
             for (bool copy_lanes : {false, true}) {
               Run cfg = many_stages(mode, in_place, count);
               cfg.config.direct_copy_lanes = copy_lanes;
-              // Two sets for the second size: two-shot's gather then follows its own stage's finish
-              // (with three, one stage late).
-              if (count == 4099) cfg.config.direct_sets = 2;
+              cfg.config.direct_sets = sets;
               Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 29u + count};
               const auto inputs = inputs_for(spec, n);
               const Outcome o = run(cfg, spec, inputs);
@@ -311,36 +311,53 @@ TEST_CASE("direct.copy_lanes: sends and copy-in on lanes of their own: the same 
   MESSAGE(runs << " runs with copy lanes on and off: bit-exact, alike, in bound; " << on_copy_lanes << " on copy lanes");
 }
 
-TEST_CASE("direct.shared_max_stages: ranks on one GPU cut a call into fewer stages: the same bytes, no race") {
+TEST_CASE("direct.shared_max_stages: ranks that share a GPU cut a call into fewer stages: the same bytes, no race") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
   size_t runs = 0, fewer = 0;
+  // The GPU of each rank: unknown; each its own; all on one; two ranks on each of two (the most on
+  // one GPU is what counts, alike on every rank).
+  auto gpus_of = [](int n, int kind) {
+    std::vector<uint64_t> g;
+    for (int r = 0; r < n; ++r) g.push_back(kind == 0 ? 0 : kind == 1 ? 10 + r : kind == 2 ? 77 : 80 + r / 2);
+    return g;
+  };
   for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
     for (int n : {2, 4}) {
       for (const Variant& v : kVariants) {
-        const size_t count = 4099;  // 4 stages of the test's stage size at most, 2 with the ranks on one GPU
-        int waits[2] = {};
-        for (bool one_gpu : {false, true}) {
+        // 4-7 stages of the test's stage size with a GPU each (direct.max_stages 8 does not bound
+        // them), 2-3 where ranks share one (a bound of 2, then as large as a set holds).
+        const size_t count = 4099;
+        int waits[4] = {};
+        for (int kind : {0, 1, 2, 3}) {
+          if (kind == 3 && n < 4) continue;
           Run cfg = many_stages(mode, false, count);
-          cfg.machine.one_gpu = one_gpu;
+          cfg.machine.gpus = gpus_of(n, kind);
           Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 41u + static_cast<uint32_t>(n)};
           const auto inputs = inputs_for(spec, n);
           const Outcome o = run(cfg, spec, inputs);
           ++runs;
           const std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode));
           if (!e.empty()) failures.push_back(e);
-          waits[one_gpu] = stream_waits(o);
+          waits[kind] = stream_waits(o);
         }
-        if (waits[1] < waits[0]) ++fewer;
-        else if (waits[1] > waits[0])
-          failures.push_back(fmt::format("{} {} n={} {}: {} stream waits on one GPU, {} apart", to_string(v.collective),
-                                         to_string(v.path), n, to_string(mode), waits[1], waits[0]));
+        const std::string what = fmt::format("{} {} n={} {}", to_string(v.collective), to_string(v.path), n,
+                                             to_string(mode));
+        if (waits[1] != waits[0])
+          failures.push_back(fmt::format("{}: a GPU per rank {} stream waits, unknown GPUs {}", what, waits[1], waits[0]));
+        for (int kind : {2, 3}) {
+          if (kind == 3 && n < 4) continue;
+          if (waits[kind] < waits[0]) ++fewer;
+          else failures.push_back(fmt::format("{}: GPUs {} {} stream waits, unknown GPUs {}", what,
+                                              kind == 2 ? "shared by all" : "shared by two", waits[kind], waits[0]));
+        }
       }
     }
   }
   CHECK_MESSAGE(failures.empty(), first_failures(failures));
-  CHECK(fewer > 8);  // the calls the test's sizes cut into more than 2 stages apart
-  MESSAGE(runs << " runs on one GPU and apart: bit-exact, alike, in bound; " << fewer << " in fewer stages on one GPU");
+  CHECK(fewer > 20);
+  MESSAGE(runs << " runs over unknown, own and shared GPUs: bit-exact, alike, in bound; " << fewer
+               << " in fewer stages where ranks share a GPU");
 }
 
 TEST_CASE("direct.lane_flags: the lanes hand stages over by the transport's flags: the same bytes, no race, calls back to back") {
@@ -667,7 +684,7 @@ TEST_CASE("direct transport sizes: one stage when the call fits, whole units oth
   }
   // Ranks sharing a GPU's host link (DirectWindows::ranks_per_gpu above 1): direct.shared_max_stages
   // (2 by default) bounds the count instead, so 64 MiB goes in 2 stages of 32 MiB; 16 MiB keeps two
-  // of direct.stage_bytes; 256 MiB stages as large as a set holds (5 here). 0 lifts the bound.
+  // of direct.stage_bytes; 256 MiB stages as large as a set holds (5 here).
   Config shared = m8;
   REQUIRE(shared.direct_shared_max_stages == 2);
   for (const auto [mib, stages] : {std::pair<size_t, size_t>{16, 2}, {64, 2}, {256, 5}}) {
@@ -677,9 +694,11 @@ TEST_CASE("direct transport sizes: one stage when the call fits, whole units oth
     CHECK(sched::stage_count(count, st) == stages);
     CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, st, 2, f) <= set64);
   }
+  // 0 lifts the bound (not direct.max_stages in its place): 128 MiB in 16 stages of 8 MiB, not 8.
   shared.direct_shared_max_stages = 0;
-  CHECK(sched::stage_count(size_t{64} << 19, sched::direct_stage_elems(shared, set64, Collective::all_reduce,
-                                                                      Path::one_shot, size_t{64} << 19, 2, 2, f, 4)) == 8);
+  CHECK(sched::stage_count(size_t{128} << 19, sched::direct_stage_elems(shared, set64, Collective::all_reduce,
+                                                                       Path::one_shot, size_t{128} << 19, 2, 2, f, 4)) ==
+        16);
   // The reduce-scatter's stage counts every rank's block: blocks of 16 Mi elements (128 MiB of bf16
   // over 4 ranks) in 8 stages, not 16 of 8 MiB.
   const size_t rs = sched::direct_stage_elems(m8, set64, Collective::reduce_scatter, Path::two_shot, size_t{16} << 20, 2, 4, f);

@@ -1256,7 +1256,7 @@ HostFacts sim_host_facts(int) {
   f.p2p_disabled = w.opt.p2p_disabled;
   f.nvlink_local = w.opt.nvlink;
   f.process_id = static_cast<uint32_t>(100 + r);
-  f.gpu_hash = w.opt.one_gpu ? 77 : 0;
+  f.gpu_hash = r < w.opt.gpus.size() ? w.opt.gpus[r] : 0;
   return f;
 }
 

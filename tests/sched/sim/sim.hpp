@@ -63,9 +63,9 @@ struct Options {
   std::vector<uint64_t> hosts;
   bool p2p_disabled = false;
   bool nvlink = false;
-  // Every rank on one GPU (the same HostFacts::gpu_hash), as ranks emulated on one GPU; else the GPUs
-  // are unknown (0), as a platform that cannot tell.
-  bool one_gpu = false;
+  // The GPU of each rank (HostFacts::gpu_hash; ranks with the same one share it, as ranks emulated on
+  // one GPU); empty: unknown (0) on every rank, as a platform that cannot tell.
+  std::vector<uint64_t> gpus;
   uint64_t schedule_seed = 1;  // order in which runnable streams progress
   // direct.ctas of the job (0: not checked): a codec launch that touches a direct-transport window
   // must keep to it, and one on the rank's own allocations alone must run uncapped (a protocol error

@@ -222,8 +222,9 @@ struct Config {
   // the transfer lane's kernels, each copy lane waiting for the kernel it follows and never the other
   // way, so a lane's next copy is not held behind a kernel that waits for its previous one
   // (sched/exec/pipeline.cpp). The same bytes and results; calls not under graph capture, lanes
-  // ordered by events (not direct.lane_flags, not direct.lanes_apart), programs without a gather (not
-  // two-shot). 2 ranks over host memory: 1.03-1.66x, 16-256 MiB; 4 ranks level within run-to-run
+  // ordered by events (not direct.lane_flags, not direct.lanes_apart); two-shot's reduced shard,
+  // which its finish computes and sends, stays on the transfer lane. 2 ranks over host memory:
+  // 1.03-1.66x, 16-256 MiB (two-shot 1.15-1.32x at 16-64 MiB); 4 ranks level within run-to-run
   // spread (bench/README.md "Host-link limit").
   bool direct_copy_lanes = true;            // direct.copy_lanes
   // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's

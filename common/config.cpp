@@ -517,6 +517,8 @@ std::vector<KeySpec> build_key_table() {
   t.push_back(uint_key("direct.max_stages", [](auto& c) -> auto& { return c.direct_max_stages; }, 0, 4096));
   t.push_back(uint_key("direct.shared_max_stages", [](auto& c) -> auto& { return c.direct_shared_max_stages; }, 0,
                        4096));
+  t.push_back(size_key("direct.shared_max_stage_bytes",
+                       [](auto& c) -> auto& { return c.direct_shared_max_stage_bytes; }, 0));
   t.push_back(bool_key("direct.own_on_device", [](auto& c) -> auto& { return c.direct_own_on_device; }));
   t.push_back(bool_key("direct.copy_in", [](auto& c) -> auto& { return c.direct_copy_in; }));
   t.push_back(bool_key("direct.early_copy_in", [](auto& c) -> auto& { return c.direct_early_copy_in; }));
@@ -583,7 +585,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 912 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 920 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

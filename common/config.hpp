@@ -172,9 +172,14 @@ struct Config {
   // direct.max_stages where ranks of the communicator share a GPU, so its host link (ranks emulated
   // on one GPU): their copies take turns on the link, and the ranks' stages interleave there, so a
   // call needs fewer of its own, each of which costs hand-overs between the ranks. With copy lanes,
-  // 2 stages against 8 at 64 MiB: 1.15-1.27x at 2 and 4 ranks, the same within the run's spread at
-  // 16 and 256 MiB (bench/README.md "Host-link limit"). 0: no bound.
+  // 2 stages against 8 at 64 MiB: 1.09-1.27x at 2 and 4 ranks over two runs; 16 MiB is cut alike
+  // (bench/README.md "Host-link limit"). direct.shared_max_stage_bytes bounds their size. 0: no bound.
   uint32_t direct_shared_max_stages = 2;    // direct.shared_max_stages
+  // The largest stage where ranks share a GPU (caller bytes; 0: as large as a buffer set holds): a
+  // call direct.shared_max_stages would cut into larger stages gets stages of this size. 32 MiB
+  // stages at 256 MiB (8 of them) ran 1.04-1.10x faster than the bound's larger ones at 2 ranks in two
+  // runs, the same at 4; at 64 MiB the bound's 2 stages are 32 MiB anyway.
+  uint64_t direct_shared_max_stage_bytes = 32ull << 20;  // direct.shared_max_stage_bytes
   // Buffer sets of a window (and of the device scratch a direct call uses), 2 to 4: stage i uses set
   // i % sets, so a rank may write up to `sets` stages ahead of its slowest peer's reads (2: one
   // stage's transfer beside the next one's quantize; more: room for the ranks to drift apart and

@@ -150,8 +150,16 @@ size_t direct_stage_elems(const Config& config, size_t set_bytes, Collective col
   size_t want = std::max<size_t>(config.direct_stage_bytes / std::max<size_t>(per_elem, 1), 1);
   // direct.max_stages (direct.shared_max_stages where ranks share a GPU's host link): a larger call
   // in that many larger stages (as far as `fits` allows, below).
-  const uint32_t max_stages = ranks_per_gpu > 1 ? config.direct_shared_max_stages : config.direct_max_stages;
+  const bool shared = ranks_per_gpu > 1;
+  const uint32_t max_stages = shared ? config.direct_shared_max_stages : config.direct_max_stages;
   if (max_stages > 0) want = std::max(want, (count + max_stages - 1) / max_stages);
+  // direct.shared_max_stage_bytes: where ranks share a GPU, none larger than that (nor smaller than
+  // direct.stage_bytes), so a large call gets more stages than the bound.
+  if (shared && config.direct_shared_max_stage_bytes > 0) {
+    const size_t cap = std::max<uint64_t>(config.direct_shared_max_stage_bytes, config.direct_stage_bytes) /
+                       std::max<size_t>(per_elem, 1);
+    want = std::min(want, std::max<size_t>(cap, 1));
+  }
   // direct.min_stages: smaller stages for the calls direct.stage_bytes would leave in too few to
   // overlap (whole units, rounded down: at least that many stages where the call has the units), but
   // none under kMinCutStageBytes of caller data: each stage costs a flag round trip between the ranks

@@ -424,6 +424,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.direct_min_stages = 6;
   c.direct_max_stages = 5;
   c.direct_shared_max_stages = 3;
+  c.direct_shared_max_stage_bytes = 48ull << 20;
   c.direct_sets = 3;
   c.direct_own_on_device = false;
   c.direct_copy_in = !Config{}.direct_copy_in;
@@ -507,6 +508,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.direct_min_stages == 6);
   CHECK(p.direct_max_stages == 5);
   CHECK(p.direct_shared_max_stages == 3);
+  CHECK(p.direct_shared_max_stage_bytes == 48ull << 20);
   CHECK(p.direct_sets == 3);
   CHECK_FALSE(p.direct_own_on_device);
   CHECK(p.direct_copy_in == c.direct_copy_in);

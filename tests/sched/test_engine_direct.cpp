@@ -683,17 +683,28 @@ TEST_CASE("direct transport sizes: one stage when the call fits, whole units oth
     CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, st, 2, f) <= set64);
   }
   // Ranks sharing a GPU's host link (DirectWindows::ranks_per_gpu above 1): direct.shared_max_stages
-  // (2 by default) bounds the count instead, so 64 MiB goes in 2 stages of 32 MiB; 16 MiB keeps two
-  // of direct.stage_bytes; 256 MiB stages as large as a set holds (5 here).
+  // (2 by default) bounds the count instead and direct.shared_max_stage_bytes (32 MiB) the size, so
+  // 16 MiB keeps two stages of direct.stage_bytes, 64 MiB goes in 2 of 32 MiB, 256 MiB in 8 of
+  // 32 MiB; without the size cap, 256 MiB in stages as large as a set holds (5 here).
   Config shared = m8;
   REQUIRE(shared.direct_shared_max_stages == 2);
-  for (const auto [mib, stages] : {std::pair<size_t, size_t>{16, 2}, {64, 2}, {256, 5}}) {
-    const size_t count = mib << 19;
-    const size_t st = sched::direct_stage_elems(shared, set64, Collective::all_reduce, Path::one_shot, count, 2, 2, f, 2);
-    CAPTURE(mib);
-    CHECK(sched::stage_count(count, st) == stages);
-    CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, st, 2, f) <= set64);
+  REQUIRE(shared.direct_shared_max_stage_bytes == 32u << 20);
+  for (const uint64_t cap : {uint64_t{32} << 20, uint64_t{0}}) {
+    shared.direct_shared_max_stage_bytes = cap;
+    for (const auto [mib, stages] : {std::pair<size_t, size_t>{16, 2}, {64, 2}, {256, cap ? 8u : 5u}}) {
+      const size_t count = mib << 19;
+      const size_t st = sched::direct_stage_elems(shared, set64, Collective::all_reduce, Path::one_shot, count, 2, 2, f, 2);
+      CAPTURE(mib);
+      CAPTURE(cap);
+      CHECK(sched::stage_count(count, st) == stages);
+      CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, st, 2, f) <= set64);
+    }
   }
+  // The reduce-scatter's stage counts every rank's block: 64 MiB over 4 ranks (8 Mi elements of
+  // output) in 2 stages of 32 MiB of caller data.
+  shared.direct_shared_max_stage_bytes = 32u << 20;
+  CHECK(sched::stage_count(size_t{8} << 20, sched::direct_stage_elems(shared, set64, Collective::reduce_scatter,
+                                                                      Path::two_shot, size_t{8} << 20, 2, 4, f, 4)) == 2);
   // 0 lifts the bound (not direct.max_stages in its place): 128 MiB in 16 stages of 8 MiB, not 8.
   shared.direct_shared_max_stages = 0;
   CHECK(sched::stage_count(size_t{128} << 19, sched::direct_stage_elems(shared, set64, Collective::all_reduce,

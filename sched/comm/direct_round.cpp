@@ -71,8 +71,9 @@ bool direct_possible(const Config& config, const Agreement& a, std::span<const R
 }
 
 // One attempt at one kind: create this rank's windows, exchange handles, open every peer's, confirm
-// on every rank. On any failure anywhere, everything made here is undone on every rank alike.
-bool try_direct(CommState& s, const Config& config, Carrier kind) {
+// on every rank. On any failure anywhere, everything made here is undone on every rank alike. `gpu`:
+// this rank's HostFacts::gpu_hash.
+bool try_direct(CommState& s, const Config& config, Carrier kind, uint64_t gpu) {
   const DirectMemoryApi& m = s.platform->direct;
   // A rank whose platform or driver has no windows or no stream memory operations still takes both
   // exchanges of the round (its peers are in them) and says no.
@@ -90,7 +91,7 @@ bool try_direct(CommState& s, const Config& config, Carrier kind) {
   }
   s.platform->cuda.GetLastError();
   offer.ok = ok ? 1 : 0;
-  offer.gpu = s.platform->host_facts ? s.platform->host_facts(s.device).gpu_hash : 0;
+  offer.gpu = gpu;
   std::vector<char> all;
   const bool exchanged = gather_bytes(s, &offer, sizeof(offer), all) == ncclSuccess;
   std::vector<DirectOffer> offers(n);
@@ -133,8 +134,10 @@ bool try_direct(CommState& s, const Config& config, Carrier kind) {
 
 void setup_direct(CommState& s, const Config& config, std::span<const RankFacts> facts) {
   if (!direct_possible(config, s.agreement, facts)) return;
+  // This rank's GPU, offered in each attempt (DirectOffer::gpu).
+  const uint64_t gpu = s.platform->host_facts ? s.platform->host_facts(s.device).gpu_hash : 0;
   for (Carrier kind : direct_kinds(config, facts))
-    if (try_direct(s, config, kind)) return;
+    if (try_direct(s, config, kind, gpu)) return;
   if (config.direct_transport != DirectMode::automatic)
     FP8WIRE_WARN("comm {}: direct.transport = {}, but not every rank could map every other's windows; FP8 goes "
                  "over NCCL's transports", s.id, to_string(config.direct_transport));

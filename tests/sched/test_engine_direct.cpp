@@ -214,6 +214,14 @@ int stream_waits(const Outcome& o) {
   const int site = static_cast<int>(sim::Site::stream_wait);
   return o.after_calls[0][site] - o.after_setup[0][site];
 }
+// Runs `spec` on its ranks under `cfg`, checks the bytes and that the direct transport of `mode`
+// carried every call (a failure goes into `failures`); returns rank 0's stream waits.
+int run_carried(const Run& cfg, const Spec& spec, int n, DirectMode mode, std::vector<std::string>& failures) {
+  const auto inputs = inputs_for(spec, n);
+  const Outcome o = run(cfg, spec, inputs);
+  if (std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode)); !e.empty()) failures.push_back(std::move(e));
+  return stream_waits(o);
+}
 }  // namespace
 
 TEST_CASE("the copy orders (direct.early_copy_in, direct.paced_sends), each on and off: the same bytes, no race; pacing waits where it should") {
@@ -235,12 +243,8 @@ TEST_CASE("the copy orders (direct.early_copy_in, direct.paced_sends), each on a
                 Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 13u + count};
                 const size_t st = direct_stage_for(cfg.config, v.collective, v.path, count, DataType::bf16, n);
                 if (st == 0 || st >= count) continue;  // one stage: nothing to order
-                const auto inputs = inputs_for(spec, n);
-                const Outcome o = run(cfg, spec, inputs);
                 ++runs;
-                const std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode));
-                if (!e.empty()) failures.push_back(e);
-                waits[early][paced] = stream_waits(o);
+                waits[early][paced] = run_carried(cfg, spec, n, mode, failures);
               }
             }
             if (waits[0][0] == 0) continue;  // not run (one stage)
@@ -286,12 +290,8 @@ TEST_CASE("direct.copy_lanes: sends and copy-in on lanes of their own: the same 
               cfg.config.direct_copy_lanes = copy_lanes;
               cfg.config.direct_sets = sets;
               Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 29u + count};
-              const auto inputs = inputs_for(spec, n);
-              const Outcome o = run(cfg, spec, inputs);
               ++runs;
-              const std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode));
-              if (!e.empty()) failures.push_back(e);
-              waits[copy_lanes] = stream_waits(o);
+              waits[copy_lanes] = run_carried(cfg, spec, n, mode, failures);
             }
             // The copy lanes hop to and from the kernel lanes: more waits, for every program (two-shot's
             // gather included).
@@ -334,12 +334,8 @@ TEST_CASE("direct.shared_max_stages: ranks that share a GPU cut a call into fewe
           Run cfg = many_stages(mode, false, count);
           cfg.machine.gpus = gpus_of(n, kind);
           Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 41u + static_cast<uint32_t>(n)};
-          const auto inputs = inputs_for(spec, n);
-          const Outcome o = run(cfg, spec, inputs);
           ++runs;
-          const std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode));
-          if (!e.empty()) failures.push_back(e);
-          waits[kind] = stream_waits(o);
+          waits[kind] = run_carried(cfg, spec, n, mode, failures);
         }
         const std::string what = fmt::format("{} {} n={} {}", to_string(v.collective), to_string(v.path), n,
                                              to_string(mode));

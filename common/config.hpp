@@ -232,6 +232,12 @@ struct Config {
   // 1.03-1.66x, 16-256 MiB (two-shot 1.15-1.32x at 16-64 MiB); 4 ranks level within run-to-run
   // spread (bench/README.md "Host-link limit").
   bool direct_copy_lanes = true;            // direct.copy_lanes
+  // A stage's signals one peer at a time: a rank signals each peer right after what it wrote for that
+  // peer alone (the reduce-scatter's blocks, two-shot's shards), and with copy-in copies each peer's
+  // data right after that peer's signal, instead of writing everything before one signal to all and
+  // waiting for every peer before the first copy-in (sched/algorithms/direct.cpp). The same flags,
+  // bytes and results; a choice of each rank alone.
+  bool direct_per_peer_flags = false;       // direct.per_peer_flags
   // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's
   // own flag page instead of events, in calls not under graph capture (sched/exec/pipeline.hpp). The
   // same order. Off: 2-3 points further from the host-link limit than the events at 2 and 4 ranks,

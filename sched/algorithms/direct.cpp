@@ -60,6 +60,14 @@
 // the first half and the copy-out slots in the second after the produce lane's own chunk
 // (device_slots), so neither lane touches what the other does, whatever each stage's layout.
 //
+// Per-peer flags (direct.per_peer_flags; StageOps::per_peer_flags): where a rank writes something for
+// one peer alone (the reduce-scatter's blocks, two-shot's shards) it signals that peer right after
+// that write, its own part last, and where it copies in it takes each peer's part right after that
+// peer's signal, instead of one publish to all after every write and one acquire of all before any
+// copy. Each flag is set and waited for as the whole steps do, so a rank may do either while its
+// peers do the other. Measured level with the whole steps on the emulated testbed (bench/README.md
+// "Host-link limit"), off by default.
+//
 // Device set of one stage, with copy-in (slot j holds rank j's data; this rank's own is slot r):
 //   one-shot, all-gather, reduce-scatter   [slot 0 .. slot n-1]                    chunk (block) each
 //   two-shot                               [inbox slots 0..n-1][reduced slots 0..n-1]  one shard each
@@ -167,6 +175,54 @@ ncclResult_t copy_from_peers(StageOps& ops, const DirectWindows& d, int set, con
       FP8WIRE_TRY(ops.fetch(dev.slot(j) + at, d.window(j, set) + at, bytes(j)));
   return ncclSuccess;
 }
+// Per-peer flags (direct.per_peer_flags): the k-th peer (k = 0 .. n-2) this rank takes data from,
+// the next ranks first, and the k-th it signals, the previous ranks first; so the first peer each rank
+// waits on is the one that signals it first.
+int peer_to_take(int rank, int n, int k) { return (rank + 1 + k) % n; }
+int peer_to_signal(int rank, int n, int k) { return (rank - 1 - k + n) % n; }
+
+// Peer j's part of a stage's copy-in: `bytes` at `from` (none when 0).
+struct Part {
+  const char* from;
+  size_t bytes;
+};
+
+// A stage's copy-in of phase `phase` into the device slots (slot j + `at` for peer j): with per-peer
+// flags each peer's part (`part_of(j)`) right after that peer's signal, so the copy engine moves what
+// one peer has written while another is still writing; otherwise after every peer's signal, by
+// `all()` (which may move adjacent parts in one copy).
+template <class PartOf, class All>
+ncclResult_t copy_in(StageOps& ops, int set, int phase, const DeviceSlots& dev, size_t at, PartOf part_of, All all) {
+  const int n = ops.nranks(), r = ops.rank();
+  if (!ops.per_peer_flags()) {
+    FP8WIRE_TRY(ops.acquire(set, phase));
+    return all();
+  }
+  for (int k = 0; k + 1 < n; ++k) {
+    const int j = peer_to_take(r, n, k);
+    FP8WIRE_TRY(ops.acquire_from(set, phase, j, k + 2 == n));
+    if (const Part p = part_of(j); p.bytes) FP8WIRE_TRY(ops.fetch(dev.slot(j) + at, p.from, p.bytes));
+  }
+  return ncclSuccess;
+}
+
+// A stage's writes of phase `phase`, one part per rank (`write_for(j)`: what rank j reads; this rank's
+// own included): with per-peer flags each peer's part then its signal, this rank's own part last;
+// otherwise every part in rank order, then one signal to all.
+template <class WriteFor>
+ncclResult_t write_for_each(StageOps& ops, int set, int phase, WriteFor write_for) {
+  const int n = ops.nranks(), r = ops.rank();
+  if (!ops.per_peer_flags()) {
+    for (int j = 0; j < n; ++j) FP8WIRE_TRY(write_for(j));
+    return ops.publish(set, phase);
+  }
+  for (int k = 0; k + 1 < n; ++k) {
+    const int j = peer_to_signal(r, n, k);
+    FP8WIRE_TRY(write_for(j));
+    FP8WIRE_TRY(ops.publish_to(set, phase, j));
+  }
+  return write_for(r);
+}
 }  // namespace
 
 bool direct_lanes_apart_fits(Collective collective, Path path, size_t stage_elems, size_t own_device_bytes,
@@ -203,10 +259,13 @@ ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
     FP8WIRE_TRY(quantize_own_here(ops, a_, st, dev, r, st.offset, &own));
     inputs[r] = own;
   }
-  FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   if (dev.staged) {
-    FP8WIRE_TRY(copy_from_peers(ops, d, st.set_index, dev, 0, [&](int) { return cb; }));
+    FP8WIRE_TRY(copy_in(
+        ops, st.set_index, kInputs, dev, 0, [&](int j) { return Part{d.window(j, st.set_index), cb}; },
+        [&] { return copy_from_peers(ops, d, st.set_index, dev, 0, [&](int) { return cb; }); }));
     FP8WIRE_TRY(ops.release(st.set_index));
+  } else {
+    FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   }
   quant::ReduceOutput out;
   out.plain = static_cast<char*>(a_.dst) + st.offset * ops.elem_size();
@@ -224,14 +283,13 @@ ncclResult_t DirectTwoShotAllReduce::produce(StageOps& ops, const Stage& st) {
   const DeviceSlots dev = device_slots(a_, st, r, n, l.seg_stride, 2);
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   // Shard j into owner j's inbox, slot r: straight (the transfer is this kernel's stores) or by copy-out.
-  for (int j = 0; j < n; ++j) {
+  return write_for_each(ops, st.set_index, kInputs, [&](int j) -> ncclResult_t {
     const size_t len = l.length(j);
-    if (!len) continue;
-    FP8WIRE_TRY(quantize_for(ops, a_, dev, j, st.offset + l.begin(j), len,
-                             d.window(j, st.set_index) + r * l.seg_stride, l.bytes(j, f)));
+    if (!len) return ncclSuccess;
     if (j != r) ops.add_wire_bytes(l.bytes(j, f));
-  }
-  return ops.publish(st.set_index, kInputs);
+    return quantize_for(ops, a_, dev, j, st.offset + l.begin(j), len, d.window(j, st.set_index) + r * l.seg_stride,
+                        l.bytes(j, f));
+  });
 }
 
 namespace {
@@ -259,15 +317,17 @@ ncclResult_t DirectTwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
   const quant::WireFormat& f = ops.format();
   const TwoShotPlaces p = two_shot_places(ops, a_, st);
   const ShardLayout& l = p.l;
-  FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
+  if (p.dev.staged && l.length(r)) {
+    FP8WIRE_TRY(copy_in(
+        ops, st.set_index, kInputs, p.dev, 0, [&](int j) { return Part{p.mine + j * l.seg_stride, l.bytes(r, f)}; },
+        [&] { return copy_slots_but(ops, p.dev.staged, p.mine, l.seg_stride, l.bytes(r, f), n, r); }));
+  } else {
+    FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
+  }
   if (l.length(r)) {
     std::array<const void*, quant::kMaxReduceInputs> inputs;
-    for (int j = 0; j < n; ++j) inputs[j] = p.mine + j * l.seg_stride;
-    if (p.dev.own) inputs[r] = p.dev.own;
-    if (p.dev.staged) {
-      FP8WIRE_TRY(copy_slots_but(ops, p.dev.staged, p.mine, l.seg_stride, l.bytes(r, f), n, r));
-      for (int j = 0; j < n; ++j) inputs[j] = p.dev.slot(j);
-    }
+    for (int j = 0; j < n; ++j) inputs[j] = p.dev.staged ? p.dev.slot(j) : p.mine + j * l.seg_stride;
+    if (p.dev.own && !p.dev.staged) inputs[r] = p.dev.own;
     quant::ReduceOutput out;
     out.wire = p.own_reduced ? p.own_reduced : p.mine + p.reduced_at;
     FP8WIRE_TRY(ops.reduce(inputs.data(), n, l.length(r), a_.post, out, st.offset + l.begin(r)));
@@ -283,15 +343,20 @@ ncclResult_t DirectTwoShotAllReduce::gather(StageOps& ops, const Stage& st) {
   const quant::WireFormat& f = ops.format();
   const TwoShotPlaces p = two_shot_places(ops, a_, st);
   const ShardLayout& l = p.l;
-  FP8WIRE_TRY(ops.acquire(st.set_index, kReduced));
   // Every rank, the owner included, decodes the same reduced bytes: identical results.
   auto reduced_of = [&](int j) -> const char* {
     if (j == r && p.own_reduced) return p.own_reduced;
     return p.dev.staged ? p.dev.slot(j) + p.reduced_at : d.window(j, st.set_index) + p.reduced_at;
   };
   if (p.dev.staged) {
-    FP8WIRE_TRY(copy_from_peers(ops, d, st.set_index, p.dev, p.reduced_at, [&](int j) { return l.bytes(j, f); }));
+    auto bytes = [&](int j) { return l.length(j) ? l.bytes(j, f) : 0; };
+    FP8WIRE_TRY(copy_in(
+        ops, st.set_index, kReduced, p.dev, p.reduced_at,
+        [&](int j) { return Part{d.window(j, st.set_index) + p.reduced_at, bytes(j)}; },
+        [&] { return copy_from_peers(ops, d, st.set_index, p.dev, p.reduced_at, bytes); }));
     FP8WIRE_TRY(ops.release(st.set_index));
+  } else {
+    FP8WIRE_TRY(ops.acquire(st.set_index, kReduced));
   }
   char* dst = static_cast<char*>(a_.dst);
   for (int j = 0; j < n; ++j) {
@@ -310,12 +375,11 @@ ncclResult_t DirectReduceScatter::produce(StageOps& ops, const Stage& st) {
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
   FP8WIRE_TRY(ops.reclaim(st.set_index));
-  for (int j = 0; j < n; ++j) {
-    FP8WIRE_TRY(quantize_for(ops, a_, dev, j, static_cast<size_t>(j) * a_.count + st.offset, st.length,
-                             d.window(j, st.set_index) + r * cb, cb));
+  return write_for_each(ops, st.set_index, kInputs, [&](int j) {
     if (j != r) ops.add_wire_bytes(cb);
-  }
-  return ops.publish(st.set_index, kInputs);
+    return quantize_for(ops, a_, dev, j, static_cast<size_t>(j) * a_.count + st.offset, st.length,
+                        d.window(j, st.set_index) + r * cb, cb);
+  });
 }
 
 ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
@@ -332,10 +396,13 @@ ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
     FP8WIRE_TRY(quantize_own_here(ops, a_, st, dev, r, static_cast<size_t>(r) * a_.count + st.offset, &own));
     inputs[r] = own;
   }
-  FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   if (dev.staged) {
-    FP8WIRE_TRY(copy_slots_but(ops, dev.staged, mine, cb, cb, n, r));
+    FP8WIRE_TRY(copy_in(
+        ops, st.set_index, kInputs, dev, 0, [&](int j) { return Part{mine + j * cb, cb}; },
+        [&] { return copy_slots_but(ops, dev.staged, mine, cb, cb, n, r); }));
     FP8WIRE_TRY(ops.release(st.set_index));
+  } else {
+    FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   }
   quant::ReduceOutput out;
   out.plain = static_cast<char*>(a_.dst) + st.offset * ops.elem_size();
@@ -367,14 +434,17 @@ ncclResult_t DirectAllGather::finish(StageOps& ops, const Stage& st) {
   const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
   char* own = dev.own;
   if (a_.own_per_lane) FP8WIRE_TRY(quantize_own_here(ops, a_, st, dev, r, st.offset, &own));
-  FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   auto from = [&](int j) -> const char* {
     if (own && j == r) return own;  // with copy-in, slot r; with the lanes apart, the transfer lane's
     return dev.staged ? dev.slot(j) : d.window(j, st.set_index);
   };
   if (dev.staged) {
-    FP8WIRE_TRY(copy_from_peers(ops, d, st.set_index, dev, 0, [&](int) { return cb; }));
+    FP8WIRE_TRY(copy_in(
+        ops, st.set_index, kInputs, dev, 0, [&](int j) { return Part{d.window(j, st.set_index), cb}; },
+        [&] { return copy_from_peers(ops, d, st.set_index, dev, 0, [&](int) { return cb; }); }));
     FP8WIRE_TRY(ops.release(st.set_index));
+  } else {
+    FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   }
   auto* dst = static_cast<char*>(a_.dst);
   for (int j = 0; j < n; ++j) {

@@ -210,7 +210,8 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
       if (route.carrier != Carrier::nccl)
         ops.use_direct(s.direct.get(), config.direct_ctas, config.direct_lane_flags, handover,
                        a.copy_in && config.direct_early_copy_in,
-                       config.direct_paced_sends && route.carrier == Carrier::host_memory, config.direct_copy_lanes);
+                       config.direct_paced_sends && route.carrier == Carrier::host_memory, config.direct_copy_lanes,
+                       config.direct_per_peer_flags);
       PipelineRun run(sref, c.stream, capturing, call_hooks() != nullptr, joins);
       res = run.finish(run.run(*program, ops, rec.count, route.stage_elems));
       rec.wire_bytes = ops.wire_bytes();

@@ -179,9 +179,22 @@ ncclResult_t StageOps::publish(int set, int phase) {
   FP8WIRE_TRY(pass_send_gate(nullptr));
   return direct_->publish(lane_, set, phase);
 }
+ncclResult_t StageOps::publish_to(int set, int phase, int peer) {
+  FP8WIRE_TRY(enter(half_ == Half::produce));
+  FP8WIRE_TRY(pass_send_gate(nullptr));
+  return direct_->publish_to(lane_, set, phase, peer);
+}
 ncclResult_t StageOps::acquire(int set, int phase) {
   FP8WIRE_TRY(on_lane(half_ == Half::finish));
   FP8WIRE_TRY(direct_->acquire(lane_, set, phase));
+  return record_acquired();
+}
+ncclResult_t StageOps::acquire_from(int set, int phase, int peer, bool last) {
+  FP8WIRE_TRY(on_lane(half_ == Half::finish));
+  FP8WIRE_TRY(direct_->acquire_from(lane_, set, phase, peer));
+  return last ? record_acquired() : ncclSuccess;
+}
+ncclResult_t StageOps::record_acquired() {
   if (!acquired_mark_) return ncclSuccess;
   const cudaEvent_t mark = std::exchange(acquired_mark_, nullptr);
   return codec_result(state_->platform->cuda.EventRecord(mark, lane_), "marking a stage's peers published");

@@ -59,10 +59,12 @@ class StageOps {
   // (direct.paced_sends): it holds each stage's sends until the peers published the previous stage
   // (gate_send, below).
   // `copy_lanes` (direct.copy_lanes): the executor may give each half of a stage a copy lane beside
-  // its kernel lane (set_lanes, below).
+  // its kernel lane (set_lanes, below). `per_peer_flags` (direct.per_peer_flags): the programs signal
+  // each peer right after what they wrote for it alone, and copy in each peer's data right after its
+  // own signal (publish_to, acquire_from, below).
   void use_direct(const DirectWindows* direct, uint32_t window_ctas, bool lane_flags = false,
                   LaneHandover handover = LaneHandover::both, bool early_copy_in = false, bool paced_sends = false,
-                  bool copy_lanes = false) {
+                  bool copy_lanes = false, bool per_peer_flags = false) {
     direct_ = direct;
     window_ctas_ = window_ctas;
     lane_flags_ = lane_flags;
@@ -70,6 +72,7 @@ class StageOps {
     early_copy_in_ = early_copy_in;
     paced_sends_ = paced_sends;
     copy_lanes_ = copy_lanes;
+    per_peer_flags_ = per_peer_flags;
   }
   const DirectWindows* direct() const { return direct_; }
   // The windows whose flags order the executor's lanes, or null (events order them).
@@ -78,6 +81,7 @@ class StageOps {
   bool early_copy_in() const { return direct_ && early_copy_in_; }
   bool paced_sends() const { return direct_ && paced_sends_; }
   bool copy_lanes() const { return direct_ && copy_lanes_; }
+  bool per_peer_flags() const { return direct_ && per_peer_flags_; }
   // With no hand-over (LaneHandover::none), the stage's release waits for this event (its produce,
   // publish included): a rank marks a set free for its peers only after every signal it owes them
   // for the stage, which the transports' liveness rule rests on (sched/transport/direct_windows.hpp).
@@ -160,6 +164,11 @@ class StageOps {
   ncclResult_t publish(int set, int phase);
   ncclResult_t acquire(int set, int phase);
   ncclResult_t release(int set);
+  // The same steps with one peer (direct.per_peer_flags): publish_to on the lane of the sends,
+  // acquire_from on the lane of the copy-in; `last` marks the stage's last peer, after whose wait a
+  // paced stage's mark is recorded (mark_acquired), as after a whole acquire.
+  ncclResult_t publish_to(int set, int phase, int peer);
+  ncclResult_t acquire_from(int set, int phase, int peer, bool last);
 
   // --- wire --------------------------------------------------------------------------------------
   ncclResult_t exchange(std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) {
@@ -213,6 +222,9 @@ class StageOps {
   cudaEvent_t hop_ = nullptr;
   bool hop_pending_ = false;  // the lane the other waits for in this half ran an operation since it last did
   bool copy_lanes_ = false;
+  bool per_peer_flags_ = false;
+  // Records the paced stage's mark on the current lane, if one is set (acquire, acquire_from).
+  ncclResult_t record_acquired();
   // Waits for `gate` once, then clears it (the produce, send and release gates).
   ncclResult_t pass_gate(cudaEvent_t& gate, const char* what);
 };

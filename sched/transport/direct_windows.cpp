@@ -86,24 +86,25 @@ ncclResult_t DirectWindows::reclaim(cudaStream_t lane, int set) const {
 }
 
 ncclResult_t DirectWindows::publish(cudaStream_t lane, int set, int phase) const {
-  const CudaApi& c = platform_->cuda;
-  for (int j = 0; j < nranks_; ++j) {
-    if (j == rank_) continue;
-    if (const ncclResult_t r = op(c.StreamWriteValue32(lane, &flags_device(j)->ready[set][phase][rank_], 1),
-                                  "signalling written data to a peer");
-        r != ncclSuccess)
-      return r;
-  }
+  for (int j = 0; j < nranks_; ++j)
+    if (j != rank_) FP8WIRE_TRY(publish_to(lane, set, phase, j));
   return ncclSuccess;
 }
 
+ncclResult_t DirectWindows::publish_to(cudaStream_t lane, int set, int phase, int peer) const {
+  return op(platform_->cuda.StreamWriteValue32(lane, &flags_device(peer)->ready[set][phase][rank_], 1),
+            "signalling written data to a peer");
+}
+
 ncclResult_t DirectWindows::acquire(cudaStream_t lane, int set, int phase) const {
-  DirectFlags* mine = flags_device(rank_);
-  for (int j = 0; j < nranks_; ++j) {
-    if (j == rank_) continue;
-    FP8WIRE_TRY(take(lane, &mine->ready[set][phase][j], "waiting for a peer's data", "resetting a ready flag"));
-  }
+  for (int j = 0; j < nranks_; ++j)
+    if (j != rank_) FP8WIRE_TRY(acquire_from(lane, set, phase, j));
   return ncclSuccess;
+}
+
+ncclResult_t DirectWindows::acquire_from(cudaStream_t lane, int set, int phase, int peer) const {
+  return take(lane, &flags_device(rank_)->ready[set][phase][peer], "waiting for a peer's data",
+              "resetting a ready flag");
 }
 
 ncclResult_t DirectWindows::release(cudaStream_t lane, int set) const {

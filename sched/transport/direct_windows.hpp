@@ -127,6 +127,11 @@ class DirectWindows {
   ncclResult_t publish(cudaStream_t lane, int set, int phase) const;
   ncclResult_t acquire(cudaStream_t lane, int set, int phase) const;
   ncclResult_t release(cudaStream_t lane, int set) const;
+  // Publish and acquire with one peer only (direct.per_peer_flags): the same flag of the same page as
+  // the whole step sets or waits for that peer, so a rank may signal or wait per peer while its peers
+  // do either.
+  ncclResult_t publish_to(cudaStream_t lane, int set, int phase, int peer) const;
+  ncclResult_t acquire_from(cudaStream_t lane, int set, int phase, int peer) const;
 
   // The pipeline's hand-overs between this rank's two lanes as memory operations on its own flag page
   // instead of events (direct.lane_flags): before the produce lane writes set `set` (wait until the

@@ -432,6 +432,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.direct_lane_flags = !Config{}.direct_lane_flags;
   c.direct_lanes_apart = !Config{}.direct_lanes_apart;
   c.direct_copy_lanes = !Config{}.direct_copy_lanes;
+  c.direct_per_peer_flags = !Config{}.direct_per_peer_flags;
   c.log_level = "trace";
   c.log_file = "/tmp/with \"quotes\" and \\ back\tslash-%r.log";
   c.nccl_library = "/opt/nccl/lib/libnccl.so.2";
@@ -516,6 +517,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.direct_lane_flags == c.direct_lane_flags);
   CHECK(p.direct_lanes_apart == c.direct_lanes_apart);
   CHECK(p.direct_copy_lanes == c.direct_copy_lanes);
+  CHECK(p.direct_per_peer_flags == c.direct_per_peer_flags);
   CHECK(p.log_level == c.log_level);
   CHECK(p.log_file == c.log_file);
   CHECK(p.nccl_library == c.nccl_library);

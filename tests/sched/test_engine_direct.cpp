@@ -209,18 +209,20 @@ Run many_stages(DirectMode mode, bool in_place, size_t count) {
   cfg.second_call = count == 4099;
   return cfg;
 }
-// Rank 0's stream waits in the first call.
-int stream_waits(const Outcome& o) {
-  const int site = static_cast<int>(sim::Site::stream_wait);
-  return o.after_calls[0][site] - o.after_setup[0][site];
+// Rank 0's calls at `site` in the first call.
+int calls_at(const Outcome& o, sim::Site site) {
+  const int i = static_cast<int>(site);
+  return o.after_calls[0][i] - o.after_setup[0][i];
 }
 // Runs `spec` on its ranks under `cfg`, checks the bytes and that the direct transport of `mode`
-// carried every call (a failure goes into `failures`); returns rank 0's stream waits.
-int run_carried(const Run& cfg, const Spec& spec, int n, DirectMode mode, std::vector<std::string>& failures) {
+// carried every call (a failure goes into `failures`); returns rank 0's calls at `site` (by default
+// its stream waits).
+int run_carried(const Run& cfg, const Spec& spec, int n, DirectMode mode, std::vector<std::string>& failures,
+                sim::Site site = sim::Site::stream_wait) {
   const auto inputs = inputs_for(spec, n);
   const Outcome o = run(cfg, spec, inputs);
   if (std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode)); !e.empty()) failures.push_back(std::move(e));
-  return stream_waits(o);
+  return calls_at(o, site);
 }
 }  // namespace
 
@@ -309,6 +311,50 @@ TEST_CASE("direct.copy_lanes: sends and copy-in on lanes of their own: the same 
   CHECK_MESSAGE(failures.empty(), first_failures(failures));
   CHECK(on_copy_lanes > 20);
   MESSAGE(runs << " runs with copy lanes on and off: bit-exact, alike, in bound; " << on_copy_lanes << " on copy lanes");
+}
+
+TEST_CASE("direct.per_peer_flags: each peer signalled and copied in on its own: the same bytes, no race; used where a rank copies in") {
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  size_t runs = 0, per_peer = 0;
+  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
+    for (int n : {2, 3, 4}) {
+      for (const Variant& v : kVariants) {
+        for (bool in_place : {false, true}) {
+          for (bool copy_lanes : {false, true}) {
+            for (auto [count, sets] : {std::pair{size_t(3 * n * 128 + 5), 3u}, {size_t{4099}, 3u}, {size_t{4099}, 2u}}) {
+              int copies[2] = {};  // rank 0's copies without and with per-peer flags
+              for (bool flags : {false, true}) {
+                Run cfg = many_stages(mode, in_place, count);
+                cfg.config.direct_copy_lanes = copy_lanes;
+                cfg.config.direct_sets = sets;
+                cfg.config.direct_per_peer_flags = flags;
+                Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 31u + count};
+                ++runs;
+                copies[flags] = run_carried(cfg, spec, n, mode, failures, sim::Site::memcpy_async);
+              }
+              // The reduce-scatter's and two-shot's copy-in read one inbox, whose peers' slots a rank
+              // otherwise copies in one piece (rank 0: slots 1..n-1); per peer it is a copy each. Only
+              // over host memory, where a rank copies in; the one-shot and the all-gather copy each
+              // peer's window apart either way.
+              const bool inbox = v.collective == Collective::reduce_scatter || v.path == Path::two_shot;
+              const bool more = mode == DirectMode::host_memory && inbox && n > 2;
+              const std::string what = fmt::format("{} {} n={} {}", to_string(v.collective), to_string(v.path), n,
+                                                   to_string(mode));
+              if (more ? copies[1] <= copies[0] : copies[1] != copies[0])
+                failures.push_back(fmt::format("{}: {} copies with per-peer flags, {} without", what, copies[1], copies[0]));
+              else if (more)
+                ++per_peer;
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+  CHECK(per_peer > 20);
+  MESSAGE(runs << " runs with per-peer flags on and off: bit-exact, alike, in bound; " << per_peer
+               << " copied in per peer");
 }
 
 TEST_CASE("direct.shared_max_stages: ranks that share a GPU cut a call into fewer stages: the same bytes, no race") {

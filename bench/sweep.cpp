@@ -362,7 +362,9 @@ struct Worker {
   // The host link's pinned-copy rates (cudaMemcpyAsync through pinned host memory), with every rank
   // copying at once as the direct transport's traffic runs, for the link limit (bench/host/
   // link_limit.hpp): D2H alone, H2D alone, then both at once on two streams (PCIe is full duplex;
-  // what it keeps of each direction then is reported beside the limit, not used in it). Off the
+  // what it keeps of each direction then is reported beside the limit, not used in it), and both at
+  // once in copies of each kSmallCopyBytes (what the link keeps in copies the size small calls send;
+  // reported too). Off the
   // timed path: before the first point. Every pass starts on all ranks together after a small
   // all-reduce, and its rate is its bytes over the slowest rank's time.
   int measure_pinned(PinnedRates& rates) {
@@ -386,11 +388,16 @@ struct Worker {
     }
     for (auto& e : ev) FP8WIRE_CUDA_OR(cudaEventCreate(&e), return 2);
     FP8WIRE_CUDA_OR(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking), return 2);
-    auto copies = [&](bool d2h, cudaStream_t st, int n) {
+    // n copies of `size` bytes (a divisor of kBytes), each at the next place of the buffers.
+    auto copies = [&](bool d2h, cudaStream_t st, int n, size_t size) {
       cudaError_t err = cudaSuccess;
-      for (int i = 0; i < n && err == cudaSuccess; ++i)
-        err = d2h ? cudaMemcpyAsync(host[0], dev[0], kBytes, cudaMemcpyDeviceToHost, st)
-                  : cudaMemcpyAsync(dev[1], host[1], kBytes, cudaMemcpyHostToDevice, st);
+      for (int i = 0; i < n && err == cudaSuccess; ++i) {
+        const size_t at = static_cast<size_t>(i) * size % kBytes;
+        err = d2h ? cudaMemcpyAsync(static_cast<char*>(host[0]) + at, static_cast<char*>(dev[0]) + at, size,
+                                    cudaMemcpyDeviceToHost, st)
+                  : cudaMemcpyAsync(static_cast<char*>(dev[1]) + at, static_cast<char*>(host[1]) + at, size,
+                                    cudaMemcpyHostToDevice, st);
+      }
       return err;
     };
     auto elapsed_us = [&](cudaEvent_t from, cudaEvent_t to, double& us) {
@@ -399,28 +406,36 @@ struct Worker {
       us = 1e3 * ms;
       return err;
     };
-    // D2H alone, H2D alone, then D2H and H2D together: this rank's times, then the slowest rank's.
-    double us[4] = {0, 0, 0, 0};
-    for (int pass = 0; pass < 3; ++pass) {
-      const bool both = pass == 2;
-      FP8WIRE_CUDA_OR(copies(pass != 1, stream, 1), return 2);  // warm
+    // D2H alone, H2D alone, then D2H and H2D together, in copies of kBytes, then together in copies of
+    // each kSmallCopyBytes (the same bytes): this rank's times, then the slowest rank's. us[2 + 2k],
+    // us[3 + 2k]: the k-th pass of both directions, D2H and H2D.
+    constexpr int kSmall = static_cast<int>(std::size(kSmallCopyBytes));
+    double us[4 + 2 * kSmall] = {};
+    static_assert(sizeof(us) <= sizeof(RankReport), "the times fit the report buffer");
+    for (int pass = 0; pass < 3 + kSmall; ++pass) {
+      const bool both = pass >= 2;
+      const size_t size = pass <= 2 ? kBytes : kSmallCopyBytes[pass - 3];
+      const int n = static_cast<int>(kBytes * kCopies / size);
+      const int out = pass <= 1 ? pass : 2 + 2 * (pass - 2);
+      FP8WIRE_CUDA_OR(copies(pass != 1, stream, 1, kBytes), return 2);  // warm
       FP8WIRE_NCCL_OR(api.AllReduce(report_send, report_send, 1, ncclFloat64, ncclMax, comm, stream), return 2);
       FP8WIRE_CUDA_OR(cudaEventRecord(ev[0], stream), return 2);
       if (both) {
         FP8WIRE_CUDA_OR(cudaStreamWaitEvent(second, ev[0], 0), return 2);
         FP8WIRE_CUDA_OR(cudaEventRecord(ev[2], second), return 2);
-        FP8WIRE_CUDA_OR(copies(false, second, kCopies), return 2);
+        FP8WIRE_CUDA_OR(copies(false, second, n, size), return 2);
         FP8WIRE_CUDA_OR(cudaEventRecord(ev[3], second), return 2);
       }
-      FP8WIRE_CUDA_OR(copies(pass != 1, stream, kCopies), return 2);
+      FP8WIRE_CUDA_OR(copies(pass != 1, stream, n, size), return 2);
       FP8WIRE_CUDA_OR(cudaEventRecord(ev[1], stream), return 2);
       FP8WIRE_CUDA_OR(cudaEventSynchronize(ev[1]), return 2);
       if (both) FP8WIRE_CUDA_OR(cudaEventSynchronize(ev[3]), return 2);
-      FP8WIRE_CUDA_OR(elapsed_us(ev[0], ev[1], us[pass]), return 2);
-      if (both) FP8WIRE_CUDA_OR(elapsed_us(ev[2], ev[3], us[3]), return 2);
+      FP8WIRE_CUDA_OR(elapsed_us(ev[0], ev[1], us[out]), return 2);
+      if (both) FP8WIRE_CUDA_OR(elapsed_us(ev[2], ev[3], us[out + 1]), return 2);
     }
+    constexpr size_t kReported = sizeof(us) / sizeof(us[0]);
     FP8WIRE_CUDA_OR(cudaMemcpyAsync(report_send, us, sizeof(us), cudaMemcpyHostToDevice, stream), return 2);
-    FP8WIRE_NCCL_OR(api.AllReduce(report_send, report_send, 4, ncclFloat64, ncclMax, comm, stream), return 2);
+    FP8WIRE_NCCL_OR(api.AllReduce(report_send, report_send, kReported, ncclFloat64, ncclMax, comm, stream), return 2);
     FP8WIRE_CUDA_OR(cudaMemcpyAsync(us, report_send, sizeof(us), cudaMemcpyDeviceToHost, stream), return 2);
     FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream), return 2);
     // Emulated ranks share this GPU's one link; else each rank has its own.
@@ -432,6 +447,8 @@ struct Worker {
     rates.h2d_gbps = gbps(us[1]);
     rates.duplex_d2h_gbps = gbps(us[2]);
     rates.duplex_h2d_gbps = gbps(us[3]);
+    for (int k = 0; k < kSmall; ++k)
+      rates.duplex_small[k] = {kSmallCopyBytes[k], gbps(us[4 + 2 * k]), gbps(us[5 + 2 * k])};
     return 0;
   }
 
@@ -681,6 +698,10 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
                result.pinned.d2h_gbps, result.pinned.h2d_gbps, result.pinned.ranks_per_link,
                result.pinned.ranks_per_link == 1 ? "" : "s", result.pinned.duplex_d2h_gbps,
                result.pinned.duplex_h2d_gbps);
+  for (const DuplexInCopies& d : result.pinned.duplex_small)
+    if (d.copy_bytes)
+      fmt::print("# pinned, both directions at once in copies of {} MiB (every rank at once): D2H {:.1f} + H2D {:.1f} GB/s\n",
+                 d.copy_bytes >> 20, d.d2h_gbps, d.h2d_gbps);
   const auto crossovers = analyze_crossovers(result, opt.crossover);
   Calibration calibration = calibrate(result);
   // The job shape the figures belong to (sched/plan/hierarchy.hpp: a flat FP8 path across hosts with

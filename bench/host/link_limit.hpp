@@ -18,7 +18,9 @@
 // duplex, so the two directions overlap at best, and ranks sharing a link share its rate.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string>
 
@@ -40,6 +42,16 @@ std::optional<LinkBytes> host_link_bytes(Collective c, Path path, int nranks, ui
                                          bool fewest);
 
 // Pinned-copy rates of one link, measured with every rank copying at once.
+// Both directions at once in copies of `copy_bytes` each, every rank at once with nothing between its
+// copies: what the link keeps when a call's traffic comes in copies of that size (a 16 MiB call's
+// stages send copies of 1-4 MiB). Reported, not used in the limit.
+struct DuplexInCopies {
+  uint64_t copy_bytes = 0;
+  double d2h_gbps = 0;
+  double h2d_gbps = 0;
+};
+inline constexpr uint64_t kSmallCopyBytes[] = {4ull << 20, 1ull << 20};
+
 struct PinnedRates {
   double d2h_gbps = 0;
   double h2d_gbps = 0;
@@ -48,6 +60,7 @@ struct PinnedRates {
   // Both directions at once (PCIe is full duplex): what each keeps. Reported, not used in the limit.
   double duplex_d2h_gbps = 0;
   double duplex_h2d_gbps = 0;
+  std::array<DuplexInCopies, std::size(kSmallCopyBytes)> duplex_small{};  // the same in copies of kSmallCopyBytes
   bool measured() const { return d2h_gbps > 0 && h2d_gbps > 0 && ranks_per_link > 0; }
 };
 

@@ -495,8 +495,13 @@ json to_json(const SweepResult& r, const std::vector<CrossoverReport>& crossover
     for (const auto& [c, d] : measured_pairs(r))
       if (std::string b = link_limit_basis(r, c, d); !b.empty())
         bases[fmt::format("{} {}", collective_name(c), to_string(d))] = b;
+    json in_copies = json::array();
+    for (const DuplexInCopies& d : r.pinned.duplex_small)
+      if (d.copy_bytes)
+        in_copies.push_back({{"copy_bytes", d.copy_bytes}, {"d2h_gbps", d.d2h_gbps}, {"h2d_gbps", d.h2d_gbps}});
     j["pinned_copy"] = {{"d2h_gbps", r.pinned.d2h_gbps}, {"h2d_gbps", r.pinned.h2d_gbps},
                         {"duplex_d2h_gbps", r.pinned.duplex_d2h_gbps}, {"duplex_h2d_gbps", r.pinned.duplex_h2d_gbps},
+                        {"duplex_in_copies", in_copies},
                         {"ranks_per_link", r.pinned.ranks_per_link}, {"bytes_per_rank", r.pinned.bytes},
                         {"link_limit_basis", bases}};
   }
@@ -569,6 +574,14 @@ std::optional<SweepResult> sweep_from_json(const json& j, std::string& error) {
       r.pinned.h2d_gbps = pc.value("h2d_gbps", 0.0);
       r.pinned.duplex_d2h_gbps = pc.value("duplex_d2h_gbps", 0.0);
       r.pinned.duplex_h2d_gbps = pc.value("duplex_h2d_gbps", 0.0);
+      if (pc.contains("duplex_in_copies") && pc["duplex_in_copies"].is_array()) {
+        size_t k = 0;
+        for (const auto& d : pc["duplex_in_copies"]) {
+          if (k == std::size(r.pinned.duplex_small) || !d.is_object()) break;
+          r.pinned.duplex_small[k++] = {d.value("copy_bytes", uint64_t{0}), d.value("d2h_gbps", 0.0),
+                                        d.value("h2d_gbps", 0.0)};
+        }
+      }
       r.pinned.ranks_per_link = pc.value("ranks_per_link", 1);
       r.pinned.bytes = pc.value("bytes_per_rank", uint64_t{0});
     }

@@ -87,7 +87,7 @@ TEST_CASE("link_limit: a sweep's host-memory points get their percent, in the ta
   r.machine.nranks = 2;
   r.machine.fabric = Fabric::pcie;
   r.wire = kBf16;
-  r.pinned = {54.5, 49.5, 2, 64 * kMiB, 50.0, 45.0};
+  r.pinned = {54.5, 49.5, 2, 64 * kMiB, 50.0, 45.0, {{{4 * kMiB, 47.0, 46.0}, {1 * kMiB, 38.0, 36.5}}}};
   auto point = [](Path path, const char* transport, double us) {
     SweepPoint p;
     p.collective = Collective::all_reduce;
@@ -121,6 +121,11 @@ TEST_CASE("link_limit: a sweep's host-memory points get their percent, in the ta
   REQUIRE_MESSAGE(back.has_value(), error);
   CHECK(back->pinned.ranks_per_link == 2);
   CHECK(back->pinned.duplex_h2d_gbps == doctest::Approx(45.0));
+  // The link's rates in small copies (reported beside the limit, not used in it) come back in order.
+  REQUIRE(j.at("pinned_copy").at("duplex_in_copies").size() == 2);
+  CHECK(back->pinned.duplex_small[0].copy_bytes == 4 * kMiB);
+  CHECK(back->pinned.duplex_small[1].copy_bytes == 1 * kMiB);
+  CHECK(back->pinned.duplex_small[1].h2d_gbps == doctest::Approx(36.5));
   CHECK(back->points[3].link_limit_pct == doctest::Approx(r.points[3].link_limit_pct));
   // Without the rates (a sweep of NCCL's transports only): nothing.
   r.pinned = {};

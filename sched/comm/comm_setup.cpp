@@ -78,6 +78,7 @@ namespace {
 // thread go through together.
 struct Round {
   CommState* s = nullptr;
+  HostFacts host;  // this rank's, read once: the agreement takes some, the direct round its GPU
   RankFacts mine;
   std::vector<RankFacts> all;
   ExchangeBuffer buffer;
@@ -94,7 +95,8 @@ void prepare(Round& round, const Config& config, const LocalIdentity& me) {
   mine.version = me.version;
   mine.device = s.device;
   mine.config_fingerprint = config_fingerprint(config);
-  const HostFacts host = s.platform->host_facts ? s.platform->host_facts(s.device) : HostFacts{};
+  round.host = s.platform->host_facts ? s.platform->host_facts(s.device) : HostFacts{};
+  const HostFacts& host = round.host;
   mine.host_hash = host.host_hash;
   mine.p2p_disabled = host.p2p_disabled;
   mine.nvlink_local = host.nvlink_local;
@@ -175,7 +177,7 @@ void complete(Round& round, const Config& config) {
     else
       split_hierarchy(s, s.agreement);
   }
-  setup_direct(s, config, round.all);
+  setup_direct(s, config, round.all, round.host.gpu_hash);
 }
 
 }  // namespace

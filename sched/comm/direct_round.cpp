@@ -132,10 +132,8 @@ bool try_direct(CommState& s, const Config& config, Carrier kind, uint64_t gpu) 
 
 }  // namespace
 
-void setup_direct(CommState& s, const Config& config, std::span<const RankFacts> facts) {
+void setup_direct(CommState& s, const Config& config, std::span<const RankFacts> facts, uint64_t gpu) {
   if (!direct_possible(config, s.agreement, facts)) return;
-  // This rank's GPU, offered in each attempt (DirectOffer::gpu).
-  const uint64_t gpu = s.platform->host_facts ? s.platform->host_facts(s.device).gpu_hash : 0;
   for (Carrier kind : direct_kinds(config, facts))
     if (try_direct(s, config, kind, gpu)) return;
   if (config.direct_transport != DirectMode::automatic)

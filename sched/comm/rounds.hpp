@@ -2,6 +2,7 @@
 // by every rank alike, so a failure anywhere leaves every rank without the feature, never out of step).
 #pragma once
 
+#include <cstdint>
 #include <span>
 
 #include "common/config.hpp"
@@ -16,7 +17,8 @@ namespace fp8wire::sched {
 void split_hierarchy(CommState& s, const Agreement& a);
 
 // Every rank on this machine: the direct windows, peer memory or host memory, tried in order; any
-// failure anywhere and every rank goes on over NCCL's transports (direct_round.cpp).
-void setup_direct(CommState& s, const Config& config, std::span<const RankFacts> facts);
+// failure anywhere and every rank goes on over NCCL's transports (direct_round.cpp). `gpu`: this
+// rank's HostFacts::gpu_hash, offered to the peers.
+void setup_direct(CommState& s, const Config& config, std::span<const RankFacts> facts, uint64_t gpu);
 
 }  // namespace fp8wire::sched

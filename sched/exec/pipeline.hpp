@@ -20,16 +20,17 @@
 // its copy-in of the peers' data goes first. With direct.paced_sends (host memory, programs without
 // a gather) a stage's first write into a window waits for the transfer lane's acquire of the stage
 // before it (StageOps::gate_send), so the ranks' copies reach the copy engines stage by stage. With
-// direct.copy_lanes (events, not under capture) each lane's copies over
-// the link run on a copy lane of its own: the produce lane's sends (reclaim, copy-out, publish) on
-// the send lane, which waits for the kernels they follow; the transfer lane's copy-in (acquire,
-// fetch) on the fetch lane, which the transfer lane waits for before its next operation; a stage's
-// ready hand-over is recorded on the send lane after its publish, and both copy lanes wait for a
-// buffer set's done like the produce lane; a gather's acquire and copy-in go to the fetch lane too,
-// while what a finish sends (two-shot's reduced shard) stays on the transfer lane behind the reduce
-// that computes it. So a copy never waits behind a kernel that waits for the lane's previous copy,
-// and the copy engines have the next copy queued (bench/README.md "Host-link limit"). At its start a call's produce lane (and each copy lane) waits for the transfer lane as it
-// stands (the previous call's work); at its end the transfer lane waits for both copy lanes.
+// direct.copy_lanes (events, not under capture) each lane's copies over the link run on a copy lane
+// of its own: the produce lane's sends (reclaim, copy-out, publish) on the send lane, which waits for
+// the kernels they follow; the transfer lane's copy-in (acquire, fetch) on the fetch lane, which the
+// transfer lane waits for before its next operation; a stage's ready hand-over is recorded on the
+// send lane after its publish, and both copy lanes wait for a buffer set's done like the produce
+// lane; a gather's acquire and copy-in go to the fetch lane too, while what a finish sends (two-shot's
+// reduced shard) stays on the transfer lane behind the reduce that computes it. So a copy never waits
+// behind a kernel that waits for the lane's previous copy, and the copy engines have the next copy
+// queued (bench/README.md "Host-link limit"). At its start a call's produce lane (and each copy lane)
+// waits for the transfer lane as it stands (the previous call's work); at its end the transfer lane
+// waits for both copy lanes.
 // The caller's stream itself runs none of the work: calls of one application group on different
 // communicators never wait for one another, whatever order each rank issued them in.
 #pragma once

@@ -525,6 +525,7 @@ std::vector<KeySpec> build_key_table() {
   t.push_back(bool_key("direct.paced_sends", [](auto& c) -> auto& { return c.direct_paced_sends; }));
   t.push_back(bool_key("direct.copy_lanes", [](auto& c) -> auto& { return c.direct_copy_lanes; }));
   t.push_back(bool_key("direct.per_peer_flags", [](auto& c) -> auto& { return c.direct_per_peer_flags; }));
+  t.push_back(bool_key("direct.outbox", [](auto& c) -> auto& { return c.direct_outbox; }));
   t.push_back(bool_key("direct.copy_out", [](auto& c) -> auto& { return c.direct_copy_out; }));
   t.push_back(bool_key("direct.lane_flags", [](auto& c) -> auto& { return c.direct_lane_flags; }));
   t.push_back(bool_key("direct.lanes_apart", [](auto& c) -> auto& { return c.direct_lanes_apart; }));

@@ -238,6 +238,13 @@ struct Config {
   // waiting for every peer before the first copy-in (sched/algorithms/direct.cpp). The same flags,
   // bytes and results; a choice of each rank alone.
   bool direct_per_peer_flags = false;       // direct.per_peer_flags
+  // Where the reduce-scatter's blocks and two-shot's shards wait for their readers: in the writer's
+  // own window (its outbox, the parts for its peers side by side, so one copy-out sends them all)
+  // and each reader takes its part from every writer's, instead of the writer putting each part into
+  // its reader's inbox. The same bytes each way and the same results; fewer, larger copies from the
+  // GPU and more, smaller ones to it (sched/algorithms/direct.cpp, "Outbox"). A layout every rank
+  // must share (in the configuration's fingerprint).
+  bool direct_outbox = false;               // direct.outbox
   // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's
   // own flag page instead of events, in calls not under graph capture (sched/exec/pipeline.hpp). The
   // same order. Off: 2-3 points further from the host-link limit than the events at 2 and 4 ranks,

@@ -36,6 +36,9 @@ struct Fp8Args {
   // lane put in the other, so the executor needs no hand-over between its lanes
   // (sched/algorithms/direct.cpp, "Lanes apart"; direct_lanes_apart_fits says when it may be set).
   bool own_per_lane = false;
+  // direct.outbox: the reduce-scatter's blocks and two-shot's shards wait in the writer's own window,
+  // where each reader takes its part (sched/algorithms/direct.cpp, "Outbox"); every rank alike.
+  bool outbox = false;
 };
 
 // Whether a direct call of `collective` over `path` with stages of `stage_elems` elements may run with

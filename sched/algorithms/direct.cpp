@@ -13,6 +13,8 @@
 //   two-shot               [inbox: one shard slot per writer][my reduced shard] the inbox read by me,
 //                                                                               the reduced shard by all
 //   reduce-scatter         [inbox: one block slot per writer]                  read by me
+// and with direct.outbox (below) two-shot's inbox and the reduce-scatter's become an outbox: one
+// slot per reader, each read by its reader.
 //
 // Own data on the device (direct.own_on_device, host memory only; Fp8Args::own_device_bytes): what
 // only this rank reads of its own (its own shard or block, its own reduced shard, its own input)
@@ -68,11 +70,22 @@
 // peers do the other. Measured level with the whole steps on the emulated testbed (bench/README.md
 // "Host-link limit"), off by default.
 //
+// Outbox (direct.outbox; Fp8Args::outbox): the reduce-scatter's blocks and two-shot's shards wait in
+// their writer's own window instead of their reader's inbox, slot k of writer w holding its part for
+// reader (w + 1 + k) mod n: the parts for its peers fill slots 0 .. n-2 side by side, so with
+// copy-out (whose device slots follow the same order) one copy sends them all, and its own part, where
+// it goes through the window, takes slot n-1. Each reader takes its part from every writer's window,
+// as one-shot's readers do: the same bytes each way and the same results, with fewer and larger
+// copies from the GPU and more and smaller ones to it (on the emulated testbed copies of 1 MiB from
+// the GPU keep less of the link than those to it: bench/README.md "Host-link limit"). Unlike the
+// options above, a layout every rank must share, so it is part of the configuration's fingerprint.
+//
 // Device set of one stage, with copy-in (slot j holds rank j's data; this rank's own is slot r):
 //   one-shot, all-gather, reduce-scatter   [slot 0 .. slot n-1]                    chunk (block) each
 //   two-shot                               [inbox slots 0..n-1][reduced slots 0..n-1]  one shard each
 // and with own data only: the own chunk (block), or two-shot's [own shard][own reduced shard].
-// Copy-out slots (slot j: this rank's block or shard for rank j) follow those (device_slots).
+// Copy-out slots (slot j: this rank's block or shard for rank j; with an outbox, slot k: its part for
+// outbox slot k's reader) follow those (device_slots).
 #include <array>
 #include <utility>
 
@@ -86,6 +99,9 @@ namespace fp8wire::sched {
 namespace {
 constexpr int kInputs = 0;   // phase: the quantized inputs (or shards, or blocks)
 constexpr int kReduced = 1;  // phase: two-shot's reduced shards
+
+// Outbox (above): the slot of writer `writer`'s outbox that holds its part for `reader` (its own: n-1).
+size_t outbox_slot(int writer, int reader, int n) { return static_cast<size_t>((reader - writer - 1 + n) % n); }
 
 // Where this rank's device buffer set holds a stage's data (null: through the windows).
 struct DeviceSlots {
@@ -128,19 +144,55 @@ DeviceSlots device_slots(const Fp8Args& a, const Stage& st, int rank, int nranks
   return d;
 }
 
+// Quantizes `len` elements from element `first` of the input into `to` (with error feedback, the input
+// plus its residual).
+ncclResult_t quantize_part(StageOps& ops, const Fp8Args& a, size_t first, size_t len, char* to) {
+  const char* in = static_cast<const char*>(a.src) + first * ops.elem_size();
+  float* residual = a.residual ? a.residual + first : nullptr;
+  return ops.quantize(in, len, to, quant::Segmented::single(len, ops.format()), first, residual);
+}
+
 // Quantizes `len` elements from element `first` of the input for rank j, `bytes` of wire whose place
 // is `window` (rank j's inbox slot for this rank): this rank's own into the device set where it is
 // kept there; a peer's straight into `window` or, with copy-out slots, into slot j of those and then
 // by a copy engine.
 ncclResult_t quantize_for(StageOps& ops, const Fp8Args& a, const DeviceSlots& dev, int j, size_t first, size_t len,
                           char* window, size_t bytes) {
-  const quant::Segmented layout = quant::Segmented::single(len, ops.format());
-  const char* in = static_cast<const char*>(a.src) + first * ops.elem_size();
-  float* residual = a.residual ? a.residual + first : nullptr;
   const bool own = j == ops.rank() && dev.own;
   char* to = own ? dev.own : dev.out ? dev.out_slot(j) : window;
-  FP8WIRE_TRY(ops.quantize(in, len, to, layout, first, residual));
+  FP8WIRE_TRY(quantize_part(ops, a, first, len, to));
   return own || to == window ? ncclSuccess : ops.copy(window, to, bytes, cudaMemcpyDefault);
+}
+
+// Outbox (above): quantizes rank j's part (`quantize_to(j, to)`, `bytes_of(j)` bytes of wire; none when
+// 0) for every rank into this rank's outbox `box`, slots `stride` apart, or where this rank keeps data
+// on the device into its copy-out slots in the same order (its own part into its own slot) and then
+// into the outbox by one copy per run of slots; then one signal to all.
+template <class QuantizeTo, class BytesOf>
+ncclResult_t write_outbox(StageOps& ops, int set, const DeviceSlots& dev, char* box, size_t stride,
+                          QuantizeTo quantize_to, BytesOf bytes_of) {
+  const int n = ops.nranks(), r = ops.rank();
+  auto reader = [&](int k) { return (r + 1 + k) % n; };
+  for (int k = 0; k < n; ++k) {
+    const int j = reader(k);
+    if (!bytes_of(j)) continue;
+    const size_t at = static_cast<size_t>(k) * stride;
+    FP8WIRE_TRY(quantize_to(j, j == r ? (dev.own ? dev.own : box + at) : dev.out ? dev.out + at : box + at));
+  }
+  // A run ends at a slot its part does not fill (the copy moves no byte nobody wrote) or an empty one.
+  for (int k = 0; dev.out && k + 1 < n;) {
+    if (!bytes_of(reader(k))) {
+      ++k;
+      continue;
+    }
+    const int first = k;
+    while (k + 2 < n && bytes_of(reader(k)) == stride && bytes_of(reader(k + 1))) ++k;
+    const size_t at = static_cast<size_t>(first) * stride;
+    FP8WIRE_TRY(ops.copy(box + at, dev.out + at, static_cast<size_t>(k - first) * stride + bytes_of(reader(k)),
+                         cudaMemcpyDefault));
+    ++k;
+  }
+  return ops.publish(set, kInputs);
 }
 
 // Lanes apart: quantizes this rank's own `st.length` elements from element `first` of the input into
@@ -165,16 +217,6 @@ ncclResult_t copy_slots_but(StageOps& ops, char* to, const char* from, size_t st
   return ncclSuccess;
 }
 
-// Copies what every peer j wrote at `at` of its own window (`bytes(j)` bytes; none when 0) into the
-// same place of device slot j: one fetch per peer, its windows being apart.
-template <class BytesOf>
-ncclResult_t copy_from_peers(StageOps& ops, const DirectWindows& d, int set, const DeviceSlots& dev, size_t at,
-                             BytesOf bytes) {
-  for (int j = 0; j < ops.nranks(); ++j)
-    if (j != ops.rank() && bytes(j))
-      FP8WIRE_TRY(ops.fetch(dev.slot(j) + at, d.window(j, set) + at, bytes(j)));
-  return ncclSuccess;
-}
 // Per-peer flags (direct.per_peer_flags): the k-th peer (k = 0 .. n-2) this rank takes data from,
 // the next ranks first, and the k-th it signals, the previous ranks first; so the first peer each rank
 // waits on is the one that signals it first.
@@ -186,6 +228,16 @@ struct Part {
   const char* from;
   size_t bytes;
 };
+
+// Copies every peer j's part (`part_of(j)`) into device slot j + `at`: one fetch per peer, their
+// parts lying apart.
+template <class PartOf>
+ncclResult_t fetch_parts(StageOps& ops, const DeviceSlots& dev, size_t at, PartOf part_of) {
+  for (int j = 0; j < ops.nranks(); ++j)
+    if (const Part p = j == ops.rank() ? Part{nullptr, 0} : part_of(j); p.bytes)
+      FP8WIRE_TRY(ops.fetch(dev.slot(j) + at, p.from, p.bytes));
+  return ncclSuccess;
+}
 
 // A stage's copy-in of phase `phase` into the device slots (slot j + `at` for peer j): with per-peer
 // flags each peer's part (`part_of(j)`) right after that peer's signal, so the copy engine moves what
@@ -204,6 +256,11 @@ ncclResult_t copy_in(StageOps& ops, int set, int phase, const DeviceSlots& dev, 
     if (const Part p = part_of(j); p.bytes) FP8WIRE_TRY(ops.fetch(dev.slot(j) + at, p.from, p.bytes));
   }
   return ncclSuccess;
+}
+// The same where the peers' parts lie apart (every window but an inbox): one fetch per peer either way.
+template <class PartOf>
+ncclResult_t copy_in(StageOps& ops, int set, int phase, const DeviceSlots& dev, size_t at, PartOf part_of) {
+  return copy_in(ops, set, phase, dev, at, part_of, [&] { return fetch_parts(ops, dev, at, part_of); });
 }
 
 // A stage's writes of phase `phase`, one part per rank (`write_for(j)`: what rank j reads; this rank's
@@ -260,9 +317,7 @@ ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
     inputs[r] = own;
   }
   if (dev.staged) {
-    FP8WIRE_TRY(copy_in(
-        ops, st.set_index, kInputs, dev, 0, [&](int j) { return Part{d.window(j, st.set_index), cb}; },
-        [&] { return copy_from_peers(ops, d, st.set_index, dev, 0, [&](int) { return cb; }); }));
+    FP8WIRE_TRY(copy_in(ops, st.set_index, kInputs, dev, 0, [&](int j) { return Part{d.window(j, st.set_index), cb}; }));
     FP8WIRE_TRY(ops.release(st.set_index));
   } else {
     FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
@@ -282,6 +337,14 @@ ncclResult_t DirectTwoShotAllReduce::produce(StageOps& ops, const Stage& st) {
   const ShardLayout l = shard_layout(st.length, n, f);
   const DeviceSlots dev = device_slots(a_, st, r, n, l.seg_stride, 2);
   FP8WIRE_TRY(ops.reclaim(st.set_index));
+  if (a_.outbox) {
+    for (int j = 0; j < n; ++j)
+      if (j != r && l.length(j)) ops.add_wire_bytes(l.bytes(j, f));
+    return write_outbox(
+        ops, st.set_index, dev, d.window(r, st.set_index), l.seg_stride,
+        [&](int j, char* to) { return quantize_part(ops, a_, st.offset + l.begin(j), l.length(j), to); },
+        [&](int j) { return l.length(j) ? l.bytes(j, f) : 0; });
+  }
   // Shard j into owner j's inbox, slot r: straight (the transfer is this kernel's stores) or by copy-out.
   return write_for_each(ops, st.set_index, kInputs, [&](int j) -> ncclResult_t {
     const size_t len = l.length(j);
@@ -317,16 +380,26 @@ ncclResult_t DirectTwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
   const quant::WireFormat& f = ops.format();
   const TwoShotPlaces p = two_shot_places(ops, a_, st);
   const ShardLayout& l = p.l;
+  // Writer j's shard for this rank: in this rank's inbox, or in j's outbox.
+  auto shard_of = [&](int j) -> const char* {
+    if (a_.outbox) return ops.direct()->window(j, st.set_index) + outbox_slot(j, r, n) * l.seg_stride;
+    return p.mine + j * l.seg_stride;
+  };
   if (p.dev.staged && l.length(r)) {
-    FP8WIRE_TRY(copy_in(
-        ops, st.set_index, kInputs, p.dev, 0, [&](int j) { return Part{p.mine + j * l.seg_stride, l.bytes(r, f)}; },
-        [&] { return copy_slots_but(ops, p.dev.staged, p.mine, l.seg_stride, l.bytes(r, f), n, r); }));
+    auto part = [&](int j) { return Part{shard_of(j), l.bytes(r, f)}; };
+    if (a_.outbox) {
+      FP8WIRE_TRY(copy_in(ops, st.set_index, kInputs, p.dev, 0, part));
+    } else {
+      FP8WIRE_TRY(copy_in(ops, st.set_index, kInputs, p.dev, 0, part, [&] {
+        return copy_slots_but(ops, p.dev.staged, p.mine, l.seg_stride, l.bytes(r, f), n, r);
+      }));
+    }
   } else {
     FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
   }
   if (l.length(r)) {
     std::array<const void*, quant::kMaxReduceInputs> inputs;
-    for (int j = 0; j < n; ++j) inputs[j] = p.dev.staged ? p.dev.slot(j) : p.mine + j * l.seg_stride;
+    for (int j = 0; j < n; ++j) inputs[j] = p.dev.staged ? p.dev.slot(j) : shard_of(j);
     if (p.dev.own && !p.dev.staged) inputs[r] = p.dev.own;
     quant::ReduceOutput out;
     out.wire = p.own_reduced ? p.own_reduced : p.mine + p.reduced_at;
@@ -350,10 +423,8 @@ ncclResult_t DirectTwoShotAllReduce::gather(StageOps& ops, const Stage& st) {
   };
   if (p.dev.staged) {
     auto bytes = [&](int j) { return l.length(j) ? l.bytes(j, f) : 0; };
-    FP8WIRE_TRY(copy_in(
-        ops, st.set_index, kReduced, p.dev, p.reduced_at,
-        [&](int j) { return Part{d.window(j, st.set_index) + p.reduced_at, bytes(j)}; },
-        [&] { return copy_from_peers(ops, d, st.set_index, p.dev, p.reduced_at, bytes); }));
+    FP8WIRE_TRY(copy_in(ops, st.set_index, kReduced, p.dev, p.reduced_at,
+                        [&](int j) { return Part{d.window(j, st.set_index) + p.reduced_at, bytes(j)}; }));
     FP8WIRE_TRY(ops.release(st.set_index));
   } else {
     FP8WIRE_TRY(ops.acquire(st.set_index, kReduced));
@@ -375,10 +446,17 @@ ncclResult_t DirectReduceScatter::produce(StageOps& ops, const Stage& st) {
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
   FP8WIRE_TRY(ops.reclaim(st.set_index));
+  // Block j: the j-th `count` elements of the input, for rank j.
+  const auto first_of = [&](int j) { return static_cast<size_t>(j) * a_.count + st.offset; };
+  if (a_.outbox) {
+    ops.add_wire_bytes(cb * static_cast<uint64_t>(n - 1));
+    return write_outbox(
+        ops, st.set_index, dev, d.window(r, st.set_index), cb,
+        [&](int j, char* to) { return quantize_part(ops, a_, first_of(j), st.length, to); }, [&](int) { return cb; });
+  }
   return write_for_each(ops, st.set_index, kInputs, [&](int j) {
     if (j != r) ops.add_wire_bytes(cb);
-    return quantize_for(ops, a_, dev, j, static_cast<size_t>(j) * a_.count + st.offset, st.length,
-                        d.window(j, st.set_index) + r * cb, cb);
+    return quantize_for(ops, a_, dev, j, first_of(j), st.length, d.window(j, st.set_index) + r * cb, cb);
   });
 }
 
@@ -388,8 +466,12 @@ ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   char* mine = d.window(r, st.set_index);
   const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
+  // Writer j's block for this rank: in this rank's inbox, or in j's outbox.
+  auto block_of = [&](int j) -> const char* {
+    return a_.outbox ? d.window(j, st.set_index) + outbox_slot(j, r, n) * cb : mine + j * cb;
+  };
   std::array<const void*, quant::kMaxReduceInputs> inputs;
-  for (int j = 0; j < n; ++j) inputs[j] = dev.staged ? dev.slot(j) : mine + j * cb;
+  for (int j = 0; j < n; ++j) inputs[j] = dev.staged ? dev.slot(j) : block_of(j);
   if (dev.own) inputs[r] = dev.own;
   if (a_.own_per_lane) {
     char* own = nullptr;
@@ -397,9 +479,13 @@ ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
     inputs[r] = own;
   }
   if (dev.staged) {
-    FP8WIRE_TRY(copy_in(
-        ops, st.set_index, kInputs, dev, 0, [&](int j) { return Part{mine + j * cb, cb}; },
-        [&] { return copy_slots_but(ops, dev.staged, mine, cb, cb, n, r); }));
+    auto part = [&](int j) { return Part{block_of(j), cb}; };
+    if (a_.outbox) {
+      FP8WIRE_TRY(copy_in(ops, st.set_index, kInputs, dev, 0, part));
+    } else {
+      FP8WIRE_TRY(copy_in(ops, st.set_index, kInputs, dev, 0, part,
+                          [&] { return copy_slots_but(ops, dev.staged, mine, cb, cb, n, r); }));
+    }
     FP8WIRE_TRY(ops.release(st.set_index));
   } else {
     FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
@@ -439,9 +525,7 @@ ncclResult_t DirectAllGather::finish(StageOps& ops, const Stage& st) {
     return dev.staged ? dev.slot(j) : d.window(j, st.set_index);
   };
   if (dev.staged) {
-    FP8WIRE_TRY(copy_in(
-        ops, st.set_index, kInputs, dev, 0, [&](int j) { return Part{d.window(j, st.set_index), cb}; },
-        [&] { return copy_from_peers(ops, d, st.set_index, dev, 0, [&](int) { return cb; }); }));
+    FP8WIRE_TRY(copy_in(ops, st.set_index, kInputs, dev, 0, [&](int j) { return Part{d.window(j, st.set_index), cb}; }));
     FP8WIRE_TRY(ops.release(st.set_index));
   } else {
     FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));

@@ -153,6 +153,7 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
     a.count = rec.count;
     a.post = c.op == ncclAvg ? 1.0f / static_cast<float>(s.nranks) : 1.0f;
     a.gather = route.gather;
+    a.outbox = route.carrier != Carrier::nccl && config.direct_outbox;
     if (route.carrier == Carrier::host_memory && config.direct_own_on_device) {
       a.own_device_bytes = s.res.layout.set_bytes_for(s.direct->sets());  // the set a stage uses (pipeline.cpp)
       a.copy_in = config.direct_copy_in;

@@ -53,6 +53,7 @@ uint64_t config_fingerprint(const Config& c) {
   mix(c.direct_transport); mix(c.direct_assume_one_host); mix(c.direct_window_bytes); mix(c.direct_stage_bytes);
   mix(c.direct_min_stages); mix(c.direct_max_stages); mix(c.direct_shared_max_stages);
   mix(c.direct_shared_max_stage_bytes); mix(c.direct_sets);
+  mix(c.direct_outbox);  // where a writer leaves what its readers read
   for (const CostModel& m : c.cost_model) { mix(m.direct_latency_us); mix(m.direct_bandwidth_gbps); }
   for (const CostModel& m : c.cost_model) { mix(m.hosts); mix(m.ranks_per_host); }   // changes what is quantized only, but keeps ranks' numerics alike
   return h;

@@ -433,6 +433,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.direct_lanes_apart = !Config{}.direct_lanes_apart;
   c.direct_copy_lanes = !Config{}.direct_copy_lanes;
   c.direct_per_peer_flags = !Config{}.direct_per_peer_flags;
+  c.direct_outbox = !Config{}.direct_outbox;
   c.log_level = "trace";
   c.log_file = "/tmp/with \"quotes\" and \\ back\tslash-%r.log";
   c.nccl_library = "/opt/nccl/lib/libnccl.so.2";
@@ -518,6 +519,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.direct_lanes_apart == c.direct_lanes_apart);
   CHECK(p.direct_copy_lanes == c.direct_copy_lanes);
   CHECK(p.direct_per_peer_flags == c.direct_per_peer_flags);
+  CHECK(p.direct_outbox == c.direct_outbox);
   CHECK(p.log_level == c.log_level);
   CHECK(p.log_file == c.log_file);
   CHECK(p.nccl_library == c.nccl_library);

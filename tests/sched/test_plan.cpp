@@ -529,6 +529,10 @@ TEST_CASE("fabric agreement: identical facts give identical decisions") {
     Config sr = c;
     sr.gather_transport = GatherMethod::sendrecv;
     CHECK(config_fingerprint(sr) != fp);
+    // A reader looking in its inbox for what its writer left in an outbox would read stale bytes.
+    Config outbox = c;
+    outbox.direct_outbox = !c.direct_outbox;
+    CHECK(config_fingerprint(outbox) != fp);
   }
 }
 

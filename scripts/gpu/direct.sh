@@ -11,8 +11,10 @@
 #      copy-out, and with one of them (DIRECT_MULTIRANK_COPIES, default 2,4), with 2 and with 4 buffer
 #      sets (DIRECT_MULTIRANK_SETS, default 2,4), with lane flags
 #      (DIRECT_MULTIRANK_LANE_FLAGS, default 2,4), without copy lanes (DIRECT_MULTIRANK_NO_COPY_LANES,
-#      default 2,4), with per-peer flags (DIRECT_MULTIRANK_PER_PEER_FLAGS, default 2,3,4) and with the lanes apart (DIRECT_MULTIRANK_LANES_APART, default 2,4; also without
-#      the copies, and with copy-in alone);
+#      default 2,4), with per-peer flags (DIRECT_MULTIRANK_PER_PEER_FLAGS, default 2,3,4), with an outbox
+#      (DIRECT_MULTIRANK_OUTBOX, default 2,3,4; over peer memory too, DIRECT_MULTIRANK_OUTBOX_PEER, default 2,4)
+#      and with the lanes apart (DIRECT_MULTIRANK_LANES_APART, default 2,4; also without the copies, and
+#      with copy-in alone);
 #   3. tests/sched/direct_faults_gpu: a peer gone, a peer absent: released by an abort, no hang;
 #   4. PyTorch DDP parity under the shim with each transport forced, CUDA-graph capture with host memory
 #      (with the default lane events, and with direct.lane_flags);
@@ -20,7 +22,7 @@
 #      peer memory here) and --transport host_memory, and the profiles they calibrate.
 # Env: DIRECT_MULTIRANK_HOST (world sizes, default 2,3,4), DIRECT_MULTIRANK_PEER (default 2,3,4),
 # DIRECT_MULTIRANK_OWN_IN_WINDOW, _COPIES, _SETS, _LANE_FLAGS, _LANES_APART and _NO_COPY_LANES (default 2,4),
-# DIRECT_MULTIRANK_PER_PEER_FLAGS (default 2,3,4),
+# DIRECT_MULTIRANK_PER_PEER_FLAGS and _OUTBOX (default 2,3,4), DIRECT_MULTIRANK_OUTBOX_PEER (default 2,4),
 # DIRECT_PARTS
 # (default "kernels multirank faults torch bench").
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -68,6 +70,10 @@ if has multirank; then
     --direct-no-copy-lanes --ranks "${DIRECT_MULTIRANK_NO_COPY_LANES:-2,4}" --timeout 140
   run multirank_host_memory_per_peer_flags 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-per-peer-flags --ranks "${DIRECT_MULTIRANK_PER_PEER_FLAGS:-2,3,4}" --timeout 140
+  run multirank_host_memory_outbox 150 build/tests/sched/multirank_collectives --direct host_memory \
+    --direct-outbox --ranks "${DIRECT_MULTIRANK_OUTBOX:-2,3,4}" --timeout 140
+  run multirank_peer_memory_outbox 150 build/tests/sched/multirank_collectives --direct peer_memory \
+    --direct-outbox --ranks "${DIRECT_MULTIRANK_OUTBOX_PEER:-2,4}" --timeout 140
   run multirank_host_memory_lanes_apart 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-lanes-apart --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
   run multirank_host_memory_lanes_apart_no_copies 150 build/tests/sched/multirank_collectives --direct host_memory \

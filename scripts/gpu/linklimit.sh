@@ -9,7 +9,7 @@
 #   measures the pinned-copy rates itself (every rank at once) and prints "link%" per direct point:
 #   the percent of the host-link limit reached (bench/host/link_limit.hpp names the bytes: the fewest
 #   any of the algorithms must move, the rank's own data kept on the GPU). The default, own_*, *cop*, *lanes_apart*,
-#   *flags* and sets2/4 runs check every point; the other variants only re-cut or re-size the same work and skip the checks.
+#   *flags*, *box* and sets2/4 runs check every point; the other variants only re-cut or re-size the same work and skip the checks.
 # At the end, one table: ranks x collective x size x variant -> ms (plain NCCL, each direct path) and
 # % of the link limit of the faster direct path.
 # Env: LINKLIMIT_RANKS (default "2 4"), LINKLIMIT_VARIANTS (labels from the list below, default all),
@@ -30,6 +30,7 @@ status=0
 # In order of interest: the budget skips the last ones first.
 variants=(
   "default|-"
+  "outbox|FP8WIRE_DIRECT_OUTBOX=1"
   "per_peer_flags|FP8WIRE_DIRECT_PER_PEER_FLAGS=1"
   "no_copy_lanes|FP8WIRE_DIRECT_COPY_LANES=0"
   "late_copy_in|FP8WIRE_DIRECT_EARLY_COPY_IN=0 FP8WIRE_DIRECT_COPY_LANES=0"
@@ -63,8 +64,8 @@ sweep() {  # sweep <label> <ranks> <min> <max> <env overrides...>
   mkdir -p "$dir"
   # The knobs that only cut or size the work differently are bit-exact on the CPU tier: their sweeps
   # skip the host-side checks (seconds per 256 MiB point); the default, own_*, *cop*, *lanes_apart*,
-  # lane_flags, per_peer_flags and sets2/sets4 (other data flows, orders or set counts) keep them.
-  local check=(); [[ "$label" == default || "$label" == own* || "$label" == *cop* || "$label" == *flags || "$label" == *lanes_apart* || "$label" == sets? ]] || check=(--no-check)
+  # lane_flags, per_peer_flags, outbox and sets2/sets4 (other data flows, layouts, orders or set counts) keep them.
+  local check=(); [[ "$label" == default || "$label" == own* || "$label" == *cop* || "$label" == *flags || "$label" == *box* || "$label" == *lanes_apart* || "$label" == sets? ]] || check=(--no-check)
   env "$@" timeout -k 5 "$limit" "$BIN" sweep --emulate-ranks "$ranks" --transport host_memory ${check[@]+"${check[@]}"} \
     --collectives all_reduce,reduce_scatter --dtypes bf16 --paths passthrough,two_shot,one_shot \
     --min "$min" --max "$max" --step 4 --warmup 1 --repeats 3 --buffers 2 --timeout $(( limit - 5 )) \

@@ -19,13 +19,13 @@
 // Usage: multirank_collectives [--ranks 2,3,4] [--big] [--timeout S] [--per-gpu] [--direct peer_memory|host_memory]
 //                              [--direct-own-in-window] [--direct-no-copy-in] [--direct-no-copy-out]
 //                              [--direct-lane-flags] [--direct-lanes-apart] [--direct-no-copy-lanes] [--direct-min-stages K]
-//                              [--direct-sets K] [--direct-per-peer-flags]
+//                              [--direct-sets K] [--direct-per-peer-flags] [--direct-outbox]
 //   The direct knobs are the library's defaults unless named: --direct-own-in-window turns
 //   direct.own_on_device off (the rank's own data goes through its window like the peers', and
 //   nothing is copied in or out); --direct-no-copy-in, --direct-no-copy-out turn direct.copy_in,
 //   direct.copy_out off; --direct-no-copy-lanes turns direct.copy_lanes off; --direct-lane-flags,
-//   --direct-lanes-apart, --direct-min-stages K, --direct-sets K, --direct-per-peer-flags set direct.lane_flags,
-//   direct.lanes_apart, direct.min_stages, direct.sets, direct.per_peer_flags.
+//   --direct-lanes-apart, --direct-min-stages K, --direct-sets K, --direct-per-peer-flags, --direct-outbox set
+//   direct.lane_flags, direct.lanes_apart, direct.min_stages, direct.sets, direct.per_peer_flags, direct.outbox.
 //   --per-gpu: rank r runs on GPU r % (visible GPUs) with no NCCL_HOSTID, so NCCL joins real GPUs by
 //   its own transports (NVLink/P2P, or host memory under NCCL_P2P_DISABLE=1) instead of sockets.
 //   --big: the big all-reduce case moves 256 MiB (64 Mi fp32) instead of 64 MiB, at the first world
@@ -135,6 +135,7 @@ bool g_lane_flags = false;      // --direct-lane-flags: direct.lane_flags
 bool g_lanes_apart = false;     // --direct-lanes-apart: direct.lanes_apart
 bool g_copy_lanes = Config{}.direct_copy_lanes;  // --direct-no-copy-lanes: direct.copy_lanes off
 bool g_per_peer_flags = Config{}.direct_per_peer_flags;  // --direct-per-peer-flags: direct.per_peer_flags on
+bool g_outbox = Config{}.direct_outbox;  // --direct-outbox: direct.outbox on
 uint32_t g_min_stages = 1;      // --direct-min-stages K: direct.min_stages
 uint32_t g_sets = Config{}.direct_sets;  // --direct-sets K: direct.sets
 
@@ -239,6 +240,7 @@ Config test_config() {
   c.direct_lanes_apart = g_lanes_apart;
   c.direct_copy_lanes = g_copy_lanes;
   c.direct_per_peer_flags = g_per_peer_flags;
+  c.direct_outbox = g_outbox;
   c.direct_min_stages = g_min_stages;
   c.direct_sets = g_sets;
   return c;
@@ -775,6 +777,8 @@ int main(int argc, char** argv) {
       g_copy_lanes = false;
     } else if (a == "--direct-per-peer-flags") {
       g_per_peer_flags = true;
+    } else if (a == "--direct-outbox") {
+      g_outbox = true;
     } else if (a == "--direct-min-stages" && i + 1 < argc) {
       const int k = std::atoi(argv[++i]);
       if (k < 1 || k > 64) {
@@ -795,7 +799,7 @@ int main(int argc, char** argv) {
       fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu | --ranks-per-host R | "
                       "--direct peer_memory|host_memory | --direct-own-in-window | --direct-no-copy-in | --direct-no-copy-out | --direct-lane-flags | "
                       "--direct-lanes-apart | --direct-no-copy-lanes | --direct-min-stages K | --direct-sets K | "
-                      "--direct-per-peer-flags\n", a.c_str());
+                      "--direct-per-peer-flags | --direct-outbox\n", a.c_str());
       return 2;
     }
   }
@@ -852,6 +856,7 @@ int main(int argc, char** argv) {
     if (g_lanes_apart) spec.argv.push_back("--direct-lanes-apart");
     if (!g_copy_lanes) spec.argv.push_back("--direct-no-copy-lanes");
     if (g_per_peer_flags) spec.argv.push_back("--direct-per-peer-flags");
+    if (g_outbox) spec.argv.push_back("--direct-outbox");
     if (g_min_stages > 1) spec.argv.insert(spec.argv.end(), {"--direct-min-stages", std::to_string(g_min_stages)});
     if (g_sets != Config{}.direct_sets) spec.argv.insert(spec.argv.end(), {"--direct-sets", std::to_string(g_sets)});
     if (big && n == worlds.front()) spec.argv.push_back("--big");

@@ -280,6 +280,19 @@ ncclResult_t write_for_each(StageOps& ops, int set, int phase, WriteFor write_fo
   }
   return write_for(r);
 }
+
+// One-shot and the all-gather: this rank's quantized stage into its own window, which every rank reads
+// (with own data on the device, quantized there and copied into the window by a copy engine).
+ncclResult_t produce_own_chunk(StageOps& ops, const Fp8Args& a, const Stage& st) {
+  const size_t cb = quant::chunk_bytes(st.length, ops.format());
+  char* window = ops.direct()->window(ops.rank(), st.set_index);
+  char* own = device_slots(a, st, ops.rank(), ops.nranks(), cb, 1).own;
+  FP8WIRE_TRY(ops.reclaim(st.set_index));
+  FP8WIRE_TRY(quantize_part(ops, a, st.offset, st.length, own ? own : window));
+  if (own) FP8WIRE_TRY(ops.copy(window, own, cb, cudaMemcpyDefault));
+  ops.add_wire_bytes(cb * static_cast<uint64_t>(ops.nranks() - 1));
+  return ops.publish(st.set_index, kInputs);
+}
 }  // namespace
 
 bool direct_lanes_apart_fits(Collective collective, Path path, size_t stage_elems, size_t own_device_bytes,
@@ -289,19 +302,7 @@ bool direct_lanes_apart_fits(Collective collective, Path path, size_t stage_elem
 }
 
 // --- one-shot ---------------------------------------------------------------------------------------
-ncclResult_t DirectOneShotAllReduce::produce(StageOps& ops, const Stage& st) {
-  const DirectWindows& d = *ops.direct();
-  const char* src = static_cast<const char*>(a_.src) + st.offset * ops.elem_size();
-  const size_t cb = quant::chunk_bytes(st.length, ops.format());
-  char* window = d.window(ops.rank(), st.set_index);
-  char* own = device_slots(a_, st, ops.rank(), ops.nranks(), cb, 1).own;
-  FP8WIRE_TRY(ops.reclaim(st.set_index));
-  FP8WIRE_TRY(ops.quantize(src, st.length, own ? own : window, quant::Segmented::single(st.length, ops.format()),
-                           st.offset, a_.residual ? a_.residual + st.offset : nullptr));
-  if (own) FP8WIRE_TRY(ops.copy(window, own, cb, cudaMemcpyDefault));
-  ops.add_wire_bytes(cb * static_cast<uint64_t>(ops.nranks() - 1));
-  return ops.publish(st.set_index, kInputs);
-}
+ncclResult_t DirectOneShotAllReduce::produce(StageOps& ops, const Stage& st) { return produce_own_chunk(ops, a_, st); }
 
 ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
   const DirectWindows& d = *ops.direct();
@@ -498,19 +499,7 @@ ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
 }
 
 // --- all-gather -------------------------------------------------------------------------------------
-ncclResult_t DirectAllGather::produce(StageOps& ops, const Stage& st) {
-  const DirectWindows& d = *ops.direct();
-  const char* src = static_cast<const char*>(a_.src) + st.offset * ops.elem_size();
-  const size_t cb = quant::chunk_bytes(st.length, ops.format());
-  char* window = d.window(ops.rank(), st.set_index);
-  char* own = device_slots(a_, st, ops.rank(), ops.nranks(), cb, 1).own;
-  FP8WIRE_TRY(ops.reclaim(st.set_index));
-  FP8WIRE_TRY(ops.quantize(src, st.length, own ? own : window, quant::Segmented::single(st.length, ops.format()),
-                           st.offset));
-  if (own) FP8WIRE_TRY(ops.copy(window, own, cb, cudaMemcpyDefault));
-  ops.add_wire_bytes(cb * static_cast<uint64_t>(ops.nranks() - 1));
-  return ops.publish(st.set_index, kInputs);
-}
+ncclResult_t DirectAllGather::produce(StageOps& ops, const Stage& st) { return produce_own_chunk(ops, a_, st); }
 
 ncclResult_t DirectAllGather::finish(StageOps& ops, const Stage& st) {
   const DirectWindows& d = *ops.direct();

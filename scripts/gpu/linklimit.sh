@@ -10,17 +10,21 @@
 #   the percent of the host-link limit reached (bench/host/link_limit.hpp names the bytes: the fewest
 #   any of the algorithms must move, the rank's own data kept on the GPU). The default, own_*, *cop*, *lanes_apart*,
 #   *flags*, *box* and sets2/4 runs check every point; the other variants only re-cut or re-size the same work and skip the checks.
-# At the end, one table: ranks x collective x size x variant -> ms (plain NCCL, each direct path) and
-# % of the link limit of the faster direct path.
+# At the end, one table (scripts/linklimit_table.py): ranks x collective x size x variant -> ms (plain
+# NCCL, each direct path) and % of the link limit of the faster direct path, and each variant against
+# the default of its own round.
 # Env: LINKLIMIT_RANKS (default "2 4"), LINKLIMIT_VARIANTS (labels from the list below, default all),
-# LINKLIMIT_BUDGET (seconds, default 145: a sweep that would end past it, judged by the last one of the
-# same world size, is skipped and named), LINKLIMIT_SWEEP_S (one sweep's time limit, default 90; 4 ranks
-# from 64 KiB need more), LINKLIMIT_MIN (the default run's smallest size, default 64KiB), LINKLIMIT_MAX
-# (every run's largest size, default 256MiB).
+# LINKLIMIT_ROUNDS (default 1: the variants run this many times, in the same order each round, so each
+# is paired with a default swept minutes apart at most; sweep-to-sweep spread is about +-10-14 %, and the
+# table says which variants moved the same way in every round), LINKLIMIT_BUDGET (seconds, default 145:
+# a sweep that would end past it, judged by the last one of the same world size, is skipped and named),
+# LINKLIMIT_SWEEP_S (one sweep's time limit, default 90; 4 ranks from 64 KiB need more), LINKLIMIT_MIN
+# (the default run's smallest size in the first round, default 64KiB; 16MiB in later rounds and for the
+# other variants), LINKLIMIT_MAX (every run's largest size, default 256MiB).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_out linklimit
 gpu_mps_start
-rm -rf "$OUT"/*_n[0-9]*  # the table reads every sweep under $OUT: none from an earlier run
+rm -rf "$OUT"/r[0-9]*  # the table reads every sweep under $OUT: none from an earlier run
 BIN="$BUILD/bench/fp8wire-bench"
 budget="${LINKLIMIT_BUDGET:-145}"
 t0=$(date +%s)
@@ -58,9 +62,9 @@ wanted="${LINKLIMIT_VARIANTS:-}"
 mode="${FP8WIRE_TESTBED_MODE:-time-sliced}"
 echo "== linklimit: testbed $mode; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)"
 
-sweep() {  # sweep <label> <ranks> <min> <max> <env overrides...>
-  local label="$1" ranks="$2" min="$3" max="$4"; shift 4
-  local dir="$OUT/${label}_n${ranks}" s=$(date +%s) limit="${LINKLIMIT_SWEEP_S:-90}"
+sweep() {  # sweep <round> <label> <ranks> <min> <max> <env overrides...>
+  local round="$1" label="$2" ranks="$3" min="$4" max="$5"; shift 5
+  local dir="$OUT/r$round/${label}_n${ranks}" s=$(date +%s) limit="${LINKLIMIT_SWEEP_S:-90}"
   mkdir -p "$dir"
   # The knobs that only cut or size the work differently are bit-exact on the CPU tier: their sweeps
   # skip the host-side checks (seconds per 256 MiB point); the default, own_*, *cop*, *lanes_apart*,
@@ -73,81 +77,36 @@ sweep() {  # sweep <label> <ranks> <min> <max> <env overrides...>
   local rc=$?
   (( rc == 0 )) || status=1
   last[$ranks]=$(( $(date +%s) - s ))
-  echo "==== $label, $ranks ranks, $min..$max ${*:-}: rc=$rc (${last[$ranks]} s)"
+  echo "==== round $round: $label, $ranks ranks, $min..$max ${*:-}: rc=$rc (${last[$ranks]} s)"
   grep -E "^# pinned|^FAIL|^(PASS|FAIL) checks" "$dir/sweep.log"
   (( rc == 0 )) || tail -n 8 "$dir/sweep.err.log"
 }
 
 declare -A last=()
-for entry in "${variants[@]}"; do
-  label="${entry%%|*}"; envs="${entry#*|}"; [[ "$envs" == "-" ]] && envs=""
-  [[ -n "$wanted" && " $wanted " != *" $label "* ]] && continue
-  for n in ${LINKLIMIT_RANKS:-2 4}; do
-    if (( $(date +%s) - t0 + ${last[$n]:-0} > budget )); then
-      echo "==== $label, $n ranks: skipped (it would end past LINKLIMIT_BUDGET=${budget} s)"; continue
-    fi
-    max="${LINKLIMIT_MAX:-256MiB}"
-    if [[ "$label" == default ]]; then sweep "$label" "$n" "${LINKLIMIT_MIN:-64KiB}" "$max" $envs
-    else sweep "$label" "$n" 16MiB "$max" $envs; fi
+rounds="${LINKLIMIT_ROUNDS:-1}"
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "LINKLIMIT_ROUNDS: got '$rounds', expected a whole number from 1" >&2; exit 2; }
+for (( round = 1; round <= rounds; round++ )); do
+  for entry in "${variants[@]}"; do
+    label="${entry%%|*}"; envs="${entry#*|}"; [[ "$envs" == "-" ]] && envs=""
+    [[ -n "$wanted" && " $wanted " != *" $label "* ]] && continue
+    for n in ${LINKLIMIT_RANKS:-2 4}; do
+      if (( $(date +%s) - t0 + ${last[$n]:-0} > budget )); then
+        echo "==== round $round: $label, $n ranks: skipped (it would end past LINKLIMIT_BUDGET=${budget} s)"; continue
+      fi
+      max="${LINKLIMIT_MAX:-256MiB}"
+      if [[ "$label" == default && $round == 1 ]]; then sweep "$round" "$label" "$n" "${LINKLIMIT_MIN:-64KiB}" "$max" $envs
+      else sweep "$round" "$label" "$n" 16MiB "$max" $envs; fi
+    done
   done
 done
 
 # The default run's crossovers: where the direct transport starts to pay against plain NCCL
 # (".../direct" rows) and against fp8wire over NCCL's transports ("direct/fp8", when timed).
 for n in ${LINKLIMIT_RANKS:-2 4}; do
-  log="$OUT/default_n$n/sweep.log"
+  log="$OUT/r1/default_n$n/sweep.log"
   [[ -f "$log" ]] && { echo "==== crossovers, $n ranks (default knobs)"; sed -n '/^# crossovers/,/^$/p' "$log" | grep -E "direct|^#"; }
 done
 
-python3 - "$OUT" <<'EOF'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-rows = []
-for f in sorted(out.glob("*_n*/sweep.json")):
-    variant, n = f.parent.name.rsplit("_n", 1)
-    j = json.loads(f.read_text())
-    pc = j.get("pinned_copy", {})
-    by = {}
-    for p in j["points"]:
-        if not p.get("supported", True) or p["time_us"]["median"] <= 0:
-            continue
-        key = (p["collective"], p["bytes"])
-        d = by.setdefault(key, {})
-        name = "nccl" if p["path"] == "passthrough" else p["path"] + ("/direct" if p.get("transport") else "")
-        d[name] = p
-    for (coll, size), d in by.items():
-        direct = [p for k, p in d.items() if k.endswith("/direct")]
-        best = min(direct, key=lambda p: p["time_us"]["median"]) if direct else None
-        rows.append((int(n), coll, size, variant, d, best, pc))
-order = {"default": 0}
-rows.sort(key=lambda r: (r[0], r[1], r[2], order.get(r[3], 1), r[3]))
-def ms(p):
-    return f"{p['time_us']['median'] / 1e3:9.3f}" if p else f"{'-':>9}"
-def size(b):
-    for u, s in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if b >= 1 << s and b % (1 << s) == 0:
-            return f"{b >> s}{u}"
-    return str(b)
-# "vs default": the default run's faster direct time over this variant's, both from this run (above 1:
-# the variant is faster).
-default_best = {(n, coll, sz): best for n, coll, sz, variant, d, best, pc in rows if variant == "default"}
-print("\n# link limit table (ms = median of the slowest rank; link% = limit / time of the faster direct path;"
-      " vs default = the defaults' time / this one's, same run)")
-print(f"# {'ranks':>5} {'collective':<15} {'size':>7} {'variant':<28} {'nccl':>9} {'two_shot':>9} {'one_shot':>9} {'limit':>9} {'link%':>6} {'vs default':>10}  pinned D2H/H2D GB/s (both at once)")
-for n, coll, sz, variant, d, best, pc in rows:
-    lim = best["link_limit_us"] / 1e3 if best and best.get("link_limit_us") else 0
-    pct = f"{best['link_limit_pct']:5.1f}%" if best and best.get("link_limit_pct") else f"{'-':>6}"
-    base = default_best.get((n, coll, sz))
-    vs = f"{base['time_us']['median'] / best['time_us']['median']:9.2f}x" if base and best and variant != "default" else f"{'':>10}"
-    print(f"  {n:>5} {coll:<15} {size(sz):>7} {variant:<28} {ms(d.get('nccl'))} {ms(d.get('two_shot/direct'))} "
-          f"{ms(d.get('one_shot/direct'))} {lim:9.3f} {pct} {vs}  {pc.get('d2h_gbps', 0):.1f}/{pc.get('h2d_gbps', 0):.1f} "
-          f"({pc.get('duplex_d2h_gbps', 0):.1f}/{pc.get('duplex_h2d_gbps', 0):.1f})")
-bases = {}
-for f in sorted(out.glob("default_n*/sweep.json")):
-    for k, v in json.loads(f.read_text()).get("pinned_copy", {}).get("link_limit_basis", {}).items():
-        bases[f"{f.parent.name.rsplit('_n', 1)[1]} ranks, {k}"] = v
-for k, v in bases.items():
-    print(f"# limit basis, {k}: {v}")
-EOF
+python3 "$(dirname "${BASH_SOURCE[0]}")/../linklimit_table.py" "$OUT" || status=1
 echo "== linklimit: $(( $(date +%s) - t0 )) s, testbed $mode"
 exit $status

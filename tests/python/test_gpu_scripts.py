@@ -6,7 +6,8 @@ fewer ranks than it has, and judges memory on the samples taken while training; 
 run on the CPU; scripts/fidelity.py judges and reports the curves and rejects bad input;
 scripts/gpu/prof_direct_check.py judges the profiler against the step-time estimate;
 scripts/direct_timeline.py reads Kineto traces of several ranks and says how busy each direction of
-the host link was and whether the ranks' copies ran at once."""
+the host link was and whether the ranks' copies ran at once; scripts/linklimit_table.py pairs each
+variant with the default of its own round."""
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ import soak_monitor  # noqa: E402
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import kernel_breakdown  # noqa: E402
 import direct_timeline  # noqa: E402
+import linklimit_table  # noqa: E402
 
 # A process tree like `fp8wire-train --ranks 2`: a launcher that forks two ranks, each re-exec'ing
 # the same program; argv[0] stays "fp8wire-train" throughout, /proc/<pid>/comm becomes "exe" on most
@@ -385,6 +387,66 @@ class DirectTimeline(unittest.TestCase):
                                capture_output=True, text=True)
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("holds no kernels or copies", r.stderr)
+
+
+def write_sweep(folder, rnd, variant, ranks, points):
+    """A sweep.json of fp8wire-bench under folder/r<rnd>/<variant>_n<ranks>: points are
+    (collective, bytes, path, transport, median us, link limit us)."""
+    d = os.path.join(folder, f"r{rnd}", f"{variant}_n{ranks}")
+    os.makedirs(d)
+    pts = []
+    for coll, nbytes, path, transport, us, limit in points:
+        p = {"collective": coll, "bytes": nbytes, "path": path, "transport": transport, "time_us": {"median": us}}
+        if limit:
+            p.update(link_limit_us=limit, link_limit_pct=100 * limit / us)
+        pts.append(p)
+    with open(os.path.join(d, "sweep.json"), "w") as f:
+        json.dump({"points": pts, "pinned_copy": {"d2h_gbps": 54.7, "h2d_gbps": 54.8,
+                                                  "link_limit_basis": {"reduce_scatter": "(n-1)/n w each way"}}}, f)
+
+
+class LinkLimitTable(unittest.TestCase):
+    MiB16 = 16 << 20
+
+    def sweep(self, folder, rnd, variant, rs_us, ar_us):
+        write_sweep(folder, rnd, variant, 4, [
+            ("reduce_scatter", self.MiB16, "passthrough", "", 9000.0, 0),
+            ("reduce_scatter", self.MiB16, "two_shot", "host_memory", rs_us, 474.0),
+            ("all_reduce", self.MiB16, "two_shot", "host_memory", ar_us, 948.0),
+            ("all_reduce", self.MiB16, "one_shot", "host_memory", ar_us * 1.5, 948.0)])
+
+    def test_each_variant_against_the_default_of_its_own_round(self):
+        with tempfile.TemporaryDirectory() as d:
+            # The reduce-scatter: faster than its round's default in both rounds though round 2's default
+            # is faster than round 1's outbox (drift between rounds); the all-reduce: once each way.
+            self.sweep(d, 1, "default", 1100.0, 2000.0)
+            self.sweep(d, 1, "outbox", 1000.0, 1900.0)
+            self.sweep(d, 2, "default", 900.0, 2000.0)
+            self.sweep(d, 2, "outbox", 800.0, 2100.0)
+            rows = linklimit_table.rows_of(d)
+            ratios = linklimit_table.vs_default(rows)
+            self.assertAlmostEqual(ratios[(1, 4, "reduce_scatter", self.MiB16, "outbox")], 1.1)
+            self.assertAlmostEqual(ratios[(2, 4, "reduce_scatter", self.MiB16, "outbox")], 900 / 800)
+            summary = {key[1]: (gmean, way) for key, _, gmean, way in linklimit_table.paired(rows)}
+            self.assertEqual(summary["reduce_scatter"][1], "+")
+            self.assertAlmostEqual(summary["reduce_scatter"][0], (1.1 * 900 / 800) ** 0.5)
+            self.assertEqual(summary["all_reduce"][1], "mixed")
+            out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "linklimit_table.py"), d],
+                                 capture_output=True, text=True, check=True).stdout
+        # The faster direct path's time and % of the limit (two-shot: 474 us of limit in 1100 us).
+        self.assertRegex(out, r"4 reduce_scatter +16MiB default +1 +9\.000 +1\.100 +- +0\.474  43\.1%")
+        self.assertRegex(out, r"4 reduce_scatter +16MiB outbox +2 .* +1\.12x")
+        self.assertIn("paired over 2 rounds", out)
+        self.assertRegex(out, r"reduce_scatter +16MiB outbox +1\.10 1\.12 +1\.11x \+")
+        self.assertRegex(out, r"all_reduce +16MiB outbox +1\.05 0\.95 +1\.00x mixed")
+        self.assertIn("limit basis, 4 ranks, reduce_scatter", out)
+
+    def test_no_sweeps_is_an_error(self):
+        with tempfile.TemporaryDirectory() as d:
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "linklimit_table.py"), d],
+                               capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no sweep.json under", r.stderr)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ status=0
 variants=(
   "default|-"
   "outbox|FP8WIRE_DIRECT_OUTBOX=1"
+  "outbox_per_peer_flags|FP8WIRE_DIRECT_OUTBOX=1 FP8WIRE_DIRECT_PER_PEER_FLAGS=1"
   "per_peer_flags|FP8WIRE_DIRECT_PER_PEER_FLAGS=1"
   "no_copy_lanes|FP8WIRE_DIRECT_COPY_LANES=0"
   "late_copy_in|FP8WIRE_DIRECT_EARLY_COPY_IN=0 FP8WIRE_DIRECT_COPY_LANES=0"

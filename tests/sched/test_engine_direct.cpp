@@ -635,7 +635,7 @@ TEST_CASE("direct.sets 3 and 4: stages take the sets in turn, each reused; the s
   MESSAGE(runs << " runs with 3 and 4 buffer sets: bit-exact, alike, no race");
 }
 
-TEST_CASE("3 and 4 buffer sets with grouped all-reduces coalesced into one call, and with error feedback: the same bytes, no race") {
+TEST_CASE("3 and 4 buffer sets with grouped all-reduces coalesced into one call, and with error feedback (with an outbox too): the same bytes, no race") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
   size_t runs = 0;
@@ -669,12 +669,16 @@ TEST_CASE("3 and 4 buffer sets with grouped all-reduces coalesced into one call,
         // stage while the transfer lane gathers the stage before; the first call's bytes are the
         // reference's (its residual starts at zero, zeroed on the produce lane before the call's
         // lanes fork). Also where the quantize writes straight into a window (own data in the
-        // window, peer memory), which with copy lanes runs on the send lane.
+        // window, peer memory), which with copy lanes runs on the send lane; and two-shot with an
+        // outbox (each shard quantized with its own stretch of the residual into the writer's window).
         for (auto [mode, own] : {std::pair{DirectMode::host_memory, true}, std::pair{DirectMode::host_memory, false},
-                                 std::pair{DirectMode::peer_memory, false}}) {
+                                 std::pair{DirectMode::peer_memory, false}})
+        for (bool outbox : {false, true}) {
+          if (outbox && path != Path::two_shot) continue;
           Run cfg;
           cfg.config = direct_config(mode, 24 << 10, 1 << 10);
           cfg.config.direct_own_on_device = own;
+          cfg.config.direct_outbox = outbox;
           cfg.config.direct_sets = static_cast<uint32_t>(sets);
           cfg.config.error_feedback = true;
           cfg.config.telemetry_sample_every = 0;

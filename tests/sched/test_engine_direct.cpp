@@ -361,18 +361,22 @@ TEST_CASE("direct.outbox: blocks and shards wait in their writer's window: the s
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
   size_t runs = 0, fewer_out = 0, more_in = 0;
+  // Own data on the device, with each copy option; and with the lanes apart (the reduce-scatter only),
+  // whose copy-out slots lie in the produce lane's half of the device set.
   struct Own {
     bool on, copy_in, copy_out;
+    bool apart = false;  // direct.lanes_apart (the reduce-scatter's transfer lane quantizes its own block again)
   };
   const Variant writes_for_one[] = {{Collective::all_reduce, Path::two_shot}, {Collective::reduce_scatter, Path::two_shot}};
   for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
     for (int n : {2, 3, 4, 8}) {
       for (const Variant& v : writes_for_one) {
         for (Own own : {Own{true, true, true}, Own{false, false, false}, Own{true, false, false}, Own{true, true, false},
-                        Own{true, false, true}}) {
+                        Own{true, false, true}, Own{true, true, true, true}, Own{true, false, false, true}}) {
           if (mode == DirectMode::peer_memory && own.on) continue;  // own data on the device: host memory only
           for (auto [copy_lanes, per_peer] : {std::pair{true, false}, {true, true}, {false, false}}) {
-            if (n == 8 && (!own.copy_in || !own.copy_out || !copy_lanes || per_peer)) continue;  // the defaults only
+            if (n == 8 && (!own.copy_in || !own.copy_out || own.apart || !copy_lanes || per_peer)) continue;  // the defaults only
+            if (own.apart && v.collective != Collective::reduce_scatter) continue;  // not two-shot's
             for (auto [count, in_place] : {std::pair{size_t(3 * n * 128 + 5), false}, {size_t{4099}, false},
                                            {size_t{4099}, true}}) {
               int copies[2] = {};  // rank 0's copies without and with an outbox
@@ -384,6 +388,8 @@ TEST_CASE("direct.outbox: blocks and shards wait in their writer's window: the s
                 cfg.config.direct_copy_lanes = copy_lanes;
                 cfg.config.direct_per_peer_flags = per_peer;
                 cfg.config.direct_outbox = outbox;
+                cfg.config.direct_lanes_apart = own.apart;
+                if (own.apart) cfg.config.telemetry_sample_every = 0;  // a measured call keeps its lanes together
                 cfg.config.scratch_max_bytes = 512 << 10;
                 Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 37u + count};
                 ++runs;
@@ -393,9 +399,9 @@ TEST_CASE("direct.outbox: blocks and shards wait in their writer's window: the s
               // copy per peer out and one piece in (slots 1..n-1 of its inbox; per peer with per-peer
               // flags): with only one of the two on, fewer or more copies at 3 ranks and up; with
               // neither, the same (none).
-              const std::string what = fmt::format("{} {} n={} {} own={} in={} out={}", to_string(v.collective),
+              const std::string what = fmt::format("{} {} n={} {} own={} in={} out={} apart={}", to_string(v.collective),
                                                    to_string(v.path), n, to_string(mode), own.on, own.copy_in,
-                                                   own.copy_out);
+                                                   own.copy_out, own.apart);
               const bool out_only = own.on && own.copy_out && !own.copy_in, in_only = own.on && own.copy_in && !own.copy_out;
               if (n > 2 && out_only) {
                 if (copies[1] < copies[0]) ++fewer_out;

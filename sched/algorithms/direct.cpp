@@ -165,9 +165,10 @@ ncclResult_t quantize_for(StageOps& ops, const Fp8Args& a, const DeviceSlots& de
 }
 
 // Outbox (above): quantizes rank j's part (`quantize_to(j, to)`, `bytes_of(j)` bytes of wire; none when
-// 0) for every rank into this rank's outbox `box`, slots `stride` apart, or where this rank keeps data
-// on the device into its copy-out slots in the same order (its own part into its own slot) and then
-// into the outbox by one copy per run of slots; then one signal to all.
+// 0) for every peer into this rank's outbox `box` (slot k for reader(k), slots `stride` apart) or, with
+// copy-out slots, into those in the same order and then into the outbox by one copy per run of slots;
+// its own part where it keeps its own data (the device set, else the outbox's last slot); then one
+// signal to all.
 template <class QuantizeTo, class BytesOf>
 ncclResult_t write_outbox(StageOps& ops, int set, const DeviceSlots& dev, char* box, size_t stride,
                           QuantizeTo quantize_to, BytesOf bytes_of) {

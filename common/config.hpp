@@ -233,10 +233,11 @@ struct Config {
   // spread (bench/README.md "Host-link limit").
   bool direct_copy_lanes = true;            // direct.copy_lanes
   // A stage's signals one peer at a time: a rank signals each peer right after what it wrote for that
-  // peer alone (the reduce-scatter's blocks, two-shot's shards), and with copy-in copies each peer's
-  // data right after that peer's signal, instead of writing everything before one signal to all and
-  // waiting for every peer before the first copy-in (sched/algorithms/direct.cpp). The same flags,
-  // bytes and results; a choice of each rank alone.
+  // peer alone (the reduce-scatter's blocks, two-shot's shards; with direct.outbox all of them after
+  // the one copy that sends them), and with copy-in copies each peer's data right after that peer's
+  // signal, instead of writing everything before one signal to all and waiting for every peer before
+  // the first copy-in (sched/algorithms/direct.cpp). The same flags, bytes and results; a choice of
+  // each rank alone.
   bool direct_per_peer_flags = false;       // direct.per_peer_flags
   // Where the reduce-scatter's blocks and two-shot's shards wait for their readers: in the writer's
   // own window (its outbox, the parts for its peers side by side, so one copy-out sends them all)

@@ -3,7 +3,7 @@
 // the same rank order, the same stochastic-rounding offsets), so every rank ends with the same bytes
 // either way; what differs is who moves them. A quantize stores straight into the window its readers
 // read (its own for one-shot and the all-gather, the owner's inbox for two-shot and the
-// reduce-scatter), and a fused dequantize-reduce loads every rank's window in rank order: over NVLink
+// reduce-scatter, or with direct.outbox its own for those too), and a fused dequantize-reduce loads every rank's window in rank order: over NVLink
 // or PCIe P2P for peer memory, over PCIe from host memory. The flag handshakes of each phase are the
 // protocol of sched/transport/direct_windows.hpp, on the lane that reads or writes: a stage reclaims its buffer set
 // before its first write (the produce lane) and releases it after its last read (the transfer lane).
@@ -40,7 +40,8 @@
 //
 // Copy-out (direct.copy_out, with own data on the device; Fp8Args::copy_out): what this rank writes for
 // one peer alone (the reduce-scatter's block, two-shot's shard for its owner) is quantized into the
-// device set's copy-out slots and copied into that peer's inbox by a copy engine, instead of the
+// device set's copy-out slots and copied into that peer's inbox (with an outbox: all of them into this
+// rank's outbox, in one copy) by a copy engine, instead of the
 // quantize storing it there over the link; with copy-in too, every byte over the link is a copy
 // engine's, and every kernel reads and writes device memory only (at the codec's width, not
 // direct.ctas). The one-shot all-reduce and the all-gather write nothing for one peer alone (their
@@ -68,7 +69,8 @@
 // peer's signal, instead of one publish to all after every write and one acquire of all before any
 // copy. Each flag is set and waited for as the whole steps do, so a rank may do either while its
 // peers do the other. Measured level with the whole steps on the emulated testbed (bench/README.md
-// "Host-link limit"), off by default.
+// "Host-link limit"), off by default. With an outbox a writer's one copy holds every peer's part, so it
+// signals all at once after it; its readers still take each writer's part right after its signal.
 //
 // Outbox (direct.outbox; Fp8Args::outbox): the reduce-scatter's blocks and two-shot's shards wait in
 // their writer's own window instead of their reader's inbox, slot k of writer w holding its part for

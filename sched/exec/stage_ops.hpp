@@ -60,8 +60,8 @@ class StageOps {
   // (gate_send, below).
   // `copy_lanes` (direct.copy_lanes): the executor may give each half of a stage a copy lane beside
   // its kernel lane (set_lanes, below). `per_peer_flags` (direct.per_peer_flags): the programs signal
-  // each peer right after what they wrote for it alone, and copy in each peer's data right after its
-  // own signal (publish_to, acquire_from, below).
+  // each peer right after what they wrote for it alone (with direct.outbox, all after the one copy),
+  // and copy in each peer's data right after its own signal (publish_to, acquire_from, below).
   void use_direct(const DirectWindows* direct, uint32_t window_ctas, bool lane_flags = false,
                   LaneHandover handover = LaneHandover::both, bool early_copy_in = false, bool paced_sends = false,
                   bool copy_lanes = false, bool per_peer_flags = false) {

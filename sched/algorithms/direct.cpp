@@ -3,8 +3,9 @@
 // the same rank order, the same stochastic-rounding offsets), so every rank ends with the same bytes
 // either way; what differs is who moves them. A quantize stores straight into the window its readers
 // read (its own for one-shot and the all-gather, the owner's inbox for two-shot and the
-// reduce-scatter, or with direct.outbox its own for those too), and a fused dequantize-reduce loads every rank's window in rank order: over NVLink
-// or PCIe P2P for peer memory, over PCIe from host memory. The flag handshakes of each phase are the
+// reduce-scatter, or with direct.outbox its own for those too), and a fused dequantize-reduce loads
+// every rank's window in rank order: over NVLink or PCIe P2P for peer memory, over PCIe from host
+// memory. The flag handshakes of each phase are the
 // protocol of sched/transport/direct_windows.hpp, on the lane that reads or writes: a stage reclaims its buffer set
 // before its first write (the produce lane) and releases it after its last read (the transfer lane).
 //
@@ -41,12 +42,12 @@
 // Copy-out (direct.copy_out, with own data on the device; Fp8Args::copy_out): what this rank writes for
 // one peer alone (the reduce-scatter's block, two-shot's shard for its owner) is quantized into the
 // device set's copy-out slots and copied into that peer's inbox (with an outbox: all of them into this
-// rank's outbox, in one copy) by a copy engine, instead of the
-// quantize storing it there over the link; with copy-in too, every byte over the link is a copy
-// engine's, and every kernel reads and writes device memory only (at the codec's width, not
-// direct.ctas). The one-shot all-reduce and the all-gather write nothing for one peer alone (their
-// own chunk already goes by a copy). Again the same bytes, a choice of this rank alone, and a stage
-// whose slots do not fit the set falls back to the quantize's stores.
+// rank's outbox, in one copy) by a copy engine, instead of the quantize storing it there over the link;
+// with copy-in too, every byte over the link is a copy engine's, and every kernel reads and writes
+// device memory only (at the codec's width, not direct.ctas). The one-shot all-reduce and the all-gather
+// write nothing for one peer alone (their own chunk already goes by a copy). Again the same bytes, a
+// choice of this rank alone, and a stage whose slots do not fit the set falls back to the quantize's
+// stores.
 //
 // Lanes apart (direct.lanes_apart, with own data on the device; Fp8Args::own_per_lane): the finish
 // quantizes this rank's own data once more, on the transfer lane, into the first half of the device
@@ -321,7 +322,8 @@ ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
     inputs[r] = own;
   }
   if (dev.staged) {
-    FP8WIRE_TRY(copy_in(ops, st.set_index, kInputs, dev, 0, [&](int j) { return Part{d.window(j, st.set_index), cb}; }));
+    FP8WIRE_TRY(
+        copy_in(ops, st.set_index, kInputs, dev, 0, [&](int j) { return Part{d.window(j, st.set_index), cb}; }));
     FP8WIRE_TRY(ops.release(st.set_index));
   } else {
     FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
@@ -517,7 +519,8 @@ ncclResult_t DirectAllGather::finish(StageOps& ops, const Stage& st) {
     return dev.staged ? dev.slot(j) : d.window(j, st.set_index);
   };
   if (dev.staged) {
-    FP8WIRE_TRY(copy_in(ops, st.set_index, kInputs, dev, 0, [&](int j) { return Part{d.window(j, st.set_index), cb}; }));
+    FP8WIRE_TRY(
+        copy_in(ops, st.set_index, kInputs, dev, 0, [&](int j) { return Part{d.window(j, st.set_index), cb}; }));
     FP8WIRE_TRY(ops.release(st.set_index));
   } else {
     FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));

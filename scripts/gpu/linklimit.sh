@@ -65,7 +65,8 @@ echo "== linklimit: testbed $mode; $(nvidia-smi --query-gpu=name --format=csv,no
 
 sweep() {  # sweep <round> <label> <ranks> <min> <max> <env overrides...>
   local round="$1" label="$2" ranks="$3" min="$4" max="$5"; shift 5
-  local dir="$OUT/r$round/${label}_n${ranks}" s=$(date +%s) limit="${LINKLIMIT_SWEEP_S:-90}"
+  local dir="$OUT/r$round/${label}_n${ranks}" limit="${LINKLIMIT_SWEEP_S:-90}" s
+  s=$(date +%s)
   mkdir -p "$dir"
   # The knobs that only cut or size the work differently are bit-exact on the CPU tier: their sweeps
   # skip the host-side checks (seconds per 256 MiB point); the default, own_*, *cop*, *lanes_apart*,

@@ -1,6 +1,7 @@
 #include "bench/host/link_limit.hpp"
 
 #include <algorithm>
+#include <cstddef>
 
 #include <fmt/format.h>
 
@@ -69,6 +70,14 @@ LinkLimit link_limit(Collective c, int nranks, uint64_t bytes, const WireParams&
 double percent_of_limit(double limit_us, double measured_us) {
   if (!(limit_us > 0) || !(measured_us > 0)) return 0;
   return 100.0 * limit_us / measured_us;
+}
+
+double best_round_gbps(const double* slowest_rank_us, int rounds, int stride, double link_bytes) {
+  double best = 0;
+  for (int r = 0; r < rounds; ++r)
+    if (const double us = slowest_rank_us[static_cast<ptrdiff_t>(r) * stride]; us > 0)
+      best = std::max(best, link_bytes / (us * 1e3));
+  return best;
 }
 
 }  // namespace fp8wire::bench

@@ -64,6 +64,12 @@ struct PinnedRates {
   bool measured() const { return d2h_gbps > 0 && h2d_gbps > 0 && ranks_per_link > 0; }
 };
 
+// A pinned pass's rate from several rounds of it: `slowest_rank_us[r * stride]` is round r's time (the
+// slowest rank's) for `link_bytes` over one link. The best round's rate, since a ceiling is what the link can
+// give and a round caught by a slow moment of the host would lower the limit and lift every percent
+// with it; rounds not timed (0 or less) are skipped; 0 when none was.
+double best_round_gbps(const double* slowest_rank_us, int rounds, int stride, double link_bytes);
+
 struct LinkLimit {
   double us = 0;           // the limit's time; 0 when it cannot be computed
   Path path = Path::two_shot;  // the algorithm whose bytes set it

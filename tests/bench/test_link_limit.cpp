@@ -82,6 +82,21 @@ TEST_CASE("link_limit: the emulated 2- and 4-rank all-reduce of 64 MiB at 54.5 /
   CHECK(percent_of_limit(100, 200) == doctest::Approx(50));
 }
 
+TEST_CASE("link_limit: a pinned pass's rate is its best round's, rounds not timed skipped") {
+  // Three rounds of two passes side by side (stride 2): pass 0 then pass 1 per round, microseconds.
+  // 1 GB over one link: 20000 us is 50 GB/s.
+  const double us[] = {20000, 25000,   // round 0
+                       23000, 0,       // round 1: pass 1 not timed
+                       18000, 40000};  // round 2: pass 0 at its best
+  CHECK(best_round_gbps(us, 3, 2, 1e9) == doctest::Approx(1e9 / 18000e3));
+  CHECK(best_round_gbps(us + 1, 3, 2, 1e9) == doctest::Approx(40.0));  // 25000 us; the 0 skipped
+  // A round caught by a slow moment does not lower the ceiling: 13 % slow in one round of three.
+  const double one_slow[] = {1000, 1130, 1000};
+  CHECK(best_round_gbps(one_slow, 3, 1, 1e6) == doctest::Approx(1.0));
+  const double none[] = {0, -1};
+  CHECK(best_round_gbps(none, 2, 1, 1e9) == 0);
+}
+
 TEST_CASE("link_limit: a sweep's host-memory points get their percent, in the table and the JSON") {
   SweepResult r;
   r.machine.nranks = 2;

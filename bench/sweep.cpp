@@ -367,8 +367,7 @@ struct Worker {
   // reported too). Off the
   // timed path: before the first point. Every pass starts on all ranks together after a small
   // all-reduce, and its time is the slowest rank's. The passes run kPinnedRounds times, one round
-  // after the other, and each rate is the best round's: a ceiling, so one pass caught by a slow moment
-  // of the host (seen to read 13 % low) does not lower the limit and lift every link% with it.
+  // after the other, and each rate is the best round's (best_round_gbps says why).
   int measure_pinned(PinnedRates& rates) {
     constexpr size_t kBytes = 32ull << 20;
     constexpr int kCopies = 8;  // 256 MiB per rank and direction: start skew stays well under 1 %

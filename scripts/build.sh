@@ -35,5 +35,8 @@ cmake "${args[@]}"
 keep=()
 [[ "${BUILD_KEEP_GOING:-0}" == 1 ]] && keep=(-- -k 0)   # build what can be built
 targets=()
-[[ -n "${BUILD_TARGETS:-}" ]] && targets=(--target $BUILD_TARGETS)   # e.g. BUILD_TARGETS="fp8wire fp8wire-config"
+if [[ -n "${BUILD_TARGETS:-}" ]]; then   # e.g. BUILD_TARGETS="fp8wire fp8wire-config"
+  read -ra names <<< "$BUILD_TARGETS"
+  targets=(--target "${names[@]}")
+fi
 cmake --build "$build" -j "${BUILD_JOBS:-$(nproc)}" "${targets[@]}" "${keep[@]}"

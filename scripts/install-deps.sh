@@ -3,7 +3,7 @@
 # Idempotent: re-running only checks what is already there.
 #   Debian packages: small C++ libraries (fmt, toml++, doctest, CLI11, nlohmann-json, Google Benchmark,
 #                    zlib), build tools (cmake, ninja, ccache), clang with its sanitizer and libFuzzer
-#                    runtimes (the fuzz tier, scripts/sanitize.sh).
+#                    runtimes (the fuzz tier, scripts/sanitize.sh), shellcheck (test scripts_shellcheck).
 #   PyPI: torch==2.11.0 into .venv, only for its LibTorch (the trainer builds against it); numpy,
 #         pyarrow, pillow, sentencepiece into .venv for scripts/convert_lerobot_libero.py and its test.
 # The CUDA toolkit (nvcc, NCCL, CUPTI, NVTX3) is expected under /usr/local/cuda, as on this kind.
@@ -11,7 +11,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 debs=(libfmt-dev libtomlplusplus-dev doctest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev zlib1g-dev
-      cmake ninja-build ccache python3-venv clang libclang-rt-14-dev)
+      cmake ninja-build ccache python3-venv clang libclang-rt-14-dev shellcheck)
 missing=()
 for p in "${debs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -34,7 +34,7 @@ failed=0
 t0=$(date +%s)
 run() {  # run <label> <limit s> <command...>
   local label="$1" limit="$2"; shift 2
-  local s=$(date +%s)
+  local s; s=$(date +%s)
   timeout -k 5 "$limit" "$@" > "$OUT/$label.log" 2>&1
   local rc=$?
   grep -E "^(PASS|FAIL|SKIPPED|bandwidth|direct)" "$OUT/$label.log" | grep -vE "^PASS n=" | tail -n 30

@@ -17,7 +17,7 @@ export FP8WIRE_HIERARCHY_RANKS_PER_HOST=2
 rows=()
 run() {  # run <label> <limit s> <command...>
   local label="$1" limit="$2"; shift 2
-  local s=$(date +%s)
+  local s; s=$(date +%s)
   FP8WIRE_LOG_LEVEL=info FP8WIRE_LOG_FILE="$OUT/$label.fp8wire.%r.log" timeout -k 5 "$limit" "$@" > "$OUT/$label.log" 2>&1
   local rc=$?
   local path; path=$(grep -ho "first [a-z_]* on path [a-z_]*" "$OUT/$label".fp8wire.*.log 2>/dev/null | sort -u | paste -sd';' -)

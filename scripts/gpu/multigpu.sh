@@ -36,7 +36,8 @@ gpus=$(awk -F, '{print NF}' <<< "$visible")
 ranks="${MULTI_RANKS:-$gpus}"
 if (( gpus < 2 )); then echo "SKIPPED: ${gpus:-0} GPU(s) visible; this needs 2+"; exit 77; fi
 if (( ranks < 2 || ranks > gpus )); then echo "MULTI_RANKS=$ranks: expected 2..$gpus (visible: $visible)"; exit 2; fi
-export CUDA_VISIBLE_DEVICES=$(cut -d, -f1-"$ranks" <<< "$visible")
+CUDA_VISIBLE_DEVICES=$(cut -d, -f1-"$ranks" <<< "$visible")
+export CUDA_VISIBLE_DEVICES
 echo "== $gpus GPUs, using $ranks: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
 nvidia-smi topo -m 2>/dev/null | head -n $(( ranks + 2 ))
 status=0
@@ -62,7 +63,7 @@ sweep() {  # sweep <label> <collectives> <min> <max> [VAR=value...] -- [sweep ar
   while (( $# )) && [[ "$1" != "--" ]]; do envs+=("$1"); shift; done
   (( $# )) && { shift; args=("$@"); }
   mkdir -p "$OUT/$label"
-  local s=$(date +%s)
+  local s; s=$(date +%s)
   # --timeout bounds each round of ranks; --fabric both runs two rounds under the one outer limit.
   local limit="${MULTI_SWEEP_LIMIT:-200}" rounds=1
   [[ " ${args[*]-} " == *" both "* ]] && rounds=2

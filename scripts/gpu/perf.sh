@@ -23,7 +23,7 @@ sweep() {  # sweep <label> <ranks> <min> <max> <collectives> <paths> [VAR=value.
   (( $# )) && { shift; args=("$@"); }
   set -- "${envs[@]}"
   mkdir -p "$OUT/$label"
-  local s=$(date +%s)
+  local s; s=$(date +%s)
   env "$@" timeout -k 5 "${PERF_SWEEP_LIMIT:-100}" "$BIN" sweep --emulate-ranks "$ranks" --collectives "$coll" \
     --dtypes bf16 --paths "$paths" --min "$min" --max "$max" --step 4 --warmup 2 --repeats 5 --buffers 2 \
     --timeout "$(( ${PERF_SWEEP_LIMIT:-100} - 5 ))" --out "$OUT/$label" "${args[@]}" > "$OUT/$label.log" 2> "$OUT/$label.err"

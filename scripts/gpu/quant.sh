@@ -26,7 +26,7 @@ done
 
 run() {   # name, timeout, command...
   local name=$1 limit=$2; shift 2
-  local t0=$(date +%s)
+  local t0; t0=$(date +%s)
   timeout -k 5 "$limit" "$@" > "$out/$name.log" 2>&1
   local rc=$?
   local dt=$(( $(date +%s) - t0 ))

@@ -22,7 +22,7 @@ nccl_dir="$("$PY" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/de
 export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 sweep() {  # sweep <label> <bench> <ranks> <min> <max>
   local label="$1" bin="$2" ranks="$3" min="$4" max="$5"
-  local s=$(date +%s)
+  local s; s=$(date +%s)
   timeout -k 5 "${SWEEP_LIMIT:-110}" "$bin" sweep --emulate-ranks "$ranks" --collectives all_reduce --dtypes bf16 \
     --paths passthrough,two_shot,one_shot --min "$min" --max "$max" --step 4 --warmup 2 --repeats 5 --buffers 2 \
     --timeout "$(( ${SWEEP_LIMIT:-110} - 5 ))" --out "$OUT/$label" > "$OUT/$label.log" 2> "$OUT/$label.err"

@@ -22,7 +22,7 @@ t0=$(date +%s)
 
 run() {  # run <label> <command...>: logs to $OUT/<label>.log, keeps PASS/FAIL lines for the summary
   local label="$1"; shift
-  local s=$(date +%s)
+  local s; s=$(date +%s)
   "$@" > "$OUT/$label.log" 2>&1
   local rc=$?
   grep -E "^(PASS|FAIL|SKIPPED|INFO)" "$OUT/$label.log" | grep -vE "^PASS n=" | tail -n 40

@@ -6,7 +6,7 @@ prof=$1
 out=$2
 fail() { echo "no_gpu_job: $*"; exit 1; }
 for status in 0 3; do
-  log=$(CUDA_VISIBLE_DEVICES= "$prof" --out "$out" -- sh -c "echo job ran; exit $status" 2>&1)
+  log=$(CUDA_VISIBLE_DEVICES="" "$prof" --out "$out" -- sh -c "echo job ran; exit $status" 2>&1)
   rc=$?
   printf '%s\n' "$log"
   [ "$rc" -eq "$status" ] || fail "exit status $rc for a job that exited $status"

@@ -85,18 +85,26 @@ endif()
 
 # Adds a doctest executable as a CTest test. GPU tests pass LABELS gpu and skip themselves at run time
 # when no device is visible (exit code 0 with a "skipped" message, and SKIP_RETURN_CODE for ctest).
-# fp8wire_add_test(<program> [NAME <test>] SOURCES ... LIBS ... LABELS ... TIMEOUT s): a test program
-# and its ctest test. Test names are <area>_<what> (NAME, default the program's name); the GPU tier
-# ends in _gpu. Exit code 77 is a skip. The name -> program pairs go to fp8wire_targets.txt for the
-# sanitizer tier (scripts/sanitize.sh), which runs tests before their programs exist.
+# fp8wire_add_test(<program> [NAME <test>] SOURCES ... LIBS ... [ARGS ...] LABELS ... TIMEOUT s): a
+# test program and its ctest test. Test names are <area>_<what> (NAME, default the program's name); the
+# GPU tier ends in _gpu. Exit code 77 is a skip. The name -> program pairs go to fp8wire_targets.txt for
+# the sanitizer tier (scripts/sanitize.sh), which runs tests before their programs exist.
 function(fp8wire_add_test program)
-  cmake_parse_arguments(T "" "TIMEOUT;NAME" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "TIMEOUT;NAME" "SOURCES;LIBS;LABELS;ARGS" ${ARGN})
+  add_executable(${program} ${T_SOURCES})
+  target_link_libraries(${program} PRIVATE ${T_LIBS})
   if(NOT T_NAME)
     set(T_NAME ${program})
   endif()
-  add_executable(${program} ${T_SOURCES})
-  target_link_libraries(${program} PRIVATE ${T_LIBS})
-  add_test(NAME ${T_NAME} COMMAND ${program})
+  fp8wire_add_test_of(${program} NAME ${T_NAME} ARGS ${T_ARGS} LABELS ${T_LABELS} TIMEOUT ${T_TIMEOUT})
+endfunction()
+
+# fp8wire_add_test_of(<program> NAME <test> [ARGS ...] LABELS ... TIMEOUT s): a further ctest test of
+# a program fp8wire_add_test made, with its own arguments (a doctest filter: part of a program's cases
+# under a time limit of their own).
+function(fp8wire_add_test_of program)
+  cmake_parse_arguments(T "" "TIMEOUT;NAME" "LABELS;ARGS" ${ARGN})
+  add_test(NAME ${T_NAME} COMMAND ${program} ${T_ARGS})
   set_property(GLOBAL APPEND PROPERTY FP8WIRE_TEST_PROGRAMS "${T_NAME} ${program}")
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)

@@ -17,6 +17,15 @@
 
 namespace fp8wire::simtest {
 
+// The sanitizer tier (scripts/sanitize.sh: ASan and UBSan at -O0, FP8WIRE_SANITIZE) runs the simulated
+// machine about 20x slower. There the largest matrices leave out their largest rank counts, which take
+// the same code paths as the smaller ones; the regular tier runs them whole.
+#ifdef FP8WIRE_SANITIZER_TIER
+inline constexpr bool kSanitizerTier = true;
+#else
+inline constexpr bool kSanitizerTier = false;
+#endif
+
 using Bytes = std::vector<char>;
 
 // One collective as a test asks for it.

@@ -22,6 +22,19 @@ if(FP8WIRE_FUZZ)
   add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=fuzzer-no-link>")
 endif()
 
+# fp8wire_sanitize_optimise(<target>...): in the sanitizer tier, these targets at -O1 instead of the
+# tier's -O0 (the option comes after the tier's flags, so it wins). For the code the simulated-machine
+# tests spend their minutes in: under ASan it runs about 3x faster at -O1 (the direct transports' test
+# 1475 -> 481 s on 2 cores), with the same checks, while the rest of the tier (LibTorch's headers
+# above all) keeps -O0's short compile.
+function(fp8wire_sanitize_optimise)
+  if(FP8WIRE_SANITIZE)
+    foreach(_t IN LISTS ARGN)
+      target_compile_options(${_t} PRIVATE "$<$<COMPILE_LANGUAGE:C,CXX>:-O1>")
+    endforeach()
+  endif()
+endfunction()
+
 # Whether `target` (or an in-project target it links or depends on) compiles CUDA; memoised in
 # global properties.
 function(_fp8wire_target_has_cuda target out)

@@ -84,9 +84,10 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$root/tests/lsan.supp:print_suppressions=1}"
 
 # 1. Sanitizers with the project's compiler: every host test. -O0 -g1 compiles in a quarter of the
-# time of -O2 -g (the tier's cost is mostly compiling); the sanitizers' checks are the same, the
-# tests are small, and the heavy lifting inside them is LibTorch's own optimised code. No NDEBUG:
-# assertions stay on.
+# time of -O2 -g; the sanitizers' checks are the same, and most tests are small or spend their time
+# in LibTorch's own optimised code. The simulated-machine tests are the exception: the code they run
+# is built at -O1 (fp8wire_sanitize_optimise in tests/sched/CMakeLists.txt). No NDEBUG: assertions
+# stay on.
 configure "$build" "${SAN_OPT_FLAGS:--O0 -g1}"
 selection="$(select_tests "$build" cpu)"
 targets="${selection%%|*}"

@@ -17,9 +17,9 @@
 
 namespace fp8wire::simtest {
 
-// The sanitizer tier (scripts/sanitize.sh: ASan and UBSan at -O0, FP8WIRE_SANITIZE) runs the simulated
-// machine about 20x slower. There the largest matrices leave out their largest rank counts, which take
-// the same code paths as the smaller ones; the regular tier runs them whole.
+// The sanitizer tier (scripts/sanitize.sh: ASan and UBSan, the simulated machine at -O1,
+// FP8WIRE_SANITIZE) runs it about 8x slower. There the largest matrices leave out their largest rank
+// counts, which take the same code paths as the smaller ones; the regular tier runs them whole.
 #ifdef FP8WIRE_SANITIZER_TIER
 inline constexpr bool kSanitizerTier = true;
 #else

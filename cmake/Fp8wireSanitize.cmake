@@ -23,10 +23,9 @@ if(FP8WIRE_FUZZ)
 endif()
 
 # fp8wire_sanitize_optimise(<target>...): in the sanitizer tier, these targets at -O1 instead of the
-# tier's -O0 (the option comes after the tier's flags, so it wins). For the code the simulated-machine
-# tests spend their minutes in: under ASan it runs about 3x faster at -O1 (the direct transports' test
-# 1475 -> 481 s on 2 cores), with the same checks, while the rest of the tier (LibTorch's headers
-# above all) keeps -O0's short compile.
+# tier's -O0 (the option comes after the tier's flags, so it wins): for code whose tests spend minutes
+# running under ASan (the same checks, about 3x faster; tests/sched/CMakeLists.txt gives the times),
+# while the rest of the tier (LibTorch's headers above all) keeps -O0's short compile.
 function(fp8wire_sanitize_optimise)
   if(FP8WIRE_SANITIZE)
     foreach(_t IN LISTS ARGN)

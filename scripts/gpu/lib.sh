@@ -8,6 +8,19 @@
 #   gpu_out NAME          OUT=${OUT:-$PWD/out/NAME}, created
 #   gpu_mps_start         ranks emulated on one GPU run side by side under a private MPS daemon (see
 #                         below); call it in a script whose ranks share a GPU. Stopped at exit.
+# and each script's checks, counted alike:
+#   gpu_step LABEL LIMIT COMMAND...
+#                         one check: COMMAND under `timeout LIMIT` (seconds), its output in
+#                         $OUT/LABEL.log. Prints the log's verdict lines (those the gpu_step_show
+#                         pattern matches; never doctest's per-case "PASS n="), adds a row to
+#                         gpu_rows, and where the command failed (any exit but 0, a time-out's 124
+#                         included) sets gpu_failed=1 and prints the log's last lines. Returns the
+#                         command's exit code.
+#   gpu_step_show [ERE]   which log lines gpu_step prints: by default PASS / FAIL / SKIPPED lines;
+#                         no argument prints none (for scripts that print their own report)
+#   gpu_fail TEXT         a check that failed without running (a program not built): a row, gpu_failed=1
+#   gpu_summary NAME      the rows under one heading (the script's seconds, the testbed), then
+#                         "NAME: PASS" and exit 0, or "NAME: FAIL" and exit 1
 # The MPS daemon: when nvidia-cuda-mps-control is on PATH and FP8WIRE_MPS is not 0, a daemon of our own
 # (its own pipe and log directories in a fresh temporary directory, never the default ones, so a daemon
 # the user runs is not touched), started with `nvidia-cuda-mps-control -d` and sent `quit` on exit
@@ -78,4 +91,46 @@ gpu_mps_start() {
   fi
   export FP8WIRE_TESTBED_MODE=time-sliced
   echo "testbed: time-sliced ($why)"
+}
+
+gpu_rows=()
+gpu_failed=0
+_gpu_t0=$(date +%s)
+_gpu_step_show='^(PASS|FAIL|SKIPPED)'
+
+gpu_step_show() {
+  _gpu_step_show="${1-}"
+}
+
+gpu_step() {
+  local label="$1" limit="$2"; shift 2
+  local log="$OUT/$label.log" s rc
+  s=$(date +%s)
+  timeout -k 5 "$limit" "$@" > "$log" 2>&1
+  rc=$?
+  [[ -n "$_gpu_step_show" ]] && grep -E "$_gpu_step_show" "$log" | grep -vE "^PASS n=" | tail -n 30
+  local verdict=PASS
+  (( rc == 0 )) || verdict=FAIL
+  gpu_rows+=("$(printf '%-4s %-40s rc=%-3s %4ss  %s pass, %s fail, %s skipped%s' "$verdict" "$label" "$rc" \
+    "$(( $(date +%s) - s ))" "$(grep -E '^PASS' "$log" | grep -cvE '^PASS n=')" "$(grep -cE '^FAIL' "$log")" "$(grep -cE '^SKIPPED' "$log")" \
+    "$( (( rc == 124 || rc == 137 )) && echo ", timed out after ${limit} s")")")
+  if (( rc != 0 )); then
+    gpu_failed=1
+    echo "---- $label failed (rc=$rc), the end of $log:"
+    tail -n 20 "$log"
+  fi
+  return "$rc"
+}
+
+gpu_fail() {
+  gpu_rows+=("FAIL $1")
+  gpu_failed=1
+}
+
+gpu_summary() {
+  echo "================ $1 summary ($(( $(date +%s) - _gpu_t0 )) s, testbed ${FP8WIRE_TESTBED_MODE:-not set}, logs in $OUT) ================"
+  printf '%s\n' "${gpu_rows[@]}"
+  if (( gpu_failed )); then echo "${1^^}: FAIL"; exit 1; fi
+  echo "${1^^}: PASS"
+  exit 0
 }

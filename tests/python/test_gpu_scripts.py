@@ -7,7 +7,8 @@ run on the CPU; scripts/fidelity.py judges and reports the curves and rejects ba
 scripts/gpu/prof_direct_check.py judges the profiler against the step-time estimate;
 scripts/direct_timeline.py reads Kineto traces of several ranks and says how busy each direction of
 the host link was and whether the ranks' copies ran at once; scripts/linklimit_table.py pairs each
-variant with the default of its own round."""
+variant with the default of its own round; the GPU scripts' shared step helper (scripts/gpu/lib.sh)
+counts, logs and judges each check alike, a time-out and a program not built included."""
 import json
 import os
 import subprocess
@@ -447,6 +448,62 @@ class LinkLimitTable(unittest.TestCase):
                                capture_output=True, text=True)
         self.assertEqual(r.returncode, 1)
         self.assertIn("no sweep.json under", r.stderr)
+
+
+class GpuStepHelper(unittest.TestCase):
+    """gpu_step / gpu_step_show / gpu_fail / gpu_summary of scripts/gpu/lib.sh, in bash on the CPU."""
+
+    def script(self, body):
+        """Runs body after sourcing lib.sh with OUT in a fresh folder; returns (result, OUT)."""
+        out = tempfile.mkdtemp(prefix="fp8wire-gpu-step-")
+        self.addCleanup(subprocess.run, ["rm", "-rf", out])
+        env = {**os.environ, "OUT": out, "FP8WIRE_TESTBED_MODE": "time-sliced"}
+        r = subprocess.run(["bash", "-c", f'source "{ROOT}/scripts/gpu/lib.sh"\ngpu_out demo\n{body}'],
+                           env=env, capture_output=True, text=True, timeout=60)
+        return r, out
+
+    def test_every_check_is_a_row_and_any_failure_fails_the_script(self):
+        r, out = self.script("""
+gpu_step ok 10 sh -c 'echo PASS one; echo PASS n=3; echo INFO aside'
+gpu_step bad 10 sh -c 'echo FAIL two; exit 3'
+echo "bad returned $?"
+gpu_step slow 1 sleep 20
+gpu_fail "thing not built (cmake --build build --target thing)"
+gpu_summary demo
+""")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertEqual(lines[-1], "DEMO: FAIL")
+        self.assertIn("testbed time-sliced", r.stdout)
+        # The verdict lines of each log, never doctest's per-case "PASS n=" nor other lines.
+        self.assertIn("PASS one", lines)
+        self.assertIn("FAIL two", lines)
+        self.assertNotIn("PASS n=3", lines)
+        self.assertNotIn("INFO aside", lines)
+        self.assertIn("bad returned 3", lines)
+        self.assertRegex(r.stdout, r"\nPASS ok +rc=0 +\d+s  1 pass, 0 fail, 0 skipped\n")
+        self.assertRegex(r.stdout, r"\nFAIL bad +rc=3 +\d+s  0 pass, 1 fail, 0 skipped\n")
+        self.assertRegex(r.stdout, r"\nFAIL slow +rc=124 .*, timed out after 1 s\n")
+        self.assertIn("FAIL thing not built (cmake --build build --target thing)", lines)
+        self.assertIn("---- bad failed (rc=3), the end of", r.stdout)
+        with open(os.path.join(out, "ok.log")) as f:
+            self.assertEqual(f.read(), "PASS one\nPASS n=3\nINFO aside\n")
+
+    def test_all_passing_exits_0_and_the_shown_lines_follow_the_pattern(self):
+        r, _ = self.script("""
+gpu_step_show '^INFO'
+gpu_step first 10 sh -c 'echo PASS one; echo INFO shown'
+gpu_step_show
+gpu_step second 10 sh -c 'echo PASS two; echo INFO hidden'
+gpu_summary demo
+""")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertEqual(lines[-1], "DEMO: PASS")
+        self.assertIn("INFO shown", lines)
+        self.assertNotIn("INFO hidden", lines)
+        self.assertNotIn("PASS one", lines)
+        self.assertEqual(sum(line.startswith("PASS ") for line in lines), 2)  # the two rows
 
 
 if __name__ == "__main__":

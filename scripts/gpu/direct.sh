@@ -27,91 +27,77 @@
 # (default "kernels multirank faults torch bench").
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_mps_start
-OUT="${OUT:-$PWD/out/direct}"; mkdir -p "$OUT"
+gpu_out direct
 parts="${DIRECT_PARTS:-kernels multirank faults torch bench}"
-summary=()
-failed=0
-t0=$(date +%s)
-run() {  # run <label> <limit s> <command...>
-  local label="$1" limit="$2"; shift 2
-  local s; s=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$OUT/$label.log" 2>&1
-  local rc=$?
-  grep -E "^(PASS|FAIL|SKIPPED|bandwidth|direct)" "$OUT/$label.log" | grep -vE "^PASS n=" | tail -n 30
-  summary+=("$(printf '%-34s rc=%-3s %4ss' "$label" "$rc" "$(( $(date +%s) - s ))")")
-  if (( rc != 0 )); then failed=1; echo "---- $label rc=$rc, log tail:"; tail -n 20 "$OUT/$label.log"; fi
-}
+gpu_step_show '^(PASS|FAIL|SKIPPED|bandwidth|direct)'
 has() { [[ " $parts " == *" $1 "* ]]; }
 direct_env=(FP8WIRE_DIRECT_TRANSPORT=host_memory FP8WIRE_DIRECT_ASSUME_ONE_HOST=1)
 
 if has kernels; then
-  run direct_kernels 150 build/tests/sched/direct_kernels_gpu
+  gpu_step direct_kernels 150 build/tests/sched/direct_kernels_gpu
 fi
 if has multirank; then
-  run multirank_host_memory 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory 150 build/tests/sched/multirank_collectives --direct host_memory \
     --ranks "${DIRECT_MULTIRANK_HOST:-2,3,4}" --timeout 140
-  run multirank_peer_memory 150 build/tests/sched/multirank_collectives --direct peer_memory \
+  gpu_step multirank_peer_memory 150 build/tests/sched/multirank_collectives --direct peer_memory \
     --ranks "${DIRECT_MULTIRANK_PEER:-2,3,4}" --timeout 140
-  run multirank_host_memory_own_in_window 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory_own_in_window 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-own-in-window --ranks "${DIRECT_MULTIRANK_OWN_IN_WINDOW:-2,4}" --timeout 140
-  run multirank_host_memory_no_copies 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory_no_copies 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-no-copy-in --direct-no-copy-out --ranks "${DIRECT_MULTIRANK_COPIES:-2,4}" --timeout 140
-  run multirank_host_memory_copy_in_only 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory_copy_in_only 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-no-copy-out --ranks "${DIRECT_MULTIRANK_COPIES:-2,4}" --timeout 140
-  run multirank_host_memory_copy_out_only 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory_copy_out_only 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-no-copy-in --ranks "${DIRECT_MULTIRANK_COPIES:-2,4}" --timeout 140
-  run multirank_host_memory_sets2 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory_sets2 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-sets 2 --ranks "${DIRECT_MULTIRANK_SETS:-2,4}" --timeout 140
-  run multirank_host_memory_sets4 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory_sets4 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-sets 4 --ranks "${DIRECT_MULTIRANK_SETS:-2,4}" --timeout 140
-  run multirank_host_memory_lane_flags 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory_lane_flags 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-lane-flags --ranks "${DIRECT_MULTIRANK_LANE_FLAGS:-2,4}" --timeout 140
-  run multirank_host_memory_no_copy_lanes 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory_no_copy_lanes 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-no-copy-lanes --ranks "${DIRECT_MULTIRANK_NO_COPY_LANES:-2,4}" --timeout 140
-  run multirank_host_memory_per_peer_flags 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory_per_peer_flags 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-per-peer-flags --ranks "${DIRECT_MULTIRANK_PER_PEER_FLAGS:-2,3,4}" --timeout 140
-  run multirank_host_memory_outbox 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory_outbox 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-outbox --ranks "${DIRECT_MULTIRANK_OUTBOX:-2,3,4}" --timeout 140
-  run multirank_peer_memory_outbox 150 build/tests/sched/multirank_collectives --direct peer_memory \
+  gpu_step multirank_peer_memory_outbox 150 build/tests/sched/multirank_collectives --direct peer_memory \
     --direct-outbox --ranks "${DIRECT_MULTIRANK_OUTBOX_PEER:-2,4}" --timeout 140
-  run multirank_host_memory_lanes_apart 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory_lanes_apart 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-lanes-apart --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
-  run multirank_host_memory_lanes_apart_no_copies 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory_lanes_apart_no_copies 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-lanes-apart --direct-no-copy-in --direct-no-copy-out --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" \
     --timeout 140
-  run multirank_host_memory_lanes_apart_copy_in 150 build/tests/sched/multirank_collectives --direct host_memory \
+  gpu_step multirank_host_memory_lanes_apart_copy_in 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-lanes-apart --direct-no-copy-out --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
   grep -hE "direct/|^(PASS|FAIL) multirank" "$OUT"/multirank_*.log | sort | uniq -c | head -20
 fi
 if has faults; then
-  run direct_faults 120 build/tests/sched/direct_faults_gpu
+  gpu_step direct_faults 120 build/tests/sched/direct_faults_gpu
 fi
 if has torch; then
   for kind in host_memory peer_memory; do
     mkdir -p "$OUT/ddp_$kind"
-    run "ddp_parity_$kind" 120 env FP8WIRE_DIRECT_TRANSPORT=$kind FP8WIRE_DIRECT_ASSUME_ONE_HOST=1 \
+    gpu_step "ddp_parity_$kind" 120 env FP8WIRE_DIRECT_TRANSPORT=$kind FP8WIRE_DIRECT_ASSUME_ONE_HOST=1 \
       "$PY" tests/sched/ddp_parity.py --nproc 2 --out "$OUT/ddp_$kind"
     echo "ddp ($kind): $(grep -ohE 'first all_reduce on path [a-z_]+ over [a-z_]+' "$OUT/ddp_$kind"/ddp_fp8_*.log | sort -u)"
   done
-  run graph_capture_host_memory 175 env "${direct_env[@]}" "$PY" tests/sched/graph_capture.py --nproc 2 --out "$OUT" \
+  gpu_step graph_capture_host_memory 175 env "${direct_env[@]}" "$PY" tests/sched/graph_capture.py --nproc 2 --out "$OUT" \
     --step-timeout 30
   echo "graph: $(grep -ohE 'first all_reduce on path [a-z_]+ over [a-z_]+' "$OUT"/graph_n2.rank*.log | sort -u)"
   mkdir -p "$OUT/lane_flags"
-  run graph_capture_lane_flags 175 env "${direct_env[@]}" FP8WIRE_DIRECT_LANE_FLAGS=1 "$PY" tests/sched/graph_capture.py \
+  gpu_step graph_capture_lane_flags 175 env "${direct_env[@]}" FP8WIRE_DIRECT_LANE_FLAGS=1 "$PY" tests/sched/graph_capture.py \
     --nproc 2 --out "$OUT/lane_flags" --step-timeout 30
 fi
 if has bench; then
-  run bench_direct 150 build/bench/fp8wire-bench sweep --emulate-ranks 2 --transport both --collectives all_reduce \
+  gpu_step bench_direct 150 build/bench/fp8wire-bench sweep --emulate-ranks 2 --transport both --collectives all_reduce \
     --dtypes bf16 --paths passthrough,two_shot,one_shot --min 4MiB --max 64MiB --step 4 --warmup 2 --repeats 5 \
     --buffers 2 --out "$OUT" --json "$OUT/sweep_direct_2ranks.json" --profile "$OUT/profile_direct_2ranks.toml"
   grep -E "^#|MiB|direct" "$OUT/bench_direct.log" | tail -n 30
-  run bench_host_memory 120 build/bench/fp8wire-bench sweep --emulate-ranks 2 --transport host_memory \
+  gpu_step bench_host_memory 120 build/bench/fp8wire-bench sweep --emulate-ranks 2 --transport host_memory \
     --collectives all_reduce --dtypes bf16 --paths passthrough,two_shot,one_shot --min 4MiB --max 64MiB --step 4 \
     --warmup 2 --repeats 5 --buffers 2 --out "$OUT" --json "$OUT/sweep_host_memory_2ranks.json" \
     --profile "$OUT/profile_host_memory_2ranks.toml"
   grep -E "^#|MiB|direct" "$OUT/bench_host_memory.log" | tail -n 16
 fi
-echo "================ direct summary ($(( $(date +%s) - t0 )) s) ================"
-for line in "${summary[@]}"; do echo "$line"; done
-if (( failed )); then echo "DIRECT: FAIL"; exit 1; fi
-echo "DIRECT: PASS"
+gpu_summary direct

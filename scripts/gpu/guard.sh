@@ -25,40 +25,29 @@ parts=" ${GUARD_PARTS:-telemetry guard overhead pi05} "
 steps="${GUARD_STEPS:-120}"
 audit_every="${GUARD_AUDIT_EVERY:-20}"
 BENCH="$BUILD/bench/fp8wire-bench"
-status=0
-rows=()
+gpu_step_show  # each part prints what it found itself
 
-run() {   # name, timeout, command...
-  local name=$1 limit=$2; shift 2
-  local t0
-  t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  local dt=$(( $(date +%s) - t0 ))
-  if (( rc == 0 )); then rows+=("PASS  $name (${dt}s)"); else rows+=("FAIL  $name rc=$rc (${dt}s, see $name.log)"); status=1; fi
-  return $rc
-}
 need() {  # the binaries a part runs
   for b in "$@"; do
     [[ -x "$b" ]] && continue
-    rows+=("FAIL  $b not built (cmake --build $BUILD --target $(basename "$b"))"); status=1
+    gpu_fail "$b not built (cmake --build $BUILD --target $(basename "$b"))"
     return 1
   done
 }
 
 if [[ "$parts" == *" telemetry "* ]] && need "$BUILD/tests/quant/telemetry_ref_test" "$BUILD/tests/quant/telemetry_gpu"; then
-  run telemetry_ref 60 "$BUILD/tests/quant/telemetry_ref_test"
-  run telemetry_gpu 60 "$BUILD/tests/quant/telemetry_gpu"
+  gpu_step telemetry_ref 60 "$BUILD/tests/quant/telemetry_ref_test"
+  gpu_step telemetry_gpu 60 "$BUILD/tests/quant/telemetry_gpu"
   echo "## telemetry_gpu"
   grep -E "^FAIL" "$OUT/telemetry_gpu.log" | head -10
   grep -E "(PASS|FAIL|SKIPPED).*telemetry_gpu|SKIPPED" "$OUT/telemetry_gpu.log"
-  run telemetry_cost 60 "$BUILD/tests/quant/telemetry_gpu" --time
+  gpu_step telemetry_cost 60 "$BUILD/tests/quant/telemetry_gpu" --time
   cat "$OUT/telemetry_cost.log"
   echo
 fi
 
 if [[ "$parts" == *" guard "* ]] && need "$BUILD/tests/sched/guard_gpu"; then
-  run guard_gpu 150 "$BUILD/tests/sched/guard_gpu" --ranks 2,4 --timeout 90
+  gpu_step guard_gpu 150 "$BUILD/tests/sched/guard_gpu" --ranks 2,4 --timeout 90
   echo "## synthetic failures (guard_gpu; telemetry of the broken rank's input at the bad call)"
   grep -E "^(ranks|testbed|[0-9])" "$OUT/guard_gpu.log"
   grep -E "guard_gpu:" "$OUT/guard_gpu.log"
@@ -77,7 +66,7 @@ if [[ "$parts" == *" overhead "* ]] && need "$BENCH"; then
         --min 64MiB --max 64MiB --warmup 3 --repeats 8 --iters 4 --buffers 3 --no-check --timeout 50 \
         --out "$OUT/sweep_$name" > "$OUT/sweep_$name.log" 2>&1
     rc=$?
-    if (( rc != 0 )); then rows+=("FAIL  overhead sweep $name rc=$rc (see sweep_$name.log)"); status=1; fi
+    if (( rc != 0 )); then gpu_fail "overhead sweep $name rc=$rc (see sweep_$name.log)"; fi
   done
   echo "## overhead (all-reduce bf16 64 MiB, 2 emulated ranks, median us per call; testbed ${FP8WIRE_TESTBED_MODE:-?})"
   "$PY" - "$OUT" "${settings[@]}" <<'PYEOF'
@@ -123,7 +112,7 @@ fi
 if [[ "$parts" == *" pi05 "* ]] && need "$BUILD/trainer/fp8wire-train" "$BUILD/shim/libfp8wire.so"; then
   pi05() {  # label, env assignments...
     local label=$1; shift
-    run "pi05_$label" 300 env FP8WIRE_DIRECT_TRANSPORT=host_memory FP8WIRE_DIRECT_ASSUME_ONE_HOST=1 \
+    gpu_step "pi05_$label" 300 env FP8WIRE_DIRECT_TRANSPORT=host_memory FP8WIRE_DIRECT_ASSUME_ONE_HOST=1 \
       LD_PRELOAD="$PWD/$BUILD/shim/libfp8wire.so" FP8WIRE_LOG_LEVEL=info "$@" \
       "$BUILD/trainer/fp8wire-train" --config trainer/configs/pi05_small.toml --ranks 2 --steps "$steps" \
       --set train.log_every=10 --set "train.out_dir=$OUT/pi05_$label"
@@ -133,7 +122,7 @@ if [[ "$parts" == *" pi05 "* ]] && need "$BUILD/trainer/fp8wire-train" "$BUILD/s
   pi05 guard FP8WIRE_TELEMETRY_SAMPLE_EVERY=16 FP8WIRE_GUARD_ENABLE=1
   pi05 guard_audit FP8WIRE_TELEMETRY_SAMPLE_EVERY=16 FP8WIRE_GUARD_ENABLE=1 FP8WIRE_AUDIT_EVERY="$audit_every"
   echo "## Pi0.5 (pi05_small, 2 ranks, direct host memory, $steps steps; testbed ${FP8WIRE_TESTBED_MODE:-?})"
-  AUDIT_EVERY="$audit_every" "$PY" - "$OUT" <<'PYEOF' || status=1
+  AUDIT_EVERY="$audit_every" "$PY" - "$OUT" <<'PYEOF' || gpu_fail "the Pi0.5 runs' checks (above)"
 import json, os, sys
 out = sys.argv[1]
 def log(label):
@@ -184,6 +173,4 @@ PYEOF
   echo
 fi
 
-echo "## summary"
-printf '%s\n' "${rows[@]}"
-exit $status
+gpu_summary guard

@@ -100,8 +100,35 @@ size_t count_of(const std::string& text, const std::string& needle) {
   return n;
 }
 
+// The agreement at communicator creation (docs/DESIGN.md): every process running the library,
+// disabled or not, all-gathers 64 bytes of its own right after each blocking creation, so that ranks
+// with different settings still agree. Those bytes live on the GPU: a machine without one (CI) has
+// no exchange, a machine with one has one after each creation but ncclCommInitAll (one process for
+// every rank, no exchange). Returns the log without those all-gathers, each checked to follow the
+// creation of its communicator, on buffers that are not the application's; counts them.
+std::vector<std::string> without_agreement(const std::vector<std::string>& log, int& exchanges) {
+  const std::string app_send = fmt::format("send={:#x}", probe::kSend);
+  const std::string shape = fmt::format("sendcount=64, dtype={}, comm=", static_cast<int>(ncclUint8));
+  std::vector<std::string> rest;
+  std::string created;  // the communicator the line before created, if any
+  for (const auto& line : log) {
+    if (!created.empty() && line.rfind("ncclAllGather(", 0) == 0 && count_of(line, shape + created + ",") == 1 &&
+        count_of(line, app_send) == 0) {
+      ++exchanges;
+      created.clear();
+      continue;
+    }
+    created.clear();
+    const size_t arrow = line.rfind(" -> 0x");
+    if (line.rfind("ncclComm", 0) == 0 && line.rfind("ncclCommInitAll(", 0) != 0 && arrow != std::string::npos)
+      created = line.substr(arrow + 4);
+    rest.push_back(line);
+  }
+  return rest;
+}
+
 // The engine is free to ask the fake questions (those are not recorded) but every application
-// call must arrive exactly once, unchanged, in order.
+// call must arrive exactly once, unchanged, in order, and the library adds nothing but the agreement.
 void check_forwarded_exactly(const Run& r) {
   INFO(r.output);
   CHECK(r.exit_code == 0);
@@ -110,7 +137,11 @@ void check_forwarded_exactly(const Run& r) {
     CAPTURE(name);
     CHECK(rc == ncclSuccess);
   }
-  CHECK(r.fake_log == probe::expected_all(r.config_at));
+  int exchanges = 0;
+  CHECK(without_agreement(r.fake_log, exchanges) == probe::expected_all(r.config_at));
+  // InitRank, InitRankConfig, InitRankScalable, Split and Shrink each agree where a GPU is seen.
+  static const bool gpu = fp8wire::visible_cuda_devices() > 0;
+  CHECK(exchanges == (gpu ? 5 : 0));
 }
 
 // Enabled, but nothing eligible: the engine sits in between. The application's calls must all be
@@ -165,6 +196,26 @@ TEST_CASE("re-entry guard: only the outermost guard owns the mark") {
     CHECK(ReentryGuard::inside());  // the inner guard must not clear the outer mark
   }
   CHECK_FALSE(ReentryGuard::inside());
+}
+
+TEST_CASE("the agreement's all-gathers are told apart from the application's calls") {
+  // As a machine with a GPU logs it: each creation followed by the library's 64-byte all-gather.
+  const std::string mine = "send=0x7f0000000040, recv=0x7f0000000000, sendcount=64, dtype=" +
+                           std::to_string(static_cast<int>(ncclUint8));
+  const std::vector<std::string> log = {
+      "ncclCommInitRank(nranks=2, id=0102030405060708, rank=1) -> 0xc0c00001",
+      "ncclAllGather(" + mine + ", comm=0xc0c00001, stream=0x1)",
+      "ncclCommInitAll(ndev=2, devlist=[3,5]) -> [0xc0c00003,0xc0c00004]",
+      "ncclCommSplit(comm=0xc0c00001, color=7, key=9, config=0x0) -> 0xc0c00006",
+      "ncclAllGather(" + mine + ", comm=0xc0c00001, stream=0x1)",  // on another communicator: kept
+      "ncclAllGather(" + mine + ", comm=0xc0c00006, stream=0x1)",  // not right after its creation: kept
+  };
+  int exchanges = 0;
+  const auto rest = without_agreement(log, exchanges);
+  CHECK(exchanges == 1);
+  REQUIRE(rest.size() == log.size() - 1);
+  CHECK(rest[1] == log[2]);
+  CHECK(rest.back() == log.back());
 }
 
 TEST_CASE("RTLD_NEXT: a job linked against NCCL, shim preloaded, disabled: every call forwarded exactly") {

@@ -13,7 +13,8 @@
 #                         one check: COMMAND under `timeout LIMIT` (seconds), its output in
 #                         $OUT/LABEL.log. Prints the log's verdict lines (those the gpu_step_show
 #                         pattern matches; never doctest's per-case "PASS n="), adds a row to
-#                         gpu_rows, and where the command failed (any exit but 0, a time-out's 124
+#                         gpu_rows (its PASS / FAIL / SKIPPED lines counted, doctest's case counts
+#                         where the log has them), and where the command failed (any exit but 0, a time-out's 124
 #                         included) sets gpu_failed=1 and prints the log's last lines. Returns the
 #                         command's exit code.
 #   gpu_step_show [ERE]   which log lines gpu_step prints: by default PASS / FAIL / SKIPPED lines;
@@ -109,11 +110,14 @@ gpu_step() {
   timeout -k 5 "$limit" "$@" > "$log" 2>&1
   rc=$?
   [[ -n "$_gpu_step_show" ]] && grep -E "$_gpu_step_show" "$log" | grep -vE "^PASS n=" | tail -n 30
-  local verdict=PASS
+  local verdict=PASS doctest
   (( rc == 0 )) || verdict=FAIL
-  gpu_rows+=("$(printf '%-4s %-40s rc=%-3s %4ss  %s pass, %s fail, %s skipped%s' "$verdict" "$label" "$rc" \
+  # doctest programs print no PASS lines: their own summaries, summed, say what ran.
+  doctest=$(awk '/^\[doctest\] test cases:/ { gsub(/\|/, " "); n += $4; p += $5; f += $7; seen = 1 }
+                 END { if (seen) printf "; doctest: %d of %d cases passed, %d failed", p, n, f }' "$log")
+  gpu_rows+=("$(printf '%-4s %-40s rc=%-3s %4ss  %s pass, %s fail, %s skipped%s%s' "$verdict" "$label" "$rc" \
     "$(( $(date +%s) - s ))" "$(grep -E '^PASS' "$log" | grep -cvE '^PASS n=')" "$(grep -cE '^FAIL' "$log")" "$(grep -cE '^SKIPPED' "$log")" \
-    "$( (( rc == 124 || rc == 137 )) && echo ", timed out after ${limit} s")")")
+    "$doctest" "$( (( rc == 124 || rc == 137 )) && echo ", timed out after ${limit} s")")")
   if (( rc != 0 )); then
     gpu_failed=1
     echo "---- $label failed (rc=$rc), the end of $log:"

@@ -467,6 +467,8 @@ class GpuStepHelper(unittest.TestCase):
 gpu_step ok 10 sh -c 'echo PASS one; echo PASS n=3; echo INFO aside'
 gpu_step bad 10 sh -c 'echo FAIL two; exit 3'
 echo "bad returned $?"
+gpu_step cases 10 sh -c 'printf "%s\\n" "[doctest] test cases:  16 |  15 passed | 1 failed | 0 skipped" \
+  "[doctest] test cases:   2 |   2 passed | 0 failed | 0 skipped"; exit 1'
 gpu_step slow 1 sleep 20
 gpu_fail "thing not built (cmake --build build --target thing)"
 gpu_summary demo
@@ -483,6 +485,7 @@ gpu_summary demo
         self.assertIn("bad returned 3", lines)
         self.assertRegex(r.stdout, r"\nPASS ok +rc=0 +\d+s  1 pass, 0 fail, 0 skipped\n")
         self.assertRegex(r.stdout, r"\nFAIL bad +rc=3 +\d+s  0 pass, 1 fail, 0 skipped\n")
+        self.assertRegex(r.stdout, r"\nFAIL cases +rc=1 +\d+s  0 pass, 0 fail, 0 skipped; doctest: 17 of 18 cases passed, 1 failed\n")
         self.assertRegex(r.stdout, r"\nFAIL slow +rc=124 .*, timed out after 1 s\n")
         self.assertIn("FAIL thing not built (cmake --build build --target thing)", lines)
         self.assertIn("---- bad failed (rc=3), the end of", r.stdout)

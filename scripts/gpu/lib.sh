@@ -14,9 +14,9 @@
 #                         $OUT/LABEL.log. Prints the log's verdict lines (those the gpu_step_show
 #                         pattern matches; never doctest's per-case "PASS n="), adds a row to
 #                         gpu_rows (its PASS / FAIL / SKIPPED lines counted, doctest's case counts
-#                         where the log has them), and where the command failed (any exit but 0, a time-out's 124
-#                         included) sets gpu_failed=1 and prints the log's last lines. Returns the
-#                         command's exit code.
+#                         where the log has them), and where the command failed (any exit but 0, a
+#                         time-out's 124 included) sets gpu_failed=1 and prints the log's last lines.
+#                         Returns the command's exit code.
 #   gpu_step_show [ERE]   which log lines gpu_step prints: by default PASS / FAIL / SKIPPED lines;
 #                         no argument prints none (for scripts that print their own report)
 #   gpu_fail TEXT         a check that failed without running (a program not built): a row, gpu_failed=1

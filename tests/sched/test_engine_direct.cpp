@@ -316,6 +316,82 @@ TEST_CASE("direct.copy_lanes: sends and copy-in on lanes of their own: the same 
   MESSAGE(runs << " runs with copy lanes on and off: bit-exact, alike, in bound; " << on_copy_lanes << " on copy lanes");
 }
 
+TEST_CASE("the simulator's hardware queues: a wait issued before the signal its peer waits for hangs on one queue, not on two") {
+  // Each of two ranks waits on one stream for the other's flag, then signals its own on another
+  // stream. On streams of their own both complete; on one queue each wait holds back its own signal.
+  for (int queues : {0, 1, 2}) {
+    sim::Options machine;
+    machine.hw_queues = queues;
+    sim::World world(machine);
+    const Platform& p = world.platform();
+    Window own{}, mapped{};
+    WindowHandle handle{};
+    sim::set_thread_rank(0);
+    REQUIRE(p.direct.create(WindowKind::host, 256, 0, &own, &handle) == cudaSuccess);
+    sim::set_thread_rank(1);
+    REQUIRE(p.direct.open(handle, &mapped) == cudaSuccess);
+    std::atomic<int> failed{0};
+    world.run_ranks([&](int r) {
+      auto* flags = reinterpret_cast<uint32_t*>((r == 0 ? own : mapped).device);
+      cudaStream_t wait = nullptr, signal = nullptr;
+      p.cuda.StreamCreateWithFlags(&wait, cudaStreamNonBlocking);
+      p.cuda.StreamCreateWithFlags(&signal, cudaStreamNonBlocking);
+      p.cuda.StreamWaitValue32(wait, flags + (1 - r), 1);
+      p.cuda.StreamWriteValue32(signal, flags + r, 1);
+      if (world.synchronize_rank() != cudaSuccess) ++failed;
+    });
+    INFO(queues << " queue(s)");
+    CHECK(world.deadlocked() == (queues == 1));
+    CHECK((failed.load() > 0) == (queues == 1));
+  }
+}
+
+TEST_CASE("streams that share hardware queues (CUDA_DEVICE_MAX_CONNECTIONS of 1 or 2): every program completes, the same bytes") {
+  // CUDA runs the streams of a process on a few first-in first-out connections: past that many
+  // streams, or with CUDA_DEVICE_MAX_CONNECTIONS=1 as some training stacks set it, a stream's wait on
+  // a peer's flag holds back whatever this rank issued after it on any stream of its connection. So a
+  // rank must issue every signal its peers wait on before the waits that depend on theirs.
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  size_t runs = 0;
+  struct Options {
+    const char* name;
+    void (*set)(Config&);
+  };
+  const Options options[] = {
+      {"defaults", [](Config&) {}},
+      {"no copy lanes", [](Config& c) { c.direct_copy_lanes = false; }},
+      {"per-peer flags", [](Config& c) { c.direct_per_peer_flags = true; }},
+      {"outbox", [](Config& c) { c.direct_outbox = true; }},
+      {"lane flags", [](Config& c) { c.direct_lane_flags = true; }},
+      {"lanes apart", [](Config& c) { c.direct_lanes_apart = true; }},
+      {"no early copy-in, not paced", [](Config& c) { c.direct_early_copy_in = false, c.direct_paced_sends = false; }},
+  };
+  for (int queues : {1, 2}) {
+    for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
+      for (int n : {2, 3, 4}) {
+        for (const Variant& v : kVariants) {
+          for (const Options& opt : options) {
+            for (size_t count : {size_t(3 * n * 128 + 5), size_t{4099}}) {
+              Run cfg = many_stages(mode, false, count);
+              cfg.machine.hw_queues = queues;
+              opt.set(cfg.config);
+              Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 37u + count};
+              ++runs;
+              const size_t before = failures.size();
+              run_carried(cfg, spec, n, mode, failures);
+              for (size_t i = before; i < failures.size(); ++i)
+                failures[i] = fmt::format("{} queue(s), {}: {}", queues, opt.name, failures[i]);
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+  MESSAGE(runs << " runs on shared hardware queues: no hang, bit-exact, alike, in bound");
+}
+
 TEST_CASE("direct.per_peer_flags: each peer signalled and copied in on its own: the same bytes, no race; used where a rank copies in") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;

@@ -125,6 +125,7 @@ struct RankState {
   int group_depth = 0;
   std::vector<std::function<void()>> grouped;  // enqueues deferred to the group's end
   bool group_failed = false;
+  std::vector<std::deque<const Op*>> hw_queues;  // Options::hw_queues: each queue's ops in issue order
 };
 
 thread_local int t_rank = -1;
@@ -248,7 +249,12 @@ Stream* stream_of(World::State& w, cudaStream_t s) {
 
 void enqueue(World::State& w, Stream& s, std::unique_ptr<Op> op) {
   if (s.destroyed) protocol_error(w, "work enqueued on a destroyed stream: " + op->what);
-  op->host_at_issue = w.ranks[static_cast<size_t>(s.rank)].host;
+  RankState& r = w.ranks[static_cast<size_t>(s.rank)];
+  op->host_at_issue = r.host;
+  if (w.opt.hw_queues > 0) {
+    r.hw_queues.resize(static_cast<size_t>(w.opt.hw_queues));
+    r.hw_queues[static_cast<size_t>(s.lane % w.opt.hw_queues)].push_back(op.get());
+  }
   s.queue.push_back(std::move(op));
   ++w.epoch;
   w.cv.notify_all();
@@ -267,8 +273,14 @@ bool progress(World::State& w) {
     for (Stream* s : order) {
       while (!s->queue.empty()) {
         Op& op = *s->queue.front();
+        std::deque<const Op*>* hw = nullptr;
+        if (w.opt.hw_queues > 0) {
+          hw = &w.ranks[static_cast<size_t>(s->rank)].hw_queues[static_cast<size_t>(s->lane % w.opt.hw_queues)];
+          if (hw->front() != &op) break;  // an earlier operation of its queue has not completed
+        }
         merge(s->clock, op.host_at_issue);
         if (!op.step(w, *s)) break;
+        if (hw) hw->pop_front();
         s->queue.pop_front();
         round = true;
       }

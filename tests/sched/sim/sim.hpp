@@ -67,6 +67,12 @@ struct Options {
   // one GPU); empty: unknown (0) on every rank, as a platform that cannot tell.
   std::vector<uint64_t> gpus;
   uint64_t schedule_seed = 1;  // order in which runnable streams progress
+  // Hardware queues per rank: 0, every stream runs on its own; k > 0, a rank's streams share k
+  // first-in first-out queues (stream i on queue i % k), as CUDA puts streams on at most
+  // CUDA_DEVICE_MAX_CONNECTIONS connections: an operation starts only once everything issued before
+  // it to its queue, from any stream, has completed. A stream memory wait then holds back every
+  // later operation of its queue, so a wait issued before the write its peer waits for can hang.
+  int hw_queues = 0;
   // direct.ctas of the job (0: not checked): a codec launch that touches a direct-transport window
   // must keep to it, and one on the rank's own allocations alone must run uncapped (a protocol error
   // otherwise).

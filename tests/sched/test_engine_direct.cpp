@@ -11,7 +11,9 @@
 //     result; nothing hangs once the application aborts (the abort releases the waits); nothing
 //     leaks, windows included;
 //   - a rank that never arrives: the others' lanes wait on its flags until an abort from another
-//     thread releases them.
+//     thread releases them;
+//   - a rank's streams on one or two shared first-in first-out hardware queues (as
+//     CUDA_DEVICE_MAX_CONNECTIONS makes them): every program, with each copy and flag option, completes.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 

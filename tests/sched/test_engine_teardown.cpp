@@ -201,12 +201,15 @@ namespace {
 // must release the lanes. Returns "" or what went wrong.
 // How the pipeline's lanes are ordered: events (the default), the transport's flags, or not at all
 // where the call allows (direct.lanes_apart: host memory, the one-shot all-reduce out of place here).
+// `queues`: sim::Options::hw_queues (1: every stream of a rank on one first-in first-out queue, where a
+// waiting lane holds back all later work, the application's too).
 enum class Lanes { events, flags, apart };
 const char* to_string(Lanes l) { return l == Lanes::events ? "lane events" : l == Lanes::flags ? "lane flags" : "lanes apart"; }
 
-std::string run_gone_mid_collective(DirectMode mode, Ending how, Lanes lanes) {
+std::string run_gone_mid_collective(DirectMode mode, Ending how, Lanes lanes, int queues) {
   sim::Options machine;
   machine.nranks = 2;
+  machine.hw_queues = queues;
   sim::World world(machine);
   const Platform& p = world.platform();
   const std::vector<ncclComm_t> comms = world.create_comm();
@@ -277,8 +280,9 @@ TEST_CASE("teardown: a peer gone while a collective waits on it is an error, and
   log_set_level(LogLevel::off);
   for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory})
     for (Ending how : {Ending::process_end, Ending::destroy})
-      for (Lanes lanes : {Lanes::events, Lanes::flags, Lanes::apart}) {
-        INFO(to_string(mode), ", rank 1 gone by ", to_string(how), ", ", to_string(lanes));
-        CHECK(run_gone_mid_collective(mode, how, lanes) == "");
-      }
+      for (Lanes lanes : {Lanes::events, Lanes::flags, Lanes::apart})
+        for (int queues : {0, 1}) {
+          INFO(to_string(mode), ", rank 1 gone by ", to_string(how), ", ", to_string(lanes), ", hardware queues ", queues);
+          CHECK(run_gone_mid_collective(mode, how, lanes, queues) == "");
+        }
 }

@@ -14,7 +14,8 @@
 #      default 2,4), with per-peer flags (DIRECT_MULTIRANK_PER_PEER_FLAGS, default 2,3,4), with an outbox
 #      (DIRECT_MULTIRANK_OUTBOX, default 2,3,4; over peer memory too, DIRECT_MULTIRANK_OUTBOX_PEER, default 2,4)
 #      and with the lanes apart (DIRECT_MULTIRANK_LANES_APART, default 2,4; also without the copies, and
-#      with copy-in alone);
+#      with copy-in alone); both kinds once more with CUDA_DEVICE_MAX_CONNECTIONS=1, every stream of a
+#      rank on one hardware queue (DIRECT_MULTIRANK_ONE_CONNECTION, default 2,4);
 #   3. tests/sched/direct_faults_gpu: a peer gone, a peer absent: released by an abort, no hang;
 #   4. PyTorch DDP parity under the shim with each transport forced, CUDA-graph capture with host memory
 #      (with the default lane events, and with direct.lane_flags);
@@ -22,7 +23,8 @@
 #      peer memory here) and --transport host_memory, and the profiles they calibrate.
 # Env: DIRECT_MULTIRANK_HOST (world sizes, default 2,3,4), DIRECT_MULTIRANK_PEER (default 2,3,4),
 # DIRECT_MULTIRANK_OWN_IN_WINDOW, _COPIES, _SETS, _LANE_FLAGS, _LANES_APART and _NO_COPY_LANES (default 2,4),
-# DIRECT_MULTIRANK_PER_PEER_FLAGS and _OUTBOX (default 2,3,4), DIRECT_MULTIRANK_OUTBOX_PEER (default 2,4),
+# DIRECT_MULTIRANK_PER_PEER_FLAGS and _OUTBOX (default 2,3,4), DIRECT_MULTIRANK_OUTBOX_PEER and
+# DIRECT_MULTIRANK_ONE_CONNECTION (default 2,4),
 # DIRECT_PARTS
 # (default "kernels multirank faults torch bench").
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -70,6 +72,13 @@ if has multirank; then
     --timeout 140
   gpu_step multirank_host_memory_lanes_apart_copy_in 150 build/tests/sched/multirank_collectives --direct host_memory \
     --direct-lanes-apart --direct-no-copy-out --ranks "${DIRECT_MULTIRANK_LANES_APART:-2,4}" --timeout 140
+  # Every stream of a rank on one hardware queue, as some training stacks set it: a wait issued ahead
+  # of a signal its peer needs would hang here.
+  for kind in host_memory peer_memory; do
+    gpu_step "multirank_${kind}_one_connection" 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
+      build/tests/sched/multirank_collectives --direct "$kind" --ranks "${DIRECT_MULTIRANK_ONE_CONNECTION:-2,4}" \
+      --timeout 140
+  done
   grep -hE "direct/|^(PASS|FAIL) multirank" "$OUT"/multirank_*.log | sort | uniq -c | head -20
 fi
 if has faults; then

@@ -251,10 +251,7 @@ void enqueue(World::State& w, Stream& s, std::unique_ptr<Op> op) {
   if (s.destroyed) protocol_error(w, "work enqueued on a destroyed stream: " + op->what);
   RankState& r = w.ranks[static_cast<size_t>(s.rank)];
   op->host_at_issue = r.host;
-  if (w.opt.hw_queues > 0) {
-    r.hw_queues.resize(static_cast<size_t>(w.opt.hw_queues));
-    r.hw_queues[static_cast<size_t>(s.lane % w.opt.hw_queues)].push_back(op.get());
-  }
+  if (w.opt.hw_queues > 0) r.hw_queues[static_cast<size_t>(s.lane % w.opt.hw_queues)].push_back(op.get());
   s.queue.push_back(std::move(op));
   ++w.epoch;
   w.cv.notify_all();
@@ -1281,6 +1278,7 @@ World::World(Options options) : state_(new State) {
   w.opt = std::move(options);
   w.rng.seed(w.opt.schedule_seed);
   w.ranks.resize(static_cast<size_t>(w.opt.nranks));
+  for (RankState& r : w.ranks) r.hw_queues.resize(static_cast<size_t>(std::max(w.opt.hw_queues, 0)));
   NcclApi& n = w.nccl;
   n.CommCount = n_comm_count;
   n.CommUserRank = n_comm_user_rank;

@@ -84,6 +84,14 @@ const char* to_string(DirectMode v) {
   }
   return "?";
 }
+const char* to_string(DirectProtocol v) {
+  switch (v) {
+    case DirectProtocol::automatic: return "auto";
+    case DirectProtocol::kernels: return "kernels";
+    case DirectProtocol::copy_engine: return "copy_engine";
+  }
+  return "?";
+}
 const char* to_string(Fabric v) {
   switch (v) {
     case Fabric::nvlink: return "nvlink";
@@ -495,6 +503,17 @@ std::vector<KeySpec> build_key_table() {
     t.push_back(cost_key(f, "alltoall_bandwidth_gbps", &CostModel::alltoall_bandwidth_gbps));
     t.push_back(cost_key(f, "direct_latency_us", &CostModel::direct_latency_us));
     t.push_back(cost_key(f, "direct_bandwidth_gbps", &CostModel::direct_bandwidth_gbps));
+    // The direct pipeline's shape: 0 = the built-in figures; not figures of time, so giving them does
+    // not mark the model calibrated.
+    const std::string fabric = to_string(static_cast<Fabric>(f));
+    t.push_back(size_key(fmt::format("cost_model.{}.direct_stage_bytes", fabric),
+                         [f](auto& c) -> auto& { return c.cost_model[f].direct_stage_bytes; }, 0));
+    t.push_back(uint_key(fmt::format("cost_model.{}.direct_max_stages", fabric),
+                         [f](auto& c) -> auto& { return c.cost_model[f].direct_max_stages; }, 0, 4096));
+    t.push_back(uint_key(fmt::format("cost_model.{}.direct_shared_max_stages", fabric),
+                         [f](auto& c) -> auto& { return c.cost_model[f].direct_shared_max_stages; }, 0, 4096));
+    t.push_back(size_key(fmt::format("cost_model.{}.direct_shared_stage_bytes", fabric),
+                         [f](auto& c) -> auto& { return c.cost_model[f].direct_shared_stage_bytes; }, 0));
     t.push_back(cost_key(f, "hosts", &CostModel::hosts));
     t.push_back(cost_key(f, "ranks_per_host", &CostModel::ranks_per_host));
     t.push_back(bool_key(fmt::format("cost_model.{}.calibrated", to_string(static_cast<Fabric>(f))),
@@ -511,24 +530,11 @@ std::vector<KeySpec> build_key_table() {
   t.push_back(bool_key("direct.assume_one_host", [](auto& c) -> auto& { return c.direct_assume_one_host; }));
   t.push_back(size_key("direct.window_bytes", [](auto& c) -> auto& { return c.direct_window_bytes; }, 64ull << 10));
   t.push_back(uint_key("direct.sets", [](auto& c) -> auto& { return c.direct_sets; }, 2, 4));
-  t.push_back(size_key("direct.stage_bytes", [](auto& c) -> auto& { return c.direct_stage_bytes; }, 4096));
   t.push_back(uint_key("direct.ctas", [](auto& c) -> auto& { return c.direct_ctas; }, 1, 1024));
-  t.push_back(uint_key("direct.min_stages", [](auto& c) -> auto& { return c.direct_min_stages; }, 1, 64));
-  t.push_back(uint_key("direct.max_stages", [](auto& c) -> auto& { return c.direct_max_stages; }, 0, 4096));
-  t.push_back(uint_key("direct.shared_max_stages", [](auto& c) -> auto& { return c.direct_shared_max_stages; }, 0,
-                       4096));
-  t.push_back(size_key("direct.shared_max_stage_bytes",
-                       [](auto& c) -> auto& { return c.direct_shared_max_stage_bytes; }, 0));
-  t.push_back(bool_key("direct.own_on_device", [](auto& c) -> auto& { return c.direct_own_on_device; }));
-  t.push_back(bool_key("direct.copy_in", [](auto& c) -> auto& { return c.direct_copy_in; }));
-  t.push_back(bool_key("direct.early_copy_in", [](auto& c) -> auto& { return c.direct_early_copy_in; }));
-  t.push_back(bool_key("direct.paced_sends", [](auto& c) -> auto& { return c.direct_paced_sends; }));
-  t.push_back(bool_key("direct.copy_lanes", [](auto& c) -> auto& { return c.direct_copy_lanes; }));
-  t.push_back(bool_key("direct.per_peer_flags", [](auto& c) -> auto& { return c.direct_per_peer_flags; }));
-  t.push_back(bool_key("direct.outbox", [](auto& c) -> auto& { return c.direct_outbox; }));
-  t.push_back(bool_key("direct.copy_out", [](auto& c) -> auto& { return c.direct_copy_out; }));
-  t.push_back(bool_key("direct.lane_flags", [](auto& c) -> auto& { return c.direct_lane_flags; }));
-  t.push_back(bool_key("direct.lanes_apart", [](auto& c) -> auto& { return c.direct_lanes_apart; }));
+  t.push_back(choice_key<DirectProtocol>("direct.protocol", [](auto& c) -> auto& { return c.direct_protocol; },
+                                         {{"auto", DirectProtocol::automatic},
+                                          {"kernels", DirectProtocol::kernels},
+                                          {"copy_engine", DirectProtocol::copy_engine}}));
   t.push_back(bool_key("coalesce.enable", [](auto& c) -> auto& { return c.coalesce_enable; }));
   t.push_back(size_key("coalesce.max_bytes", [](auto& c) -> auto& { return c.coalesce_max_bytes; }, 1));
   t.push_back(uint_key("coalesce.max_calls", [](auto& c) -> auto& { return c.coalesce_max_calls; }, 1, 1u << 16));
@@ -587,7 +593,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 920 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 984 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

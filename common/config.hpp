@@ -39,6 +39,15 @@ enum class GatherMethod : uint8_t { automatic, allgather, sendrecv };
 // peer GPU memory unless NCCL_P2P_DISABLE=1 (then host memory), per call where the cost model says it
 // is cheaper than NCCL's transports; peer_memory / host_memory: that one, for every FP8 call it can carry.
 enum class DirectMode : uint8_t { off, automatic, peer_memory, host_memory };
+// How a direct transport's programs move a call's bytes (sched/algorithms/direct.cpp), a named whole
+// the planner picks per call (sched/plan/recipe.hpp), as NCCL offers LL, LL128 and Simple:
+//   kernels      the codec kernels load and store the windows themselves (peer memory's protocol);
+//   copy_engine  every byte over the link is a copy engine's: a rank's own data stays on its GPU, the
+//                peers' data is copied in, what one peer alone reads is copied out, the copies run on
+//                lanes of their own and the ranks' sends take turns stage by stage (host memory's);
+//                over peer memory the kernels protocol runs, whatever this says.
+// automatic: each kind of window its own. In a recipe of a call over NCCL's transports: automatic.
+enum class DirectProtocol : uint8_t { automatic, kernels, copy_engine };
 // Fabric class of a communicator, decided once per communicator by the agreement at its creation
 // (docs/DESIGN.md, "The agreement at communicator creation").
 enum class Fabric : uint8_t { nvlink = 0, pcie = 1, net = 2 };
@@ -54,6 +63,7 @@ const char* to_string(ConvertPath);
 const char* to_string(Algorithm);
 const char* to_string(GatherMethod);  // "auto" | "allgather" | "sendrecv"
 const char* to_string(DirectMode);       // "off" | "auto" | "peer_memory" | "host_memory"
+const char* to_string(DirectProtocol);   // "auto" | "kernels" | "copy_engine"
 const char* to_string(Fabric);
 const char* to_string(Collective);
 
@@ -85,6 +95,17 @@ struct CostModel {
   // where the configuration forces it (direct.transport).
   double direct_latency_us = 0;
   double direct_bandwidth_gbps = 0;
+  // How the direct transport cuts a call into pipeline stages on this fabric (sched/plan/stages.hpp,
+  // direct_stage_elems): stages of direct_stage_bytes of caller data, a larger call in at most
+  // direct_max_stages larger ones (0: no bound) as far as a buffer set holds them. Where ranks share a
+  // GPU and so its host link (ranks emulated on one GPU), at most direct_shared_max_stages stages of
+  // at most direct_shared_stage_bytes: their copies take turns on the one link and their stages
+  // interleave there, so each stage's hand-overs cost more than its overlap gains. 0: the built-in
+  // figures (default_cost_model); giving them does not mark the model calibrated.
+  uint64_t direct_stage_bytes = 0;
+  uint64_t direct_max_stages = 0;
+  uint64_t direct_shared_max_stages = 0;
+  uint64_t direct_shared_stage_bytes = 0;
   bool calibrated = false;      // false: the built-in defaults below are used
   // The job shape the figures were measured on (0 = not recorded): hosts and ranks per host. A flat
   // FP8 path on a communicator that spans hosts with several ranks each is only taken when a
@@ -156,112 +177,17 @@ struct Config {
   // among them. Never on by default: ranks on different machines cannot map each other's memory.
   bool direct_assume_one_host = false;      // direct.assume_one_host
   uint64_t direct_window_bytes = 64ull << 20; // direct.window_bytes  per rank and communicator, direct.sets buffer sets
-  uint64_t direct_stage_bytes = 8ull << 20;   // direct.stage_bytes   caller bytes per pipeline stage (at most)
   uint32_t direct_ctas = 16;                // direct.ctas  thread blocks per codec kernel that touches a window
-  // Cut every direct call into at least this many stages, of 1 MiB of caller data at the least: a call
-  // of one stage overlaps nothing (its quantize, then its reduce), one of k balanced stages reaches at
-  // most k / (k + 1) of the host link; direct.stage_bytes still bounds the larger calls' stages.
-  uint32_t direct_min_stages = 1;           // direct.min_stages
-  // Larger calls in at most this many stages (0: no bound): a call that direct.stage_bytes would cut
-  // into more gets stages of count / max_stages, as far as a buffer set holds them (else as many
-  // more as it needs); direct.min_stages still cuts after it. Per-stage costs (a flag round trip,
-  // copies per peer of stage / ranks each) then stay a fixed share of the call: at 256 MiB, stages of
-  // 32 MiB instead of 8 reached 1.33x (4 ranks) and 1.04-1.09x (2 ranks) in one run, calls up to
-  // 64 MiB keep their 8 MiB stages (bench/README.md "Host-link limit").
-  uint32_t direct_max_stages = 8;           // direct.max_stages
-  // direct.max_stages where ranks of the communicator share a GPU, so its host link (ranks emulated
-  // on one GPU): their copies take turns on the link, and the ranks' stages interleave there, so a
-  // call needs fewer of its own, each of which costs hand-overs between the ranks. With copy lanes,
-  // 2 stages against 8 at 64 MiB: 1.09-1.27x at 2 and 4 ranks over two runs; 16 MiB is cut alike
-  // (bench/README.md "Host-link limit"). direct.shared_max_stage_bytes bounds their size. 0: no bound.
-  uint32_t direct_shared_max_stages = 2;    // direct.shared_max_stages
-  // The largest stage where ranks share a GPU (caller bytes; 0: as large as a buffer set holds): a
-  // call direct.shared_max_stages would cut into larger stages gets stages of this size. 32 MiB
-  // stages at 256 MiB (8 of them) ran 1.04-1.10x faster than the bound's larger ones at 2 ranks in two
-  // runs, the same at 4; at 64 MiB the bound's 2 stages are 32 MiB anyway.
-  uint64_t direct_shared_max_stage_bytes = 32ull << 20;  // direct.shared_max_stage_bytes
   // Buffer sets of a window (and of the device scratch a direct call uses), 2 to 4: stage i uses set
   // i % sets, so a rank may write up to `sets` stages ahead of its slowest peer's reads (2: one
   // stage's transfer beside the next one's quantize; more: room for the ranks to drift apart and
   // for the handshakes' latency, in smaller sets), and from 3 two-shot gathers each stage's reduced
   // shards one stage late (sched/exec/pipeline.hpp). 3: in two runs against 2, the all-reduce 1.06-1.13x
-  // from 64 MiB at 2 and 4 ranks (2 ranks 256 MiB: 71 % of the host-link limit), the reduce-scatter
-  // and 16 MiB calls within +-8 %; 4 measured like 3 (bench/README.md "Host-link limit").
+  // from 64 MiB at 2 and 4 ranks, the reduce-scatter and 16 MiB calls within +-8 %; 4 measured like 3
+  // (docs/PERF.md, "Direct transport over host memory").
   uint32_t direct_sets = 3;                 // direct.sets
-  // Host memory: a rank's own quantized data (its input, its own shard and reduced shard) stays on
-  // its GPU for its own reads, and what the peers read is written to its window by a copy engine
-  // (sched/algorithms/direct.cpp): fewer bytes over the host link, the same bytes in every result.
-  // On: 64 MiB bf16 all-reduce, 2 ranks, 3.93 -> 2.53 ms (one-shot), 32 % -> 50 % of the host-link
-  // limit (bench/README.md "Host-link limit").
-  bool direct_own_on_device = true;         // direct.own_on_device
-  // Host memory, with own data on the device: what a rank reads of its peers' windows is first copied
-  // into its device buffer set by a copy engine, and the kernels read only device memory
-  // (sched/algorithms/direct.cpp, "Copy-in"). On, with direct.copy_out: every byte over the host link
-  // is then a copy engine's and every codec kernel runs on device memory at the codec's width; the two
-  // together were as fast as without them or faster at every size and world size measured (2 ranks,
-  // 64 / 256 MiB: all-reduce 57 / 61 -> 61 / 67 % of the host-link limit, reduce-scatter 45 / 47 ->
-  // 55 / 59 %; 4 ranks, reduce-scatter 44 / 44 -> 51 / 52 %; bench/README.md "Host-link limit").
-  bool direct_copy_in = true;               // direct.copy_in
-  // Host memory, with own data on the device: what a rank writes for its peers and no one else (the
-  // reduce-scatter's blocks, two-shot's shards) is quantized into its device buffer set and written
-  // into their windows by a copy engine, so no kernel stores over the link (sched/algorithms/direct.cpp,
-  // "Copy-out"). On, with direct.copy_in (above).
-  bool direct_copy_out = true;              // direct.copy_out
-  // With copy-in, a stage's transfer lane copies in what its peers published before it waits for the
-  // stage's own produce, which it needs only from its first operation on the rank's own data
-  // (sched/exec/pipeline.hpp, StageOps::gate_produce): the ranks of one host share the copy engines
-  // in arrival order, so the rank's own copy-out may wait behind its peers'. The same bytes and
-  // results. A choice of each rank alone. With direct.copy_lanes (below) the copy-in runs on a lane of
-  // its own and never waits for the stage's produce, whatever this says.
-  bool direct_early_copy_in = true;         // direct.early_copy_in
-  // Host memory: a stage's sends (its first write into a window: the copy-out, or a quantize there)
-  // wait until every peer has published the previous stage, so the ranks of one host, whose copies
-  // share the copy engines in arrival order, take turns stage by stage instead of one rank queueing
-  // all of its stages ahead of its peers' (sched/exec/pipeline.cpp). The same bytes and results;
-  // lanes ordered by events only (not with direct.lane_flags); not two-shot, whose second phase it
-  // serialised; not peer memory, whose kernels store over NVLink or P2P with no copy engine between
-  // (not measured there).
-  bool direct_paced_sends = true;           // direct.paced_sends
-  // A stage's copies over the link on lanes of their own: its sends (reclaim, copy-out, publish) on a
-  // send lane beside the produce lane's kernels, its copy-in (acquire, fetch) on a fetch lane beside
-  // the transfer lane's kernels, each copy lane waiting for the kernel it follows and never the other
-  // way, so a lane's next copy is not held behind a kernel that waits for its previous one
-  // (sched/exec/pipeline.cpp). The same bytes and results; calls not under graph capture, lanes
-  // ordered by events (not direct.lane_flags, not direct.lanes_apart); two-shot's reduced shard,
-  // which its finish computes and sends, stays on the transfer lane. 2 ranks over host memory:
-  // 1.03-1.66x, 16-256 MiB (two-shot 1.15-1.32x at 16-64 MiB); 4 ranks level within run-to-run
-  // spread (bench/README.md "Host-link limit").
-  bool direct_copy_lanes = true;            // direct.copy_lanes
-  // A stage's signals one peer at a time: a rank signals each peer right after what it wrote for that
-  // peer alone (the reduce-scatter's blocks, two-shot's shards; with direct.outbox all of them after
-  // the one copy that sends them), and with copy-in copies each peer's data right after that peer's
-  // signal, instead of writing everything before one signal to all and waiting for every peer before
-  // the first copy-in (sched/algorithms/direct.cpp). The same flags, bytes and results; a choice of
-  // each rank alone.
-  bool direct_per_peer_flags = false;       // direct.per_peer_flags
-  // Where the reduce-scatter's blocks and two-shot's shards wait for their readers: in the writer's
-  // own window (its outbox, the parts for its peers side by side, so one copy-out sends them all)
-  // and each reader takes its part from every writer's, instead of the writer putting each part into
-  // its reader's inbox. The same bytes each way and the same results; fewer, larger copies from the
-  // GPU and more, smaller ones to it (sched/algorithms/direct.cpp, "Outbox"). A layout every rank
-  // must share (in the configuration's fingerprint).
-  bool direct_outbox = false;               // direct.outbox
-  // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's
-  // own flag page instead of events, in calls not under graph capture (sched/exec/pipeline.hpp). The
-  // same order. Off: 2-3 points further from the host-link limit than the events at 2 and 4 ranks,
-  // 16-256 MiB (bench/README.md "Host-link limit").
-  bool direct_lane_flags = false;           // direct.lane_flags
-  // Host memory with own data on the device: the transfer lane quantizes the rank's own data again for
-  // its own reads, so a direct call's transfer lane no longer waits for each stage's produce before
-  // its reads, only before it frees the set for the peers, and the produce lane never waits for the
-  // transfer lane within a call (sched/algorithms/direct.cpp, "Lanes apart"; in place, each stage's
-  // hand-over stays). For the one-shot all-reduce, the reduce-scatter and the all-gather, in calls
-  // that are not coalesced, measured, fed back or captured; with copy-in too. fp8wire-direct-probe's
-  // duplex probe: the same copies with the flags alone 1.53 ms, with the two hand-overs between the
-  // lanes 2.17 ms. Off: with the copies on, the 2-rank all-reduce gains (64 / 256 MiB: 67 / 70 % of
-  // the host-link limit against 61 / 67 %), the 4-rank calls nothing, and 16 MiB calls lose up to
-  // 8 % (bench/README.md "Host-link limit").
-  bool direct_lanes_apart = false;          // direct.lanes_apart
+  // The protocol of every direct call (auto: each kind of window its own; DirectProtocol above).
+  DirectProtocol direct_protocol = DirectProtocol::automatic;  // direct.protocol "auto"|"kernels"|"copy_engine"
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------
   bool coalesce_enable = true;              // coalesce.enable

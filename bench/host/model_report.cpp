@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "sched/plan/cost_model.hpp"
+
 namespace fp8wire::bench {
 
 using nlohmann::json;
@@ -17,15 +19,29 @@ std::string predicted_cell(const PredictedCrossover& p) {
   return format_bytes(p.bytes);
 }
 
-// The FP8 path the planner would pick at large sizes: the one with the lower per-byte cost.
+// The FP8 path the planner would pick at large sizes over this link: the planner's own chooser
+// (sched::cheaper_all_reduce) fed this link's and codec's figures, with the all-gather step the curves
+// of the report are drawn with.
 Path planner_path(Collective c, int nranks, const Link& link, const Codec& codec, const WireParams& wire) {
   if (c == Collective::reduce_scatter) return Path::two_shot;
   if (c == Collective::all_gather) return Path::one_shot;
-  const double big = 1ull << 30;
-  return predict_us(c, Path::one_shot, nranks, big, link, codec, wire) <
-                 predict_us(c, Path::two_shot, nranks, big, link, codec, wire)
-             ? Path::one_shot
-             : Path::two_shot;
+  CostModel model;
+  model.op_latency_us = link.alpha_us;
+  model.bus_bandwidth_gbps = link.bus_gbps;
+  model.allreduce_latency_us = link.allreduce_us;
+  model.allgather_latency_us = link.allgather_us;
+  model.reduce_scatter_latency_us = link.reduce_scatter_us;
+  model.alltoall_latency_us = link.alltoall_us;
+  model.allreduce_bandwidth_gbps = link.allreduce_gbps;
+  model.allgather_bandwidth_gbps = link.allgather_gbps;
+  model.reduce_scatter_bandwidth_gbps = link.reduce_scatter_gbps;
+  model.alltoall_bandwidth_gbps = link.alltoall_gbps;
+  model.codec_gbps = codec.gbps;
+  model.kernel_launch_us = codec.launch_us;
+  quant::WireFormat format;
+  format.block = wire.block;
+  format.scale = wire.scale_bytes == 4 ? ScaleType::fp32 : wire.scale_bytes == 2 ? ScaleType::bf16 : ScaleType::e8m0;
+  return sched::cheaper_all_reduce(model, format, GatherMethod::allgather, 1ull << 30, nranks);
 }
 // The link of the old model, for comparison: one latency for every operation and one bandwidth,
 // both fitted from the collective's own plain-NCCL points.

@@ -22,30 +22,11 @@ struct Fp8Args {
   float post = 1.0f;          // 1 for sum, 1/n for avg: applied once, in fp32, before requantizing
   float* residual = nullptr;  // error feedback, `count` floats (one- and two-shot all-reduce only)
   GatherMethod gather = GatherMethod::allgather;
-  // Direct transport through host memory with direct.own_on_device: bytes of the stage's device
-  // buffer set the direct programs may keep this rank's own data in (0: through its window).
-  size_t own_device_bytes = 0;
-  // With own data on the device, direct.copy_in: the peers' data this rank reads is copied from their
-  // windows into the same device buffer set first (sched/algorithms/direct.cpp, "Copy-in").
-  bool copy_in = false;
-  // With own data on the device, direct.copy_out: what this rank writes for its peers alone is
-  // quantized into the device set and copied into their windows by a copy engine.
-  bool copy_out = false;
-  // With own data on the device, direct.lanes_apart: the finish quantizes this rank's own data again
-  // on the transfer lane, into its own half of the device set, instead of reading what the produce
-  // lane put in the other, so the executor needs no hand-over between its lanes
-  // (sched/algorithms/direct.cpp, "Lanes apart"; direct_lanes_apart_fits says when it may be set).
-  bool own_per_lane = false;
-  // direct.outbox: the reduce-scatter's blocks and two-shot's shards wait in the writer's own window,
-  // where each reader takes its part (sched/algorithms/direct.cpp, "Outbox"); every rank alike.
-  bool outbox = false;
+  // Over a direct transport: how its programs move the bytes (sched/algorithms/direct.cpp), and with
+  // the copy_engine protocol the bytes of the stage's device buffer set they keep data in.
+  DirectProtocol protocol = DirectProtocol::automatic;
+  size_t device_set_bytes = 0;
 };
-
-// Whether a direct call of `collective` over `path` with stages of `stage_elems` elements may run with
-// its lanes apart (Fp8Args::own_per_lane): the one-shot all-reduce, the reduce-scatter and the
-// all-gather, when both halves of a device set of `own_device_bytes` hold a stage's own chunk.
-bool direct_lanes_apart_fits(Collective collective, Path path, size_t stage_elems, size_t own_device_bytes,
-                             const quant::WireFormat& f);
 
 // A flat FP8 algorithm: a stage program over the arguments of one call.
 class Fp8Program : public StageProgram {

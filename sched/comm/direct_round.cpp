@@ -11,7 +11,7 @@
 #include "common/status.hpp"
 #include "sched/comm/exchange.hpp"
 #include "sched/comm/rounds.hpp"
-#include "sched/plan/cost_model.hpp"
+#include "sched/plan/route.hpp"
 #include "sched/transport/direct_windows.hpp"
 
 namespace fp8wire::sched {
@@ -29,7 +29,7 @@ struct DirectOffer {
 static_assert(sizeof(DirectOffer) == 8 + 2 * sizeof(WindowHandle) + 8, "DirectOffer travels as raw bytes: no padding");
 
 // The most offers naming one GPU (1 when none is known twice): every rank computes it from the same
-// offers, so every rank cuts a direct call alike (direct.shared_max_stages).
+// offers, so every rank cuts a direct call alike (CostModel::direct_shared_max_stages).
 int ranks_per_gpu(std::span<const DirectOffer> offers) {
   int most = 1;
   for (const DirectOffer& a : offers) {
@@ -39,35 +39,6 @@ int ranks_per_gpu(std::span<const DirectOffer> offers) {
     most = std::max(most, same);
   }
   return most;
-}
-
-// The kinds to try, in order: the configured one, or with auto peer memory unless some rank has P2P
-// disabled, then host memory.
-std::vector<Carrier> direct_kinds(const Config& config, std::span<const RankFacts> facts) {
-  switch (config.direct_transport) {
-    case DirectMode::off: return {};
-    case DirectMode::peer_memory: return {Carrier::peer_memory};
-    case DirectMode::host_memory: return {Carrier::host_memory};
-    case DirectMode::automatic: break;
-  }
-  for (const RankFacts& f : facts)
-    if (f.p2p_disabled) return {Carrier::host_memory};
-  return {Carrier::peer_memory, Carrier::host_memory};
-}
-
-// Whether the direct transport can exist on this communicator at all: every rank on this machine
-// (as NCCL sees hosts, or assumed by configuration) and few enough ranks for one fused reduce.
-bool direct_possible(const Config& config, const Agreement& a, std::span<const RankFacts> facts) {
-  if (config.direct_transport == DirectMode::off || facts.size() > static_cast<size_t>(kDirectMaxRanks)) return false;
-  // auto takes the direct transport only where the fabric's cost model has figures for it (measured,
-  // or the built-in host-memory ones): elsewhere its windows would be memory held for nothing.
-  if (config.direct_transport == DirectMode::automatic &&
-      effective_cost_model(config, a.fabric).direct_bandwidth_gbps <= 0)
-    return false;
-  if (config.direct_assume_one_host) return true;
-  for (const RankFacts& f : facts)
-    if (f.host_hash != facts[0].host_hash) return false;
-  return true;
 }
 
 // One attempt at one kind: create this rank's windows, exchange handles, open every peer's, confirm
@@ -133,8 +104,9 @@ bool try_direct(CommState& s, const Config& config, Carrier kind, uint64_t gpu) 
 }  // namespace
 
 void setup_direct(CommState& s, const Config& config, std::span<const RankFacts> facts, uint64_t gpu) {
-  if (!direct_possible(config, s.agreement, facts)) return;
-  for (Carrier kind : direct_kinds(config, facts))
+  const std::vector<Carrier> kinds = direct_carriers(config, s.agreement.fabric, facts, kDirectMaxRanks);
+  if (kinds.empty()) return;
+  for (Carrier kind : kinds)
     if (try_direct(s, config, kind, gpu)) return;
   if (config.direct_transport != DirectMode::automatic)
     FP8WIRE_WARN("comm {}: direct.transport = {}, but not every rank could map every other's windows; FP8 goes "

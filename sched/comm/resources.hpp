@@ -16,10 +16,11 @@ namespace fp8wire::sched {
 struct CommResources {
   cudaStream_t produce = nullptr;
   cudaStream_t transfer = nullptr;
-  // direct.copy_lanes: the stage's sends (beside the produce lane) and its copy-in (beside the transfer
-  // lane) on lanes of their own, and the events that hand a stage from a kernel lane to its copy lane
-  // and back (StageOps::set_lanes), and the send lane's end for the call's join. Each of these three
-  // is recorded on one lane only, so a record never completes before an earlier one still pending.
+  // Copy lanes (LaneHandover::copy_lanes): the stage's sends (beside the produce lane) and its copy-in
+  // (beside the transfer lane) on lanes of their own, and the events that hand a stage from a kernel
+  // lane to its copy lane and back (StageOps::set_lanes), and the send lane's end for the call's join.
+  // Each of these three is recorded on one lane only, so a record never completes before an earlier
+  // one still pending.
   cudaStream_t send = nullptr;
   cudaStream_t fetch = nullptr;
   cudaEvent_t to_copy_lane = nullptr;    // recorded on the produce lane (also the copy lanes' start)
@@ -39,7 +40,7 @@ struct CommResources {
   cudaEvent_t capture_transfer_end = nullptr;
   std::array<cudaEvent_t, kMaxBufferSets> ready{};  // stage i quantized (produce -> transfer), per buffer set
   std::array<cudaEvent_t, kMaxBufferSets> done{};   // stage i finished with its buffer set (transfer -> produce)
-  std::array<cudaEvent_t, kMaxBufferSets> acquired{};  // stage i's peers published (transfer -> produce; direct.paced_sends)
+  std::array<cudaEvent_t, kMaxBufferSets> acquired{};  // stage i's peers published (transfer -> produce; paced sends)
   char* scratch = nullptr;
   ScratchLayout layout;
 };

@@ -249,49 +249,57 @@ void TelemetryMonitor::fold_completed_if_free() {
   if (lock.owns_lock()) fold_completed_locked();
 }
 
-ncclResult_t TelemetryMonitor::begin(const GuardSettings& g, uint64_t scope_key, Collective collective, Path path,
-                                     bool eligible, bool capturing, uint64_t seq, Call* call) {
+ncclResult_t TelemetryMonitor::settle(uint64_t scope_key, bool capturing, ScopeState* out) {
   std::lock_guard lock(mutex_);
   if (!capturing) fold_completed_locked();  // the query of an event is not permitted under capture
-  *call = Call{};
-  call->scope = scope_key;
   ScopeState& scope = scopes_[scope_key];
-  const int c = collective_index(collective);
   // Never under capture: another rank may not have the record yet, and capturing it cannot wait.
-  // Both ranks then apply it at the scope's first call outside capture.
-  const uint64_t this_call = scope.calls;  // its index in the scope
-  if (!capturing && this_call >= scope.decide_at) {
-    if (scope.pending >= 0) {
-      const int slot = scope.pending;
-      if (const ncclResult_t r = wait(slot); r != ncclSuccess) return r;
-      fold(slot);
-    }
-    if (scope.has_decision) {
-      scope.has_decision = false;
-      if (apply_decision(scope, scope.decision, g.retry_after)) {
-        Store& st = store();
-        std::lock_guard tl(st.totals_mutex);
-        ++st.totals.guard_trips[c];
-      }
-    }
+  // Both ranks then read it at the scope's first call outside capture.
+  if (!capturing && scope.calls >= scope.decide_at && scope.pending >= 0) {
+    const int slot = scope.pending;
+    if (const ncclResult_t r = wait(slot); r != ncclSuccess) return r;
+    fold(slot);
   }
-  call->choice = choose(scope, g, eligible, capturing);
-  const uint64_t index = this_call;
-  call->decide_at = index + g.decide_after;
-  if (call->choice.full_precision) {
-    Store& st = store();
+  *out = scope;
+  return ncclSuccess;
+}
+
+uint64_t TelemetryMonitor::audit_calls() {
+  std::lock_guard lock(mutex_);
+  return audit_.calls;
+}
+
+ncclResult_t TelemetryMonitor::begin(const Watch& w, Collective collective, Path path, uint64_t seq, Call* call) {
+  std::lock_guard lock(mutex_);
+  *call = Call{};
+  call->scope = w.scope;
+  // What the recipe changed. A fold on another thread since settle() may have read a decision that is
+  // not due yet: it stays.
+  ScopeState& scope = scopes_[w.scope];
+  scope.calls = w.scope_after.calls;
+  scope.full_until = w.scope_after.full_until;
+  scope.resume_at = w.scope_after.resume_at;
+  if (w.decision_read) scope.has_decision = false;
+  audit_.calls = w.audit_calls_after;
+  const int c = collective_index(collective);
+  Store& st = store();
+  if (w.tripped) {
+    std::lock_guard tl(st.totals_mutex);
+    ++st.totals.guard_trips[c];
+  }
+  call->decide_at = w.decide_at;
+  if (w.full_precision) {
     std::lock_guard tl(st.totals_mutex);
     ++st.totals.guard_full_calls[c];
     return ncclSuccess;
   }
-  if (scope.resume_at != 0 && index == scope.resume_at) {
+  if (w.resumed) {
     FP8WIRE_INFO("comm {} rank {}: seq {}: the {} goes back to FP8 after {} calls in full precision (guard.retry_after)",
-                 comm_id_, rank_, seq, scope_name(scope_key), g.retry_after);
-    Store& st = store();
+                 comm_id_, rank_, seq, scope_name(w.scope), w.guard.retry_after);
     std::lock_guard tl(st.totals_mutex);
     ++st.totals.guard_resumed[c];
   }
-  if (!call->choice.measure) return ncclSuccess;
+  if (!w.measured) return ncclSuccess;
   // No record: an error like any resource the call cannot get (with the guard, the other ranks would
   // read flags this rank never wrote).
   if (!allocate()) return ncclSystemError;
@@ -300,14 +308,14 @@ ncclResult_t TelemetryMonitor::begin(const GuardSettings& g, uint64_t scope_key,
   Slot& s = slots_[static_cast<size_t>(slot)];
   s.busy = true;
   s.seq = seq;
-  s.scope = scope_key;
+  s.scope = w.scope;
   s.collective = collective;
   s.path = path;
-  s.guard = call->choice.guard;
+  s.guard = w.guarded;
   call->slot = slot;
   call->options.record = device_ + slot;
-  call->options.guard = call->choice.guard;
-  call->options.bounds = g.bounds;
+  call->options.guard = w.guarded;
+  call->options.bounds = w.guard.bounds;
   return ncclSuccess;
 }
 
@@ -346,11 +354,6 @@ float element(const char* base, DataType t, size_t i) {
 }
 
 }  // namespace
-
-bool TelemetryMonitor::audit_due(uint32_t every) {
-  std::lock_guard lock(mutex_);
-  return every > 0 && audit_.calls++ % every == 0;
-}
 
 ncclResult_t TelemetryMonitor::audit_buffers(size_t send_bytes, size_t recv_bytes, void** in, void** out) {
   std::lock_guard lock(mutex_);

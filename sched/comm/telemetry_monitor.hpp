@@ -21,6 +21,7 @@
 
 #include "quant/telemetry.hpp"
 #include "sched/plan/guard.hpp"
+#include "sched/plan/recipe.hpp"
 #include "sched/platform/platform.hpp"
 #include "sched/plan/types.hpp"
 
@@ -65,20 +66,23 @@ class TelemetryMonitor {
   TelemetryMonitor(const TelemetryMonitor&) = delete;
   TelemetryMonitor& operator=(const TelemetryMonitor&) = delete;
 
-  // One call's telemetry, from its choice to its end.
+  // One call's telemetry, from its record to its end.
   struct Call {
-    CallChoice choice;
     uint64_t scope = 0;
     int slot = -1;                       // the record (measure only)
     uint64_t decide_at = 0;              // a guarded call: the scope's call that reads its votes
     quant::TelemetryOptions options;     // for LaunchOptions::telemetry
   };
-  // Before an FP8 call of `scope` (a feedback key, 0 = the communicator): folds completed records,
-  // reads the scope's previous decision (waiting for it if needed, never under capture), chooses,
-  // and takes a record for a measured call. An error when the previous decision cannot be read or
-  // the call gets no record.
-  ncclResult_t begin(const GuardSettings& g, uint64_t scope, Collective collective, Path path, bool eligible,
-                     bool capturing, uint64_t seq, Call* call);
+  // Before an FP8 call's recipe (sched/plan/recipe.hpp): folds completed records and, where the pending
+  // decision of `scope` (a feedback key, 0 = the communicator) is due, reads it, waiting for its call
+  // to complete if it has not (never under capture); then the scope's state, the recipe's input. An
+  // error when the decision cannot be read.
+  ncclResult_t settle(uint64_t scope, bool capturing, ScopeState* out);
+  // The communicator's auditable calls so far (the recipe's input).
+  uint64_t audit_calls();
+  // After the recipe: keeps the scope's new count and full-precision spell and the audit's count,
+  // counts what the guard did, and takes a record for a measured call (an error when it gets none).
+  ncclResult_t begin(const Watch& watch, Collective collective, Path path, uint64_t seq, Call* call);
   // Where a measured call's record lives (for MeasuredProgram).
   quant::CallTelemetry* device_record(int slot) const { return device_ + slot; }
   quant::CallTelemetry* host_record(int slot) const { return host_ + slot; }
@@ -91,9 +95,7 @@ class TelemetryMonitor {
   // The same, unless another thread holds the monitor (which may be waiting on the GPU): then nothing.
   void fold_completed_if_free();
 
-  // The audit (audit.every), for a call of the communicator that is neither grouped nor captured:
-  // whether this one is audited (advances the count; the same on every rank).
-  bool audit_due(uint32_t every);
+  // The audit (audit.every), for a call its recipe audits.
   // Device copies for the audited call (grown, never shrunk; waits for the previous audit first).
   ncclResult_t audit_buffers(size_t send_bytes, size_t recv_bytes, void** in, void** out);
   // After the FP8 call has joined the caller's stream: both results copied to pinned host memory on

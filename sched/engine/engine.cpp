@@ -44,10 +44,7 @@ ThreadGroup& thread_group() {
 
 Engine::Impl::Impl(const Config& c, const Platform& p, LocalIdentity identity)
     : config(c), platform(&p), api(p.nccl), me(std::move(identity)),
-      format(quant::WireFormat::from(c)),
-      feedback_budget(static_cast<int64_t>(c.error_feedback_max_bytes)), registry(p, feedback_budget) {
-  launch.path = c.convert_path;
-}
+      feedback_budget(static_cast<int64_t>(c.error_feedback_max_bytes)), registry(p, feedback_budget) {}
 
 void Engine::Impl::set_up(const std::vector<CommRef>& comms) {
   std::vector<CommState*> ready;

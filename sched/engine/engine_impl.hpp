@@ -77,8 +77,6 @@ struct Engine::Impl {
   const Platform* platform;
   const NcclApi* api;
   LocalIdentity me;
-  quant::WireFormat format;
-  quant::LaunchOptions launch;
   std::atomic<int64_t> feedback_budget;
   Registry registry;
 

@@ -42,7 +42,7 @@ ncclResult_t EngineProbe::all_gather_forced(Path p, const void* s, void* r, size
 Fabric EngineProbe::fabric_of(ncclComm_t comm) const {
   const CommRef s = engine_->impl_->registry.find(comm);
   if (s && s->setup == CommSetup::agreed) return s->agreement.fabric;
-  return engine_->impl_->config.fabric_override.value_or(Fabric::net);
+  return fabric_without_agreement(engine_->impl_->config);
 }
 
 }  // namespace fp8wire::sched

@@ -1,8 +1,9 @@
-// Running one FP8 route (sched/plan/route.hpp): its record, its stage program, the pipeline executor,
-// the error that makes the communicator's FP8 path unusable. A route that fell back because no stage
-// fits the scratch issues the real call here (its record still says fallback, on every rank alike), as
-// does a call whose tensor the guard has switched to full precision (sched/plan/guard.hpp: a state every
-// rank advances alike, from votes every rank received).
+// Running one FP8 route by its recipe (sched/plan/recipe.hpp): its record, its stage program, the
+// pipeline executor, the error that makes the communicator's FP8 path unusable. Everything about how
+// the call runs is the recipe's; nothing here reads the configuration. A route that fell back because
+// no stage fits the scratch issues the real call here (its record still says fallback, on every rank
+// alike), as does a call whose tensor the guard has switched to full precision (a state every rank
+// advances alike, from votes every rank received).
 #include <optional>
 
 #include "common/log.hpp"
@@ -12,6 +13,7 @@
 #include "sched/comm/telemetry_monitor.hpp"
 #include "sched/engine/engine_impl.hpp"
 #include "sched/exec/measured_program.hpp"
+#include "sched/plan/recipe.hpp"
 #include "sched/transport/direct_windows.hpp"
 
 namespace fp8wire::sched {
@@ -58,27 +60,12 @@ class CoalescedAllReduce final : public StageProgram {
   size_t es_;
 };
 
-// Telemetry and the guard's choice for this call (sched/comm/telemetry_monitor.hpp); nothing while telemetry is off.
-ncclResult_t telemetry_begin(CommState& s, const Config& config, const quant::WireFormat& format, const Call& c,
-                             Path path, uint64_t scope, bool capturing, uint64_t seq, TelemetryMonitor::Call* out) {
-  const GuardSettings g = GuardSettings::from(config);
-  if (g.sample_every == 0 && config.audit_every == 0) return ncclSuccess;
-  if (!s.telemetry) s.telemetry = std::make_unique<TelemetryMonitor>(*s.platform, s.id, s.rank);
-  const bool eligible = guard_eligible(c.collective, path, format.scale);
-  return s.telemetry->begin(g, scope, c.collective, path, eligible, capturing, seq, out);
-}
-
 size_t send_bytes_of(const Call& c, int nranks, size_t es) {
   return c.count * es * (c.collective == Collective::reduce_scatter ? static_cast<size_t>(nranks) : 1);
 }
 size_t recv_bytes_of(const Call& c, int nranks, size_t es) {
   return c.count * es * (c.collective == Collective::all_gather ? static_cast<size_t>(nranks) : 1);
 }
-bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return x < y + b_bytes && y < x + a_bytes;
-}
-
 const char* range_name(Collective c, Path p) {
   if (c == Collective::reduce_scatter) return "fp8wire reduce_scatter";
   if (c == Collective::all_gather) return "fp8wire all_gather";
@@ -127,14 +114,29 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
   CallHookScope hooks(rec);
   NvtxRange range(range_name(c.collective, route.algorithm));
 
-  // Telemetry and the guard (sched/plan/guard.hpp): the scope is the call's tensor, or the communicator.
+  // The recipe (sched/plan/recipe.hpp), with the guard's state of the call's scope as its input.
+  CallContext context;
+  context.capturing = capturing;
+  context.grouped = joins != nullptr;
+  context.batch = batch;
+  context.feedback_key = feedback_key;
+  ncclResult_t res = ncclSuccess;
+  if (s.telemetry) {
+    res = s.telemetry->settle(guard_scope(batch, feedback_key), capturing, &context.scope);
+    context.audit_calls = s.telemetry->audit_calls();
+  }
+  CallShape shape = shape_of(c, &s);
+  shape.count = rec.count;
+  const Recipe recipe = recipe_for(config, facts_of(s), shape, route, context);
   TelemetryMonitor::Call measured;
   bool measuring_recorded = false;
-  ncclResult_t res =
-      telemetry_begin(s, config, format, c, route.path, batch > 1 ? 0 : feedback_key, capturing, seq, &measured);
+  if (res == ncclSuccess && recipe.watch.active) {
+    if (!s.telemetry) s.telemetry = std::make_unique<TelemetryMonitor>(*s.platform, s.id, s.rank);
+    res = s.telemetry->begin(recipe.watch, c.collective, route.path, seq, &measured);
+  }
   if (res != ncclSuccess) {
     s.fail(res);
-  } else if (route.path == Path::fallback || measured.choice.full_precision) {
+  } else if (recipe.plain()) {
     if (route.path == Path::fallback)  // no pipeline stage fits the scratch (route_fp8)
       FP8WIRE_WARN_ONCE("scratch.max_bytes too small for one pipeline stage of a {} on {} ranks; passing through",
                         to_string(c.collective), s.nranks);
@@ -151,47 +153,28 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
     a.src = batch > 1 ? s.res.scratch : c.send;
     a.dst = batch > 1 ? s.res.scratch : c.recv;
     a.count = rec.count;
-    a.post = c.op == ncclAvg ? 1.0f / static_cast<float>(s.nranks) : 1.0f;
+    a.post = recipe.post;
     a.gather = route.gather;
-    a.outbox = route.carrier != Carrier::nccl && config.direct_outbox;
-    if (route.carrier == Carrier::host_memory && config.direct_own_on_device) {
-      a.own_device_bytes = s.res.layout.set_bytes_for(s.direct->sets());  // the set a stage uses (pipeline.cpp)
-      a.copy_in = config.direct_copy_in;
-      a.copy_out = config.direct_copy_out;
-    }
-    const bool feedback = config.error_feedback && c.collective == Collective::all_reduce && batch == 1 &&
-                          (route.path == Path::one_shot || route.path == Path::two_shot);
-    if (feedback)
+    a.protocol = recipe.direct.protocol;
+    a.device_set_bytes = recipe.direct.device_set_bytes;
+    if (recipe.feedback)
       a.residual = s.feedback.residual_for(feedback_key, c.count, dtype_of(c.dtype), s.res.produce, capturing);
-    // direct.lanes_apart (sched/algorithms/direct.cpp, "Lanes apart"): not where the produce lane's
-    // quantize carries more than the input (error feedback, the telemetry and the guard's vote) or
-    // reads what only the produce lane has (a coalesced batch's staging), nor under capture.
-    LaneHandover handover = LaneHandover::both;
-    if (config.direct_lanes_apart && a.own_device_bytes && !a.residual && batch == 1 &&
-        measured.slot < 0 && !capturing &&
-        direct_lanes_apart_fits(c.collective, route.path, route.stage_elems, a.own_device_bytes, format)) {
-      a.own_per_lane = true;
-      // In place, stage i's finish overwrites the input its produce reads: that hand-over stays.
-      handover = overlaps(c.send, send_bytes_of(c, s.nranks, es), c.recv, recv_bytes_of(c, s.nranks, es))
-                     ? LaneHandover::ready_only
-                     : LaneHandover::none;
-    }
     RouteProgram chosen(c.collective, route, a, s);
     StageProgram* program = &chosen.get();
     CoalescedAllReduce coalesced(*program, items, batch, s.res.scratch, es);
     if (batch > 1) program = &coalesced;
     std::optional<MeasuredProgram> measuring;
-    quant::LaunchOptions call_launch = launch;
+    quant::LaunchOptions call_launch;
+    call_launch.path = recipe.convert_path;
     if (measured.slot >= 0) {
       measuring.emplace(*program, *s.telemetry, measured.slot, platform->cuda);
       program = &*measuring;
       call_launch.telemetry = measured.options;
     }
 
-    // The audit (audit.every): the same collective in full precision through the real NCCL, on a copy
-    // of the input made before the FP8 call may overwrite it (in place), compared once both are back.
-    const bool audited = batch == 1 && !capturing && !joins && s.telemetry && s.telemetry->audit_due(config.audit_every);
-    if (audited) {
+    // The audit: the same collective in full precision through the real NCCL, on a copy of the input
+    // made before the FP8 call may overwrite it (in place), compared once both are back.
+    if (recipe.watch.audited) {
       const size_t in_bytes = send_bytes_of(c, s.nranks, es);
       void *in = nullptr, *out = nullptr;
       res = s.telemetry->audit_buffers(in_bytes, recv_bytes_of(c, s.nranks, es), &in, &out);
@@ -207,18 +190,14 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
     }
 
     if (res == ncclSuccess) {
-      StageOps ops(s, type, format, call_launch);
-      if (route.carrier != Carrier::nccl)
-        ops.use_direct(s.direct.get(), config.direct_ctas, config.direct_lane_flags, handover,
-                       a.copy_in && config.direct_early_copy_in,
-                       config.direct_paced_sends && route.carrier == Carrier::host_memory, config.direct_copy_lanes,
-                       config.direct_per_peer_flags);
+      StageOps ops(s, type, recipe.format, call_launch);
+      if (route.carrier != Carrier::nccl) ops.use_direct(s.direct.get(), recipe.direct);
       PipelineRun run(sref, c.stream, capturing, call_hooks() != nullptr, joins);
       res = run.finish(run.run(*program, ops, rec.count, route.stage_elems));
       rec.wire_bytes = ops.wire_bytes();
       measuring_recorded = measuring && measuring->recorded();
     }
-    if (res == ncclSuccess && audited)
+    if (res == ncclSuccess && recipe.watch.audited)
       res = s.telemetry->audit_read_back(c.stream, c.recv, recv_bytes_of(c, s.nranks, es), dtype_of(c.dtype),
                                          c.collective, route.path, seq);
     if (res != ncclSuccess) s.fail(res);

@@ -33,6 +33,7 @@ CommFacts Engine::Impl::facts_of(const CommState& s) {
   if (s.direct) {
     f.direct = s.direct->kind();
     f.direct_set_bytes = s.direct->set_bytes();
+    f.direct_sets = s.direct->sets();
     f.direct_ranks_per_gpu = s.direct->ranks_per_gpu();
   }
   f.scratch = s.res.layout;

@@ -76,17 +76,16 @@ ncclResult_t PipelineRun::check(cudaError_t err, const char* what) {
 ncclResult_t PipelineRun::run(StageProgram& program, StageOps& ops, size_t count, size_t stage_elems) {
   if (begin_ != ncclSuccess) return begin_;
   CommResources& r = s_->res;
-  // direct.copy_lanes (StageOps::set_lanes): calls ordered by events, not under capture. A program
-  // with a gather (two-shot) sends from its transfer lane too (the reduced shard it computed, then
-  // its publish): those stay there, behind the reduce they follow; its gather's acquire and copy-in
-  // go to the fetch lane like the finish's. The copy lanes start where the produce lane
-  // stands: after the fork, the transfer lane's work of the previous call (whose reduce may still
-  // read the copy-in slots the fetch lane fills) and whatever the call put on the produce lane first
-  // (a new error-feedback residual is zeroed there, and a quantize on the send lane reads it). At
-  // the end the transfer lane waits for both (the fetch lane's end is its hop event, which only
-  // that lane records), so the join covers them whatever the call's outcome.
-  const bool copy_lanes = ops.copy_lanes() && !capturing_ && r.send && r.fetch && !ops.lanes_by_flags() &&
-                          ops.handover() == LaneHandover::both;
+  // Copy lanes (LaneHandover::copy_lanes, StageOps::set_lanes). A program with a gather (two-shot)
+  // sends from its transfer lane too (the reduced shard it computed, then its publish): those stay
+  // there, behind the reduce they follow; its gather's acquire and copy-in go to the fetch lane like
+  // the finish's. The copy lanes start where the produce lane stands: after the fork, the transfer
+  // lane's work of the previous call (whose reduce may still read the copy-in slots the fetch lane
+  // fills) and whatever the call put on the produce lane first (a new error-feedback residual is
+  // zeroed there, and a quantize on the send lane reads it). At the end the transfer lane waits for
+  // both (the fetch lane's end is its hop event, which only that lane records), so the join covers
+  // them whatever the call's outcome.
+  const bool copy_lanes = ops.handover() == LaneHandover::copy_lanes && r.send && r.fetch;
   if (!copy_lanes) return run_stages(program, ops, count, stage_elems, false);
   cudaError_t err = cuda_->EventRecord(r.to_copy_lane, r.produce);
   for (cudaStream_t lane : {r.send, r.fetch})
@@ -106,33 +105,15 @@ ncclResult_t PipelineRun::run_stages(StageProgram& program, StageOps& ops, size_
                                      bool copy_lanes) {
   CommResources& r = s_->res;
   const size_t stages = stage_count(count, stage_elems);
-  // direct.lane_flags: the lanes hand stages over by the transport's flags, not events. Each wait is
-  // issued after the store it waits for, so an error cut short leaves no wait unsatisfiable; the flags
-  // are then out of their initial state, which only a later FP8 call could trip on, and a failed
-  // communicator runs none (CommState::failed). Not under capture: a graph orders its branches by its
-  // edges only, and a flag between two branches is no edge (a replay could run one branch's wait
-  // before the other's store), so captured calls keep the events.
-  // direct.lanes_apart: the transfer lane reads nothing the produce lane writes into a buffer set
-  // (sched/algorithms/direct.cpp, "Lanes apart"), so no stage waits for a set to drain; and out of
-  // place, where it overwrites nothing the produce lane reads either, no stage is handed over but
-  // for its release of the set, which waits for its produce (liveness, StageOps::gate_release). A
-  // hand-over that stays is an event then: a flag is only reset safely by a waiter that the reuse
-  // wait orders before the next store (a produce two stages on could set it before this one's reset).
-  const LaneHandover handover = capturing_ ? LaneHandover::both : ops.handover();
-  const DirectWindows* lanes = capturing_ || handover != LaneHandover::both ? nullptr : ops.lanes_by_flags();
-  const bool reuse_wait = handover == LaneHandover::both;
-  const bool ready_wait = handover != LaneHandover::none;
-  // direct.early_copy_in: the hand-over by event waits at the stage's produce gate (StageOps::
-  // gate_produce), after the copy-in of what the peers published, not before the stage's finish.
-  const bool early_copy_in = ops.early_copy_in();
-  // direct.paced_sends (events only): stage i's first write into a window waits until every peer has
-  // published stage i-1 (its acquire, on the transfer lane or with copy lanes the fetch lane). The
-  // ranks of one host share the copy engines in the order their copies arrive; unpaced, a rank ahead
-  // queues all its stages' sends before its peers' first, and every rank's reads of the lagging
-  // rank's stages wait behind them. Not for a program with a gather (two-shot): the lane of its
-  // acquires reaches stage i's only after the gather of stage i-2, and tying the sends to that
-  // serialised its two phases (measured 0.63-0.71x at 64 MiB, bench/README.md "Host-link limit").
-  const bool paced = ops.paced_sends() && !lanes && !program.has_gather();
+  // The ready hand-over at the stage's produce gate (StageOps::gate_produce), after the copy-in of
+  // what the peers published, instead of a wait before the stage's finish (LaneHandover).
+  const bool produce_gate = ops.handover() != LaneHandover::before_finish;
+  // Paced sends (DirectRecipe::paced_sends): stage i's first write into a window waits until every
+  // peer has published stage i-1 (its acquire, on the transfer lane or with copy lanes the fetch
+  // lane). The ranks of one host share the copy engines in the order their copies arrive; unpaced, a
+  // rank ahead queues all its stages' sends before its peers' first, and every rank's reads of the
+  // lagging rank's stages wait behind them.
+  const bool paced = ops.paced_sends();
   // Buffer sets: two, or over a direct transport its windows' (direct.sets), the device scratch cut
   // alike (ScratchLayout::set_bytes_for, which the direct programs' device slots are sized by).
   static_assert(kDirectMaxSets <= kMaxBufferSets);
@@ -143,10 +124,7 @@ ncclResult_t PipelineRun::run_stages(StageProgram& program, StageOps& ops, size_
   // The end of a stage's transfer part: its gather, then the set handed back to the produce lane.
   auto end_stage = [&](const Stage& st) -> ncclResult_t {
     FP8WIRE_TRY(program.gather(ops, st));
-    const size_t set = static_cast<size_t>(st.set_index);
-    if (reuse_wait && lanes) return lanes->lanes_drained(r.transfer, st.set_index);
-    if (reuse_wait) return check(cuda_->EventRecord(r.done[set], r.transfer), "releasing a buffer set");
-    return ncclSuccess;
+    return check(cuda_->EventRecord(r.done[static_cast<size_t>(st.set_index)], r.transfer), "releasing a buffer set");
   };
   Stage previous;
   for (size_t i = 0; i < stages; ++i) {
@@ -159,10 +137,8 @@ ncclResult_t PipelineRun::run_stages(StageProgram& program, StageOps& ops, size_
     st.set_index = static_cast<int>(set);
     st.only = stages == 1;
     st.last = i + 1 == stages;
-    // The set was last read by stage i-sets' finish, or its gather where the program has one (with
-    // lane flags, by the last stage that used it).
-    if (reuse_wait && lanes) FP8WIRE_TRY(lanes->lanes_reuse(r.produce, st.set_index));
-    else if (reuse_wait && i >= static_cast<size_t>(sets)) {
+    // The set was last read by stage i-sets' finish, or its gather where the program has one.
+    if (i >= static_cast<size_t>(sets)) {
       FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.produce, r.done[set], 0), "waiting for a buffer set"));
       // The fetch lane refills the set's copy-in slots (two-shot's reduced slots too), and the send
       // lane the rank's own window, which stage i-sets' reduce or decode may have read (the peers'
@@ -181,18 +157,9 @@ ncclResult_t PipelineRun::run_stages(StageProgram& program, StageOps& ops, size_
       if (produced == ncclSuccess) produced = ops.end_half(&produced_on);
       FP8WIRE_TRY(produced);
     }
-    if (!ready_wait) {
-      // Only the release waits for the produce (StageOps::gate_release), after the stage's reads.
-      FP8WIRE_TRY(check(cuda_->EventRecord(r.ready[set], r.produce), "marking a stage produced"));
-      ops.gate_release(r.ready[set]);
-    } else if (lanes) {
-      FP8WIRE_TRY(lanes->lanes_hand(r.produce, st.set_index));
-      FP8WIRE_TRY(lanes->lanes_take(r.transfer, st.set_index));
-    } else {
-      FP8WIRE_TRY(check(cuda_->EventRecord(r.ready[set], produced_on), "handing a stage over"));
-      if (early_copy_in) ops.gate_produce(r.ready[set]);
-      else FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.transfer, r.ready[set], 0), "handing a stage over"));
-    }
+    FP8WIRE_TRY(check(cuda_->EventRecord(r.ready[set], produced_on), "handing a stage over"));
+    if (produce_gate) ops.gate_produce(r.ready[set]);
+    else FP8WIRE_TRY(check(cuda_->StreamWaitEvent(r.transfer, r.ready[set], 0), "handing a stage over"));
     ops.set_lanes(r.transfer, copy_lanes ? r.fetch : nullptr, StageOps::Half::finish, r.to_kernel_lane);
     if (paced) ops.mark_acquired(r.acquired[set]);
     ncclResult_t finished = program.finish(ops, st);
@@ -200,7 +167,6 @@ ncclResult_t PipelineRun::run_stages(StageProgram& program, StageOps& ops, size_
     if (finished == ncclSuccess) finished = ops.end_half(&finished_on);
     else ops.set_lane(r.transfer);  // a failed finish's last gate goes where the stage would have ended
     ops.mark_acquired(nullptr);
-    ops.gate_release(nullptr);
     const ncclResult_t gated = ops.pass_produce_gate();
     FP8WIRE_TRY(finished);
     FP8WIRE_TRY(gated);

@@ -7,30 +7,23 @@
 //
 // Stage i uses buffer set i % 2 (over a direct transport i % direct.sets), so the quantize of stage
 // i+1 overlaps the transfer of stage i, and the produce lane waits for stage i-2 (i-sets) to finish
-// with a set before reusing it. Only events link the
-// streams, so the same code is legal under CUDA graph capture (fork/join of a captured stream), and
-// nothing allocates or synchronises. Over a direct transport with direct.lane_flags, the hand-overs
-// between the two lanes (ready, done) are the transport's stream memory operations on this rank's
-// own flags instead (DirectWindows::lanes_*) in calls not under capture; the fork and join stay
-// events. With direct.lanes_apart a call the direct programs allow it for (StageOps::handover) has
-// its produce lane wait for nothing of the transfer lane's, and its transfer lane wait for a stage's
-// produce only before the stage's release (in place: before the stage's finish, as without). With
-// direct.early_copy_in the ready hand-over by event is waited for inside the stage's finish, just before
-// its first operation that touches what the produce lane writes or reads (StageOps::gate_produce):
-// its copy-in of the peers' data goes first. With direct.paced_sends (host memory, programs without
-// a gather) a stage's first write into a window waits for the transfer lane's acquire of the stage
-// before it (StageOps::gate_send), so the ranks' copies reach the copy engines stage by stage. With
-// direct.copy_lanes (events, not under capture) each lane's copies over the link run on a copy lane
-// of its own: the produce lane's sends (reclaim, copy-out, publish) on the send lane, which waits for
-// the kernels they follow; the transfer lane's copy-in (acquire, fetch) on the fetch lane, which the
-// transfer lane waits for before its next operation; a stage's ready hand-over is recorded on the
-// send lane after its publish, and both copy lanes wait for a buffer set's done like the produce
-// lane; a gather's acquire and copy-in go to the fetch lane too, while what a finish sends (two-shot's
-// reduced shard) stays on the transfer lane behind the reduce that computes it. So a copy never waits
-// behind a kernel that waits for the lane's previous copy, and the copy engines have the next copy
-// queued (bench/README.md "Host-link limit"). At its start a call's produce lane (and each copy lane)
-// waits for the transfer lane as it stands (the previous call's work); at its end the transfer lane
-// waits for both copy lanes.
+// with a set before reusing it. Only events link the streams, so the same code is legal under CUDA
+// graph capture (fork/join of a captured stream), and nothing allocates or synchronises.
+// Over a direct transport the call's recipe (sched/plan/recipe.hpp) says how the lanes hand a stage
+// over (LaneHandover): before its finish; at its produce gate, inside the finish just before its
+// first operation that touches what the produce lane writes or reads (StageOps::gate_produce), so its
+// copy-in of the peers' data goes first; or that, with each lane's operations over the link on a copy
+// lane of its own: the produce lane's sends (reclaim, copy-out, publish) on the send lane, which waits
+// for the kernels they follow; the transfer lane's copy-in (acquire, fetch) on the fetch lane, which the
+// transfer lane waits for before its next operation; a stage's ready hand-over is recorded on the send
+// lane after its publish, and both copy lanes wait for a buffer set's done like the produce lane; a
+// gather's acquire and copy-in go to the fetch lane too, while what a finish sends (two-shot's reduced
+// shard) stays on the transfer lane behind the reduce that computes it. So a copy never waits behind a
+// kernel that waits for the lane's previous copy, and the copy engines have the next copy queued. With
+// paced sends a stage's first write into a window waits for the transfer lane's acquire of the stage
+// before it (StageOps::gate_send), so the ranks' copies reach the copy engines stage by stage. At its
+// start a call's produce lane (and each copy lane) waits for the transfer lane as it stands (the
+// previous call's work); at its end the transfer lane waits for both copy lanes.
 // The caller's stream itself runs none of the work: calls of one application group on different
 // communicators never wait for one another, whatever order each rank issued them in.
 #pragma once

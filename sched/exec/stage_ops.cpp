@@ -20,7 +20,7 @@ quant::LaunchOptions StageOps::launch_for(std::span<const void* const> touched, 
   o.sr_offset = sr_offset;
   if (direct_)
     for (const void* p : touched)
-      if (p && direct_->in_a_window(p)) o.max_ctas = window_ctas_;
+      if (p && direct_->in_a_window(p)) o.max_ctas = recipe_.window_ctas;
   return o;
 }
 
@@ -179,20 +179,10 @@ ncclResult_t StageOps::publish(int set, int phase) {
   FP8WIRE_TRY(pass_send_gate(nullptr));
   return direct_->publish(lane_, set, phase);
 }
-ncclResult_t StageOps::publish_to(int set, int phase, int peer) {
-  FP8WIRE_TRY(enter(half_ == Half::produce));
-  FP8WIRE_TRY(pass_send_gate(nullptr));
-  return direct_->publish_to(lane_, set, phase, peer);
-}
 ncclResult_t StageOps::acquire(int set, int phase) {
   FP8WIRE_TRY(on_lane(half_ == Half::finish));
   FP8WIRE_TRY(direct_->acquire(lane_, set, phase));
   return record_acquired();
-}
-ncclResult_t StageOps::acquire_from(int set, int phase, int peer, bool last) {
-  FP8WIRE_TRY(on_lane(half_ == Half::finish));
-  FP8WIRE_TRY(direct_->acquire_from(lane_, set, phase, peer));
-  return last ? record_acquired() : ncclSuccess;
 }
 ncclResult_t StageOps::record_acquired() {
   if (!acquired_mark_) return ncclSuccess;
@@ -201,7 +191,6 @@ ncclResult_t StageOps::record_acquired() {
 }
 ncclResult_t StageOps::release(int set) {
   FP8WIRE_TRY(enter(false));
-  FP8WIRE_TRY(pass_gate(release_gate_, "waiting for the stage's produce"));
   return direct_->release(lane_, set);
 }
 

@@ -14,6 +14,7 @@
 
 #include "quant/quant.hpp"
 #include "sched/comm/comm_state.hpp"
+#include "sched/plan/recipe.hpp"
 #include "sched/platform/platform.hpp"
 #include "sched/transport/transport.hpp"
 
@@ -22,11 +23,6 @@ class DirectWindows;
 }
 
 namespace fp8wire::sched {
-
-// Which hand-overs the pipeline executor places between its two lanes (sched/exec/pipeline.hpp):
-// both (stage i's finish after its produce; stage i+2's produce after stage i's finish), the first
-// only, or none (direct.lanes_apart, sched/algorithms/direct.cpp).
-enum class LaneHandover { both, ready_only, none };
 
 class StageOps {
  public:
@@ -46,46 +42,18 @@ class StageOps {
   }
   void add_wire_bytes(uint64_t bytes) { wire_bytes_ += bytes; }
 
-  // The call runs over a direct transport (sched/transport/direct_windows.hpp): the direct programs reach
-  // the windows through it, and every codec launch that loads or stores a window keeps to
-  // `window_ctas` thread blocks (direct.ctas: the link's share; the rest of the GPU is the
-  // application's), while one on device memory alone runs at the codec's own width, as over NCCL (it
-  // is on a lane's path between two transfers: capped, it held them apart; bench/README.md
-  // "Host-link limit"). With `lane_flags` (direct.lane_flags) the executor orders its two lanes by the
-  // transport's flags; `handover` says which of its hand-overs between them the call needs
-  // (direct.lanes_apart).
-  // `early_copy_in` (direct.early_copy_in): the executor hands each stage over by a produce gate
-  // (gate_produce, below) instead of a wait before the stage's finish. `paced_sends`
-  // (direct.paced_sends): it holds each stage's sends until the peers published the previous stage
-  // (gate_send, below).
-  // `copy_lanes` (direct.copy_lanes): the executor may give each half of a stage a copy lane beside
-  // its kernel lane (set_lanes, below). `per_peer_flags` (direct.per_peer_flags): the programs signal
-  // each peer right after what they wrote for it alone (with direct.outbox, all after the one copy),
-  // and copy in each peer's data right after its own signal (publish_to, acquire_from, below).
-  void use_direct(const DirectWindows* direct, uint32_t window_ctas, bool lane_flags = false,
-                  LaneHandover handover = LaneHandover::both, bool early_copy_in = false, bool paced_sends = false,
-                  bool copy_lanes = false, bool per_peer_flags = false) {
+  // The call runs over a direct transport (sched/transport/direct_windows.hpp) by `recipe`: the direct
+  // programs reach the windows through it, and every codec launch that loads or stores a window keeps
+  // to the recipe's window_ctas thread blocks, while one on device memory alone runs at the codec's
+  // own width, as over NCCL (it is on a lane's path between two transfers: capped, it held them apart).
+  // The executor reads the recipe's hand-over and paced sends here.
+  void use_direct(const DirectWindows* direct, const DirectRecipe& recipe) {
     direct_ = direct;
-    window_ctas_ = window_ctas;
-    lane_flags_ = lane_flags;
-    handover_ = handover;
-    early_copy_in_ = early_copy_in;
-    paced_sends_ = paced_sends;
-    copy_lanes_ = copy_lanes;
-    per_peer_flags_ = per_peer_flags;
+    recipe_ = recipe;
   }
   const DirectWindows* direct() const { return direct_; }
-  // The windows whose flags order the executor's lanes, or null (events order them).
-  const DirectWindows* lanes_by_flags() const { return lane_flags_ ? direct_ : nullptr; }
-  LaneHandover handover() const { return handover_; }
-  bool early_copy_in() const { return direct_ && early_copy_in_; }
-  bool paced_sends() const { return direct_ && paced_sends_; }
-  bool copy_lanes() const { return direct_ && copy_lanes_; }
-  bool per_peer_flags() const { return direct_ && per_peer_flags_; }
-  // With no hand-over (LaneHandover::none), the stage's release waits for this event (its produce,
-  // publish included): a rank marks a set free for its peers only after every signal it owes them
-  // for the stage, which the transports' liveness rule rests on (sched/transport/direct_windows.hpp).
-  void gate_release(cudaEvent_t produced) { release_gate_ = produced; }
+  LaneHandover handover() const { return direct_ ? recipe_.handover : LaneHandover::before_finish; }
+  bool paced_sends() const { return direct_ && recipe_.paced_sends; }
   // The stage's hand-over from the produce lane, placed as late as it may be: the current lane waits
   // for `produced` once, before the first operation of the stage that may touch what the produce lane
   // writes or reads (its own quantized data, the caller's buffers, the flags it owes the peers): every
@@ -95,7 +63,7 @@ class StageOps {
   // Waits for the produce gate now if it is still closed (the executor, once the stage's finish is
   // issued: the rest of the stage follows its produce, as with the wait before the finish).
   ncclResult_t pass_produce_gate();
-  // Paced sends (direct.paced_sends), set by the executor around a stage's produce: the lane waits for
+  // Paced sends (DirectRecipe::paced_sends), set by the executor around a stage's produce: the lane waits for
   // `acquired` once, before the stage's first write into a window (a copy or a quantize there) or its
   // publish. With `mark`, the next acquire() records `mark` on its lane (the transfer lane, or with
   // copy lanes the fetch lane) once its waits are issued: the stage's peers have published what it
@@ -105,7 +73,7 @@ class StageOps {
 
   // Every operation on `lane`.
   void set_lane(cudaStream_t lane) { set_lanes(lane, nullptr, Half::produce, nullptr); }
-  // Copy lanes (direct.copy_lanes): a stage's half on a kernel lane and a copy lane. In the produce
+  // Copy lanes (LaneHandover::copy_lanes): a stage's half on a kernel lane and a copy lane. In the produce
   // half the copy lane takes what goes to the peers (reclaim, every write into a window, publish)
   // and waits, through `hop`, for the kernels issued before each of those (what it sends); the kernel
   // lane never waits for it. In the finish half the copy lane takes the copy-in (acquire, fetch) and
@@ -152,7 +120,7 @@ class StageOps {
   // for a copy into a host window (its mapped address), which CUDA resolves through unified addressing.
   ncclResult_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind = cudaMemcpyDeviceToDevice);
   // A copy of what the peers wrote, from a window into this rank's copy-in slots, which no produce
-  // lane writes (sched/algorithms/direct.cpp, "Copy-in"): the one copy a produce gate lets through.
+  // lane writes (sched/algorithms/direct.cpp, copy_engine): the one copy a produce gate lets through.
   ncclResult_t fetch(void* dst, const void* src, size_t bytes);
   ncclResult_t zero(void* dst, size_t bytes);
   // Sums in the caller's precision over `over`'s ranks (the hierarchical path inside a host).
@@ -164,11 +132,6 @@ class StageOps {
   ncclResult_t publish(int set, int phase);
   ncclResult_t acquire(int set, int phase);
   ncclResult_t release(int set);
-  // The same steps with one peer (direct.per_peer_flags): publish_to on the lane of the sends,
-  // acquire_from on the lane of the copy-in; `last` marks the stage's last peer, after whose wait a
-  // paced stage's mark is recorded (mark_acquired), as after a whole acquire.
-  ncclResult_t publish_to(int set, int phase, int peer);
-  ncclResult_t acquire_from(int set, int phase, int peer, bool last);
 
   // --- wire --------------------------------------------------------------------------------------
   ncclResult_t exchange(std::span<const PeerSend> sends, std::span<const PeerRecv> recvs) {
@@ -182,7 +145,7 @@ class StageOps {
 
  private:
   // The launch options of a codec kernel that reads or writes `touched`, its first element
-  // `sr_offset` of the call (use_direct: kept to direct.ctas where it touches a window).
+  // `sr_offset` of the call (use_direct: kept to the recipe's window_ctas where it touches a window).
   quant::LaunchOptions launch_for(std::initializer_list<const void*> touched, uint64_t sr_offset = 0) const {
     return launch_for(std::span<const void* const>(touched.begin(), touched.size()), sr_offset);
   }
@@ -200,12 +163,7 @@ class StageOps {
   cudaStream_t lane_ = nullptr;
   uint64_t wire_bytes_ = 0;
   const DirectWindows* direct_ = nullptr;
-  uint32_t window_ctas_ = 0;
-  bool lane_flags_ = false;
-  LaneHandover handover_ = LaneHandover::both;
-  bool early_copy_in_ = false;
-  bool paced_sends_ = false;
-  cudaEvent_t release_gate_ = nullptr;
+  DirectRecipe recipe_;
   cudaEvent_t produce_gate_ = nullptr;
   cudaEvent_t send_gate_ = nullptr;
   cudaEvent_t acquired_mark_ = nullptr;
@@ -221,11 +179,9 @@ class StageOps {
   Half half_ = Half::produce;
   cudaEvent_t hop_ = nullptr;
   bool hop_pending_ = false;  // the lane the other waits for in this half ran an operation since it last did
-  bool copy_lanes_ = false;
-  bool per_peer_flags_ = false;
-  // Records the paced stage's mark on the current lane, if one is set (acquire, acquire_from).
+  // Records the paced stage's mark on the current lane, if one is set (acquire).
   ncclResult_t record_acquired();
-  // Waits for `gate` once, then clears it (the produce, send and release gates).
+  // Waits for `gate` once, then clears it (the produce and send gates).
   ncclResult_t pass_gate(cudaEvent_t& gate, const char* what);
 };
 

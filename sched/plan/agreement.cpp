@@ -50,11 +50,14 @@ uint64_t config_fingerprint(const Config& c) {
   mix(c.audit_every);  // an audited call adds an NCCL call on every rank
   mix(c.hierarchy_enable); mix(c.hierarchy_ranks_per_host);
   // Ranks that would carry a call by different transports would wait in different places.
-  mix(c.direct_transport); mix(c.direct_assume_one_host); mix(c.direct_window_bytes); mix(c.direct_stage_bytes);
-  mix(c.direct_min_stages); mix(c.direct_max_stages); mix(c.direct_shared_max_stages);
-  mix(c.direct_shared_max_stage_bytes); mix(c.direct_sets);
-  mix(c.direct_outbox);  // where a writer leaves what its readers read
-  for (const CostModel& m : c.cost_model) { mix(m.direct_latency_us); mix(m.direct_bandwidth_gbps); }
+  // (direct.protocol is not among them: either protocol leaves the same bytes in the same windows under
+  // the same flags, so it is a choice of each rank alone, sched/algorithms/direct.cpp.)
+  mix(c.direct_transport); mix(c.direct_assume_one_host); mix(c.direct_window_bytes); mix(c.direct_sets);
+  for (const CostModel& m : c.cost_model) {
+    mix(m.direct_latency_us); mix(m.direct_bandwidth_gbps);
+    mix(m.direct_stage_bytes); mix(m.direct_max_stages); mix(m.direct_shared_max_stages);  // how calls are cut
+    mix(m.direct_shared_stage_bytes);
+  }
   for (const CostModel& m : c.cost_model) { mix(m.hosts); mix(m.ranks_per_host); }   // changes what is quantized only, but keeps ranks' numerics alike
   return h;
 }

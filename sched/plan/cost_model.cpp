@@ -8,9 +8,18 @@ CostModel default_cost_model(Fabric fabric) {
   // Rough figures for an H100/H200-class node; fp8wire-bench replaces them (cost_model.<fabric>.*).
   // No per-operation latencies: on real fabrics the kinds of operation cost about the same fixed
   // time, so every one costs op_latency_us until a profile says otherwise.
+  // The direct pipeline's shape, measured over host memory on one H200 (docs/PERF.md, "Direct transport
+  // over host memory"): 8 MiB stages; at 256 MiB 32 MiB stages (8 of them) instead of 8 MiB reached
+  // 1.33x at 4 ranks and 1.04-1.09x at 2; where the ranks share one GPU's host link, 2 stages against 8
+  // at 64 MiB 1.09-1.27x at 2 and 4 ranks, and 256 MiB in 32 MiB stages 1.04-1.10x faster than in 2.
   auto model = [](double latency_us, double bus_gbps) {
-    return CostModel{.op_latency_us = latency_us, .bus_bandwidth_gbps = bus_gbps, .codec_gbps = 1000.0,
-                     .kernel_launch_us = 4.0};
+    CostModel m{.op_latency_us = latency_us, .bus_bandwidth_gbps = bus_gbps, .codec_gbps = 1000.0,
+                .kernel_launch_us = 4.0};
+    m.direct_stage_bytes = 8ull << 20;
+    m.direct_max_stages = 8;
+    m.direct_shared_max_stages = 2;
+    m.direct_shared_stage_bytes = 32ull << 20;
+    return m;
   };
   switch (fabric) {
     case Fabric::nvlink: return model(15.0, 150.0);  // the direct transport over NVLink: not measured yet
@@ -32,7 +41,7 @@ CostModel effective_cost_model(const Config& config, Fabric fabric) {
   CostModel model = default_cost_model(fabric);
   const CostModel& given = config.cost_model[static_cast<int>(fabric)];
   // Fields given in the profile win one by one, so a partial profile still works.
-  auto take = [](double& field, double value) {
+  auto take = [](auto& field, auto value) {
     if (value > 0) field = value;
   };
   take(model.op_latency_us, given.op_latency_us);
@@ -49,6 +58,10 @@ CostModel effective_cost_model(const Config& config, Fabric fabric) {
   take(model.alltoall_bandwidth_gbps, given.alltoall_bandwidth_gbps);
   take(model.direct_latency_us, given.direct_latency_us);
   take(model.direct_bandwidth_gbps, given.direct_bandwidth_gbps);
+  take(model.direct_stage_bytes, given.direct_stage_bytes);
+  take(model.direct_max_stages, given.direct_max_stages);
+  take(model.direct_shared_max_stages, given.direct_shared_max_stages);
+  take(model.direct_shared_stage_bytes, given.direct_shared_stage_bytes);
   model.hosts = given.hosts;
   model.ranks_per_host = given.ranks_per_host;
   model.calibrated = given.calibrated;
@@ -61,15 +74,29 @@ NcclOp gather_op(GatherMethod gather) {
 }
 }  // namespace
 
-GatherMethod gather_method_for(const Config& config, Collective collective, Path path,
-                                     uint64_t caller_bytes, int nranks, Fabric fabric) {
+GatherMethod cheaper_gather(const CostModel& model, const quant::WireFormat& format, GatherMethod configured,
+                            Collective collective, Path path, uint64_t caller_bytes, int nranks) {
   if (!has_gather_step(collective, path)) return GatherMethod::allgather;
-  if (config.gather_transport != GatherMethod::automatic) return config.gather_transport;
-  const CostModel model = effective_cost_model(config, fabric);
-  const quant::WireFormat format = quant::WireFormat::from(config);
+  if (configured != GatherMethod::automatic) return configured;
   const double ag = predicted_us(model, collective, path, caller_bytes, nranks, format, GatherMethod::allgather);
   const double sr = predicted_us(model, collective, path, caller_bytes, nranks, format, GatherMethod::sendrecv);
   return sr < ag ? GatherMethod::sendrecv : GatherMethod::allgather;
+}
+
+GatherMethod gather_method_for(const Config& config, Collective collective, Path path,
+                                     uint64_t caller_bytes, int nranks, Fabric fabric) {
+  return cheaper_gather(effective_cost_model(config, fabric), quant::WireFormat::from(config), config.gather_transport,
+                        collective, path, caller_bytes, nranks);
+}
+
+Path cheaper_all_reduce(const CostModel& model, const quant::WireFormat& format, GatherMethod configured,
+                        uint64_t caller_bytes, int nranks) {
+  // Each path with its own best gather step.
+  auto cost = [&](Path p) {
+    const GatherMethod g = cheaper_gather(model, format, configured, Collective::all_reduce, p, caller_bytes, nranks);
+    return predicted_us(model, Collective::all_reduce, p, caller_bytes, nranks, format, g);
+  };
+  return cost(Path::one_shot) <= cost(Path::two_shot) ? Path::one_shot : Path::two_shot;
 }
 
 double fixed_latency_us(const CostModel& m, Collective collective, Path path, int nranks, GatherMethod gather) {

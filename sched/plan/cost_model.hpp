@@ -56,5 +56,14 @@ Carrier carrier_for(const Config& config, Collective collective, Path path, uint
 // always are). A function of the config and the call's shape only, so every rank picks the same.
 GatherMethod gather_method_for(const Config& config, Collective collective, Path path,
                                      uint64_t caller_bytes, int nranks, Fabric fabric);
+// The same over a model and format at hand (`configured`: Config::gather_transport).
+GatherMethod cheaper_gather(const CostModel& model, const quant::WireFormat& format, GatherMethod configured,
+                            Collective collective, Path path, uint64_t caller_bytes, int nranks);
+
+// The FP8 all-reduce algorithm.automatic takes: one-shot or two-shot, whichever `model` predicts
+// cheaper for `caller_bytes` at `nranks` (one-shot on a tie), each with its own cheaper gather step.
+// The one chooser: the planner (plan_call) and the benchmark's model report both call it.
+Path cheaper_all_reduce(const CostModel& model, const quant::WireFormat& format, GatherMethod configured,
+                        uint64_t caller_bytes, int nranks);
 
 }  // namespace fp8wire::sched

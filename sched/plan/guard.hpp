@@ -13,6 +13,7 @@
 // those flags, and the call that reads them is fixed by the call count alone.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/config.hpp"
@@ -47,6 +48,10 @@ struct CallChoice {
   bool measure = false;         // telemetry on this call
   bool guard = false;           // and the guard's flags
 };
+
+// The scope of a call (`batch` calls coalesced into it, `feedback_key` its key): the key's tensor, or
+// the communicator for a call without one or for a coalesced batch (whose calls each have their own).
+inline uint64_t guard_scope(size_t batch, uint64_t feedback_key) { return batch > 1 ? 0 : feedback_key; }
 
 // Whether the flags of a call reach every rank as the same set of votes: the one-shot and two-shot
 // all-reduce (over NCCL or a direct transport, coalesced or not) and the all-gather, with a scale

@@ -77,15 +77,9 @@ Plan plan_call(const Config& config, const CallShape& call, Fabric fabric) {
       case Algorithm::two_shot: fp8 = Path::two_shot; break;
       case Algorithm::one_shot: fp8 = Path::one_shot; break;
       case Algorithm::ring: fp8 = Path::ring; break;
-      case Algorithm::automatic: {
-        // Each path with its own best gather transport.
-        auto cost = [&](Path p) {
-          const GatherMethod g = gather_method_for(config, call.collective, p, bytes, call.nranks, fabric);
-          return predicted_us(model, call.collective, p, bytes, call.nranks, format, g);
-        };
-        fp8 = cost(Path::one_shot) <= cost(Path::two_shot) ? Path::one_shot : Path::two_shot;
+      case Algorithm::automatic:
+        fp8 = cheaper_all_reduce(model, format, config.gather_transport, bytes, call.nranks);
         break;
-      }
     }
   }
   const GatherMethod gather = gather_method_for(config, call.collective, fp8, bytes, call.nranks, fabric);

@@ -37,6 +37,10 @@ enum class PassReason : uint8_t {
 };
 const char* to_string(PassReason);
 
+// The fabric of a communicator that has no agreement (yet): the configured one, else net (the class
+// that assumes least).
+inline Fabric fabric_without_agreement(const Config& config) { return config.fabric_override.value_or(Fabric::net); }
+
 // Bytes of the caller's full buffer, the quantity thresholds are compared with. For reduce_scatter
 // it is the send buffer (nranks * recvcount elements), for all_gather the receive buffer (nranks *
 // sendcount), as nccl-tests reports sizes.

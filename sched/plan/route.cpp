@@ -61,7 +61,7 @@ Route route_fp8(const Config& config, const CommFacts& comm, const CallShape& ca
   if (comm.direct != Carrier::nccl) {
     r.carrier = carrier_for(config, call.collective, algorithm, bytes, call.nranks, comm.fabric, comm.direct);
     if (r.carrier != Carrier::nccl) {
-      r.stage_elems = direct_stage_elems(config, comm.direct_set_bytes, call.collective, algorithm, call.count, es,
+      r.stage_elems = direct_stage_elems(effective_cost_model(config, comm.fabric), comm.direct_set_bytes, call.collective, algorithm, call.count, es,
                                          call.nranks, format, comm.direct_ranks_per_gpu);
       if (r.stage_elems == 0) r.carrier = Carrier::nccl;
     }
@@ -82,6 +82,26 @@ Route route_fp8(const Config& config, const CommFacts& comm, const CallShape& ca
     r.gather = GatherMethod::automatic;
   }
   return r;
+}
+
+std::vector<Carrier> direct_carriers(const Config& config, Fabric fabric, std::span<const RankFacts> facts,
+                                     int max_ranks) {
+  if (config.direct_transport == DirectMode::off || facts.empty() || facts.size() > static_cast<size_t>(max_ranks))
+    return {};
+  if (config.direct_transport == DirectMode::automatic && effective_cost_model(config, fabric).direct_bandwidth_gbps <= 0)
+    return {};
+  if (!config.direct_assume_one_host)
+    for (const RankFacts& f : facts)
+      if (f.host_hash != facts[0].host_hash) return {};
+  switch (config.direct_transport) {
+    case DirectMode::off: return {};
+    case DirectMode::peer_memory: return {Carrier::peer_memory};
+    case DirectMode::host_memory: return {Carrier::host_memory};
+    case DirectMode::automatic: break;
+  }
+  for (const RankFacts& f : facts)
+    if (f.p2p_disabled) return {Carrier::host_memory};
+  return {Carrier::peer_memory, Carrier::host_memory};
 }
 
 }  // namespace fp8wire::sched

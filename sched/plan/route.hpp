@@ -10,6 +10,8 @@
 
 #include <cstddef>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "common/config.hpp"
 #include "sched/plan/agreement.hpp"
@@ -30,6 +32,7 @@ struct CommFacts {
   int ranks_per_host = 0;
   Carrier direct = Carrier::nccl;  // the kind of its direct windows (nccl: it has none)
   size_t direct_set_bytes = 0;                 // one buffer set of those windows
+  int direct_sets = 2;                         // buffer sets of those windows (direct.sets)
   int direct_ranks_per_gpu = 1;                // most ranks on one GPU (DirectWindows::ranks_per_gpu)
   ScratchLayout scratch;
 };
@@ -63,5 +66,14 @@ Route route_call(const Config& config, const CommFacts& comm, const CallShape& c
 // the second half of route_call, and the route of a coalesced batch (its total size, the first
 // call's algorithm). Falls back (PassReason::scratch) when not even one stage fits the scratch.
 Route route_fp8(const Config& config, const CommFacts& comm, const CallShape& call, Path algorithm);
+
+// The kinds of direct window a communicator tries at its creation, in order (sched/comm/direct_round.cpp):
+// none where direct.transport is off, some rank is on another machine (unless direct.assume_one_host),
+// there are more ranks than one fused reduce takes, or, with auto, the agreed fabric's cost model has
+// no direct figures (its windows would be memory held for nothing); else the configured kind, or with
+// auto peer memory unless some rank has P2P disabled, then host memory. A function of what every rank
+// gathered alike, so every rank tries the same kinds.
+std::vector<Carrier> direct_carriers(const Config& config, Fabric fabric, std::span<const RankFacts> facts,
+                                     int max_ranks);
 
 }  // namespace fp8wire::sched

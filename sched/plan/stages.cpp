@@ -140,38 +140,28 @@ size_t direct_set_bytes(Collective collective, Path path, size_t len, int nranks
   return 0;
 }
 
-size_t direct_stage_elems(const Config& config, size_t set_bytes, Collective collective, Path path, size_t count,
+size_t direct_stage_elems(const CostModel& model, size_t set_bytes, Collective collective, Path path, size_t count,
                           size_t elem_bytes, int nranks, const quant::WireFormat& f, int ranks_per_gpu) {
   if (count == 0) return 0;
   const size_t unit = stage_unit_elems(collective, path, nranks, f);
   auto fits = [&](size_t n) { return direct_set_bytes(collective, path, n, nranks, f) <= set_bytes; };
   // Caller bytes per element of `count`: the reduce-scatter's stage spans every rank's block.
-  const size_t per_elem = elem_bytes * (collective == Collective::all_reduce ? 1 : static_cast<size_t>(nranks));
-  size_t want = std::max<size_t>(config.direct_stage_bytes / std::max<size_t>(per_elem, 1), 1);
-  // direct.max_stages (direct.shared_max_stages where ranks share a GPU's host link): a larger call
-  // in that many larger stages (as far as `fits` allows, below).
+  const size_t per_elem = std::max<size_t>(elem_bytes * (collective == Collective::all_reduce ? 1 : static_cast<size_t>(nranks)), 1);
+  size_t want = std::max<size_t>(model.direct_stage_bytes / per_elem, 1);
+  // A larger call in at most that many larger stages (as far as `fits` allows, below): the per-stage
+  // costs (a flag round trip, a copy per peer) stay a fixed share of the call.
   const bool shared = ranks_per_gpu > 1;
-  const uint32_t max_stages = shared ? config.direct_shared_max_stages : config.direct_max_stages;
+  const uint64_t max_stages = shared ? model.direct_shared_max_stages : model.direct_max_stages;
   if (max_stages > 0) want = std::max(want, (count + max_stages - 1) / max_stages);
-  // direct.shared_max_stage_bytes: where ranks share a GPU, none larger than that (nor smaller than
-  // direct.stage_bytes), so a large call gets more stages than the bound.
-  if (shared && config.direct_shared_max_stage_bytes > 0) {
-    const size_t cap = std::max<uint64_t>(config.direct_shared_max_stage_bytes, config.direct_stage_bytes) /
-                       std::max<size_t>(per_elem, 1);
+  // Where ranks share a GPU, none larger than direct_shared_stage_bytes (nor smaller than a stage of
+  // direct_stage_bytes), so a large call gets more stages than the bound.
+  if (shared && model.direct_shared_stage_bytes > 0) {
+    const size_t cap = std::max(model.direct_shared_stage_bytes, model.direct_stage_bytes) / per_elem;
     want = std::min(want, std::max<size_t>(cap, 1));
   }
-  // direct.min_stages: smaller stages for the calls direct.stage_bytes would leave in too few to
-  // overlap (whole units, rounded down: at least that many stages where the call has the units), but
-  // none under kMinCutStageBytes of caller data: each stage costs a flag round trip between the ranks
-  // (~12.5 us between processes), about what a smaller stage's bytes take over the host link.
-  constexpr size_t kMinCutStageBytes = 1u << 20;
-  const size_t by_stages = std::max<size_t>(count / std::max<uint32_t>(config.direct_min_stages, 1),
-                                            std::max<size_t>(kMinCutStageBytes / std::max<size_t>(per_elem, 1), 1));
-  const bool cut_by_stages = config.direct_min_stages > 1 && by_stages < want;
-  if (cut_by_stages) want = by_stages;
   if (count <= unit || (count <= want && fits(count))) return fits(count) ? count : 0;
   if (!fits(unit)) return 0;
-  size_t lo = 1, hi = cut_by_stages ? std::max<size_t>(want / unit, 1) : (std::min(count, std::max(want, unit)) + unit - 1) / unit;
+  size_t lo = 1, hi = (std::min(count, std::max(want, unit)) + unit - 1) / unit;
   while (lo < hi) {
     const size_t mid = lo + (hi - lo + 1) / 2;
     if (fits(mid * unit)) lo = mid; else hi = mid - 1;

@@ -58,13 +58,14 @@ size_t stage_elems(const Config& config, const ScratchLayout& scratch, Collectiv
 inline size_t stage_count(size_t count, size_t stage) { return stage ? (count + stage - 1) / stage : 0; }
 
 // The direct transports (sched/transport/direct_windows.hpp): bytes one buffer set of a window needs
-// for a stage of `len` elements, and the stage size of a call: one stage when the call fits a set and
-// direct.stage_bytes (and, with direct.min_stages k, a k-th of the call), else the largest whole
-// number of units (stage_unit_elems) within them. 0 when not even one unit fits (the call then goes
-// over NCCL's transports, on every rank alike). `ranks_per_gpu` above 1 (ranks sharing a GPU's host
-// link) bounds the stage count by direct.shared_max_stages instead of direct.max_stages.
+// for a stage of `len` elements, and the stage size of a call by the direct pipeline's shape in the
+// fabric's cost model (CostModel::direct_*stage*): one stage when the call fits a set and a stage of
+// direct_stage_bytes (or a direct_max_stages-th of the call), else the largest whole number of units
+// (stage_unit_elems) within that. 0 when not even one unit fits (the call then goes over NCCL's
+// transports, on every rank alike). `ranks_per_gpu` above 1 (ranks sharing a GPU's host link) takes
+// the shared bounds instead.
 size_t direct_set_bytes(Collective collective, Path path, size_t len, int nranks, const quant::WireFormat& f);
-size_t direct_stage_elems(const Config& config, size_t set_bytes, Collective collective, Path path, size_t count,
+size_t direct_stage_elems(const CostModel& model, size_t set_bytes, Collective collective, Path path, size_t count,
                           size_t elem_bytes, int nranks, const quant::WireFormat& f, int ranks_per_gpu = 1);
 
 // The hierarchical path (sched/plan/hierarchy.hpp): scratch one stage of `len` elements needs, and

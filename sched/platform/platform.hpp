@@ -19,7 +19,7 @@ struct HostFacts {
   bool nvlink_local = false; // `device` reaches every other GPU this process sees over NVLink
   uint32_t process_id = 0;   // this process (two ranks of one communicator in one process: no FP8)
   // A hash of `device`'s UUID (0: unknown): ranks with the same one share a GPU, so its host link
-  // too (ranks emulated on one GPU), which sets how a direct call is cut (direct.shared_max_stages).
+  // too (ranks emulated on one GPU), which sets how a direct call is cut (the shared bounds of the fabric's direct pipeline shape, CostModel::direct_shared_*).
   uint64_t gpu_hash = 0;
 };
 

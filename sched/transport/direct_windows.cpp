@@ -17,10 +17,6 @@ void init_flags(DirectFlags& f) {
   for (auto& set : f.free)
     for (uint32_t& w : set) __atomic_store_n(&w, 1u, __ATOMIC_RELAXED);
   __atomic_store_n(&f.closed, 0u, __ATOMIC_RELAXED);
-  for (int s = 0; s < kDirectMaxSets; ++s) {
-    __atomic_store_n(&f.handed[s], 0u, __ATOMIC_RELAXED);
-    __atomic_store_n(&f.drained[s], 1u, __ATOMIC_RELAXED);
-  }
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
@@ -87,24 +83,18 @@ ncclResult_t DirectWindows::reclaim(cudaStream_t lane, int set) const {
 
 ncclResult_t DirectWindows::publish(cudaStream_t lane, int set, int phase) const {
   for (int j = 0; j < nranks_; ++j)
-    if (j != rank_) FP8WIRE_TRY(publish_to(lane, set, phase, j));
+    if (j != rank_)
+      FP8WIRE_TRY(op(platform_->cuda.StreamWriteValue32(lane, &flags_device(j)->ready[set][phase][rank_], 1),
+                     "signalling written data to a peer"));
   return ncclSuccess;
-}
-
-ncclResult_t DirectWindows::publish_to(cudaStream_t lane, int set, int phase, int peer) const {
-  return op(platform_->cuda.StreamWriteValue32(lane, &flags_device(peer)->ready[set][phase][rank_], 1),
-            "signalling written data to a peer");
 }
 
 ncclResult_t DirectWindows::acquire(cudaStream_t lane, int set, int phase) const {
   for (int j = 0; j < nranks_; ++j)
-    if (j != rank_) FP8WIRE_TRY(acquire_from(lane, set, phase, j));
+    if (j != rank_)
+      FP8WIRE_TRY(take(lane, &flags_device(rank_)->ready[set][phase][j], "waiting for a peer's data",
+                       "resetting a ready flag"));
   return ncclSuccess;
-}
-
-ncclResult_t DirectWindows::acquire_from(cudaStream_t lane, int set, int phase, int peer) const {
-  return take(lane, &flags_device(rank_)->ready[set][phase][peer], "waiting for a peer's data",
-              "resetting a ready flag");
 }
 
 ncclResult_t DirectWindows::release(cudaStream_t lane, int set) const {
@@ -119,26 +109,6 @@ ncclResult_t DirectWindows::release(cudaStream_t lane, int set) const {
   return ncclSuccess;
 }
 
-ncclResult_t DirectWindows::lanes_reuse(cudaStream_t produce, int set) const {
-  return take(produce, &flags_device(rank_)->drained[set], "waiting for the transfer lane to drain a buffer set",
-              "resetting a drained flag");
-}
-
-ncclResult_t DirectWindows::lanes_hand(cudaStream_t produce, int set) const {
-  return op(platform_->cuda.StreamWriteValue32(produce, &flags_device(rank_)->handed[set], 1),
-            "handing a stage to the transfer lane");
-}
-
-ncclResult_t DirectWindows::lanes_take(cudaStream_t transfer, int set) const {
-  return take(transfer, &flags_device(rank_)->handed[set], "waiting for the produce lane's stage",
-              "resetting a hand-over flag");
-}
-
-ncclResult_t DirectWindows::lanes_drained(cudaStream_t transfer, int set) const {
-  return op(platform_->cuda.StreamWriteValue32(transfer, &flags_device(rank_)->drained[set], 1),
-            "marking a buffer set drained");
-}
-
 void DirectWindows::release_waits() const {
   DirectFlags* f = flags_host();
   if (!f) return;
@@ -147,10 +117,6 @@ void DirectWindows::release_waits() const {
       for (int p = 0; p < kDirectPhases; ++p) __atomic_store_n(&f->ready[s][p][j], 1u, __ATOMIC_RELAXED);
       __atomic_store_n(&f->free[s][j], 1u, __ATOMIC_RELAXED);
     }
-  for (int s = 0; s < kDirectMaxSets; ++s) {
-    __atomic_store_n(&f->handed[s], 1u, __ATOMIC_RELAXED);
-    __atomic_store_n(&f->drained[s], 1u, __ATOMIC_RELAXED);
-  }
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 

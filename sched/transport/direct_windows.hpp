@@ -33,13 +33,10 @@
 // in stream order), so a flag never carries two signals (no ABA); and after each call every flag is
 // back in its initial state, so a CUDA graph replays the same operations correctly.
 //
-// The same protocol orders this rank's own two lanes when direct.lane_flags is on (handed / drained
-// in its own page, in place of the executor's events between its lanes: sched/exec/pipeline.hpp).
-//
 // Liveness. A peer that has gone (destroyed or aborted its communicator, or whose process ended) is an
 // error only for an operation of this rank that waits on it. Such a wait comes with this rank's
-// reclaim of the stage's set, which clears free[s][j]: after it, or (a transfer lane's acquire with
-// direct.early_copy_in, or the fetch lane's with direct.copy_lanes) beside it, the lane that reclaims
+// reclaim of the stage's set, which clears free[s][j]: after it, or (a transfer lane's acquire at the
+// produce gate, or the fetch lane's with copy lanes: sched/plan/recipe.hpp) beside it, the lane that reclaims
 // (produce, or with copy lanes send) reaching that reclaim without waiting on the peer, whose release
 // of the set's previous stage came with every signal it owed for that stage: before its reclaim it
 // waits only on detected free flags, on this rank's own events, and on an acquire of an earlier
@@ -83,11 +80,6 @@ struct DirectFlags {
   // 1 once the owner tore its transport down in order (its lanes idle, every release written): it
   // will read no peer's window again. Written by the owner's host, read by the peers' hosts.
   uint32_t closed;
-  // This rank's own two pipeline lanes, by the same protocol (direct.lane_flags; sched/exec/
-  // pipeline.cpp), read and written by this rank only: handed[s] = 1, the produce lane handed set s's
-  // stage to the transfer lane; drained[s] = 1, the transfer lane has finished with set s.
-  uint32_t handed[kDirectMaxSets];
-  uint32_t drained[kDirectMaxSets];
 };
 // The flags' initial state: nothing written yet, everything free.
 void init_flags(DirectFlags& f);
@@ -127,20 +119,6 @@ class DirectWindows {
   ncclResult_t publish(cudaStream_t lane, int set, int phase) const;
   ncclResult_t acquire(cudaStream_t lane, int set, int phase) const;
   ncclResult_t release(cudaStream_t lane, int set) const;
-  // Publish and acquire with one peer only (direct.per_peer_flags): the same flag of the same page as
-  // the whole step sets or waits for that peer, so a rank may signal or wait per peer while its peers
-  // do either.
-  ncclResult_t publish_to(cudaStream_t lane, int set, int phase, int peer) const;
-  ncclResult_t acquire_from(cudaStream_t lane, int set, int phase, int peer) const;
-
-  // The pipeline's hand-overs between this rank's two lanes as memory operations on its own flag page
-  // instead of events (direct.lane_flags): before the produce lane writes set `set` (wait until the
-  // transfer lane drained it), after it (hand), before the transfer lane reads it (take), after the
-  // transfer lane's last use of it (drained). A wait is issued only after the store it waits for.
-  ncclResult_t lanes_reuse(cudaStream_t produce, int set) const;
-  ncclResult_t lanes_hand(cudaStream_t produce, int set) const;
-  ncclResult_t lanes_take(cudaStream_t transfer, int set) const;
-  ncclResult_t lanes_drained(cudaStream_t transfer, int set) const;
 
   // Abort: host stores that satisfy every wait this rank's lanes are in or will reach.
   void release_waits() const;

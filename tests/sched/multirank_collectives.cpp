@@ -17,15 +17,9 @@
 // The test reports err / bound and fails above 1.
 //
 // Usage: multirank_collectives [--ranks 2,3,4] [--big] [--timeout S] [--per-gpu] [--direct peer_memory|host_memory]
-//                              [--direct-own-in-window] [--direct-no-copy-in] [--direct-no-copy-out]
-//                              [--direct-lane-flags] [--direct-lanes-apart] [--direct-no-copy-lanes] [--direct-min-stages K]
-//                              [--direct-sets K] [--direct-per-peer-flags] [--direct-outbox]
-//   The direct knobs are the library's defaults unless named: --direct-own-in-window turns
-//   direct.own_on_device off (the rank's own data goes through its window like the peers', and
-//   nothing is copied in or out); --direct-no-copy-in, --direct-no-copy-out turn direct.copy_in,
-//   direct.copy_out off; --direct-no-copy-lanes turns direct.copy_lanes off; --direct-lane-flags,
-//   --direct-lanes-apart, --direct-min-stages K, --direct-sets K, --direct-per-peer-flags, --direct-outbox set
-//   direct.lane_flags, direct.lanes_apart, direct.min_stages, direct.sets, direct.per_peer_flags, direct.outbox.
+//                              [--direct-protocol kernels|copy_engine] [--direct-sets K]
+//   The direct settings are the library's defaults unless named: --direct-protocol, --direct-sets set
+//   direct.protocol (host memory's protocol; peer memory runs kernels either way) and direct.sets.
 //   --per-gpu: rank r runs on GPU r % (visible GPUs) with no NCCL_HOSTID, so NCCL joins real GPUs by
 //   its own transports (NVLink/P2P, or host memory under NCCL_P2P_DISABLE=1) instead of sockets.
 //   --big: the big all-reduce case moves 256 MiB (64 Mi fp32) instead of 64 MiB, at the first world
@@ -128,15 +122,7 @@ int g_ranks_per_host = 0;
 // --direct peer_memory|host_memory: every FP8 call the direct transport can carry goes over it (the
 // ranks share this machine's GPU, so direct.assume_one_host), and a case checks that they did.
 DirectMode g_direct = DirectMode::off;
-bool g_own_in_window = false;   // --direct-own-in-window: direct.own_on_device off
-bool g_copy_in = Config{}.direct_copy_in;    // --direct-no-copy-in: direct.copy_in off
-bool g_copy_out = Config{}.direct_copy_out;  // --direct-no-copy-out: direct.copy_out off
-bool g_lane_flags = false;      // --direct-lane-flags: direct.lane_flags
-bool g_lanes_apart = false;     // --direct-lanes-apart: direct.lanes_apart
-bool g_copy_lanes = Config{}.direct_copy_lanes;  // --direct-no-copy-lanes: direct.copy_lanes off
-bool g_per_peer_flags = Config{}.direct_per_peer_flags;  // --direct-per-peer-flags: direct.per_peer_flags on
-bool g_outbox = Config{}.direct_outbox;  // --direct-outbox: direct.outbox on
-uint32_t g_min_stages = 1;      // --direct-min-stages K: direct.min_stages
+DirectProtocol g_protocol = DirectProtocol::automatic;  // --direct-protocol P: direct.protocol
 uint32_t g_sets = Config{}.direct_sets;  // --direct-sets K: direct.sets
 
 void report(Rank& R, const std::string& name, bool ok, double ratio, uint64_t hash, bool identical_required) {
@@ -233,15 +219,7 @@ Config test_config() {
   c.hierarchy_ranks_per_host = static_cast<uint32_t>(g_ranks_per_host);
   c.direct_transport = g_direct;
   c.direct_assume_one_host = g_direct != DirectMode::off;
-  c.direct_own_on_device = !g_own_in_window;
-  c.direct_copy_in = g_copy_in;
-  c.direct_copy_out = g_copy_out;
-  c.direct_lane_flags = g_lane_flags;
-  c.direct_lanes_apart = g_lanes_apart;
-  c.direct_copy_lanes = g_copy_lanes;
-  c.direct_per_peer_flags = g_per_peer_flags;
-  c.direct_outbox = g_outbox;
-  c.direct_min_stages = g_min_stages;
+  c.direct_protocol = g_protocol;
   c.direct_sets = g_sets;
   return c;
 }
@@ -763,29 +741,14 @@ int main(int argc, char** argv) {
         fprintf(stderr, "--direct: got '%s', expected peer_memory or host_memory\n", m.c_str());
         return 2;
       }
-    } else if (a == "--direct-own-in-window") {
-      g_own_in_window = true;
-    } else if (a == "--direct-no-copy-in") {
-      g_copy_in = false;
-    } else if (a == "--direct-no-copy-out") {
-      g_copy_out = false;
-    } else if (a == "--direct-lane-flags") {
-      g_lane_flags = true;
-    } else if (a == "--direct-lanes-apart") {
-      g_lanes_apart = true;
-    } else if (a == "--direct-no-copy-lanes") {
-      g_copy_lanes = false;
-    } else if (a == "--direct-per-peer-flags") {
-      g_per_peer_flags = true;
-    } else if (a == "--direct-outbox") {
-      g_outbox = true;
-    } else if (a == "--direct-min-stages" && i + 1 < argc) {
-      const int k = std::atoi(argv[++i]);
-      if (k < 1 || k > 64) {
-        fprintf(stderr, "--direct-min-stages: got '%s', expected 1..64\n", argv[i]);
+    } else if (a == "--direct-protocol" && i + 1 < argc) {
+      const std::string m = argv[++i];
+      if (m == "kernels") g_protocol = DirectProtocol::kernels;
+      else if (m == "copy_engine") g_protocol = DirectProtocol::copy_engine;
+      else {
+        fprintf(stderr, "--direct-protocol: got '%s', expected kernels or copy_engine\n", m.c_str());
         return 2;
       }
-      g_min_stages = static_cast<uint32_t>(k);
     } else if (a == "--direct-sets" && i + 1 < argc) {
       const int k = std::atoi(argv[++i]);
       if (k < 2 || k > 4) {
@@ -797,13 +760,11 @@ int main(int argc, char** argv) {
       child_out = argv[++i];
     } else {
       fprintf(stderr, "unknown argument '%s'; expected --ranks 2,3,4 | --big | --timeout S | --per-gpu | --ranks-per-host R | "
-                      "--direct peer_memory|host_memory | --direct-own-in-window | --direct-no-copy-in | --direct-no-copy-out | --direct-lane-flags | "
-                      "--direct-lanes-apart | --direct-no-copy-lanes | --direct-min-stages K | --direct-sets K | "
-                      "--direct-per-peer-flags | --direct-outbox\n", a.c_str());
+                      "--direct peer_memory|host_memory | --direct-protocol kernels|copy_engine | --direct-sets K\n",
+              a.c_str());
       return 2;
     }
   }
-  if (g_own_in_window) g_copy_in = g_copy_out = false;  // both need the rank's own data on the device
   if (!child_out.empty()) {
     // One rank, started by the launcher below: RANK, WORLD_SIZE, MASTER_PORT (and NCCL_HOSTID when
     // emulated) are set; rank 0 serves the NCCL unique id.
@@ -849,15 +810,7 @@ int main(int argc, char** argv) {
     spec.argv = {"/proc/self/exe", "--rank-output", prefix, "--timeout", std::to_string(timeout_s)};
     if (g_ranks_per_host) spec.argv.insert(spec.argv.end(), {"--ranks-per-host", std::to_string(g_ranks_per_host)});
     if (g_direct != DirectMode::off) spec.argv.insert(spec.argv.end(), {"--direct", to_string(g_direct)});
-    if (g_own_in_window) spec.argv.push_back("--direct-own-in-window");
-    if (!g_copy_in) spec.argv.push_back("--direct-no-copy-in");
-    if (!g_copy_out) spec.argv.push_back("--direct-no-copy-out");
-    if (g_lane_flags) spec.argv.push_back("--direct-lane-flags");
-    if (g_lanes_apart) spec.argv.push_back("--direct-lanes-apart");
-    if (!g_copy_lanes) spec.argv.push_back("--direct-no-copy-lanes");
-    if (g_per_peer_flags) spec.argv.push_back("--direct-per-peer-flags");
-    if (g_outbox) spec.argv.push_back("--direct-outbox");
-    if (g_min_stages > 1) spec.argv.insert(spec.argv.end(), {"--direct-min-stages", std::to_string(g_min_stages)});
+    if (g_protocol != DirectProtocol::automatic) spec.argv.insert(spec.argv.end(), {"--direct-protocol", to_string(g_protocol)});
     if (g_sets != Config{}.direct_sets) spec.argv.insert(spec.argv.end(), {"--direct-sets", std::to_string(g_sets)});
     if (big && n == worlds.front()) spec.argv.push_back("--big");
     if (per_gpu) spec.argv.push_back("--per-gpu");

@@ -385,15 +385,12 @@ size_t stage_for(const Config& c, const Spec& s, int n) {
 }
 
 std::string describe(const Spec& s, int n, const Config& c) {
-  return fmt::format("{} {} {} {} n={} count={} scratch={} gather={} direct={}/{}/sets{}{}{}{}{}{}{}{}{} fmt={}/{}/{}/b{}",
+  return fmt::format("{} {} {} {} n={} count={} scratch={} gather={} direct={}/{}/sets{}/{} fmt={}/{}/{}/b{}",
                      to_string(s.collective), to_string(s.path), static_cast<int>(s.dtype),
                      s.op == ReduceOp::avg ? "avg" : "sum", n, s.count, c.scratch_max_bytes,
                      to_string(c.gather_transport), to_string(c.direct_transport), c.direct_window_bytes,
-                     c.direct_sets, c.direct_own_on_device ? "/own" : "", c.direct_copy_in ? "/copy_in" : "", c.direct_copy_out ? "/copy_out" : "",
-                     c.direct_lane_flags ? "/lane_flags" : "", c.direct_lanes_apart ? "/lanes_apart" : "",
-                     c.direct_copy_lanes ? "" : "/no_copy_lanes", c.direct_per_peer_flags ? "/per_peer_flags" : "",
-                     c.direct_outbox ? "/outbox" : "",
-                     to_string(c.format), to_string(c.scale_type), to_string(c.rounding), c.block_size);
+                     c.direct_sets, to_string(c.direct_protocol), to_string(c.format), to_string(c.scale_type),
+                     to_string(c.rounding), c.block_size);
 }
 
 std::string check_clean(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs, const Outcome& o) {

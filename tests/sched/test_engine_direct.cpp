@@ -34,6 +34,7 @@
 #include "sched/transport/direct_windows.hpp"
 #include "sched/engine/engine.hpp"
 #include "sched/engine/engine_probe.hpp"
+#include "sched/plan/cost_model.hpp"
 #include "tests/sched/sim_job.hpp"
 
 using namespace fp8wire;
@@ -51,15 +52,25 @@ Config direct_config(DirectMode kind, size_t window, size_t stage_bytes = 8 << 2
   c.direct_transport = kind;
   c.direct_assume_one_host = true;  // the simulated ranks are separate hosts to NCCL, as emulated ranks are
   c.direct_window_bytes = window;
-  c.direct_stage_bytes = stage_bytes;
+  for (CostModel& m : c.cost_model) m.direct_stage_bytes = stage_bytes;
   return c;
 }
+
+// The direct pipeline's shape the simulated calls are cut by (the same on every fabric here).
+CostModel stage_model(const Config& c) { return sched::effective_cost_model(c, Fabric::net); }
 
 // The stage of a direct call of `count` elements of `t`: the library's rule over one buffer set of
 // the window `c` describes; 0 when not even one unit fits (the call goes over NCCL).
 size_t direct_stage_for(const Config& c, Collective collective, Path path, size_t count, DataType t, int n) {
   const size_t set = sched::direct_set_bytes_of(c.direct_window_bytes, static_cast<int>(c.direct_sets));
-  return sched::direct_stage_elems(c, set, collective, path, count, dtype_size(t), n, quant::WireFormat::from(c));
+  return sched::direct_stage_elems(stage_model(c), set, collective, path, count, dtype_size(t), n,
+                                   quant::WireFormat::from(c));
+}
+
+// Rank 0's calls at `site` in the first call.
+int calls_at(const Outcome& o, sim::Site site) {
+  const int i = static_cast<int>(site);
+  return o.after_calls[0][i] - o.after_setup[0][i];
 }
 
 Carrier kind_of(DirectMode m) {
@@ -125,11 +136,12 @@ TEST_CASE("every algorithm over both direct transports: the reference bit for bi
   MESSAGE(runs << " runs over the direct transports (" << pipelined << " pipelined): bit-exact, alike, in bound");
 }
 
-TEST_CASE("own data on the device (direct.own_on_device), with and without copy-in and copy-out: the same bytes, its windows still written for the peers") {
+TEST_CASE("the protocols over host memory (kernels, copy_engine), eager and captured: the same bytes, the windows still written for the peers") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
-  size_t runs = 0, copied = 0, copied_in = 0, copied_out = 0;
-  for (auto [copy_in, copy_out] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}, std::pair{true, true}})
+  size_t runs = 0, copied = 0, copied_out = 0;
+  for (DirectProtocol protocol : {DirectProtocol::kernels, DirectProtocol::copy_engine})
+  for (bool capturing : {false, true})
   for (int n : {2, 3, 4, 8}) {
     if (kSanitizerTier && n == 8) continue;
     for (const Variant& v : kVariants) {
@@ -138,16 +150,16 @@ TEST_CASE("own data on the device (direct.own_on_device), with and without copy-
           if (v.collective == Collective::all_gather && op == ReduceOp::avg) continue;
           for (size_t count : {size_t{127}, size_t(3 * n * 128 + 5), size_t{4099}}) {
             // One stage in a 1 MiB window; many in 24 KiB; and a device buffer set of 3 KiB
-            // (scratch.max_bytes 8 KiB): the larger stages' own data then goes through the window.
+            // (scratch.max_bytes 8 KiB): the larger stages' data then goes through the window.
             for (auto [window, stage, scratch] : {std::tuple<size_t, size_t, size_t>{1 << 20, 8 << 20, 512 << 10},
                                                   {24 << 10, 2 << 10, 512 << 10},
                                                   {1 << 20, 8 << 20, 8 << 10}}) {
               Run cfg;
               cfg.config = direct_config(DirectMode::host_memory, window, stage);
-              cfg.config.direct_own_on_device = true;
-              cfg.config.direct_copy_in = copy_in;
-              cfg.config.direct_copy_out = copy_out;
+              cfg.config.direct_protocol = protocol;
               cfg.config.scratch_max_bytes = scratch;
+              cfg.config.telemetry_sample_every = 0;  // a measured call copies its record back: count data only
+              cfg.machine.capturing = capturing;
               cfg.abort_all = true;
               cfg.second_call = count == 4099;
               Spec spec{v.collective, v.path, t, op, count, 11u + count};
@@ -156,38 +168,24 @@ TEST_CASE("own data on the device (direct.own_on_device), with and without copy-
               const Outcome o = run(cfg, spec, inputs);
               ++runs;
               std::string e = check_carried(cfg, spec, inputs, o, Carrier::host_memory);
-              // What its peers read of its own (one-shot and all-gather: its input; two-shot: its
-              // reduced shard) reaches its window by a copy; the reduce-scatter's own block needs none.
-              const auto copies = [&](int r) {
-                const int site = static_cast<int>(sim::Site::memcpy_async);
-                return o.after_calls[static_cast<size_t>(r)][site] - o.after_setup[static_cast<size_t>(r)][site];
-              };
-              if (e.empty() && v.collective != Collective::reduce_scatter && scratch > (8 << 10)) {
-                if (copies(0) == 0) e = fmt::format("{}: rank 0 copied nothing into its window", describe(spec, n, cfg.config));
+              const int copies = calls_at(o, sim::Site::memcpy_async);
+              const std::string what = fmt::format("{} ({}{})", describe(spec, n, cfg.config), to_string(protocol),
+                                                   capturing ? ", captured" : "");
+              // kernels: the codec kernels move every byte, no copy engine. copy_engine: what its peers
+              // read of its own (one-shot and all-gather: its input; two-shot: its reduced shard) reaches
+              // its window by a copy, every peer's data reaches the device set by copies (the
+              // reduce-scatter's too: one per run of inbox slots), and what it writes for one peer alone
+              // (the reduce-scatter's blocks, two-shot's shards) reaches that peer by a copy each (127
+              // elements leave some shards empty).
+              if (e.empty() && protocol == DirectProtocol::kernels && copies != 0)
+                e = fmt::format("{}: rank 0 copied {} times", what, copies);
+              if (e.empty() && protocol == DirectProtocol::copy_engine && scratch > (8 << 10)) {
+                const bool writes_for_peers = v.collective == Collective::reduce_scatter || v.path == Path::two_shot;
+                const int least = (v.collective == Collective::reduce_scatter ? 1 : 2) +
+                                  (writes_for_peers && count > 127 ? n - 1 : 0);
+                if (copies < least) e = fmt::format("{}: rank 0 copied {} times, at least {} expected", what, copies, least);
                 else ++copied;
-              }
-              // Copy-in: every peer's data reaches the device set by a copy, the reduce-scatter's too
-              // (one copy per run of inbox slots), so there are more copies than without it.
-              if (e.empty() && copy_in && scratch > (8 << 10)) {
-                if (copies(0) < (v.collective == Collective::reduce_scatter ? 1 : 2))
-                  e = fmt::format("{}: rank 0 copied {} times with copy-in", describe(spec, n, cfg.config), copies(0));
-                else ++copied_in;
-              }
-              // Copy-out: the reduce-scatter's blocks and two-shot's shards for the peers reach their
-              // windows by copies, so there are more copies than without it (the one-shot all-reduce
-              // and the all-gather write nothing for one peer alone; 127 elements leave some shards
-              // empty, and more ranks' shards than a stage's blocks fill are empty too).
-              const bool writes_for_peers = v.collective == Collective::reduce_scatter || v.path == Path::two_shot;
-              if (e.empty() && copy_out && writes_for_peers && scratch > (8 << 10) && count > 127) {
-                Run plain = cfg;
-                plain.config.direct_copy_out = false;
-                const Outcome p = run(plain, spec, inputs);
-                const int site = static_cast<int>(sim::Site::memcpy_async);
-                const int without = p.after_calls[0][site] - p.after_setup[0][site];
-                if (copies(0) <= without)
-                  e = fmt::format("{}: rank 0 copied {} times with copy-out, {} without", describe(spec, n, cfg.config),
-                                  copies(0), without);
-                else ++copied_out;
+                if (e.empty() && writes_for_peers && count > 127) ++copied_out;
               }
               if (!e.empty()) failures.push_back(e);
             }
@@ -197,10 +195,9 @@ TEST_CASE("own data on the device (direct.own_on_device), with and without copy-
     }
   }
   CHECK_MESSAGE(failures.empty(), first_failures(failures));
-  CHECK(copied > 50);
-  CHECK(copied_in > 50);
+  CHECK(copied > 100);
   CHECK(copied_out > 50);
-  MESSAGE(runs << " runs with own data on the device: bit-exact, alike, in bound");
+  MESSAGE(runs << " runs of both protocols over host memory: bit-exact, alike, in bound");
 }
 
 namespace {
@@ -214,11 +211,6 @@ Run many_stages(DirectMode mode, bool in_place, size_t count) {
   cfg.second_call = count == 4099;
   return cfg;
 }
-// Rank 0's calls at `site` in the first call.
-int calls_at(const Outcome& o, sim::Site site) {
-  const int i = static_cast<int>(site);
-  return o.after_calls[0][i] - o.after_setup[0][i];
-}
 // Runs `spec` on its ranks under `cfg`, checks the bytes and that the direct transport of `mode`
 // carried every call (a failure goes into `failures`); returns rank 0's calls at `site` (by default
 // its stream waits).
@@ -231,42 +223,53 @@ int run_carried(const Run& cfg, const Spec& spec, int n, DirectMode mode, std::v
 }
 }  // namespace
 
-TEST_CASE("the copy orders (direct.early_copy_in, direct.paced_sends), each on and off: the same bytes, no race; pacing waits where it should") {
+TEST_CASE("the lane hand-overs of the recipe: copy lanes outside capture, events under capture; copy_engine paces its sends but two-shot's") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
-  size_t runs = 0, paced_calls = 0;
+  size_t runs = 0, on_copy_lanes = 0, paced_calls = 0;
   for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
     for (int n : {2, 3, 4}) {
       for (const Variant& v : kVariants) {
         for (bool in_place : {false, true}) {
-          for (size_t count : {size_t(3 * n * 128 + 5), size_t{4099}}) {
-            // Stage waits of each (early, paced) run of this case: [early][paced].
+          // Three sets (two-shot's gather one stage late, after the next stage's finish) and two (right
+          // after its own); 4099 elements reuse every set.
+          for (auto [count, sets] : {std::pair{size_t(3 * n * 128 + 5), 3u}, {size_t{4099}, 3u}, {size_t{4099}, 2u}}) {
+            // Stream waits of rank 0: [protocol kernels, copy_engine][eager, captured].
             int waits[2][2] = {};
-            for (bool early : {false, true}) {
-              for (bool paced : {false, true}) {
+            for (int protocol : {0, 1}) {
+              if (mode == DirectMode::peer_memory && protocol == 0) continue;  // peer memory runs kernels either way
+              for (bool capturing : {false, true}) {
                 Run cfg = many_stages(mode, in_place, count);
-                cfg.config.direct_early_copy_in = early;
-                cfg.config.direct_paced_sends = paced;
-                Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 13u + count};
+                cfg.config.direct_protocol = protocol == 0 ? DirectProtocol::kernels : DirectProtocol::copy_engine;
+                cfg.config.direct_sets = sets;
+                cfg.machine.capturing = capturing;
+                Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 29u + count};
                 const size_t st = direct_stage_for(cfg.config, v.collective, v.path, count, DataType::bf16, n);
-                if (st == 0 || st >= count) continue;  // one stage: nothing to order
+                if (st == 0 || st >= count) continue;  // one stage: nothing to hand over or pace
                 ++runs;
-                waits[early][paced] = run_carried(cfg, spec, n, mode, failures);
+                waits[protocol][capturing] = run_carried(cfg, spec, n, mode, failures);
               }
             }
-            if (waits[0][0] == 0) continue;  // not run (one stage)
-            // Early copy-in moves the stage's wait, it adds none; pacing adds one wait per stage but
-            // the first, over host memory and for programs without a gather (not two-shot's all-reduce).
-            const bool gather = v.collective == Collective::all_reduce && v.path == Path::two_shot;
-            const bool pacing = mode == DirectMode::host_memory && !gather;
-            for (bool early : {false, true}) {
-              if (waits[early][0] != waits[0][0])
-                failures.push_back(fmt::format("{} n={} {}: early copy-in changed the stage waits {} -> {}",
-                                               to_string(v.collective), n, to_string(mode), waits[0][0], waits[early][0]));
-              const bool more = waits[early][1] > waits[early][0];
+            const std::string what = fmt::format("{} {} n={} {} sets={} count={}", to_string(v.collective),
+                                                 to_string(v.path), n, to_string(mode), sets, count);
+            // Outside capture the copy lanes hop to and from the kernel lanes: more waits, for every
+            // program and protocol (two-shot's gather included).
+            for (int protocol : {0, 1}) {
+              if (waits[protocol][0] == 0) continue;  // not run
+              if (waits[protocol][0] <= waits[protocol][1])
+                failures.push_back(fmt::format("{} protocol {}: {} stream waits eager, {} captured", what, protocol,
+                                               waits[protocol][0], waits[protocol][1]));
+              else
+                ++on_copy_lanes;
+            }
+            // Under capture (no copy lanes) the copy_engine protocol adds one wait per stage but the
+            // first where it paces (every program without a second handshake), the kernels one none.
+            if (mode == DirectMode::host_memory && waits[0][1] && waits[1][1]) {
+              const bool pacing = !(v.collective == Collective::all_reduce && v.path == Path::two_shot);
+              const bool more = waits[1][1] > waits[0][1];
               if (more != pacing)
-                failures.push_back(fmt::format("{} {} n={} {}: paced {} stage waits, unpaced {}", to_string(v.collective),
-                                               to_string(v.path), n, to_string(mode), waits[early][1], waits[early][0]));
+                failures.push_back(fmt::format("{}: captured, copy_engine {} stream waits, kernels {}", what,
+                                               waits[1][1], waits[0][1]));
               else if (more)
                 ++paced_calls;
             }
@@ -276,46 +279,10 @@ TEST_CASE("the copy orders (direct.early_copy_in, direct.paced_sends), each on a
     }
   }
   CHECK_MESSAGE(failures.empty(), first_failures(failures));
-  CHECK(paced_calls > 20);
-  MESSAGE(runs << " runs with the copy orders on and off: bit-exact, alike, in bound; " << paced_calls << " paced");
-}
-
-TEST_CASE("direct.copy_lanes: sends and copy-in on lanes of their own: the same bytes, no race; used by every program") {
-  log_set_level(LogLevel::error);
-  std::vector<std::string> failures;
-  size_t runs = 0, on_copy_lanes = 0;
-  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
-    for (int n : {2, 3, 4}) {
-      for (const Variant& v : kVariants) {
-        for (bool in_place : {false, true}) {
-          // Three sets (two-shot's gather one stage late, after the next stage's finish) and two (right
-          // after its own); 4099 elements reuse every set.
-          for (auto [count, sets] : {std::pair{size_t(3 * n * 128 + 5), 3u}, {size_t{4099}, 3u}, {size_t{4099}, 2u}}) {
-            int waits[2] = {};  // stream waits of rank 0 without and with copy lanes
-            for (bool copy_lanes : {false, true}) {
-              Run cfg = many_stages(mode, in_place, count);
-              cfg.config.direct_copy_lanes = copy_lanes;
-              cfg.config.direct_sets = sets;
-              Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 29u + count};
-              ++runs;
-              waits[copy_lanes] = run_carried(cfg, spec, n, mode, failures);
-            }
-            // The copy lanes hop to and from the kernel lanes: more waits, for every program (two-shot's
-            // gather included).
-            if (waits[1] <= waits[0])
-              failures.push_back(fmt::format("{} {} n={} {}: {} stream waits with copy lanes, {} without",
-                                             to_string(v.collective), to_string(v.path), n, to_string(mode), waits[1],
-                                             waits[0]));
-            else
-              ++on_copy_lanes;
-          }
-        }
-      }
-    }
-  }
-  CHECK_MESSAGE(failures.empty(), first_failures(failures));
   CHECK(on_copy_lanes > 20);
-  MESSAGE(runs << " runs with copy lanes on and off: bit-exact, alike, in bound; " << on_copy_lanes << " on copy lanes");
+  CHECK(paced_calls > 10);
+  MESSAGE(runs << " runs eager and captured: bit-exact, alike, in bound; " << on_copy_lanes << " on copy lanes, "
+               << paced_calls << " paced");
 }
 
 TEST_CASE("the simulator's hardware queues: a wait issued before the signal its peer waits for hangs on one queue, not on two") {
@@ -356,34 +323,27 @@ TEST_CASE("streams that share hardware queues (CUDA_DEVICE_MAX_CONNECTIONS of 1 
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
   size_t runs = 0;
-  struct Options {
-    const char* name;
-    void (*set)(Config&);
-  };
-  const Options options[] = {
-      {"defaults", [](Config&) {}},
-      {"no copy lanes", [](Config& c) { c.direct_copy_lanes = false; }},
-      {"per-peer flags", [](Config& c) { c.direct_per_peer_flags = true; }},
-      {"outbox", [](Config& c) { c.direct_outbox = true; }},
-      {"lane flags", [](Config& c) { c.direct_lane_flags = true; }},
-      {"lanes apart", [](Config& c) { c.direct_lanes_apart = true; }},
-      {"no early copy-in, not paced", [](Config& c) { c.direct_early_copy_in = false, c.direct_paced_sends = false; }},
-  };
   for (int queues : {1, 2}) {
     for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
       for (int n : {2, 3, 4}) {
         for (const Variant& v : kVariants) {
-          for (const Options& opt : options) {
-            for (size_t count : {size_t(3 * n * 128 + 5), size_t{4099}}) {
-              Run cfg = many_stages(mode, false, count);
-              cfg.machine.hw_queues = queues;
-              opt.set(cfg.config);
-              Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 37u + count};
-              ++runs;
-              const size_t before = failures.size();
-              run_carried(cfg, spec, n, mode, failures);
-              for (size_t i = before; i < failures.size(); ++i)
-                failures[i] = fmt::format("{} queue(s), {}: {}", queues, opt.name, failures[i]);
+          // Each protocol, with its copy lanes (eager) and without (captured).
+          for (DirectProtocol protocol : {DirectProtocol::kernels, DirectProtocol::copy_engine}) {
+            if (mode == DirectMode::peer_memory && protocol == DirectProtocol::copy_engine) continue;
+            for (bool capturing : {false, true}) {
+              for (size_t count : {size_t(3 * n * 128 + 5), size_t{4099}}) {
+                Run cfg = many_stages(mode, false, count);
+                cfg.machine.hw_queues = queues;
+                cfg.machine.capturing = capturing;
+                cfg.config.direct_protocol = protocol;
+                Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 37u + count};
+                ++runs;
+                const size_t before = failures.size();
+                run_carried(cfg, spec, n, mode, failures);
+                for (size_t i = before; i < failures.size(); ++i)
+                  failures[i] = fmt::format("{} queue(s), {}{}: {}", queues, to_string(protocol),
+                                            capturing ? ", captured" : "", failures[i]);
+              }
             }
           }
         }
@@ -394,119 +354,7 @@ TEST_CASE("streams that share hardware queues (CUDA_DEVICE_MAX_CONNECTIONS of 1 
   MESSAGE(runs << " runs on shared hardware queues: no hang, bit-exact, alike, in bound");
 }
 
-TEST_CASE("direct.per_peer_flags: each peer signalled and copied in on its own: the same bytes, no race; used where a rank copies in") {
-  log_set_level(LogLevel::error);
-  std::vector<std::string> failures;
-  size_t runs = 0, per_peer = 0;
-  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
-    for (int n : {2, 3, 4}) {
-      for (const Variant& v : kVariants) {
-        for (bool in_place : {false, true}) {
-          for (bool copy_lanes : {false, true}) {
-            for (auto [count, sets] : {std::pair{size_t(3 * n * 128 + 5), 3u}, {size_t{4099}, 3u}, {size_t{4099}, 2u}}) {
-              int copies[2] = {};  // rank 0's copies without and with per-peer flags
-              for (bool flags : {false, true}) {
-                Run cfg = many_stages(mode, in_place, count);
-                cfg.config.direct_copy_lanes = copy_lanes;
-                cfg.config.direct_sets = sets;
-                cfg.config.direct_per_peer_flags = flags;
-                Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 31u + count};
-                ++runs;
-                copies[flags] = run_carried(cfg, spec, n, mode, failures, sim::Site::memcpy_async);
-              }
-              // The reduce-scatter's and two-shot's copy-in read one inbox, whose peers' slots a rank
-              // otherwise copies in one piece (rank 0: slots 1..n-1); per peer it is a copy each. Only
-              // over host memory, where a rank copies in; the one-shot and the all-gather copy each
-              // peer's window apart either way.
-              const bool inbox = v.collective == Collective::reduce_scatter || v.path == Path::two_shot;
-              const bool more = mode == DirectMode::host_memory && inbox && n > 2;
-              const std::string what = fmt::format("{} {} n={} {}", to_string(v.collective), to_string(v.path), n,
-                                                   to_string(mode));
-              if (more ? copies[1] <= copies[0] : copies[1] != copies[0])
-                failures.push_back(fmt::format("{}: {} copies with per-peer flags, {} without", what, copies[1], copies[0]));
-              else if (more)
-                ++per_peer;
-            }
-          }
-        }
-      }
-    }
-  }
-  CHECK_MESSAGE(failures.empty(), first_failures(failures));
-  CHECK(per_peer > 20);
-  MESSAGE(runs << " runs with per-peer flags on and off: bit-exact, alike, in bound; " << per_peer
-               << " copied in per peer");
-}
-
-TEST_CASE("direct.outbox: blocks and shards wait in their writer's window: the same bytes, no race; one copy-out, a copy-in per peer") {
-  log_set_level(LogLevel::error);
-  std::vector<std::string> failures;
-  size_t runs = 0, fewer_out = 0, more_in = 0;
-  // Own data on the device, with each copy option; and with the lanes apart (the reduce-scatter only),
-  // whose copy-out slots lie in the produce lane's half of the device set.
-  struct Own {
-    bool on, copy_in, copy_out;
-    bool apart = false;  // direct.lanes_apart (the reduce-scatter's transfer lane quantizes its own block again)
-  };
-  const Variant writes_for_one[] = {{Collective::all_reduce, Path::two_shot}, {Collective::reduce_scatter, Path::two_shot}};
-  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
-    for (int n : {2, 3, 4, 8}) {
-      for (const Variant& v : writes_for_one) {
-        for (Own own : {Own{true, true, true}, Own{false, false, false}, Own{true, false, false}, Own{true, true, false},
-                        Own{true, false, true}, Own{true, true, true, true}, Own{true, false, false, true}}) {
-          if (mode == DirectMode::peer_memory && own.on) continue;  // own data on the device: host memory only
-          for (auto [copy_lanes, per_peer] : {std::pair{true, false}, {true, true}, {false, false}}) {
-            if (n == 8 && (own.apart || !copy_lanes || per_peer)) continue;  // the copy options only
-            if (own.apart && v.collective != Collective::reduce_scatter) continue;  // not two-shot's
-            for (auto [count, in_place] : {std::pair{size_t(3 * n * 128 + 5), false}, {size_t{4099}, false},
-                                           {size_t{4099}, true}}) {
-              int copies[2] = {};  // rank 0's copies without and with an outbox
-              for (bool outbox : {false, true}) {
-                Run cfg = many_stages(mode, in_place, count);
-                cfg.config.direct_own_on_device = own.on;
-                cfg.config.direct_copy_in = own.copy_in;
-                cfg.config.direct_copy_out = own.copy_out;
-                cfg.config.direct_copy_lanes = copy_lanes;
-                cfg.config.direct_per_peer_flags = per_peer;
-                cfg.config.direct_outbox = outbox;
-                cfg.config.direct_lanes_apart = own.apart;
-                if (own.apart) cfg.config.telemetry_sample_every = 0;  // a measured call keeps its lanes together
-                cfg.config.scratch_max_bytes = 512 << 10;
-                Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 37u + count};
-                ++runs;
-                copies[outbox] = run_carried(cfg, spec, n, mode, failures, sim::Site::memcpy_async);
-              }
-              // Rank 0 copies out its n-1 parts in one piece and copies in each peer's apart, against a
-              // copy per peer out and one piece in (slots 1..n-1 of its inbox; per peer with per-peer
-              // flags): with only one of the two on, fewer or more copies at 3 ranks and up; with
-              // neither, the same (none).
-              const std::string what = fmt::format("{} {} n={} {} own={} in={} out={} apart={}", to_string(v.collective),
-                                                   to_string(v.path), n, to_string(mode), own.on, own.copy_in,
-                                                   own.copy_out, own.apart);
-              const bool out_only = own.on && own.copy_out && !own.copy_in, in_only = own.on && own.copy_in && !own.copy_out;
-              if (n > 2 && out_only) {
-                if (copies[1] < copies[0]) ++fewer_out;
-                else failures.push_back(fmt::format("{}: {} copies with an outbox, {} without", what, copies[1], copies[0]));
-              } else if (n > 2 && in_only && !per_peer) {
-                if (copies[1] > copies[0]) ++more_in;
-                else failures.push_back(fmt::format("{}: {} copies with an outbox, {} without", what, copies[1], copies[0]));
-              } else if (!own.copy_in && !own.copy_out && copies[1] != copies[0]) {
-                failures.push_back(fmt::format("{}: {} copies with an outbox, {} without", what, copies[1], copies[0]));
-              }
-            }
-          }
-        }
-      }
-    }
-  }
-  CHECK_MESSAGE(failures.empty(), first_failures(failures));
-  CHECK(fewer_out > 10);
-  CHECK(more_in > 10);
-  MESSAGE(runs << " runs with an outbox and without: bit-exact, alike, in bound; " << fewer_out
-               << " with fewer copy-outs, " << more_in << " with more copy-ins");
-}
-
-TEST_CASE("direct.shared_max_stages: ranks that share a GPU cut a call into fewer stages: the same bytes, no race") {
+TEST_CASE("ranks that share a GPU cut a call into fewer stages (the shared bounds of the direct pipeline's shape): the same bytes, no race") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
   size_t runs = 0, fewer = 0;
@@ -520,8 +368,8 @@ TEST_CASE("direct.shared_max_stages: ranks that share a GPU cut a call into fewe
   for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
     for (int n : {2, 4}) {
       for (const Variant& v : kVariants) {
-        // 4-7 stages of the test's stage size with a GPU each (direct.max_stages 8 does not bound
-        // them), 2-3 where ranks share one (a bound of 2, then as large as a set holds).
+        // 4-7 stages of the test's stage size with a GPU each (at most 8 stages does not bound them),
+        // 2-3 where ranks share one (a bound of 2, then as large as a set holds).
         const size_t count = 4099;
         int waits[4] = {};
         for (int kind : {0, 1, 2, 3}) {
@@ -551,122 +399,6 @@ TEST_CASE("direct.shared_max_stages: ranks that share a GPU cut a call into fewe
                << " in fewer stages where ranks share a GPU");
 }
 
-TEST_CASE("direct.lane_flags: the lanes hand stages over by the transport's flags: the same bytes, no race, calls back to back") {
-  log_set_level(LogLevel::error);
-  std::vector<std::string> failures;
-  size_t runs = 0;
-  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory}) {
-    for (int n : {2, 3, 4}) {
-      for (const Variant& v : kVariants) {
-        for (auto [own, copy_in] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
-          if (mode == DirectMode::peer_memory && own) continue;  // host memory only
-          for (size_t count : {size_t(3 * n * 128 + 5), size_t{4099}}) {
-            // Many stages (both sets in turn, each reused), and one.
-            for (auto [window, stage] : {std::pair<size_t, size_t>{24 << 10, 2 << 10}, {1 << 20, 8 << 20}}) {
-              uint64_t writes[2] = {0, 0};  // stream memory writes of rank 0, without and with lane flags
-              for (bool lane_flags : {false, true}) {
-                Run cfg;
-                cfg.config = direct_config(mode, window, stage);
-                cfg.config.direct_own_on_device = own;
-                cfg.config.direct_copy_in = copy_in;
-                cfg.config.direct_lane_flags = lane_flags;
-                cfg.abort_all = true;
-                cfg.second_call = true;  // the flags must be back in their initial state after a call
-                Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 5u + count};
-                const auto inputs = inputs_for(spec, n);
-                const Outcome o = run(cfg, spec, inputs);
-                ++runs;
-                const std::string e = check_carried(cfg, spec, inputs, o, kind_of(mode));
-                const int site = static_cast<int>(sim::Site::write_value);
-                writes[lane_flags] = o.after_calls[0][site] - o.after_setup[0][site];
-                if (!e.empty()) failures.push_back(e);
-              }
-              // Every stage of both calls hands over by flags: two more stores per stage and lane.
-              if (writes[1] <= writes[0])
-                failures.push_back(fmt::format("{} n={} count={}: {} stream writes with lane flags, {} without",
-                                               to_string(v.collective), n, count, writes[1], writes[0]));
-            }
-          }
-        }
-      }
-    }
-  }
-  CHECK_MESSAGE(failures.empty(), first_failures(failures));
-  MESSAGE(runs << " runs with and without lane flags: bit-exact, alike, no race");
-}
-
-TEST_CASE("direct.lanes_apart: the same bytes with no hand-over between the lanes (one out of place), no race") {
-  log_set_level(LogLevel::error);
-  std::vector<std::string> failures;
-  size_t runs = 0, apart = 0;
-  for (int n : {2, 3, 4}) {
-    for (const Variant& v : kVariants) {
-      const bool eligible = v.collective != Collective::all_reduce || v.path == Path::one_shot;
-      for (bool in_place : {false, true}) {
-        // The lanes' own order by flags (unused apart) and the copy-in data flow (its slots beside
-        // the transfer lane's own chunk).
-        for (auto [lane_flags, copy_in, copy_out] : {std::tuple{false, false, false}, std::tuple{true, false, false},
-                                                     std::tuple{false, true, false}, std::tuple{false, false, true},
-                                                     std::tuple{false, true, true}}) {
-          // Telemetry off, or sampling its default every 16th call: then the first call is measured
-          // (its lanes hand over as before) and the second, apart, must give the same bytes.
-          for (uint32_t sample : {0u, 16u}) {
-          for (size_t count : {size_t(3 * n * 128 + 5), size_t{4099}}) {
-            // Many stages (both sets in turn, each reused), and one; and many in a device set of 3
-            // KiB (scratch.max_bytes 8 KiB), where a full stage's copy-in slots do not fit half of
-            // it and a short last stage's do: each lane must keep to its half either way.
-            for (auto [window, stage, scratch] : {std::tuple<size_t, size_t, size_t>{24 << 10, 2 << 10, 512 << 10},
-                                                  {1 << 20, 8 << 20, 512 << 10},
-                                                  {24 << 10, 2 << 10, 8 << 10}}) {
-              // Rank 0's event waits and codec launches in the first call, without and with lanes apart.
-              uint64_t waits[2] = {}, codec[2] = {};
-              for (bool lanes_apart : {false, true}) {
-                Run cfg;
-                cfg.config = direct_config(DirectMode::host_memory, window, stage);
-                cfg.config.direct_lane_flags = lane_flags;
-                cfg.config.direct_lanes_apart = lanes_apart;
-                cfg.config.direct_copy_in = copy_in;
-                cfg.config.direct_copy_out = copy_out;
-                cfg.config.scratch_max_bytes = scratch;
-                cfg.config.direct_sets = 2;  // the device sets of 3 KiB above (3 and 4 sets: their own test)
-                cfg.config.telemetry_sample_every = sample;
-                cfg.in_place = in_place;
-                cfg.abort_all = true;
-                cfg.second_call = true;
-                Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 11u + count};
-                const auto inputs = inputs_for(spec, n);
-                const Outcome o = run(cfg, spec, inputs);
-                ++runs;
-                const std::string e = check_carried(cfg, spec, inputs, o, Carrier::host_memory);
-                if (!e.empty()) failures.push_back(e + (in_place ? " (in place)" : ""));
-                const auto site = [&](sim::Site x) {
-                  return static_cast<uint64_t>(o.after_calls[0][static_cast<int>(x)] - o.after_setup[0][static_cast<int>(x)]);
-                };
-                waits[lanes_apart] = site(lane_flags ? sim::Site::wait_value : sim::Site::stream_wait);
-                codec[lanes_apart] = site(sim::Site::codec);
-              }
-              // Lanes apart: the own chunk quantized once more per stage, no more waits (fewer from
-              // the third stage on: no set waits to drain; each stage's one wait is its hand-over, or
-              // out of place its release's); two-shot as before.
-              const bool took = codec[1] > codec[0] && waits[1] <= waits[0];
-              const bool same = codec[1] == codec[0] && waits[1] == waits[0];
-              apart += took;
-              if (sample == 0 && (eligible ? !took : !same))
-                failures.push_back(fmt::format("{} n={} count={}{}{}{}{}: codec launches {} -> {}, waits {} -> {} with lanes apart",
-                                               to_string(v.collective), n, count, in_place ? " in place" : "",
-                                               lane_flags ? " lane flags" : "", copy_in ? " copy-in" : "",
-                                               copy_out ? " copy-out" : "", codec[0], codec[1], waits[0], waits[1]));
-            }
-          }
-          }
-        }
-      }
-    }
-  }
-  CHECK_MESSAGE(failures.empty(), first_failures(failures));
-  MESSAGE(runs << " runs, " << apart << " pairs with the lanes apart: bit-exact, alike, no race");
-}
-
 TEST_CASE("direct.sets 3 and 4: stages take the sets in turn, each reused; the same bytes, no race, calls back to back") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
@@ -675,11 +407,9 @@ TEST_CASE("direct.sets 3 and 4: stages take the sets in turn, each reused; the s
     for (int sets : {3, 4}) {
       for (int n : {2, 3, 4}) {
         for (const Variant& v : kVariants) {
-          // Host memory: the defaults (copy-in and copy-out), neither, the lanes apart, the lanes'
-          // order by flags. Peer memory has none of them.
-          for (auto [copies, lanes_apart, lane_flags] : {std::tuple{true, false, false}, std::tuple{false, false, false},
-                                                         std::tuple{true, true, false}, std::tuple{true, false, true}}) {
-            if (mode == DirectMode::peer_memory && (!copies || lanes_apart || lane_flags)) continue;
+          // Host memory: each protocol; peer memory runs kernels either way.
+          for (DirectProtocol protocol : {DirectProtocol::copy_engine, DirectProtocol::kernels}) {
+            if (mode == DirectMode::peer_memory && protocol == DirectProtocol::copy_engine) continue;
             for (bool in_place : {false, true}) {
               // Many stages of 1 KiB in a 24 KiB window (every set reused), and in a device scratch of
               // 12 KiB cut into `sets` (a full stage's slots then do not fit it, a short last stage's may).
@@ -688,11 +418,8 @@ TEST_CASE("direct.sets 3 and 4: stages take the sets in turn, each reused; the s
                 Run cfg;
                 cfg.config = direct_config(mode, window, stage);
                 cfg.config.direct_sets = static_cast<uint32_t>(sets);
-                cfg.config.direct_copy_in = cfg.config.direct_copy_out = copies;
-                cfg.config.direct_lanes_apart = lanes_apart;
-                cfg.config.direct_lane_flags = lane_flags;
+                cfg.config.direct_protocol = protocol;
                 cfg.config.scratch_max_bytes = scratch;
-                if (lanes_apart) cfg.config.telemetry_sample_every = 0;
                 cfg.in_place = in_place;
                 cfg.abort_all = true;
                 cfg.second_call = true;
@@ -718,11 +445,11 @@ TEST_CASE("direct.sets 3 and 4: stages take the sets in turn, each reused; the s
     }
   }
   CHECK_MESSAGE(failures.empty(), first_failures(failures));
-  CHECK(runs > 300);
+  CHECK(runs > 150);
   MESSAGE(runs << " runs with 3 and 4 buffer sets: bit-exact, alike, no race");
 }
 
-TEST_CASE("3 and 4 buffer sets with grouped all-reduces coalesced into one call, and with error feedback (with an outbox too): the same bytes, no race") {
+TEST_CASE("3 and 4 buffer sets with grouped all-reduces coalesced into one call, and with error feedback: the same bytes, no race") {
   log_set_level(LogLevel::error);
   std::vector<std::string> failures;
   size_t runs = 0;
@@ -755,17 +482,14 @@ TEST_CASE("3 and 4 buffer sets with grouped all-reduces coalesced into one call,
         // Error feedback: the residual is read and written by the produce lane's quantize of each
         // stage while the transfer lane gathers the stage before; the first call's bytes are the
         // reference's (its residual starts at zero, zeroed on the produce lane before the call's
-        // lanes fork). Also where the quantize writes straight into a window (own data in the
-        // window, peer memory), which with copy lanes runs on the send lane; and two-shot with an
-        // outbox (each shard quantized with its own stretch of the residual into the writer's window).
-        for (auto [mode, own] : {std::pair{DirectMode::host_memory, true}, std::pair{DirectMode::host_memory, false},
-                                 std::pair{DirectMode::peer_memory, false}})
-        for (bool outbox : {false, true}) {
-          if (outbox && path != Path::two_shot) continue;
+        // lanes fork). Also where the quantize writes straight into a window (the kernels protocol),
+        // which with copy lanes runs on the send lane.
+        for (auto [mode, protocol] : {std::pair{DirectMode::host_memory, DirectProtocol::copy_engine},
+                                      std::pair{DirectMode::host_memory, DirectProtocol::kernels},
+                                      std::pair{DirectMode::peer_memory, DirectProtocol::kernels}}) {
           Run cfg;
           cfg.config = direct_config(mode, 24 << 10, 1 << 10);
-          cfg.config.direct_own_on_device = own;
-          cfg.config.direct_outbox = outbox;
+          cfg.config.direct_protocol = protocol;
           cfg.config.direct_sets = static_cast<uint32_t>(sets);
           cfg.config.error_feedback = true;
           cfg.config.telemetry_sample_every = 0;
@@ -788,39 +512,6 @@ TEST_CASE("3 and 4 buffer sets with grouped all-reduces coalesced into one call,
   MESSAGE(runs << " runs with 3 and 4 buffer sets, coalesced or fed back: bit-exact, alike, no race");
 }
 
-TEST_CASE("direct.min_stages cuts a call the stage size leaves whole: the same bytes, with and without own data on the device") {
-  log_set_level(LogLevel::error);
-  std::vector<std::string> failures;
-  for (int n : {2, 4}) {
-    if (kSanitizerTier && n == 4) continue;
-    for (const Variant& v : kVariants) {
-      for (auto [own, copy_in] : {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
-        // 3 MiB of bf16 input (all-reduce; the reduce-scatter and all-gather per rank's part): one
-        // stage by direct.stage_bytes, at least 3 with direct.min_stages = 3 (stages >= 1 MiB).
-        const size_t count = (size_t{3} << 20) / 2 / (v.collective == Collective::all_reduce ? 1 : n) + 5;
-        Run cfg;
-        cfg.config = direct_config(DirectMode::host_memory, 16 << 20, 8 << 20);
-        cfg.config.direct_min_stages = 3;
-        cfg.config.direct_own_on_device = own;
-        cfg.config.direct_copy_in = copy_in;
-        cfg.config.scratch_max_bytes = 16 << 20;
-        cfg.abort_all = true;
-        Spec spec{v.collective, v.path, DataType::bf16, ReduceOp::sum, count, 3};
-        const quant::WireFormat f = quant::WireFormat::from(cfg.config);
-        const size_t st = sched::direct_stage_elems(cfg.config, 8 << 20, v.collective, v.path, count, 2, n, f);
-        if (sched::stage_count(count, st) < 3) {
-          failures.push_back(fmt::format("{}: {} stages", describe(spec, n, cfg.config), sched::stage_count(count, st)));
-          continue;
-        }
-        const auto inputs = inputs_for(spec, n);
-        const Outcome o = run(cfg, spec, inputs);
-        if (std::string e = check_clean(cfg, spec, inputs, o); !e.empty()) failures.push_back(e);
-      }
-    }
-  }
-  CHECK_MESSAGE(failures.empty(), first_failures(failures));
-}
-
 TEST_CASE("a call whose unit does not fit one buffer set of the window goes over NCCL, on every rank alike") {
   log_set_level(LogLevel::error);
   // Blocks of 4096 elements, 8 ranks: one two-shot unit needs 9 shard slots of 4100 bytes, more
@@ -832,45 +523,40 @@ TEST_CASE("a call whose unit does not fit one buffer set of the window goes over
   const int n = 8;
   const Spec spec{Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, size_t{n} * 4096 + 17, 5};
   const quant::WireFormat f = quant::WireFormat::from(cfg.config);
-  REQUIRE(sched::direct_stage_elems(cfg.config, 32 << 10, spec.collective, spec.path, spec.count, 2, n, f) == 0);
+  REQUIRE(sched::direct_stage_elems(stage_model(cfg.config), 32 << 10, spec.collective, spec.path, spec.count, 2, n, f) == 0);
   const auto inputs = inputs_for(spec, n);
   const Outcome o = run(cfg, spec, inputs);
   CHECK(check_clean(cfg, spec, inputs, o) == "");
   for (int r = 0; r < n; ++r) CHECK(o.transports[static_cast<size_t>(r)] == Carrier::nccl);
 }
 
-TEST_CASE("direct transport sizes: one stage when the call fits, whole units otherwise") {
+TEST_CASE("direct transport sizes: one stage when the call fits, whole units otherwise, by the fabric's pipeline shape") {
+  const quant::WireFormat f{};
+  // The built-in shape: stages of 8 MiB, at most 8 of them; where ranks share a GPU at most 2, of at
+  // most 32 MiB.
+  const CostModel builtin = sched::default_cost_model(Fabric::pcie);
+  CHECK(builtin.direct_stage_bytes == 8u << 20);
+  CHECK(builtin.direct_max_stages == 8);
+  CHECK(builtin.direct_shared_max_stages == 2);
+  CHECK(builtin.direct_shared_stage_bytes == 32u << 20);
+  // A profile's figures replace them one by one.
   Config c = direct_config(DirectMode::host_memory, 1 << 20, 64 << 10);
-  c.direct_max_stages = 0;  // stages of direct.stage_bytes however many (direct.max_stages below)
-  const quant::WireFormat f = quant::WireFormat::from(c);
+  CostModel m = stage_model(c);
+  CHECK(m.direct_stage_bytes == 64u << 10);
+  CHECK(m.direct_max_stages == 8);
+  CHECK_FALSE(m.calibrated);  // the shape alone does not calibrate the model
+  m.direct_max_stages = 1u << 30;  // stages of direct_stage_bytes however many
   // 4 ranks, bf16, two-shot: a unit is 4 x 128 elements.
-  CHECK(sched::direct_stage_elems(c, 512 << 10, Collective::all_reduce, Path::two_shot, 1000, 2, 4, f) == 1000);
-  const size_t big = sched::direct_stage_elems(c, 512 << 10, Collective::all_reduce, Path::two_shot, 1 << 20, 2, 4, f);
+  CHECK(sched::direct_stage_elems(m, 512 << 10, Collective::all_reduce, Path::two_shot, 1000, 2, 4, f) == 1000);
+  const size_t big = sched::direct_stage_elems(m, 512 << 10, Collective::all_reduce, Path::two_shot, 1 << 20, 2, 4, f);
   CHECK(big % 512 == 0);
   CHECK(big * 2 <= (64u << 10));  // the stage cap in caller bytes
   CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::two_shot, big, 4, f) <= (512u << 10));
-  // direct.min_stages 4: a call direct.stage_bytes would leave whole is cut into at least 4 stages
-  // of whole units, none under 1 MiB of caller data; smaller calls are cut as before.
-  Config k4 = direct_config(DirectMode::host_memory, 64 << 20, 64 << 20);
-  k4.direct_min_stages = 4;
+  // At most 8 stages: a call of more than 8 stages of direct_stage_bytes gets 8 larger ones where a
+  // set holds them, more (of whole units, as large as fit) where it does not; calls of up to 8 keep
+  // direct_stage_bytes.
+  const CostModel m8 = builtin;
   const size_t set64 = 32 << 20;
-  for (size_t count : {size_t{4} << 20, size_t{5} << 20, size_t{20} << 20}) {
-    const size_t st = sched::direct_stage_elems(k4, set64, Collective::all_reduce, Path::two_shot, count, 2, 4, f);
-    CHECK(st % 512 == 0);
-    CHECK(st * 2 >= (1u << 20));
-    CHECK(sched::stage_count(count, st) >= 4);
-  }
-  // 2 MiB of bf16: two stages of 1 MiB; 1 MiB: one stage, as without the option.
-  CHECK(sched::direct_stage_elems(k4, set64, Collective::all_reduce, Path::two_shot, 1 << 20, 2, 4, f) == 1 << 19);
-  CHECK(sched::direct_stage_elems(k4, set64, Collective::all_reduce, Path::two_shot, 1 << 19, 2, 4, f) == 1 << 19);
-  k4.direct_min_stages = 1;
-  CHECK(sched::direct_stage_elems(k4, set64, Collective::all_reduce, Path::two_shot, size_t{20} << 20, 2, 4, f) ==
-        size_t{20} << 20);
-  // direct.max_stages 8: a call of more than 8 stages of direct.stage_bytes gets 8 larger ones where
-  // a set holds them, more (of whole units, as large as fit) where it does not; calls of up to 8
-  // keep direct.stage_bytes.
-  Config m8 = direct_config(DirectMode::host_memory, 64 << 20, 8 << 20);
-  m8.direct_max_stages = 8;
   for (const auto [mib, stages] : {std::pair<size_t, size_t>{16, 2}, {64, 8}, {256, 8}}) {
     const size_t count = mib << 19;  // bf16 elements
     const size_t st = sched::direct_stage_elems(m8, set64, Collective::all_reduce, Path::one_shot, count, 2, 2, f);
@@ -878,16 +564,13 @@ TEST_CASE("direct transport sizes: one stage when the call fits, whole units oth
     CHECK(sched::stage_count(count, st) == stages);
     CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, st, 2, f) <= set64);
   }
-  // Ranks sharing a GPU's host link (DirectWindows::ranks_per_gpu above 1): direct.shared_max_stages
-  // (2 by default) bounds the count instead and direct.shared_max_stage_bytes (32 MiB) the size, so
-  // 16 MiB keeps two stages of direct.stage_bytes, 64 MiB goes in 2 of 32 MiB, 256 MiB in 8 of
-  // 32 MiB; without the size cap, 256 MiB in stages as large as a set holds (5 here).
-  Config shared = m8;
-  REQUIRE(shared.direct_shared_max_stages == 2);
-  REQUIRE(shared.direct_shared_max_stage_bytes == 32u << 20);
-  for (const uint64_t cap : {uint64_t{32} << 20, uint64_t{0}}) {
-    shared.direct_shared_max_stage_bytes = cap;
-    for (const auto [mib, stages] : {std::pair<size_t, size_t>{16, 2}, {64, 2}, {256, cap ? 8u : 5u}}) {
+  // Ranks sharing a GPU's host link (DirectWindows::ranks_per_gpu above 1): the shared bounds, so
+  // 16 MiB keeps two stages of direct_stage_bytes, 64 MiB goes in 2 of 32 MiB, 256 MiB in 8 of
+  // 32 MiB; with a size cap as large as a set, 256 MiB in stages as large as a set holds (5 here).
+  CostModel shared = builtin;
+  for (const uint64_t cap : {uint64_t{32} << 20, uint64_t{1} << 40}) {
+    shared.direct_shared_stage_bytes = cap;
+    for (const auto [mib, stages] : {std::pair<size_t, size_t>{16, 2}, {64, 2}, {256, cap < set64 * 2 ? 8u : 5u}}) {
       const size_t count = mib << 19;
       const size_t st = sched::direct_stage_elems(shared, set64, Collective::all_reduce, Path::one_shot, count, 2, 2, f, 2);
       CAPTURE(mib);
@@ -898,14 +581,9 @@ TEST_CASE("direct transport sizes: one stage when the call fits, whole units oth
   }
   // The reduce-scatter's stage counts every rank's block: 64 MiB over 4 ranks (8 Mi elements of
   // output) in 2 stages of 32 MiB of caller data.
-  shared.direct_shared_max_stage_bytes = 32u << 20;
+  shared.direct_shared_stage_bytes = 32u << 20;
   CHECK(sched::stage_count(size_t{8} << 20, sched::direct_stage_elems(shared, set64, Collective::reduce_scatter,
                                                                       Path::two_shot, size_t{8} << 20, 2, 4, f, 4)) == 2);
-  // 0 lifts the bound (not direct.max_stages in its place): 128 MiB in 16 stages of 8 MiB, not 8.
-  shared.direct_shared_max_stages = 0;
-  CHECK(sched::stage_count(size_t{128} << 19, sched::direct_stage_elems(shared, set64, Collective::all_reduce,
-                                                                       Path::one_shot, size_t{128} << 19, 2, 2, f, 4)) ==
-        16);
   // The reduce-scatter's stage counts every rank's block: blocks of 16 Mi elements (128 MiB of bf16
   // over 4 ranks) in 8 stages, not 16 of 8 MiB.
   const size_t rs = sched::direct_stage_elems(m8, set64, Collective::reduce_scatter, Path::two_shot, size_t{16} << 20, 2, 4, f);
@@ -915,10 +593,6 @@ TEST_CASE("direct transport sizes: one stage when the call fits, whole units oth
   const size_t capped = sched::direct_stage_elems(m8, small_set, Collective::all_reduce, Path::one_shot, size_t{128} << 20, 2, 2, f);
   CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, capped, 2, f) <= small_set);
   CHECK(sched::stage_count(size_t{128} << 20, capped) > 8);
-  // direct.min_stages cuts after it.
-  m8.direct_min_stages = 16;
-  CHECK(sched::stage_count(size_t{128} << 19, sched::direct_stage_elems(m8, set64, Collective::all_reduce, Path::one_shot,
-                                                                          size_t{128} << 19, 2, 2, f)) >= 16);
   // One-shot: only this rank's chunk lives in its window.
   CHECK(sched::direct_set_bytes(Collective::all_reduce, Path::one_shot, 128, 8, f) == quant::chunk_bytes(128, f));
   CHECK(sched::direct_set_bytes(Collective::reduce_scatter, Path::two_shot, 128, 8, f) == 8 * quant::chunk_bytes(128, f));
@@ -932,25 +606,21 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
     const char* name;
     Spec spec;
     DirectMode mode;
-    bool lane_flags = false;  // direct.lane_flags: the lanes' hand-overs are flag waits too
-    bool lanes_apart = false; // direct.lanes_apart (telemetry off, so that every call is apart)
-    bool copy_in = false;     // direct.copy_in
-    bool copy_out = false;    // direct.copy_out
-    uint32_t sets = 2;        // direct.sets
+    DirectProtocol protocol = DirectProtocol::automatic;  // direct.protocol
+    uint32_t sets = 2;                                     // direct.sets
+    bool capturing = false;                                // the captured calls' lane hand-overs
   };
   const Scenario scenarios[] = {
       {"two-shot, host memory, pipelined", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory},
       {"one-shot, peer memory, pipelined", {Collective::all_reduce, Path::one_shot, DataType::f32, ReduceOp::sum, 5000, 4}, DirectMode::peer_memory},
       {"reduce-scatter, host memory", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 2000, 6}, DirectMode::host_memory},
       {"all-gather, peer memory", {Collective::all_gather, Path::one_shot, DataType::bf16, ReduceOp::sum, 3000, 7}, DirectMode::peer_memory},
-      {"two-shot, host memory, pipelined, lane flags", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory, true},
-      {"one-shot, peer memory, pipelined, lane flags", {Collective::all_reduce, Path::one_shot, DataType::f32, ReduceOp::sum, 5000, 4}, DirectMode::peer_memory, true},
-      {"one-shot, host memory, pipelined, lanes apart", {Collective::all_reduce, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 4}, DirectMode::host_memory, false, true},
-      {"reduce-scatter, host memory, pipelined, lanes apart", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 6000, 6}, DirectMode::host_memory, false, true},
-      {"one-shot, host memory, pipelined, lanes apart, copy-in", {Collective::all_reduce, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 4}, DirectMode::host_memory, false, true, true},
-      {"two-shot, host memory, pipelined, copy-in, copy-out", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory, false, false, true, true},
-      {"reduce-scatter, host memory, pipelined, lanes apart, copy-out", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 6000, 6}, DirectMode::host_memory, false, true, false, true},
-      {"two-shot, host memory, pipelined, copy-in, copy-out, 4 sets", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory, false, false, true, true, 4},
+      {"two-shot, host memory, pipelined, kernels", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory, DirectProtocol::kernels},
+      {"reduce-scatter, host memory, pipelined, kernels", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 6000, 6}, DirectMode::host_memory, DirectProtocol::kernels},
+      {"one-shot, host memory, pipelined, captured", {Collective::all_reduce, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 4}, DirectMode::host_memory, DirectProtocol::automatic, 2, true},
+      {"two-shot, peer memory, pipelined, captured", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::peer_memory, DirectProtocol::automatic, 2, true},
+      {"reduce-scatter, host memory, pipelined, captured", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 6000, 6}, DirectMode::host_memory, DirectProtocol::automatic, 2, true},
+      {"two-shot, host memory, pipelined, 4 sets", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory, DirectProtocol::automatic, 4},
   };
   std::vector<std::string> failures;
   size_t runs = 0;
@@ -959,12 +629,9 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
     const int n = 3;
     Run base;
     base.config = direct_config(sc.mode, 24 << 10, 4 << 10);
-    base.config.direct_lane_flags = sc.lane_flags;
-    base.config.direct_lanes_apart = sc.lanes_apart;
-    base.config.direct_copy_in = sc.copy_in;
-    base.config.direct_copy_out = sc.copy_out;
+    base.config.direct_protocol = sc.protocol;
     base.config.direct_sets = sc.sets;
-    if (sc.lanes_apart) base.config.telemetry_sample_every = 0;
+    base.machine.capturing = sc.capturing;
     base.abort_all = true;
     const auto inputs = inputs_for(sc.spec, n);
     const Outcome clean = run(base, sc.spec, inputs);

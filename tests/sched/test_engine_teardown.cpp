@@ -199,24 +199,22 @@ namespace {
 // Rank 0 issues an all-reduce that needs rank 1; rank 1 never issues it and goes (its process ends,
 // or it destroys its communicator out of step). Rank 0's watchdog must see the error, and its abort
 // must release the lanes. Returns "" or what went wrong.
-// How the pipeline's lanes are ordered: events (the default), the transport's flags, or not at all
-// where the call allows (direct.lanes_apart: host memory, the one-shot all-reduce out of place here).
+// How the pipeline's lanes hand stages over (the recipe's LaneHandover): with copy lanes (an eager
+// call) or by events alone (a captured one).
 // `queues`: sim::Options::hw_queues (1: every stream of a rank on one first-in first-out queue, where a
 // waiting lane holds back all later work, the application's too).
-enum class Lanes { events, flags, apart };
-const char* to_string(Lanes l) { return l == Lanes::events ? "lane events" : l == Lanes::flags ? "lane flags" : "lanes apart"; }
+enum class Lanes { copy_lanes, events };
+const char* to_string(Lanes l) { return l == Lanes::copy_lanes ? "copy lanes" : "lane events (captured)"; }
 
 std::string run_gone_mid_collective(DirectMode mode, Ending how, Lanes lanes, int queues) {
   sim::Options machine;
   machine.nranks = 2;
   machine.hw_queues = queues;
+  machine.capturing = lanes == Lanes::events;
   sim::World world(machine);
   const Platform& p = world.platform();
   const std::vector<ncclComm_t> comms = world.create_comm();
   Config config = direct_config(mode);
-  config.direct_lane_flags = lanes == Lanes::flags;  // the lanes' hand-overs are flag waits the abort must release too
-  config.direct_lanes_apart = lanes == Lanes::apart;
-  if (lanes == Lanes::apart) config.telemetry_sample_every = 0;  // a measured call keeps its hand-overs
   std::atomic<int> ready{0};
   std::atomic<bool> gone{false}, rank0_done{false};
   std::string failure;
@@ -280,7 +278,7 @@ TEST_CASE("teardown: a peer gone while a collective waits on it is an error, and
   log_set_level(LogLevel::off);
   for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory})
     for (Ending how : {Ending::process_end, Ending::destroy})
-      for (Lanes lanes : {Lanes::events, Lanes::flags, Lanes::apart})
+      for (Lanes lanes : {Lanes::copy_lanes, Lanes::events})
         for (int queues : {0, 1}) {
           INFO(to_string(mode), ", rank 1 gone by ", to_string(how), ", ", to_string(lanes), ", hardware queues ", queues);
           CHECK(run_gone_mid_collective(mode, how, lanes, queues) == "");

@@ -529,10 +529,14 @@ TEST_CASE("fabric agreement: identical facts give identical decisions") {
     Config sr = c;
     sr.gather_transport = GatherMethod::sendrecv;
     CHECK(config_fingerprint(sr) != fp);
-    // A reader looking in its inbox for what its writer left in an outbox would read stale bytes.
-    Config outbox = c;
-    outbox.direct_outbox = !c.direct_outbox;
-    CHECK(config_fingerprint(outbox) != fp);
+    // Ranks cutting a direct call into different stages would wait on different flags.
+    Config cut = c;
+    cut.cost_model[static_cast<int>(Fabric::pcie)].direct_max_stages = 3;
+    CHECK(config_fingerprint(cut) != fp);
+    // The direct protocol is each rank's own choice: the same bytes in the same windows either way.
+    Config protocol = c;
+    protocol.direct_protocol = DirectProtocol::kernels;
+    CHECK(config_fingerprint(protocol) == fp);
   }
 }
 

@@ -77,8 +77,8 @@ Outcome reference(const Config& config, const CommFacts& f, const CallShape& sha
                                 : Carrier::nccl;
   size_t direct_stage = 0;
   if (transport != Carrier::nccl) {
-    direct_stage = direct_stage_elems(config, f.direct_set_bytes, shape.collective, path, shape.count, es,
-                                      shape.nranks, format);
+    direct_stage = direct_stage_elems(effective_cost_model(config, f.fabric), f.direct_set_bytes, shape.collective,
+                                      path, shape.count, es, shape.nranks, format);
     if (direct_stage == 0) transport = Carrier::nccl;
   }
   o.carrier = transport;
@@ -180,7 +180,7 @@ std::vector<std::pair<const char*, Config>> configs() {
   out.push_back({"pipelined", pipelined});
   Config direct_forced = all;
   direct_forced.direct_transport = DirectMode::peer_memory;
-  direct_forced.direct_stage_bytes = 1 << 20;
+  for (CostModel& m : direct_forced.cost_model) m.direct_stage_bytes = 1 << 20;
   out.push_back({"direct forced", direct_forced});
   Config direct_host = all;
   direct_host.direct_transport = DirectMode::host_memory;
@@ -333,4 +333,40 @@ TEST_CASE("route: each pass-through and fallback says why") {
   // The ring is never carried directly.
   CHECK(route_call(direct, flat(direct, 4, Fabric::nvlink, true, Carrier::peer_memory, 32 << 20), s,
                    Path::ring).carrier == Carrier::nccl);
+}
+
+TEST_CASE("route: the direct kinds a communicator tries at its creation, from what every rank gathered") {
+  auto ranks = [](int n, bool p2p_off_on_one = false, bool two_hosts = false) {
+    std::vector<RankFacts> facts(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      facts[static_cast<size_t>(r)].host_hash = two_hosts && r >= n / 2 ? 2 : 1;
+      facts[static_cast<size_t>(r)].p2p_disabled = p2p_off_on_one && r == n - 1;
+    }
+    return facts;
+  };
+  using Kinds = std::vector<Carrier>;
+  Config c;  // direct.transport auto
+  // auto: only where the fabric's model has direct figures (pcie's built-in ones; nvlink and net none).
+  CHECK(direct_carriers(c, Fabric::pcie, ranks(4), 16) == Kinds{Carrier::peer_memory, Carrier::host_memory});
+  CHECK(direct_carriers(c, Fabric::nvlink, ranks(4), 16).empty());
+  CHECK(direct_carriers(c, Fabric::net, ranks(4), 16).empty());
+  // One rank with P2P disabled: host memory only.
+  CHECK(direct_carriers(c, Fabric::pcie, ranks(4, true), 16) == Kinds{Carrier::host_memory});
+  // Ranks on two hosts share no memory, unless the configuration says they are one machine's.
+  CHECK(direct_carriers(c, Fabric::pcie, ranks(4, false, true), 16).empty());
+  Config one_host = c;
+  one_host.direct_assume_one_host = true;
+  CHECK(direct_carriers(one_host, Fabric::pcie, ranks(4, false, true), 16).size() == 2);
+  // More ranks than one fused reduce takes: none.
+  CHECK(direct_carriers(c, Fabric::pcie, ranks(17), 16).empty());
+  // A kind named by the configuration is tried alone, on any fabric; off tries none.
+  Config host = c;
+  host.direct_transport = DirectMode::host_memory;
+  CHECK(direct_carriers(host, Fabric::net, ranks(2), 16) == Kinds{Carrier::host_memory});
+  Config peer = c;
+  peer.direct_transport = DirectMode::peer_memory;
+  CHECK(direct_carriers(peer, Fabric::nvlink, ranks(2, true), 16) == Kinds{Carrier::peer_memory});
+  Config off = c;
+  off.direct_transport = DirectMode::off;
+  CHECK(direct_carriers(off, Fabric::pcie, ranks(2), 16).empty());
 }

@@ -1,9 +1,9 @@
-// CPU tier of StageOps' gates (sched/exec/stage_ops.hpp). The produce gate (direct.early_copy_in): with a gate
-// set, a fetch (the copy-in of what the peers wrote) is issued before the lane waits for the stage's
-// produce, and every other operation of the stage only after that wait, which is issued once. The
-// send gate (direct.paced_sends) holds writes into a window only. A fake CUDA and codec table record
-// the order of what reaches the lane. Copy lanes (direct.copy_lanes): which lane each operation reaches,
-// and the hops between them, one way only in each half.
+// CPU tier of StageOps' gates (sched/exec/stage_ops.hpp). The produce gate (LaneHandover::produce_gate):
+// with a gate set, a fetch (the copy-in of what the peers wrote) is issued before the lane waits for the
+// stage's produce, and every other operation of the stage only after that wait, which is issued once.
+// The send gate (DirectRecipe::paced_sends) holds writes into a window only. A fake CUDA and codec
+// table record the order of what reaches the lane. Copy lanes (LaneHandover::copy_lanes): which lane
+// each operation reaches, and the hops between them, one way only in each half.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 

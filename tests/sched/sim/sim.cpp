@@ -613,7 +613,8 @@ cudaError_t s_event_query(cudaEvent_t e) {
   return cudaSuccess;
 }
 
-// The simulated machine captures nothing (s_is_capturing), so a thread's capture mode only swaps.
+// The simulated machine captures nothing (Options::capturing runs the work as it is issued), so a
+// thread's capture mode only swaps.
 cudaError_t s_exchange_capture_mode(cudaStreamCaptureMode* mode) {
   thread_local cudaStreamCaptureMode current = cudaStreamCaptureModeGlobal;
   std::swap(current, *mode);
@@ -650,7 +651,7 @@ cudaError_t s_is_capturing(cudaStream_t, cudaStreamCaptureStatus* status) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   if (fail_here(w, Site::is_capturing)) return cudaErrorLaunchFailure;
-  *status = cudaStreamCaptureStatusNone;
+  *status = w.opt.capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
 

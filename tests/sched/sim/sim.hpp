@@ -73,6 +73,10 @@ struct Options {
   // it to its queue, from any stream, has completed. A stream memory wait then holds back every
   // later operation of its queue, so a wait issued before the write its peer waits for can hang.
   int hw_queues = 0;
+  // Every stream reports itself captured into a graph (cudaStreamIsCapturing), so the engine takes its
+  // captured calls' choices (their lane hand-overs, no telemetry record, no allocation); the work
+  // still runs as it is issued, as a graph launched once would.
+  bool capturing = false;
   // direct.ctas of the job (0: not checked): a codec launch that touches a direct-transport window
   // must keep to it, and one on the rank's own allocations alone must run uncapped (a protocol error
   // otherwise).

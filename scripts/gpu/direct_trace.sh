@@ -5,7 +5,7 @@
 # rank's kernels and copies on one timeline (scripts/direct_timeline.py): how busy each direction of
 # the host link was, whether the ranks' copies ran at once, and one call period op by op.
 # Env: DIRECT_TRACE_RANKS (default "2 4"), DIRECT_TRACE_MIB (default 16,64), DIRECT_TRACE_OPS (ar,rs),
-# DIRECT_TRACE_ENV (configuration overrides for the library, e.g. "FP8WIRE_DIRECT_PACED_SENDS=0"),
+# DIRECT_TRACE_ENV (configuration overrides for the library, e.g. "FP8WIRE_DIRECT_PROTOCOL=kernels"),
 # DIRECT_TRACE_KEEP=1 (keep the raw traces, packed).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_out direct-trace

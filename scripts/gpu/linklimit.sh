@@ -8,8 +8,10 @@
 #   knobs, then 16..256 MiB once per variant below (env overrides of configuration keys). Each sweep
 #   measures the pinned-copy rates itself (every rank at once) and prints "link%" per direct point:
 #   the percent of the host-link limit reached (bench/host/link_limit.hpp names the bytes: the fewest
-#   any of the algorithms must move, the rank's own data kept on the GPU). The default, own_*, *cop*, *lanes_apart*,
-#   *flags*, *box* and sets2/4 runs check every point; the other variants only re-cut or re-size the same work and skip the checks.
+#   any of the algorithms must move, the rank's own data kept on the GPU). The default, kernels and
+#   sets2/4 runs check every point; the other variants only re-cut or re-size the same work and skip the checks.
+#   The stage variants set the pcie fabric's pipeline shape (cost_model.pcie.direct_*): the ranks'
+#   agreed fabric on this testbed (host memory, no P2P).
 # At the end, one table (scripts/linklimit_table.py): ranks x collective x size x variant -> ms (plain
 # NCCL, each direct path) and % of the link limit of the faster direct path, and each variant against
 # the default of its own round.
@@ -34,29 +36,15 @@ status=0
 # In order of interest: the budget skips the last ones first.
 variants=(
   "default|-"
-  "outbox|FP8WIRE_DIRECT_OUTBOX=1"
-  "outbox_per_peer_flags|FP8WIRE_DIRECT_OUTBOX=1 FP8WIRE_DIRECT_PER_PEER_FLAGS=1"
-  "outbox_per_peer_flags_stages1|FP8WIRE_DIRECT_OUTBOX=1 FP8WIRE_DIRECT_PER_PEER_FLAGS=1 FP8WIRE_DIRECT_SHARED_MAX_STAGES=1"
-  "per_peer_flags|FP8WIRE_DIRECT_PER_PEER_FLAGS=1"
-  "no_copy_lanes|FP8WIRE_DIRECT_COPY_LANES=0"
-  "late_copy_in|FP8WIRE_DIRECT_EARLY_COPY_IN=0 FP8WIRE_DIRECT_COPY_LANES=0"
-  "unpaced|FP8WIRE_DIRECT_PACED_SENDS=0"
-  "unpaced_late_copy_in|FP8WIRE_DIRECT_PACED_SENDS=0 FP8WIRE_DIRECT_EARLY_COPY_IN=0 FP8WIRE_DIRECT_COPY_LANES=0"
-  "lanes_apart|FP8WIRE_DIRECT_LANES_APART=1"
+  "kernels|FP8WIRE_DIRECT_PROTOCOL=kernels"
   "sets2|FP8WIRE_DIRECT_SETS=2"
   "sets4|FP8WIRE_DIRECT_SETS=4"
-  "no_copies|FP8WIRE_DIRECT_COPY_IN=0 FP8WIRE_DIRECT_COPY_OUT=0"
-  "copy_in_only|FP8WIRE_DIRECT_COPY_OUT=0"
-  "stages4|FP8WIRE_DIRECT_MIN_STAGES=4"
-  "shared_max_stages8|FP8WIRE_DIRECT_SHARED_MAX_STAGES=8"
-  "shared_max_stages4|FP8WIRE_DIRECT_SHARED_MAX_STAGES=4"
-  "shared_uncapped|FP8WIRE_DIRECT_SHARED_MAX_STAGE_BYTES=0"
-  "stage16M|FP8WIRE_DIRECT_STAGE_BYTES=16MiB"
-  "stage32M|FP8WIRE_DIRECT_STAGE_BYTES=32MiB"
-  "stage4M|FP8WIRE_DIRECT_STAGE_BYTES=4MiB"
-  "lanes_apart_no_copies|FP8WIRE_DIRECT_LANES_APART=1 FP8WIRE_DIRECT_COPY_IN=0 FP8WIRE_DIRECT_COPY_OUT=0"
-  "lane_flags|FP8WIRE_DIRECT_LANE_FLAGS=1"
-  "own_in_window|FP8WIRE_DIRECT_OWN_ON_DEVICE=0"
+  "shared_max_stages8|FP8WIRE_COST_MODEL_PCIE_DIRECT_SHARED_MAX_STAGES=8"
+  "shared_max_stages4|FP8WIRE_COST_MODEL_PCIE_DIRECT_SHARED_MAX_STAGES=4"
+  "shared_stage256M|FP8WIRE_COST_MODEL_PCIE_DIRECT_SHARED_STAGE_BYTES=256MiB"
+  "stage16M|FP8WIRE_COST_MODEL_PCIE_DIRECT_STAGE_BYTES=16MiB"
+  "stage32M|FP8WIRE_COST_MODEL_PCIE_DIRECT_STAGE_BYTES=32MiB"
+  "stage4M|FP8WIRE_COST_MODEL_PCIE_DIRECT_STAGE_BYTES=4MiB"
   "conn32|CUDA_DEVICE_MAX_CONNECTIONS=32"
 )
 wanted="${LINKLIMIT_VARIANTS:-}"
@@ -70,9 +58,9 @@ sweep() {  # sweep <round> <label> <ranks> <min> <max> <env overrides...>
   s=$(date +%s)
   mkdir -p "$dir"
   # The knobs that only cut or size the work differently are bit-exact on the CPU tier: their sweeps
-  # skip the host-side checks (seconds per 256 MiB point); the default, own_*, *cop*, *lanes_apart*,
-  # lane_flags, per_peer_flags, outbox and sets2/sets4 (other data flows, layouts, orders or set counts) keep them.
-  local check=(); [[ "$label" == default || "$label" == own* || "$label" == *cop* || "$label" == *flags || "$label" == *box* || "$label" == *lanes_apart* || "$label" == sets? ]] || check=(--no-check)
+  # skip the host-side checks (seconds per 256 MiB point); the default, kernels and sets2/sets4 (another
+  # protocol or set count) keep them.
+  local check=(); [[ "$label" == default || "$label" == kernels || "$label" == sets? ]] || check=(--no-check)
   env "$@" timeout -k 5 "$limit" "$BIN" sweep --emulate-ranks "$ranks" --transport host_memory ${check[@]+"${check[@]}"} \
     --collectives all_reduce,reduce_scatter --dtypes bf16 --paths passthrough,two_shot,one_shot \
     --min "$min" --max "$max" --step 4 --warmup 1 --repeats 3 --buffers 2 --timeout $(( limit - 5 )) \

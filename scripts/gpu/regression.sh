@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # The current library against a base version, same GPU, same run (run from the repo root, current
 # build in build/ with fp8wire, fp8wire-bench and tests/shim built):
-#   1. fp8wire-bench sweep, bf16 all-reduce, passthrough/two_shot/one_shot: 2 ranks 1..256 MiB and
-#      4 ranks 4..256 MiB (x4 steps; REGRESSION_RANKS picks), emulated on GPU 0, both under the
-#      script's private MPS daemon where there is one; base and current alternately;
+#   1. fp8wire-bench sweep, bf16, passthrough/two_shot/one_shot, per transport of
+#      REGRESSION_TRANSPORTS (default "nccl"; also host_memory, peer_memory: the direct transports
+#      between the emulated ranks), collectives REGRESSION_COLLECTIVES (default all_reduce), 2 ranks
+#      from REGRESSION_MIN (default 1MiB) and 4 ranks from 4MiB (or REGRESSION_MIN) to 256 MiB in x4
+#      steps (REGRESSION_RANKS picks), emulated on GPU 0 under the script's private MPS daemon where
+#      there is one; base and current alternately, REGRESSION_ROUNDS times (default 1: two rounds give
+#      two baseline runs, so the base's own spread beside the difference). Per transport one table
+#      (scripts/linklimit_table.py): each point's times, the faster FP8 path's speedup over plain NCCL,
+#      and the current tree against the base of its own round;
 #   2. the pass-through cost per ncclAllReduce (test_shim's timing over a fake NCCL): base, current;
 #   3. communicator creation (with its first 4-byte all-reduce): plain NCCL, base, current library.
 # The base tree comes as .carry/base-src.tar.gz (git archive of the base commit); it is built into
@@ -20,23 +26,30 @@ fi
 cat "$BASE/build.log" 2>/dev/null | tail -n 3
 nccl_dir="$("$PY" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)/lib"
 export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-sweep() {  # sweep <label> <bench> <ranks> <min> <max>
-  local label="$1" bin="$2" ranks="$3" min="$4" max="$5"
+sweep() {  # sweep <dir> <bench> <ranks> <min> <max> <transport>
+  local dir="$1" bin="$2" ranks="$3" min="$4" max="$5" transport="$6"
   local s; s=$(date +%s)
-  timeout -k 5 "${SWEEP_LIMIT:-110}" "$bin" sweep --emulate-ranks "$ranks" --collectives all_reduce --dtypes bf16 \
-    --paths passthrough,two_shot,one_shot --min "$min" --max "$max" --step 4 --warmup 2 --repeats 5 --buffers 2 \
-    --timeout "$(( ${SWEEP_LIMIT:-110} - 5 ))" --out "$OUT/$label" > "$OUT/$label.log" 2> "$OUT/$label.err"
-  echo "== sweep $label rc=$? ($(( $(date +%s) - s )) s)"
+  mkdir -p "$dir"
+  timeout -k 5 "${SWEEP_LIMIT:-110}" "$bin" sweep --emulate-ranks "$ranks" --transport "$transport" \
+    --collectives "${REGRESSION_COLLECTIVES:-all_reduce}" --dtypes bf16 --paths passthrough,two_shot,one_shot \
+    --min "$min" --max "$max" --step 4 --warmup 2 --repeats 5 --buffers 2 --timeout "$(( ${SWEEP_LIMIT:-110} - 5 ))" \
+    --json "$dir/sweep.json" --out "$dir" > "$dir/sweep.log" 2> "$dir/sweep.err"
+  echo "== sweep $dir rc=$? ($(( $(date +%s) - s )) s)"
 }
 parts="${REGRESSION_PARTS:-sweeps passthrough creation}"
 ranks="${REGRESSION_RANKS:-2 4}"
-for n in $ranks; do
-  [[ " $parts " == *" sweeps "* ]] || break
-  min=1MiB; (( n == 4 )) && min=4MiB
-  # A base older than the testbed reads FP8WIRE_TESTBED_MODE and FP8WIRE_MPS as unknown keys: it runs
-  # under the same daemon (CUDA_MPS_PIPE_DIRECTORY), or the same time slicing, without them.
-  (unset FP8WIRE_TESTBED_MODE FP8WIRE_MPS; sweep "ar${n}_base" "$BASE/build/bench/fp8wire-bench" "$n" "$min" 256MiB)
-  sweep "ar${n}_new" build/bench/fp8wire-bench "$n" "$min" 256MiB
+transports="${REGRESSION_TRANSPORTS:-nccl}"
+for round in $(seq 1 "${REGRESSION_ROUNDS:-1}"); do
+  for n in $ranks; do
+    [[ " $parts " == *" sweeps "* ]] || break
+    min="${REGRESSION_MIN:-1MiB}"; (( n == 4 )) && min="${REGRESSION_MIN:-4MiB}"
+    for t in $transports; do
+      # A base older than the testbed reads FP8WIRE_TESTBED_MODE and FP8WIRE_MPS as unknown keys: it runs
+      # under the same daemon (CUDA_MPS_PIPE_DIRECTORY), or the same time slicing, without them.
+      (unset FP8WIRE_TESTBED_MODE FP8WIRE_MPS; sweep "$OUT/$t/r$round/base_n$n" "$BASE/build/bench/fp8wire-bench" "$n" "$min" 256MiB "$t")
+      sweep "$OUT/$t/r$round/new_n$n" build/bench/fp8wire-bench "$n" "$min" 256MiB "$t"
+    done
+  done
 done
 for v in base new; do
   [[ " $parts " == *" passthrough "* ]] || break
@@ -46,8 +59,8 @@ done
 [[ " $parts " == *" creation "* ]] && timeout -k 5 "${CREATE_LIMIT:-150}" python3 tests/sched/comm_creation_cost.py --nproc 2 --groups 12 \
   --lib "$BASE/build/shim/libfp8wire.so" --lib build/shim/libfp8wire.so > "$OUT/comm_creation.txt" 2>&1
 echo "==== regression tables ($FP8WIRE_TESTBED_MODE)"
-for n in $ranks; do
-  for v in base new; do echo "-- ar${n}_$v"; grep -vE '^\s*$' "$OUT/ar${n}_$v.log" | grep -E "MiB|size|path" | head -n 14; done
-done
+if [[ " $parts " == *" sweeps "* ]]; then
+  for t in $transports; do echo "-- $t"; "$PY" scripts/linklimit_table.py "$OUT/$t" --baseline base; done
+fi
 for v in base new; do echo "-- pass-through cost, $v"; grep -E "FP8WIRE_ENABLE|enabled, not" "$OUT/passthrough_$v.txt" | head -2; done
 grep -E "RESULT|FAIL|SKIPPED|communicator creation" "$OUT/comm_creation.txt"

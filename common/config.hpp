@@ -167,13 +167,13 @@ struct Config {
   // more as it needs); direct.min_stages still cuts after it. Per-stage costs (a flag round trip,
   // copies per peer of stage / ranks each) then stay a fixed share of the call: at 256 MiB, stages of
   // 32 MiB instead of 8 reached 1.33x (4 ranks) and 1.04-1.09x (2 ranks) in one run, calls up to
-  // 64 MiB keep their 8 MiB stages (bench/README.md "Host-link limit").
+  // 64 MiB keep their 8 MiB stages (docs/PERF.md "Host-link limit").
   uint32_t direct_max_stages = 8;           // direct.max_stages
   // direct.max_stages where ranks of the communicator share a GPU, so its host link (ranks emulated
   // on one GPU): their copies take turns on the link, and the ranks' stages interleave there, so a
   // call needs fewer of its own, each of which costs hand-overs between the ranks. With copy lanes,
   // 2 stages against 8 at 64 MiB: 1.09-1.27x at 2 and 4 ranks over two runs; 16 MiB is cut alike
-  // (bench/README.md "Host-link limit"). direct.shared_max_stage_bytes bounds their size. 0: no bound.
+  // (docs/PERF.md "Host-link limit"). direct.shared_max_stage_bytes bounds their size. 0: no bound.
   uint32_t direct_shared_max_stages = 2;    // direct.shared_max_stages
   // The largest stage where ranks share a GPU (caller bytes; 0: as large as a buffer set holds): a
   // call direct.shared_max_stages would cut into larger stages gets stages of this size. 32 MiB
@@ -186,13 +186,13 @@ struct Config {
   // for the handshakes' latency, in smaller sets), and from 3 two-shot gathers each stage's reduced
   // shards one stage late (sched/exec/pipeline.hpp). 3: in two runs against 2, the all-reduce 1.06-1.13x
   // from 64 MiB at 2 and 4 ranks (2 ranks 256 MiB: 71 % of the host-link limit), the reduce-scatter
-  // and 16 MiB calls within +-8 %; 4 measured like 3 (bench/README.md "Host-link limit").
+  // and 16 MiB calls within +-8 %; 4 measured like 3 (docs/PERF.md "Host-link limit").
   uint32_t direct_sets = 3;                 // direct.sets
   // Host memory: a rank's own quantized data (its input, its own shard and reduced shard) stays on
   // its GPU for its own reads, and what the peers read is written to its window by a copy engine
   // (sched/algorithms/direct.cpp): fewer bytes over the host link, the same bytes in every result.
   // On: 64 MiB bf16 all-reduce, 2 ranks, 3.93 -> 2.53 ms (one-shot), 32 % -> 50 % of the host-link
-  // limit (bench/README.md "Host-link limit").
+  // limit (docs/PERF.md "Host-link limit").
   bool direct_own_on_device = true;         // direct.own_on_device
   // Host memory, with own data on the device: what a rank reads of its peers' windows is first copied
   // into its device buffer set by a copy engine, and the kernels read only device memory
@@ -200,7 +200,7 @@ struct Config {
   // is then a copy engine's and every codec kernel runs on device memory at the codec's width; the two
   // together were as fast as without them or faster at every size and world size measured (2 ranks,
   // 64 / 256 MiB: all-reduce 57 / 61 -> 61 / 67 % of the host-link limit, reduce-scatter 45 / 47 ->
-  // 55 / 59 %; 4 ranks, reduce-scatter 44 / 44 -> 51 / 52 %; bench/README.md "Host-link limit").
+  // 55 / 59 %; 4 ranks, reduce-scatter 44 / 44 -> 51 / 52 %; docs/PERF.md "Host-link limit").
   bool direct_copy_in = true;               // direct.copy_in
   // Host memory, with own data on the device: what a rank writes for its peers and no one else (the
   // reduce-scatter's blocks, two-shot's shards) is quantized into its device buffer set and written
@@ -230,7 +230,7 @@ struct Config {
   // ordered by events (not direct.lane_flags, not direct.lanes_apart); two-shot's reduced shard,
   // which its finish computes and sends, stays on the transfer lane. 2 ranks over host memory:
   // 1.03-1.66x, 16-256 MiB (two-shot 1.15-1.32x at 16-64 MiB); 4 ranks level within run-to-run
-  // spread (bench/README.md "Host-link limit").
+  // spread (docs/PERF.md "Host-link limit").
   bool direct_copy_lanes = true;            // direct.copy_lanes
   // A stage's signals one peer at a time: a rank signals each peer right after what it wrote for that
   // peer alone (the reduce-scatter's blocks, two-shot's shards; with direct.outbox all of them after
@@ -249,7 +249,7 @@ struct Config {
   // Order the pipeline's two lanes over a direct transport by stream memory operations on the rank's
   // own flag page instead of events, in calls not under graph capture (sched/exec/pipeline.hpp). The
   // same order. Off: 2-3 points further from the host-link limit than the events at 2 and 4 ranks,
-  // 16-256 MiB (bench/README.md "Host-link limit").
+  // 16-256 MiB (docs/PERF.md "Host-link limit").
   bool direct_lane_flags = false;           // direct.lane_flags
   // Host memory with own data on the device: the transfer lane quantizes the rank's own data again for
   // its own reads, so a direct call's transfer lane no longer waits for each stage's produce before
@@ -260,7 +260,7 @@ struct Config {
   // duplex probe: the same copies with the flags alone 1.53 ms, with the two hand-overs between the
   // lanes 2.17 ms. Off: with the copies on, the 2-rank all-reduce gains (64 / 256 MiB: 67 / 70 % of
   // the host-link limit against 61 / 67 %), the 4-rank calls nothing, and 16 MiB calls lose up to
-  // 8 % (bench/README.md "Host-link limit").
+  // 8 % (docs/PERF.md "Host-link limit").
   bool direct_lanes_apart = false;          // direct.lanes_apart
 
   // --- coalescing (only calls the application grouped itself) ---------------------------------

@@ -31,7 +31,7 @@
 // copies are done, before the reduce, so the peers may refill their windows while this rank computes.
 // Again the same bytes and results, and a choice of this rank alone (it falls back to reading the
 // windows where the stage's slots do not fit the device set). On by default with copy-out (below):
-// together they were never slower and up to 1.3x faster (bench/README.md "Host-link limit").
+// together they were never slower and up to 1.3x faster (docs/PERF.md "Host-link limit").
 // The copy-in slots of a stage are no slot its produce lane writes (that lane's own chunk and
 // copy-out slots lie elsewhere in the set: device_slots), so with direct.early_copy_in a stage's
 // copy-in (StageOps::fetch) is issued before the transfer lane waits for the stage's produce: the
@@ -69,7 +69,7 @@
 // that write, its own part last, and where it copies in it takes each peer's part right after that
 // peer's signal, instead of one publish to all after every write and one acquire of all before any
 // copy. Each flag is set and waited for as the whole steps do, so a rank may do either while its
-// peers do the other. Measured level with the whole steps on the emulated testbed (bench/README.md
+// peers do the other. Measured level with the whole steps on the emulated testbed (docs/PERF.md
 // "Host-link limit"), off by default. With an outbox a writer's one copy holds every peer's part, so it
 // signals all at once after it; its readers still take each writer's part right after its signal.
 //
@@ -80,7 +80,7 @@
 // it goes through the window, takes slot n-1. Each reader takes its part from every writer's window,
 // as one-shot's readers do: the same bytes each way and the same results, with fewer and larger
 // copies from the GPU and more and smaller ones to it (on the emulated testbed copies of 1 MiB from
-// the GPU keep less of the link than those to it: bench/README.md "Host-link limit"). Unlike the
+// the GPU keep less of the link than those to it: docs/PERF.md "Host-link limit"). Unlike the
 // options above, a layout every rank must share, so it is part of the configuration's fingerprint.
 //
 // Device set of one stage, with copy-in (slot j holds rank j's data; this rank's own is slot r):

@@ -131,7 +131,7 @@ ncclResult_t PipelineRun::run_stages(StageProgram& program, StageOps& ops, size_
   // queues all its stages' sends before its peers' first, and every rank's reads of the lagging
   // rank's stages wait behind them. Not for a program with a gather (two-shot): the lane of its
   // acquires reaches stage i's only after the gather of stage i-2, and tying the sends to that
-  // serialised its two phases (measured 0.63-0.71x at 64 MiB, bench/README.md "Host-link limit").
+  // serialised its two phases (measured 0.63-0.71x at 64 MiB, docs/PERF.md "Host-link limit").
   const bool paced = ops.paced_sends() && !lanes && !program.has_gather();
   // Buffer sets: two, or over a direct transport its windows' (direct.sets), the device scratch cut
   // alike (ScratchLayout::set_bytes_for, which the direct programs' device slots are sized by).

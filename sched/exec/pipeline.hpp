@@ -28,7 +28,7 @@
 // lane; a gather's acquire and copy-in go to the fetch lane too, while what a finish sends (two-shot's
 // reduced shard) stays on the transfer lane behind the reduce that computes it. So a copy never waits
 // behind a kernel that waits for the lane's previous copy, and the copy engines have the next copy
-// queued (bench/README.md "Host-link limit"). At its start a call's produce lane (and each copy lane)
+// queued (docs/PERF.md "Host-link limit"). At its start a call's produce lane (and each copy lane)
 // waits for the transfer lane as it stands (the previous call's work); at its end the transfer lane
 // waits for both copy lanes.
 // The caller's stream itself runs none of the work: calls of one application group on different

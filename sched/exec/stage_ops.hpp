@@ -50,7 +50,7 @@ class StageOps {
   // the windows through it, and every codec launch that loads or stores a window keeps to
   // `window_ctas` thread blocks (direct.ctas: the link's share; the rest of the GPU is the
   // application's), while one on device memory alone runs at the codec's own width, as over NCCL (it
-  // is on a lane's path between two transfers: capped, it held them apart; bench/README.md
+  // is on a lane's path between two transfers: capped, it held them apart; docs/PERF.md
   // "Host-link limit"). With `lane_flags` (direct.lane_flags) the executor orders its two lanes by the
   // transport's flags; `handover` says which of its hand-overs between them the call needs
   // (direct.lanes_apart).

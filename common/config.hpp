@@ -184,7 +184,7 @@ struct Config {
   // for the handshakes' latency, in smaller sets), and from 3 two-shot gathers each stage's reduced
   // shards one stage late (sched/exec/pipeline.hpp). 3: in two runs against 2, the all-reduce 1.06-1.13x
   // from 64 MiB at 2 and 4 ranks, the reduce-scatter and 16 MiB calls within +-8 %; 4 measured like 3
-  // (docs/PERF.md, "Direct transport over host memory").
+  // (docs/PERF.md, "Host-link limit").
   uint32_t direct_sets = 3;                 // direct.sets
   // The protocol of every direct call (auto: each kind of window its own; DirectProtocol above).
   DirectProtocol direct_protocol = DirectProtocol::automatic;  // direct.protocol "auto"|"kernels"|"copy_engine"

@@ -38,7 +38,7 @@
 // alone (its peers read the same windows either way): a stage whose slots do not fit the device set
 // goes through the windows for that part. Measured against the kernels protocol over host memory:
 // never slower and up to 1.3x faster with the copies alone, and with the copy lanes and paced sends of
-// the executor 1.03-1.66x more at 2 ranks (docs/PERF.md, "Direct transport over host memory").
+// the executor 1.03-1.66x more at 2 ranks (docs/PERF.md, "Host-link limit").
 //
 // Device set of one stage, with copy-in (slot j holds rank j's data; this rank's own is slot r):
 //   one-shot, all-gather, reduce-scatter   [slot 0 .. slot n-1]                    chunk (block) each

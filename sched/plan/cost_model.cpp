@@ -8,8 +8,8 @@ CostModel default_cost_model(Fabric fabric) {
   // Rough figures for an H100/H200-class node; fp8wire-bench replaces them (cost_model.<fabric>.*).
   // No per-operation latencies: on real fabrics the kinds of operation cost about the same fixed
   // time, so every one costs op_latency_us until a profile says otherwise.
-  // The direct pipeline's shape, measured over host memory on one H200 (docs/PERF.md, "Direct transport
-  // over host memory"): 8 MiB stages; at 256 MiB 32 MiB stages (8 of them) instead of 8 MiB reached
+  // The direct pipeline's shape, measured over host memory on one H200 (docs/PERF.md, "Host-link
+  // limit"): 8 MiB stages; at 256 MiB 32 MiB stages (8 of them) instead of 8 MiB reached
   // 1.33x at 4 ranks and 1.04-1.09x at 2; where the ranks share one GPU's host link, 2 stages against 8
   // at 64 MiB 1.09-1.27x at 2 and 4 ranks, and 256 MiB in 32 MiB stages 1.04-1.10x faster than in 2.
   auto model = [](double latency_us, double bus_gbps) {

@@ -10,6 +10,7 @@
 #      two baseline runs, so the base's own spread beside the difference). Per transport one table
 #      (scripts/linklimit_table.py): each point's times, the faster FP8 path's speedup over plain NCCL,
 #      and the current tree against the base of its own round;
+#   (REGRESSION_CHECK=0 skips the sweeps' host-side checks);
 #   2. the pass-through cost per ncclAllReduce (test_shim's timing over a fake NCCL): base, current;
 #   3. communicator creation (with its first 4-byte all-reduce): plain NCCL, base, current library.
 # The base tree comes as .carry/base-src.tar.gz (git archive of the base commit); it is built into
@@ -30,7 +31,9 @@ sweep() {  # sweep <dir> <bench> <ranks> <min> <max> <transport>
   local dir="$1" bin="$2" ranks="$3" min="$4" max="$5" transport="$6"
   local s; s=$(date +%s)
   mkdir -p "$dir"
-  timeout -k 5 "${SWEEP_LIMIT:-110}" "$bin" sweep --emulate-ranks "$ranks" --transport "$transport" \
+  # REGRESSION_CHECK=0: the host-side checks skipped (seconds per 256 MiB point; the matrices check the bytes).
+  local check=(); [[ "${REGRESSION_CHECK:-1}" == 0 ]] && check=(--no-check)
+  timeout -k 5 "${SWEEP_LIMIT:-110}" "$bin" sweep --emulate-ranks "$ranks" --transport "$transport" ${check[@]+"${check[@]}"} \
     --collectives "${REGRESSION_COLLECTIVES:-all_reduce}" --dtypes bf16 --paths passthrough,two_shot,one_shot \
     --min "$min" --max "$max" --step 4 --warmup 2 --repeats 5 --buffers 2 --timeout "$(( ${SWEEP_LIMIT:-110} - 5 ))" \
     --json "$dir/sweep.json" --out "$dir" > "$dir/sweep.log" 2> "$dir/sweep.err"

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/command_line.hpp"
 #include "common/commands.hpp"
 #include "common/rank_launcher.hpp"
 #include "bench/host/hierarchy_model.hpp"
@@ -399,7 +400,7 @@ int main(int argc, char** argv) {
   k->add_option("--repeats", kernel_repeats, "timed runs (median)")->capture_default_str();
   k->add_option("--json", kernel_json, "write the results as JSON");
 
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = fp8wire::parse_command_line(app, argc, argv, "fp8wire-bench")) return *status;
   const std::vector<std::string> args(argv, argv + argc);
 
   if (s->parsed()) {

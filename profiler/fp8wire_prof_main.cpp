@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/command_line.hpp"
 #include "common/cuda_devices.hpp"
 #include "profiler/classify.hpp"
 #include "profiler/kineto.hpp"
@@ -350,7 +351,7 @@ int main(int argc, char** argv) {
   analyze_cmd->add_option("--comm-pattern", comm_pattern, "extra communication kernel-name substrings");
   app.require_subcommand(0, 1);
 
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = fp8wire::parse_command_line(app, argc, argv, "fp8wire-prof")) return *status;
   if (*report) return merge_and_print(report_dir, json_path, top);
   if (*analyze_cmd) return analyze(trace, json_path, comm_pattern, prefixes, top);
   if (command.empty()) {

@@ -210,11 +210,13 @@ def run(command: Sequence[str], *, config: Optional[str] = None, profile: Option
     return _exec(list(command), job_env)
 
 
-def _exec(argv: List[str], env: Mapping[str, str]) -> int:
+def _exec(argv: List[str], env: Mapping[str, str], shown_as: Optional[str] = None) -> int:
+    """Replaces this process with argv. shown_as: the program's argv[0] instead of its path (the
+    command the user typed, which the tools' --help and messages then show)."""
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execvpe(argv[0], argv, dict(env))
+        os.execvpe(argv[0], [shown_as or argv[0], *argv[1:]], dict(env))
     except FileNotFoundError:
         raise UsageError(f"command not found: {argv[0]}") from None
     except PermissionError:
@@ -253,7 +255,9 @@ def check_loadable(program: Path, env: Mapping[str, str]) -> None:
     raise NotInstalled(f"{program.name} cannot start: {missing} not found{hint}")
 
 
-def exec_tool(name: str, args: Sequence[str]) -> int:
+def exec_tool(name: str, args: Sequence[str], shown_as: Optional[str] = None) -> int:
+    """Runs one of the packaged tools in place of this process; shown_as is the command the user
+    typed for it ("fp8wire bench")."""
     env = dict(os.environ)
     if name == "fp8wire-bench":
         # The benchmark links libnccl.so.2; use the NCCL of this Python's PyTorch when there is one,
@@ -266,4 +270,4 @@ def exec_tool(name: str, args: Sequence[str]) -> int:
     if name == "fp8wire-prof":
         env.setdefault("FP8WIRE_SHIM_LIB", str(shim_library()))
         env.setdefault("FP8WIRE_PROF_LIB", str(profiler_library()))
-    return _exec([str(tool(name)), *args], env)
+    return _exec([str(tool(name)), *args], env, shown_as)

@@ -323,6 +323,52 @@ class Cli(unittest.TestCase):
             fake.write_text("#!/bin/sh\nexit 0\n")
             launch.check_loadable(fake, os.environ)  # starts: nothing to say
 
+    def test_config_check_and_defaults_are_one_or_the_other(self):
+        with tempfile.TemporaryDirectory() as d:
+            bad = Path(d) / "bad.toml"
+            bad.write_text("block_size = 7\n")
+            r = fp8wire_cli("config", "--defaults", "--check", str(bad))
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("not allowed with argument", r.stderr)
+            self.assertEqual(r.stdout, "")
+            # The program itself, as a build tree has it.
+            r = subprocess.run([str(fp8wire.tool("fp8wire-config")), "--defaults", "--check", str(bad)],
+                               capture_output=True, text=True)
+            self.assertEqual((r.returncode, r.stdout), (2, ""))
+            self.assertIn("fp8wire-config: --check excludes --defaults", r.stderr)
+            # A file that cannot be read is a failed check (1) with its reason, like any other.
+            r = fp8wire_cli("config", "--check", d)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("it is a directory", r.stderr)
+            r = fp8wire_cli("config", "--check", str(Path(d) / "missing.toml"))
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("No such file or directory", r.stderr)
+
+    def test_usage_errors_name_the_tool_and_exit_2(self):
+        # The tools' command-line errors read like every other refusal: the tool's name, status 2.
+        cases = [(("bench",), "fp8wire-bench: A subcommand is required"),
+                 (("bench", "report", "/nonexistent.json"), "fp8wire-bench report: sweeps: File does not exist: /nonexistent.json"),
+                 (("bench", "sweep", "--ranks", "0"), "fp8wire-bench sweep: The following arguments were not expected"),
+                 (("prof", "analyze", "/nonexistent.json"), "fp8wire-prof analyze: trace: File does not exist: /nonexistent.json"),
+                 (("prof", "--top", "0", "--", "true"), "fp8wire-prof: --top: Value 0 not in range 1 to 100000")]
+        for args, expected in cases:
+            with self.subTest(args=args):
+                r = fp8wire_cli(*args, env=env_without_library(CUDA_VISIBLE_DEVICES=""))
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn(expected, r.stderr)
+                self.assertIn(f"Run `fp8wire {args[0]}", r.stderr)
+
+    def test_help_shows_the_command_the_user_typed(self):
+        for args, usage in ((("bench", "--help"), "Usage: fp8wire bench "),
+                            (("bench", "sweep", "--help"), "Usage: fp8wire bench sweep "),
+                            (("prof", "--help"), "Usage: fp8wire prof "),
+                            (("prof", "report", "--help"), "Usage: fp8wire prof report ")):
+            with self.subTest(args=args):
+                r = fp8wire_cli(*args)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn(usage, r.stdout)
+                self.assertNotIn(str(fp8wire.tool("fp8wire-bench").parent), r.stdout)
+
     def test_tools_pass_through(self):
         self.assertIn("fp8wire-bench", fp8wire_cli("bench", "--help").stdout)
         r = fp8wire_cli("prof", "report", "/nonexistent-dir")

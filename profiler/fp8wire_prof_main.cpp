@@ -3,7 +3,8 @@
 //   fp8wire-prof [--out DIR] [--shim] [--comm-pattern P] [--report-every N] -- <command> [args...]
 //       sets LD_PRELOAD (libfp8wire_prof.so, plus libfp8wire.so with --shim), NVTX_INJECTION64_PATH,
 //       FP8WIRE_PROFILER_*, and LD_LIBRARY_PATH so libcupti is found; runs the command (every process
-//       it starts inherits this, so torchrun's ranks are profiled); then merges DIR/*.jsonl.
+//       it starts inherits this, so torchrun's ranks are profiled); then merges DIR/*.jsonl. With
+//       --shim an invalid configuration (FP8WIRE_CONFIG, FP8WIRE_*) is refused before the job starts.
 //   fp8wire-prof report DIR [--json FILE]        merges an earlier run again
 //   fp8wire-prof analyze TRACE.json[.gz] [--json FILE] the same figures from a PyTorch profiler trace
 //
@@ -28,6 +29,7 @@
 #include <fmt/ranges.h>
 
 #include "common/command_line.hpp"
+#include "common/config.hpp"
 #include "common/cuda_devices.hpp"
 #include "profiler/classify.hpp"
 #include "profiler/kineto.hpp"
@@ -185,6 +187,18 @@ int merge_and_print(const fs::path& dir, const std::string& json_path, size_t to
   return merge_traces(dir) ? 0 : 1;
 }
 
+// With --shim the job runs libfp8wire.so, which reads FP8WIRE_CONFIG and the FP8WIRE_* variables
+// when it loads; an invalid configuration would only be logged by each rank while the job ran
+// without FP8. So, as `fp8wire run` does, the job is not started. False after printing the errors.
+bool configuration_valid() {
+  const fp8wire::ConfigResult result = fp8wire::load_config();
+  if (result.ok()) return true;
+  for (const fp8wire::ConfigError& e : result.errors) fmt::print(stderr, "fp8wire-prof: error: {}\n", e.message());
+  fmt::print(stderr, "fp8wire-prof: the configuration above is invalid; the job was not started (with it, every "
+                     "rank would run libfp8wire.so in pass-through, without FP8)\n");
+  return false;
+}
+
 int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bool with_shim,
             const std::string& comm_pattern, uint32_t report_every, size_t top) {
   const fs::path here = executable_dir();
@@ -212,6 +226,7 @@ int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bo
                  fmt::join(tried, ", "));
       return 2;
     }
+    if (!configuration_valid()) return 2;
   }
   const auto cupti_dir = find_cupti_dir();
   if (!cupti_dir)

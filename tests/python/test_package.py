@@ -323,6 +323,29 @@ class Cli(unittest.TestCase):
             fake.write_text("#!/bin/sh\nexit 0\n")
             launch.check_loadable(fake, os.environ)  # starts: nothing to say
 
+    def test_prof_shim_refuses_an_invalid_configuration(self):
+        # As fp8wire run does: with it, every rank would run libfp8wire.so in pass-through.
+        with tempfile.TemporaryDirectory() as d:
+            marker, out = Path(d) / "ran", Path(d) / "prof"
+            r = fp8wire_cli("prof", "--shim", "--out", str(out), "--", "touch", str(marker),
+                            env=env_without_library(FP8WIRE_BLOCK_SIZE="7"))
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("FP8WIRE_BLOCK_SIZE", r.stderr)
+            self.assertIn("fp8wire-prof: the configuration above is invalid; the job was not started", r.stderr)
+            self.assertFalse(marker.exists())
+            self.assertFalse(out.exists())
+            bad = Path(d) / "bad.toml"
+            bad.write_text("[cost_model.net]\nhosts = 1.5\n")
+            r = fp8wire_cli("prof", "--shim", "--out", str(out), "--", "touch", str(marker),
+                            env=env_without_library(FP8WIRE_CONFIG=str(bad)))
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("cost_model.net.hosts", r.stderr)
+            self.assertFalse(marker.exists())
+            # Without --shim the job is not fp8wire's to refuse: it runs under the profiler alone.
+            r = fp8wire_cli("prof", "--out", str(out), "--", "touch", str(marker),
+                            env=env_without_library(FP8WIRE_BLOCK_SIZE="7", CUDA_VISIBLE_DEVICES=""))
+            self.assertTrue(marker.exists(), r.stderr)
+
     def test_config_check_and_defaults_are_one_or_the_other(self):
         with tempfile.TemporaryDirectory() as d:
             bad = Path(d) / "bad.toml"

@@ -4,7 +4,8 @@
 //       sets LD_PRELOAD (libfp8wire_prof.so, plus libfp8wire.so with --shim), NVTX_INJECTION64_PATH,
 //       FP8WIRE_PROFILER_*, and LD_LIBRARY_PATH so libcupti is found; runs the command (every process
 //       it starts inherits this, so torchrun's ranks are profiled); then merges DIR/*.jsonl. With
-//       --shim an invalid configuration (FP8WIRE_CONFIG, FP8WIRE_*) is refused before the job starts.
+//       --shim an invalid configuration (FP8WIRE_CONFIG, FP8WIRE_*) is refused before the job starts;
+//       a run that records nothing leaves no folder it created.
 //   fp8wire-prof report DIR [--json FILE]        merges an earlier run again
 //   fp8wire-prof analyze TRACE.json[.gz] [--json FILE] the same figures from a PyTorch profiler trace
 //
@@ -31,6 +32,7 @@
 #include "common/command_line.hpp"
 #include "common/config.hpp"
 #include "common/cuda_devices.hpp"
+#include "common/output_folder.hpp"
 #include "profiler/classify.hpp"
 #include "profiler/kineto.hpp"
 #include "profiler/output_file.hpp"
@@ -164,7 +166,9 @@ bool read_rank_reports(const std::vector<std::string>& files, std::vector<StepRe
 int merge_and_print(const fs::path& dir, const std::string& json_path, size_t top) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    fmt::print(stderr, "fp8wire-prof: no per-rank reports: '{}' is not a directory (expected the folder given to --out)\n",
+    fmt::print(stderr,
+               "fp8wire-prof: no per-rank reports: '{}' is not a directory (expected the folder given to "
+               "fp8wire-prof --out or fp8wire run --profile)\n",
                dir.string());
     return 1;
   }
@@ -233,12 +237,17 @@ int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bo
     fmt::print(stderr, "fp8wire-prof: warning: libcupti not found (set FP8WIRE_CUPTI_DIR); relying on the "
                        "library's run path\n");
 
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) {
-    fmt::print(stderr, "fp8wire-prof: cannot create --out '{}': {}\n", out_dir.string(), ec.message());
+  if (out_dir.empty()) {
+    fmt::print(stderr, "fp8wire-prof: --out: an empty path was given (expected a folder for the reports, e.g. out/prof)\n");
     return 2;
   }
+  fp8wire::OutputFolder folder;
+  if (std::string error; !folder.create(out_dir, error)) {
+    // Named without its option: the folder may come from fp8wire-prof --out or fp8wire run --profile.
+    fmt::print(stderr, "fp8wire-prof: reports: {}\n", error);
+    return 2;
+  }
+  std::error_code ec;
   // Reports of an earlier run in the same folder would be merged with this one.
   for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
     const std::string name = entry.path().filename().string();
@@ -269,6 +278,7 @@ int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bo
   const pid_t child = fork();
   if (child < 0) {
     perror("fp8wire-prof: fork");
+    folder.remove_if_empty();
     return 2;
   }
   if (child == 0) {
@@ -284,11 +294,16 @@ int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bo
   }
   const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (rc != 0) fmt::print(stderr, "fp8wire-prof: the job exited with status {}\n", rc);
-  // Without a GPU there is nothing to record: say so once and give the job's own status, which a
-  // missing report would otherwise replace.
-  if (rank_files(out_dir).empty() && fp8wire::visible_cuda_devices() == 0) {
-    fmt::print(stderr, "fp8wire-prof: no GPU: the profiler recorded nothing\n");
-    return rc;
+  if (rank_files(out_dir).empty()) {
+    folder.remove_if_empty();
+    // Without a GPU there is nothing to record: say so once and give the job's own status, which a
+    // missing report would otherwise replace.
+    if (fp8wire::visible_cuda_devices() == 0) {
+      fmt::print(stderr, "fp8wire-prof: no GPU: the profiler recorded nothing\n");
+      return rc;
+    }
+    fmt::print(stderr, "fp8wire-prof: no per-rank reports (*.jsonl) in '{}'\n", out_dir.string());
+    return rc != 0 ? rc : 1;
   }
   const int merge_rc = merge_and_print(out_dir, {}, top);
   return rc != 0 ? rc : merge_rc;
@@ -352,7 +367,7 @@ int main(int argc, char** argv) {
 
   std::string report_dir, json_path;
   CLI::App* report = app.add_subcommand("report", "merge the per-rank reports of an earlier run");
-  report->add_option("dir", report_dir, "folder given to --out")->required();
+  report->add_option("dir", report_dir, "folder given to --out (or to fp8wire run --profile)")->required();
   report->add_option("--json", json_path, "where to write the merged JSON (default DIR/report.json)");
 
   std::string trace;

@@ -323,6 +323,30 @@ class Cli(unittest.TestCase):
             fake.write_text("#!/bin/sh\nexit 0\n")
             launch.check_loadable(fake, os.environ)  # starts: nothing to say
 
+    def test_a_failed_run_leaves_no_folder_it_created(self):
+        env = env_without_library(CUDA_VISIBLE_DEVICES="")
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "new" / "prof"
+            r = fp8wire_cli("run", "--profile", str(out), "--", "sh", "-c", "exit 3", env=env)
+            self.assertEqual(r.returncode, 3, r.stderr)
+            self.assertFalse((Path(d) / "new").exists(), "fp8wire run --profile left its empty folder")
+            r = fp8wire_cli("prof", "--out", str(out), "--", "no-such-command-here", env=env)
+            self.assertEqual(r.returncode, 127, r.stderr)
+            self.assertIn("cannot run 'no-such-command-here'", r.stderr)
+            self.assertFalse((Path(d) / "new").exists(), "fp8wire prof left its empty folder")
+            # What the job wrote there stays, and so does the folder holding it.
+            r = fp8wire_cli("prof", "--out", str(out), "--", "sh", "-c", f"touch {out}/mine", env=env)
+            self.assertTrue((out / "mine").is_file(), r.stderr)
+            # A folder that existed before stays too, empty or not.
+            existing = Path(d) / "existing"
+            existing.mkdir()
+            fp8wire_cli("prof", "--out", str(existing), "--", "true", env=env)
+            self.assertTrue(existing.is_dir())
+            # A sweep that cannot start (no GPU) makes no folder for its results.
+            r = fp8wire_cli("bench", "sweep", "--emulate-ranks", "2", "--out", str(Path(d) / "sweep" / "out"), env=env)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertFalse((Path(d) / "sweep").exists(), "fp8wire bench sweep left its empty folder")
+
     def test_prof_shim_refuses_an_invalid_configuration(self):
         # As fp8wire run does: with it, every rank would run libfp8wire.so in pass-through.
         with tempfile.TemporaryDirectory() as d:

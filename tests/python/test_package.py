@@ -124,9 +124,34 @@ class DeepSpeedEnv(unittest.TestCase):
                          "NCCL_IB_HCA=mlx5\nLD_PRELOAD=/a/libfp8wire.so\nFP8WIRE_LOG_LEVEL=info\n")
 
     def test_lines_deepspeed_cannot_read_are_errors(self):
-        self.path.write_text("A=1\n\nB=2\n")
-        with self.assertRaisesRegex(launch.UsageError, r":2: '' is not KEY=VALUE"):
+        self.path.write_text("A=1\n# a comment\nB=2\n")
+        with self.assertRaisesRegex(launch.UsageError, r":2: '# a comment' is not KEY=VALUE"):
             launch.sync_deepspeed_env(self.path, {"LD_PRELOAD": "/a.so"})
+
+    def test_blank_lines_are_removed_from_the_file_fp8wire_writes(self):
+        # DeepSpeed's runner splits every line at '=' and stops on a blank one; they carry nothing.
+        self.path.write_text("A=1\n\n   \nB=2\n")
+        notes = launch.sync_deepspeed_env(self.path, {"LD_PRELOAD": "/a.so"})
+        self.assertEqual(self.path.read_text(), "A=1\nB=2\nLD_PRELOAD=/a.so\n")
+        self.assertIn("removed 2 blank lines, which deepspeed's runner cannot read", notes[0])
+        # In ~/.deepspeed_env, which fp8wire does not rewrite, a blank line is still reported.
+        home = self.dir / "home_env"
+        home.write_text("A=1\n\n")
+        notes = launch.sync_deepspeed_env(self.path, {"LD_PRELOAD": "/a.so"}, home)
+        self.assertTrue(any("home_env:2: '' is not KEY=VALUE" in n for n in notes), notes)
+
+    def test_a_line_deepspeed_cannot_read_stops_the_job_before_it_is_announced(self):
+        fake = self.dir / "deepspeed"
+        fake.write_text("#!/bin/sh\ntouch ran\n")
+        fake.chmod(0o755)
+        env = env_without_library()
+        env["PATH"] = f"{self.dir}:{env['PATH']}"
+        self.path.write_text("# settings for the remote ranks\nNCCL_IB_HCA=mlx5\n")
+        r = fp8wire_cli("run", "--", "deepspeed", "train.py", env=env, cwd=self.dir)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(".deepspeed_env:1: '# settings for the remote ranks' is not KEY=VALUE", r.stderr)
+        self.assertNotIn("preloading", r.stderr)
+        self.assertFalse((self.dir / "ran").exists())
 
     def test_home_file_with_other_settings_is_reported(self):
         home = self.dir / "home_env"
@@ -269,6 +294,57 @@ class Cli(unittest.TestCase):
         r = fp8wire_cli("run")
         self.assertEqual(r.returncode, 2)
         self.assertIn("give the command to run after --", r.stderr)
+
+    def test_run_says_what_is_wrong_with_each_path(self):
+        with tempfile.TemporaryDirectory() as d:
+            # A folder given as the configuration (fp8wire bench sweep's --out, say), not "no such file".
+            r = fp8wire_cli("run", "--config", d, "--", "true")
+            self.assertEqual(r.returncode, 2)
+            self.assertEqual((r.returncode, r.stderr.strip()), (2, f"fp8wire: --config {d}: is a directory (expected a TOML file)"))
+            (Path(d) / "fp8wire-profile.toml").write_text("")
+            r = fp8wire_cli("run", "--config", d, "--", "true")
+            self.assertIn(f"is a directory (expected a TOML file; did you mean {Path(d).resolve()}/fp8wire-profile.toml?)",
+                          r.stderr)
+            r = fp8wire_cli("run", "--config", "", "--", "true")
+            self.assertEqual((r.returncode, r.stderr.strip()),
+                             (2, "fp8wire: --config: an empty path was given (expected a TOML file)"))
+            # A script without its x bit exists: "command not found" would send the user looking for it.
+            script = Path(d) / "train.sh"
+            script.write_text("#!/bin/sh\ntrue\n")
+            r = fp8wire_cli("run", "--", str(script))
+            self.assertEqual(r.returncode, 2)
+            self.assertIn(f"fp8wire: cannot run {script}: {script} is not executable (chmod +x", r.stderr)
+            env = env_without_library()
+            env["PATH"] = f"{d}:{env['PATH']}"
+            r = fp8wire_cli("run", "--", "train.sh", env=env)
+            self.assertIn(f"cannot run train.sh: {script} is not executable", r.stderr)
+            r = fp8wire_cli("run", "--", d)
+            self.assertIn(f"cannot run {d}: {d} is a directory", r.stderr)
+            # An empty --profile would profile into whatever folder the job runs in.
+            marker = Path(d) / "ran"
+            r = fp8wire_cli("run", "--profile", "", "--", "touch", str(marker))
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("fp8wire: --profile: an empty path was given (expected a folder for the reports", r.stderr)
+            self.assertFalse(marker.exists())
+            r = fp8wire_cli("run", "--profile", str(script), "--", "true")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn(f"--profile {script}: exists and is not a directory", r.stderr)
+
+    def test_run_profile_messages_name_only_the_options_given(self):
+        # The reports go through fp8wire-prof --out; the user gave --profile, so that is what an error
+        # names, before the job is announced.
+        with tempfile.TemporaryDirectory() as d:
+            blocker = Path(d) / "file"
+            blocker.write_text("")
+            r = fp8wire_cli("run", "--profile", str(blocker / "prof"), "--", "true")
+            self.assertEqual((r.returncode, r.stderr.strip()),
+                             (2, f"fp8wire: --profile {blocker / 'prof'}: {blocker} is not a directory (expected a "
+                                 "folder for the reports)"))
+            # fp8wire-prof's own messages about the folder name no option at all.
+            r = fp8wire_cli("prof", "--out", str(blocker / "prof"), "--", "true")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn(f"fp8wire-prof: reports: cannot create the folder '{blocker / 'prof'}'", r.stderr)
+            self.assertNotIn("--out", r.stderr)
 
     def test_run_passes_the_configuration_and_status(self):
         with tempfile.TemporaryDirectory() as d:

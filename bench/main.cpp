@@ -17,7 +17,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/command_line.hpp"
 #include "common/commands.hpp"
+#include "common/output_folder.hpp"
 #include "common/rank_launcher.hpp"
 #include "bench/host/hierarchy_model.hpp"
 #include "bench/host/model_report.hpp"
@@ -108,15 +110,26 @@ std::string parse_sweep(const SweepArgs& a, fb::SweepOptions& o) {
   o.check = !a.no_check;
   o.json_path = a.json.empty() ? a.out_dir + "/fp8wire-sweep.json" : a.json;
   o.profile_path = a.profile.empty() ? a.out_dir + "/fp8wire-profile.toml" : a.profile;
-  // Create the output folders now: a sweep can run for many minutes, and its results must not be
-  // lost at the end to a folder that does not exist.
+  return {};
+}
+
+// Creates the folders of the sweep's JSON and profile before any rank starts: a sweep can run for
+// many minutes, and its results must not be lost at the end to a folder that does not exist. Done
+// once the sweep can run at all, and taken back (fail_sweep) when it ends without results, so a
+// sweep that fails leaves no empty folder behind.
+std::string make_output_folders(const fb::SweepOptions& o, std::vector<fp8wire::OutputFolder>& made) {
   for (const std::string* path : {&o.json_path, &o.profile_path}) {
     const std::filesystem::path dir = std::filesystem::path(*path).parent_path();
-    std::error_code ec;
-    if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-    if (ec) return fmt::format("cannot create the folder of '{}': {}", *path, ec.message());
+    if (dir.empty()) continue;
+    std::string error;
+    if (!made.emplace_back().create(dir, error)) return fmt::format("{} (for '{}')", error, *path);
   }
   return {};
+}
+
+int fail_sweep(const std::vector<fp8wire::OutputFolder>& made) {
+  for (auto it = made.rbegin(); it != made.rend(); ++it) it->remove_if_empty();
+  return 2;
 }
 
 std::string self_exe() {
@@ -167,6 +180,11 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
     std::fprintf(stderr, "fp8wire-bench sweep: cannot find its own executable (/proc/self/exe)\n");
     return 2;
   }
+  std::vector<fp8wire::OutputFolder> made;
+  if (const std::string error = make_output_folders(o, made); !error.empty()) {
+    std::fprintf(stderr, "fp8wire-bench sweep: %s\n", error.c_str());
+    return fail_sweep(made);
+  }
   const std::vector<std::string> fabrics =
       o.fabric == "both" ? std::vector<std::string>{"auto", "pcie"} : std::vector<std::string>{o.fabric};
   std::vector<std::string> jsons;
@@ -190,7 +208,7 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
       if (nranks % o.ranks_per_host != 0) {
         std::fprintf(stderr, "fp8wire-bench sweep: --ranks-per-host %d does not divide the %d ranks\n", o.ranks_per_host,
                      nranks);
-        return 2;
+        return fail_sweep(made);
       }
       spec.env_per_rank = fp8wire::host_blocks_env(nranks, o.ranks_per_host);
     }
@@ -204,7 +222,7 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
         worst = std::max(worst, 1);
       } else {
         std::fprintf(stderr, "fp8wire-bench sweep: %s\n", res.error.c_str());
-        return 2;
+        return fail_sweep(made);
       }
     }
     jsons.push_back(json);
@@ -399,7 +417,7 @@ int main(int argc, char** argv) {
   k->add_option("--repeats", kernel_repeats, "timed runs (median)")->capture_default_str();
   k->add_option("--json", kernel_json, "write the results as JSON");
 
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = fp8wire::parse_command_line(app, argc, argv, "fp8wire-bench")) return *status;
   const std::vector<std::string> args(argv, argv + argc);
 
   if (s->parsed()) {
@@ -419,6 +437,11 @@ int main(int argc, char** argv) {
     if (sweep.fabric == "both") {
       std::fprintf(stderr, "fp8wire-bench sweep: --fabric both needs the built-in launcher (NCCL reads NCCL_P2P_DISABLE "
                            "once per process); under torchrun run once per fabric\n");
+      return 2;
+    }
+    std::vector<fp8wire::OutputFolder> made;
+    if (const std::string error = make_output_folders(sweep, made); !error.empty()) {
+      std::fprintf(stderr, "fp8wire-bench sweep: %s\n", error.c_str());
       return 2;
     }
     fp8wire::RankEnv rank_env = *env;

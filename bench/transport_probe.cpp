@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include "common/command_line.hpp"
 #include "common/rank_launcher.hpp"
 #include "common/status.hpp"
 #include "bench/host/units.hpp"
@@ -185,7 +186,7 @@ int main(int argc, char** argv) {
   app.add_option("--fractions", o.fractions, "all-gather share of the split transports (0..1)")->check(CLI::Range(0.0, 1.0));
   app.add_option("--warmup", o.warmup)->check(CLI::Range(0, 1000));
   app.add_option("--repeats", o.repeats)->check(CLI::Range(1, 1000));
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = fp8wire::parse_command_line(app, argc, argv, "fp8wire-transport-probe")) return *status;
   for (const auto& s : sizes) {
     const auto v = fb::parse_bytes(s);
     if (!v || *v < 4096) {

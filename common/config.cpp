@@ -439,6 +439,24 @@ KeySpec cost_key(int fabric, const char* field, double CostModel::*member) {
           [=](const Config& c) { return fmt::format("{}", c.cost_model[fabric].*member); }};
 }
 
+// A job-shape count of the cost model (hosts, ranks per host): a whole number, since the planner
+// compares it with a communicator's own shape. 0 = not recorded; like the figures above, a positive
+// count marks that fabric's model calibrated. The bound keeps every count exact in the double it is
+// stored in, and printed back as an integer.
+KeySpec cost_count_key(int fabric, const char* field, double CostModel::*member) {
+  constexpr uint64_t kMaxCount = 1 << 24;
+  return {fmt::format("cost_model.{}.{}", to_string(static_cast<Fabric>(fabric)), field), {},
+          fmt::format("an integer in [0, {}] (0 = not recorded)", kMaxCount),
+          [=](Config& c, const RawValue& v) {
+            auto n = as_unsigned(v);
+            if (!n || *n > kMaxCount) return false;
+            c.cost_model[fabric].*member = static_cast<double>(*n);
+            if (*n > 0) c.cost_model[fabric].calibrated = true;
+            return true;
+          },
+          [=](const Config& c) { return fmt::format("{}", c.cost_model[fabric].*member); }};
+}
+
 std::vector<KeySpec> build_key_table() {
   std::vector<KeySpec> t;
   // Order matters twice: to_toml() prints in this order (root keys first, then one table per
@@ -514,8 +532,8 @@ std::vector<KeySpec> build_key_table() {
                          [f](auto& c) -> auto& { return c.cost_model[f].direct_shared_max_stages; }, 0, 4096));
     t.push_back(size_key(fmt::format("cost_model.{}.direct_shared_stage_bytes", fabric),
                          [f](auto& c) -> auto& { return c.cost_model[f].direct_shared_stage_bytes; }, 0));
-    t.push_back(cost_key(f, "hosts", &CostModel::hosts));
-    t.push_back(cost_key(f, "ranks_per_host", &CostModel::ranks_per_host));
+    t.push_back(cost_count_key(f, "hosts", &CostModel::hosts));
+    t.push_back(cost_count_key(f, "ranks_per_host", &CostModel::ranks_per_host));
     t.push_back(bool_key(fmt::format("cost_model.{}.calibrated", to_string(static_cast<Fabric>(f))),
                          [f](auto& c) -> auto& { return c.cost_model[f].calibrated; }));
   }
@@ -690,9 +708,15 @@ std::string file_source(const std::string& name, const toml::node& node) {
   return fmt::format("file {}:{}", name, node.source().begin.line);
 }
 
+// An error in a file, with where it is: the errors are reported in the file's order.
+struct FileError {
+  toml::source_position at;
+  ConfigError error;
+};
+
 // Reports every leaf of the document that is not a key of the table.
 void find_unknown_keys(const toml::table& table, const std::string& prefix, const std::string& source_name,
-                       std::vector<ConfigError>& errors) {
+                       std::vector<FileError>& errors) {
   for (const auto& [name, node] : table) {
     const std::string path = prefix.empty() ? std::string(name.str()) : prefix + "." + std::string(name.str());
     if (auto sub = node.as_table()) {
@@ -702,8 +726,8 @@ void find_unknown_keys(const toml::table& table, const std::string& prefix, cons
     const bool known = std::any_of(key_table().begin(), key_table().end(),
                                    [&](const KeySpec& s) { return s.key == path; });
     if (!known)
-      errors.push_back({file_source(source_name, node), path, raw_from_toml(node).text,
-                        unknown_key_expected(path, false)});
+      errors.push_back({node.source().begin, {file_source(source_name, node), path, raw_from_toml(node).text,
+                                              unknown_key_expected(path, false)}});
   }
 }
 
@@ -721,14 +745,22 @@ void apply_toml(const std::string& text, const std::string& source_name, ConfigR
                              std::string(e.description()), "valid TOML"});
     return;
   }
+  // Keys are applied in the table's order (it matters: cost_model.*.calibrated after the figures),
+  // but a reader goes through the file from the top, so that is the order of the errors.
+  std::vector<FileError> errors;
   for (const auto& spec : key_table()) {
     toml::node_view<toml::node> node = doc.at_path(spec.key);
     if (!node) continue;
     const RawValue raw = raw_from_toml(*node.node());
     if (!spec.set(result.config, raw))
-      result.errors.push_back({file_source(source_name, *node.node()), spec.key, raw.text, spec.expected});
+      errors.push_back({node.node()->source().begin,
+                        {file_source(source_name, *node.node()), spec.key, raw.text, spec.expected}});
   }
-  find_unknown_keys(doc, "", source_name, result.errors);
+  find_unknown_keys(doc, "", source_name, errors);
+  std::stable_sort(errors.begin(), errors.end(), [](const FileError& a, const FileError& b) {
+    return a.at.line != b.at.line ? a.at.line < b.at.line : a.at.column < b.at.column;
+  });
+  for (FileError& e : errors) result.errors.push_back(std::move(e.error));
 }
 
 void apply_env(const std::vector<std::string>& env, ConfigResult& result) {

@@ -3,7 +3,9 @@
 //   fp8wire-prof [--out DIR] [--shim] [--comm-pattern P] [--report-every N] -- <command> [args...]
 //       sets LD_PRELOAD (libfp8wire_prof.so, plus libfp8wire.so with --shim), NVTX_INJECTION64_PATH,
 //       FP8WIRE_PROFILER_*, and LD_LIBRARY_PATH so libcupti is found; runs the command (every process
-//       it starts inherits this, so torchrun's ranks are profiled); then merges DIR/*.jsonl.
+//       it starts inherits this, so torchrun's ranks are profiled); then merges DIR/*.jsonl. With
+//       --shim an invalid configuration (FP8WIRE_CONFIG, FP8WIRE_*) is refused before the job starts;
+//       a run that records nothing leaves no folder it created.
 //   fp8wire-prof report DIR [--json FILE]        merges an earlier run again
 //   fp8wire-prof analyze TRACE.json[.gz] [--json FILE] the same figures from a PyTorch profiler trace
 //
@@ -27,7 +29,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/command_line.hpp"
+#include "common/config.hpp"
 #include "common/cuda_devices.hpp"
+#include "common/output_folder.hpp"
 #include "profiler/classify.hpp"
 #include "profiler/kineto.hpp"
 #include "profiler/output_file.hpp"
@@ -161,7 +166,9 @@ bool read_rank_reports(const std::vector<std::string>& files, std::vector<StepRe
 int merge_and_print(const fs::path& dir, const std::string& json_path, size_t top) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    fmt::print(stderr, "fp8wire-prof: no per-rank reports: '{}' is not a directory (expected the folder given to --out)\n",
+    fmt::print(stderr,
+               "fp8wire-prof: no per-rank reports: '{}' is not a directory (expected the folder given to "
+               "fp8wire-prof --out or fp8wire run --profile)\n",
                dir.string());
     return 1;
   }
@@ -182,6 +189,18 @@ int merge_and_print(const fs::path& dir, const std::string& json_path, size_t to
   }
   fmt::print("merged report: {}\n", out);
   return merge_traces(dir) ? 0 : 1;
+}
+
+// With --shim the job runs libfp8wire.so, which reads FP8WIRE_CONFIG and the FP8WIRE_* variables
+// when it loads; an invalid configuration would only be logged by each rank while the job ran
+// without FP8. So, as `fp8wire run` does, the job is not started. False after printing the errors.
+bool configuration_valid() {
+  const fp8wire::ConfigResult result = fp8wire::load_config();
+  if (result.ok()) return true;
+  for (const fp8wire::ConfigError& e : result.errors) fmt::print(stderr, "fp8wire-prof: error: {}\n", e.message());
+  fmt::print(stderr, "fp8wire-prof: the configuration above is invalid; the job was not started (with it, every "
+                     "rank would run libfp8wire.so in pass-through, without FP8)\n");
+  return false;
 }
 
 int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bool with_shim,
@@ -211,18 +230,24 @@ int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bo
                  fmt::join(tried, ", "));
       return 2;
     }
+    if (!configuration_valid()) return 2;
   }
   const auto cupti_dir = find_cupti_dir();
   if (!cupti_dir)
     fmt::print(stderr, "fp8wire-prof: warning: libcupti not found (set FP8WIRE_CUPTI_DIR); relying on the "
                        "library's run path\n");
 
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) {
-    fmt::print(stderr, "fp8wire-prof: cannot create --out '{}': {}\n", out_dir.string(), ec.message());
+  if (out_dir.empty()) {
+    fmt::print(stderr, "fp8wire-prof: --out: an empty path was given (expected a folder for the reports, e.g. out/prof)\n");
     return 2;
   }
+  fp8wire::OutputFolder folder;
+  if (std::string error; !folder.create(out_dir, error)) {
+    // Named without its option: the folder may come from fp8wire-prof --out or fp8wire run --profile.
+    fmt::print(stderr, "fp8wire-prof: reports: {}\n", error);
+    return 2;
+  }
+  std::error_code ec;
   // Reports of an earlier run in the same folder would be merged with this one.
   for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
     const std::string name = entry.path().filename().string();
@@ -253,6 +278,7 @@ int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bo
   const pid_t child = fork();
   if (child < 0) {
     perror("fp8wire-prof: fork");
+    folder.remove_if_empty();
     return 2;
   }
   if (child == 0) {
@@ -268,11 +294,16 @@ int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bo
   }
   const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (rc != 0) fmt::print(stderr, "fp8wire-prof: the job exited with status {}\n", rc);
-  // Without a GPU there is nothing to record: say so once and give the job's own status, which a
-  // missing report would otherwise replace.
-  if (rank_files(out_dir).empty() && fp8wire::visible_cuda_devices() == 0) {
-    fmt::print(stderr, "fp8wire-prof: no GPU: the profiler recorded nothing\n");
-    return rc;
+  if (rank_files(out_dir).empty()) {
+    folder.remove_if_empty();
+    // Without a GPU there is nothing to record: say so once and give the job's own status, which a
+    // missing report would otherwise replace.
+    if (fp8wire::visible_cuda_devices() == 0) {
+      fmt::print(stderr, "fp8wire-prof: no GPU: the profiler recorded nothing\n");
+      return rc;
+    }
+    fmt::print(stderr, "fp8wire-prof: no per-rank reports (*.jsonl) in '{}'\n", out_dir.string());
+    return rc != 0 ? rc : 1;
   }
   const int merge_rc = merge_and_print(out_dir, {}, top);
   return rc != 0 ? rc : merge_rc;
@@ -336,7 +367,7 @@ int main(int argc, char** argv) {
 
   std::string report_dir, json_path;
   CLI::App* report = app.add_subcommand("report", "merge the per-rank reports of an earlier run");
-  report->add_option("dir", report_dir, "folder given to --out")->required();
+  report->add_option("dir", report_dir, "folder given to --out (or to fp8wire run --profile)")->required();
   report->add_option("--json", json_path, "where to write the merged JSON (default DIR/report.json)");
 
   std::string trace;
@@ -350,7 +381,7 @@ int main(int argc, char** argv) {
   analyze_cmd->add_option("--comm-pattern", comm_pattern, "extra communication kernel-name substrings");
   app.require_subcommand(0, 1);
 
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = fp8wire::parse_command_line(app, argc, argv, "fp8wire-prof")) return *status;
   if (*report) return merge_and_print(report_dir, json_path, top);
   if (*analyze_cmd) return analyze(trace, json_path, comm_pattern, prefixes, top);
   if (command.empty()) {

@@ -3,6 +3,8 @@
 //                                 configuration; exit 0 when valid, 1 otherwise
 //   fp8wire-config                the same with FP8WIRE_CONFIG (if set) as the file
 //   fp8wire-config --defaults     every key with its default
+// A usage error (an unknown option, --check with --defaults) exits 2; a file that cannot be read is
+// a failed check like any other (1), reported by the configuration's own reader with its reason.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -10,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/command_line.hpp"
 #include "common/config.hpp"
 
 extern char** environ;
@@ -18,14 +21,10 @@ int main(int argc, char** argv) {
   CLI::App app{"Validate fp8wire configuration (TOML file + FP8WIRE_* environment variables)"};
   std::string check_path;
   bool defaults = false;
-  app.add_option("--check", check_path, "TOML file to validate together with the environment")
-      ->check(CLI::ExistingFile);
-  app.add_flag("--defaults", defaults, "print every key with its default value and exit");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 1;  // --help is success; any usage error is a failed check
-  }
+  CLI::Option* check = app.add_option("--check", check_path, "TOML file to validate together with the environment");
+  // --defaults prints the built-in values, never a file's: with both, one of them would be ignored.
+  app.add_flag("--defaults", defaults, "print every key with its default value and exit")->excludes(check);
+  if (const auto status = fp8wire::parse_command_line(app, argc, argv, "fp8wire-config")) return *status;
 
   if (defaults) {
     std::fputs(fp8wire::to_toml(fp8wire::Config{}).c_str(), stdout);

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/command_line.hpp"
 #include "common/rank_launcher.hpp"
 #include "trainer/config.hpp"
 #include "trainer/run.hpp"
@@ -68,7 +69,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "optimiser steps (overrides train.steps)");
   app.add_option("--set", overrides, "key=value override, e.g. --set train.micro_batch=16 (repeatable)");
   app.add_flag("--print-config", print_config, "print the resolved configuration and exit");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = fp8wire::parse_command_line(app, argc, argv, "fp8wire-train")) return *status;
   if (ranks < 1 || ranks > kMaxRanks) {
     fmt::print(stderr, "fp8wire-train: --ranks {}: expected 1 to {} data-parallel ranks on this host\n", ranks,
                kMaxRanks);

@@ -915,7 +915,13 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
       // Ranks sharing a GPU: whether they ran side by side (MPS) or time-sliced, as their launcher said.
       const char* testbed = world > 1 ? std::getenv("FP8WIRE_TESTBED_MODE") : nullptr;
       const std::string testbed_note = testbed && *testbed ? fmt::format(" | testbed {}", testbed) : std::string();
-      if (timed == 0) {
+      if (first_step >= t.steps) {
+        // No step ran (train.steps 0, or a checkpoint resumed at or past it): there is no loss to
+        // show, only what the run did do (the model built, weights loaded, a checkpoint saved).
+        fmt::print("summary: params {} | no step run: train.steps is {}{} | peak {:.1f} GiB{}\n", nparams, t.steps,
+                   first_step > 0 ? fmt::format(" and the resumed checkpoint has done {}", first_step) : "", peak_gib,
+                   testbed_note);
+      } else if (timed == 0) {
         fmt::print("summary: params {} | loss {:.4f} -> {:.4f} | mean step not measured: the first {} steps of a "
                    "run are warm-up and not timed (run {} or more steps) | peak {:.1f} GiB{}\n",
                    nparams, first_loss, last_loss, kUntimedSteps, kUntimedSteps + 1, peak_gib, testbed_note);
@@ -937,7 +943,7 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
       if (!ok) rc = 4;
     }
     if (rank == 0) print_fp8wire_totals();
-    if (rank == 0 && t.plot) plot_loss_curve(log_path, (fs::path(t.out_dir) / "loss.png").string());
+    if (rank == 0 && t.plot && first_step < t.steps) plot_loss_curve(log_path, (fs::path(t.out_dir) / "loss.png").string());
     if (pg) pg->shutdown();  // orderly NCCL teardown instead of the destructor's warning
     return rc;
   } catch (const std::exception& e) {

@@ -44,9 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("config", help="check a configuration (fp8wire-config)",
                        description="Checks the configuration the library would read: FILE (or FP8WIRE_CONFIG) "
                                    "plus the FP8WIRE_* environment. Exit status 0 when valid.")
-    c.add_argument("--check", nargs="?", const="", metavar="FILE",
-                   help="validate FILE (default: FP8WIRE_CONFIG, if set) and the environment; print the effective configuration")
-    c.add_argument("--defaults", action="store_true", help="print every key with its default")
+    # One or the other: --defaults prints the built-in values whatever a file says.
+    which = c.add_mutually_exclusive_group()
+    which.add_argument("--check", nargs="?", const="", metavar="FILE",
+                       help="validate FILE (default: FP8WIRE_CONFIG, if set) and the environment; print the effective "
+                            "configuration")
+    which.add_argument("--defaults", action="store_true", help="print every key with its default")
 
     sub.add_parser("bench", help="the benchmark (fp8wire-bench), arguments passed through", add_help=False)
     sub.add_parser("prof", help="the exposure profiler's CLI (fp8wire-prof), arguments passed through", add_help=False)
@@ -59,7 +62,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         # bench/prof take any arguments of their own; hand them over untouched.
         if argv and argv[0] in _PASS_THROUGH:
-            return exec_tool(_PASS_THROUGH[argv[0]], argv[1:])
+            return exec_tool(_PASS_THROUGH[argv[0]], argv[1:], shown_as=f"fp8wire {argv[0]}")
         parser = _parser()
         args = parser.parse_args(argv)
         if args.command == "run":
@@ -70,8 +73,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         if args.command == "config":
             if args.defaults:
-                return exec_tool("fp8wire-config", ["--defaults"])
-            return exec_tool("fp8wire-config", ["--check", args.check] if args.check else [])
+                return exec_tool("fp8wire-config", ["--defaults"], shown_as="fp8wire config")
+            return exec_tool("fp8wire-config", ["--check", args.check] if args.check else [], shown_as="fp8wire config")
         if args.command == "version":
             loaded = library_version()
             print(f"fp8wire {__version__} ({shim_library()})")

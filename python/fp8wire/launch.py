@@ -104,27 +104,32 @@ def _managed(key: str, value: str) -> bool:
     return key == "NVTX_INJECTION64_PATH" and value.strip().endswith("libfp8wire_prof.so")
 
 
-def parse_deepspeed_env(text: str, where: str) -> List[Tuple[str, str]]:
+def parse_deepspeed_env(text: str, where: str, skip_blank: bool = False) -> List[Tuple[str, str]]:
     """KEY=VALUE lines, the way DeepSpeed's runner splits them. A line without '=' (a blank line
-    too) makes the runner fail, so it is an error here as well."""
+    too, unless skip_blank) makes the runner fail, so it is an error here as well."""
     pairs = []
     for n, line in enumerate(text.splitlines(), 1):
+        if skip_blank and not line.strip():
+            continue
         if "=" not in line:
-            raise UsageError(f"{where}:{n}: {line!r} is not KEY=VALUE (deepspeed's runner fails on it; "
-                             "remove the line)")
+            raise UsageError(f"{where}:{n}: {line!r} is not KEY=VALUE (deepspeed's runner fails on it, and "
+                             "comments too; remove the line)")
         key, value = line.split("=", 1)
         pairs.append((key.strip(), value))
     return pairs
 
 
 def sync_deepspeed_env(path: Path, wanted: Mapping[str, str], home_file: Optional[Path] = None) -> List[str]:
-    """Makes `path` carry exactly `wanted` for the keys fp8wire owns, keeping every other line.
-    Returns the lines to print (what was written or checked, and warnings)."""
+    """Makes `path` carry exactly `wanted` for the keys fp8wire owns, keeping every other line but
+    blank ones, which DeepSpeed's runner cannot read and which carry nothing. Returns the lines to
+    print (what was written or checked, and warnings)."""
     notes = []
     old_text = path.read_text() if path.exists() else None
     kept = []
+    blank = 0
     if old_text is not None:
-        for key, value in parse_deepspeed_env(old_text, str(path)):
+        blank = sum(1 for line in old_text.splitlines() if not line.strip())
+        for key, value in parse_deepspeed_env(old_text, str(path), skip_blank=True):
             if not _managed(key, value):
                 kept.append(f"{key}={value}")
     new_text = "".join(line + "\n" for line in kept + [f"{k}={v}" for k, v in wanted.items()])
@@ -137,7 +142,9 @@ def sync_deepspeed_env(path: Path, wanted: Mapping[str, str], home_file: Optiona
         tmp.write_text(new_text)
         os.replace(tmp, path)
         verb = "updated" if old_text is not None else "wrote"
-        notes.append(f"fp8wire: {verb} {shown} ({keys}) for ranks deepspeed starts on other nodes")
+        removed = (f"; removed {blank} blank line{'s' if blank > 1 else ''}, which deepspeed's runner cannot read"
+                   if blank else "")
+        notes.append(f"fp8wire: {verb} {shown} ({keys}) for ranks deepspeed starts on other nodes{removed}")
     if home_file is not None and home_file.exists() and home_file.resolve() != path.resolve():
         try:
             stale = [k for k, v in parse_deepspeed_env(home_file.read_text(), str(home_file))
@@ -165,22 +172,71 @@ def _describe(env: Mapping[str, str], config: Optional[Path], profile_dir: Optio
     return f"configuration: {configuration}; profiler: {profiler}"
 
 
+def config_file(config: str) -> Path:
+    """The file given to --config, resolved; a UsageError saying what it is when it is no file."""
+    if not config:
+        raise UsageError("--config: an empty path was given (expected a TOML file)")
+    path = Path(config).expanduser().resolve()
+    if path.is_dir():
+        # Often the folder a sweep wrote, which holds the profile meant.
+        inside = path / "fp8wire-profile.toml"
+        hint = f"; did you mean {inside}?" if inside.is_file() else ""
+        raise UsageError(f"--config {config}: is a directory (expected a TOML file{hint})")
+    if not path.exists():
+        raise UsageError(f"--config {config}: no such file")
+    if not path.is_file():
+        raise UsageError(f"--config {config}: not a regular file (expected a TOML file)")
+    return path
+
+
+def profile_folder(profile: str) -> Path:
+    """The folder given to --profile, resolved. An empty path would put the reports wherever the job
+    happens to run, so it is refused, as is one that fp8wire-prof could not create: found here, the
+    error names --profile and comes before the job is announced."""
+    if not profile:
+        raise UsageError("--profile: an empty path was given (expected a folder for the reports, e.g. out/prof)")
+    path = Path(profile).expanduser().resolve()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        where = "exists and is not a directory" if existing == path else f"{existing} is not a directory"
+        raise UsageError(f"--profile {profile}: {where} (expected a folder for the reports)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--profile {profile}: {existing} is not writable (expected a folder for the reports)")
+    return path
+
+
+def check_command(name: str, path: Optional[str]) -> None:
+    """A UsageError unless `name` can be started: not found, or found but not executable (which is
+    what a script without its x bit is, and `command not found` would send the user looking for it)."""
+    if shutil.which(name, path=path) is not None:
+        return
+    if os.sep in name:
+        candidates = [name]
+    else:
+        candidates = [os.path.join(d, name) for d in (path if path is not None else os.defpath).split(os.pathsep) if d]
+    for candidate in candidates:
+        if os.path.isdir(candidate):
+            raise UsageError(f"cannot run {name}: {candidate} is a directory")
+        if os.path.isfile(candidate):
+            raise UsageError(f"cannot run {name}: {candidate} is not executable (chmod +x {candidate}, or put "
+                             f"its interpreter first, e.g. -- python3 {name} or -- sh {name})")
+    raise UsageError(f"command not found: {name}")
+
+
 def run(command: Sequence[str], *, config: Optional[str] = None, profile: Optional[str] = None,
         deepspeed_env: bool = True, base_env: Optional[Mapping[str, str]] = None) -> int:
-    """Replaces this process with `command`, libfp8wire.so preloaded. Returns only on failure."""
+    """Replaces this process with `command`, libfp8wire.so preloaded. Returns only on failure.
+    Every input is checked before the job is announced, so a refused job never looks started."""
     if not command:
         raise UsageError("give the command to run after --, e.g. fp8wire run -- torchrun --nproc_per_node=8 train.py")
     env = dict(os.environ if base_env is None else base_env)
     config_path = None
     if config is not None:
-        config_path = Path(config).expanduser().resolve()
-        if not config_path.is_file():
-            raise UsageError(f"--config {config}: no such file")
+        config_path = config_file(config)
         env["FP8WIRE_CONFIG"] = str(config_path)
-    profile_dir = Path(profile).expanduser().resolve() if profile is not None else None
+    profile_dir = profile_folder(profile) if profile is not None else None
 
-    if shutil.which(command[0], path=env.get("PATH")) is None:
-        raise UsageError(f"command not found: {command[0]}")
+    check_command(command[0], env.get("PATH"))
     errors = check_configuration(env)
     if errors:
         print(errors, file=sys.stderr)
@@ -188,16 +244,17 @@ def run(command: Sequence[str], *, config: Optional[str] = None, profile: Option
                          "(with it, every rank would train without FP8)")
 
     job_env = job_environment(env, config=None, profile_dir=profile_dir)
-    preloaded = job_env["LD_PRELOAD"].split(":")[: 2 if profile_dir else 1]
-    print(f"fp8wire {__version__}: preloading {' and '.join(preloaded)} into every process of "
-          f"`{shlex.join(command)}` ({_describe(job_env, config_path, profile_dir)})", file=sys.stderr, flush=True)
-
+    notes = []
     if is_deepspeed(command) and deepspeed_env:
         name = deepspeed_env_name(env)
         notes = sync_deepspeed_env(Path(name) if os.path.isabs(name) else Path.cwd() / name,
                                    deepspeed_exports(job_env), Path.home() / name)
-        for line in notes:
-            print(line, file=sys.stderr, flush=True)
+
+    preloaded = job_env["LD_PRELOAD"].split(":")[: 2 if profile_dir else 1]
+    print(f"fp8wire {__version__}: preloading {' and '.join(preloaded)} into every process of "
+          f"`{shlex.join(command)}` ({_describe(job_env, config_path, profile_dir)})", file=sys.stderr, flush=True)
+    for line in notes:
+        print(line, file=sys.stderr, flush=True)
 
     if profile_dir is not None:
         # fp8wire-prof sets the same preload and profiler variables, finds CUPTI, runs the job and
@@ -210,11 +267,13 @@ def run(command: Sequence[str], *, config: Optional[str] = None, profile: Option
     return _exec(list(command), job_env)
 
 
-def _exec(argv: List[str], env: Mapping[str, str]) -> int:
+def _exec(argv: List[str], env: Mapping[str, str], shown_as: Optional[str] = None) -> int:
+    """Replaces this process with argv. shown_as: the program's argv[0] instead of its path (the
+    command the user typed, which the tools' --help and messages then show)."""
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execvpe(argv[0], argv, dict(env))
+        os.execvpe(argv[0], [shown_as or argv[0], *argv[1:]], dict(env))
     except FileNotFoundError:
         raise UsageError(f"command not found: {argv[0]}") from None
     except PermissionError:
@@ -253,7 +312,9 @@ def check_loadable(program: Path, env: Mapping[str, str]) -> None:
     raise NotInstalled(f"{program.name} cannot start: {missing} not found{hint}")
 
 
-def exec_tool(name: str, args: Sequence[str]) -> int:
+def exec_tool(name: str, args: Sequence[str], shown_as: Optional[str] = None) -> int:
+    """Runs one of the packaged tools in place of this process; shown_as is the command the user
+    typed for it ("fp8wire bench")."""
     env = dict(os.environ)
     if name == "fp8wire-bench":
         # The benchmark links libnccl.so.2; use the NCCL of this Python's PyTorch when there is one,
@@ -266,4 +327,4 @@ def exec_tool(name: str, args: Sequence[str]) -> int:
     if name == "fp8wire-prof":
         env.setdefault("FP8WIRE_SHIM_LIB", str(shim_library()))
         env.setdefault("FP8WIRE_PROF_LIB", str(profiler_library()))
-    return _exec([str(tool(name)), *args], env)
+    return _exec([str(tool(name)), *args], env, shown_as)

@@ -182,6 +182,8 @@ TEST_CASE("a bad environment value names the variable, key, value and what was e
       {"FP8WIRE_COST_MODEL_NET_OP_LATENCY_US=inf", "cost_model.net.op_latency_us", "inf", "finite"},
       {"FP8WIRE_COST_MODEL_NET_ALLGATHER_LATENCY_US=-1", "cost_model.net.allgather_latency_us", "-1", ">= 0"},
       {"FP8WIRE_COST_MODEL_PCIE_ALLTOALL_BANDWIDTH_GBPS=fast", "cost_model.pcie.alltoall_bandwidth_gbps", "fast", "finite"},
+      {"FP8WIRE_COST_MODEL_NET_HOSTS=1.5", "cost_model.net.hosts", "1.5", "an integer in [0, 16777216]"},
+      {"FP8WIRE_COST_MODEL_NET_RANKS_PER_HOST=-8", "cost_model.net.ranks_per_host", "-8", "an integer in [0, 16777216]"},
       {"FP8WIRE_LOG_LEVEL=verbose", "log.level", "verbose", "\"debug\""},
       {"FP8WIRE_PROFILER_TOP=0", "profiler.top", "0", "[1, 100000]"},
       {"FP8WIRE_PROFILER_DEVICE_BUFFERS=250", "profiler.device_buffers", "250", "[1, 200]"},
@@ -275,6 +277,57 @@ TEST_CASE("file errors carry file:line, the key, the value and what was expected
   REQUIRE(log_file);
   CHECK(log_file->source == "file " + file.path + ":10");
   CHECK(r.config.enable);  // the good line still applied
+}
+
+TEST_CASE("file errors come in the file's line order, whatever the order of the keys") {
+  // The key table applies enable before block_size before the cost model; unknown keys are found
+  // last. None of that order may show: the reader goes through the file from the top.
+  TempFile file("[cost_model.net]\n"
+                "hosts = 1.5\n"
+                "ranks_per_host = 8\n"
+                "[profiler]\n"
+                "tpo = 3\n"
+                "enable = \"sometimes\"\n"
+                "[thresholds.all_reduce]\n"
+                "pcie = \"lots\"\n");
+  TempFile root("nonsense = 1\n"
+                "block_size = 100\n"
+                "enable = 7\n");
+  for (const TempFile* f : {&file, &root}) {
+    const ConfigResult r = load_config(f->path, {});
+    INFO(all_messages(r));
+    REQUIRE(r.errors.size() >= 3);
+    size_t previous = 0;
+    for (const ConfigError& e : r.errors) {
+      const size_t line = std::stoul(e.source.substr(e.source.rfind(':') + 1));
+      CHECK(line > previous);
+      previous = line;
+    }
+  }
+  const ConfigResult r = load_config(file.path, {});
+  REQUIRE(r.errors.size() == 4);
+  CHECK(r.errors[0].key == "cost_model.net.hosts");
+  CHECK(r.errors[0].value == "1.5");
+  CHECK(r.errors[0].expected == "an integer in [0, 16777216] (0 = not recorded)");
+  CHECK(r.errors[1].key == "profiler.tpo");
+  CHECK(r.errors[2].key == "profiler.enable");
+  CHECK(r.errors[3].key == "thresholds.all_reduce.pcie");
+}
+
+TEST_CASE("the cost model's job shape takes whole numbers only") {
+  for (const char* bad : {"hosts = 1.5", "hosts = 2.0", "hosts = -1", "hosts = 16777217", "ranks_per_host = \"8x\""}) {
+    CAPTURE(bad);
+    const ConfigResult r = parse_config_toml(std::string("[cost_model.net]\n") + bad + "\n", "shape.toml", Config{});
+    REQUIRE(r.errors.size() == 1);
+    CHECK(contains(r.errors[0].message(), "an integer in [0, 16777216]"));
+    CHECK_FALSE(r.config.cost_model[2].calibrated);
+  }
+  const ConfigResult ok = parse_config_toml("[cost_model.net]\nhosts = 4\nranks_per_host = \"8\"\n", "shape.toml",
+                                            Config{});
+  REQUIRE(ok.ok());
+  CHECK(ok.config.cost_model[2].hosts == 4);
+  CHECK(ok.config.cost_model[2].ranks_per_host == 8);
+  CHECK(ok.config.cost_model[2].calibrated);
 }
 
 TEST_CASE("a TOML syntax error and a missing file are errors, not crashes") {

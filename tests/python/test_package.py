@@ -124,9 +124,34 @@ class DeepSpeedEnv(unittest.TestCase):
                          "NCCL_IB_HCA=mlx5\nLD_PRELOAD=/a/libfp8wire.so\nFP8WIRE_LOG_LEVEL=info\n")
 
     def test_lines_deepspeed_cannot_read_are_errors(self):
-        self.path.write_text("A=1\n\nB=2\n")
-        with self.assertRaisesRegex(launch.UsageError, r":2: '' is not KEY=VALUE"):
+        self.path.write_text("A=1\n# a comment\nB=2\n")
+        with self.assertRaisesRegex(launch.UsageError, r":2: '# a comment' is not KEY=VALUE"):
             launch.sync_deepspeed_env(self.path, {"LD_PRELOAD": "/a.so"})
+
+    def test_blank_lines_are_removed_from_the_file_fp8wire_writes(self):
+        # DeepSpeed's runner splits every line at '=' and stops on a blank one; they carry nothing.
+        self.path.write_text("A=1\n\n   \nB=2\n")
+        notes = launch.sync_deepspeed_env(self.path, {"LD_PRELOAD": "/a.so"})
+        self.assertEqual(self.path.read_text(), "A=1\nB=2\nLD_PRELOAD=/a.so\n")
+        self.assertIn("removed 2 blank lines, which deepspeed's runner cannot read", notes[0])
+        # In ~/.deepspeed_env, which fp8wire does not rewrite, a blank line is still reported.
+        home = self.dir / "home_env"
+        home.write_text("A=1\n\n")
+        notes = launch.sync_deepspeed_env(self.path, {"LD_PRELOAD": "/a.so"}, home)
+        self.assertTrue(any("home_env:2: '' is not KEY=VALUE" in n for n in notes), notes)
+
+    def test_a_line_deepspeed_cannot_read_stops_the_job_before_it_is_announced(self):
+        fake = self.dir / "deepspeed"
+        fake.write_text("#!/bin/sh\ntouch ran\n")
+        fake.chmod(0o755)
+        env = env_without_library()
+        env["PATH"] = f"{self.dir}:{env['PATH']}"
+        self.path.write_text("# settings for the remote ranks\nNCCL_IB_HCA=mlx5\n")
+        r = fp8wire_cli("run", "--", "deepspeed", "train.py", env=env, cwd=self.dir)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(".deepspeed_env:1: '# settings for the remote ranks' is not KEY=VALUE", r.stderr)
+        self.assertNotIn("preloading", r.stderr)
+        self.assertFalse((self.dir / "ran").exists())
 
     def test_home_file_with_other_settings_is_reported(self):
         home = self.dir / "home_env"
@@ -270,6 +295,57 @@ class Cli(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("give the command to run after --", r.stderr)
 
+    def test_run_says_what_is_wrong_with_each_path(self):
+        with tempfile.TemporaryDirectory() as d:
+            # A folder given as the configuration (fp8wire bench sweep's --out, say), not "no such file".
+            r = fp8wire_cli("run", "--config", d, "--", "true")
+            self.assertEqual(r.returncode, 2)
+            self.assertEqual((r.returncode, r.stderr.strip()), (2, f"fp8wire: --config {d}: is a directory (expected a TOML file)"))
+            (Path(d) / "fp8wire-profile.toml").write_text("")
+            r = fp8wire_cli("run", "--config", d, "--", "true")
+            self.assertIn(f"is a directory (expected a TOML file; did you mean {Path(d).resolve()}/fp8wire-profile.toml?)",
+                          r.stderr)
+            r = fp8wire_cli("run", "--config", "", "--", "true")
+            self.assertEqual((r.returncode, r.stderr.strip()),
+                             (2, "fp8wire: --config: an empty path was given (expected a TOML file)"))
+            # A script without its x bit exists: "command not found" would send the user looking for it.
+            script = Path(d) / "train.sh"
+            script.write_text("#!/bin/sh\ntrue\n")
+            r = fp8wire_cli("run", "--", str(script))
+            self.assertEqual(r.returncode, 2)
+            self.assertIn(f"fp8wire: cannot run {script}: {script} is not executable (chmod +x", r.stderr)
+            env = env_without_library()
+            env["PATH"] = f"{d}:{env['PATH']}"
+            r = fp8wire_cli("run", "--", "train.sh", env=env)
+            self.assertIn(f"cannot run train.sh: {script} is not executable", r.stderr)
+            r = fp8wire_cli("run", "--", d)
+            self.assertIn(f"cannot run {d}: {d} is a directory", r.stderr)
+            # An empty --profile would profile into whatever folder the job runs in.
+            marker = Path(d) / "ran"
+            r = fp8wire_cli("run", "--profile", "", "--", "touch", str(marker))
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("fp8wire: --profile: an empty path was given (expected a folder for the reports", r.stderr)
+            self.assertFalse(marker.exists())
+            r = fp8wire_cli("run", "--profile", str(script), "--", "true")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn(f"--profile {script}: exists and is not a directory", r.stderr)
+
+    def test_run_profile_messages_name_only_the_options_given(self):
+        # The reports go through fp8wire-prof --out; the user gave --profile, so that is what an error
+        # names, before the job is announced.
+        with tempfile.TemporaryDirectory() as d:
+            blocker = Path(d) / "file"
+            blocker.write_text("")
+            r = fp8wire_cli("run", "--profile", str(blocker / "prof"), "--", "true")
+            self.assertEqual((r.returncode, r.stderr.strip()),
+                             (2, f"fp8wire: --profile {blocker / 'prof'}: {blocker} is not a directory (expected a "
+                                 "folder for the reports)"))
+            # fp8wire-prof's own messages about the folder name no option at all.
+            r = fp8wire_cli("prof", "--out", str(blocker / "prof"), "--", "true")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn(f"fp8wire-prof: reports: cannot create the folder '{blocker / 'prof'}'", r.stderr)
+            self.assertNotIn("--out", r.stderr)
+
     def test_run_passes_the_configuration_and_status(self):
         with tempfile.TemporaryDirectory() as d:
             good = Path(d) / "good.toml"
@@ -322,6 +398,99 @@ class Cli(unittest.TestCase):
                 launch.check_loadable(fake, os.environ)
             fake.write_text("#!/bin/sh\nexit 0\n")
             launch.check_loadable(fake, os.environ)  # starts: nothing to say
+
+    def test_a_failed_run_leaves_no_folder_it_created(self):
+        env = env_without_library(CUDA_VISIBLE_DEVICES="")
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "new" / "prof"
+            r = fp8wire_cli("run", "--profile", str(out), "--", "sh", "-c", "exit 3", env=env)
+            self.assertEqual(r.returncode, 3, r.stderr)
+            self.assertFalse((Path(d) / "new").exists(), "fp8wire run --profile left its empty folder")
+            r = fp8wire_cli("prof", "--out", str(out), "--", "no-such-command-here", env=env)
+            self.assertEqual(r.returncode, 127, r.stderr)
+            self.assertIn("cannot run 'no-such-command-here'", r.stderr)
+            self.assertFalse((Path(d) / "new").exists(), "fp8wire prof left its empty folder")
+            # What the job wrote there stays, and so does the folder holding it.
+            r = fp8wire_cli("prof", "--out", str(out), "--", "sh", "-c", f"touch {out}/mine", env=env)
+            self.assertTrue((out / "mine").is_file(), r.stderr)
+            # A folder that existed before stays too, empty or not.
+            existing = Path(d) / "existing"
+            existing.mkdir()
+            fp8wire_cli("prof", "--out", str(existing), "--", "true", env=env)
+            self.assertTrue(existing.is_dir())
+            # A sweep that cannot start (no GPU) makes no folder for its results.
+            r = fp8wire_cli("bench", "sweep", "--emulate-ranks", "2", "--out", str(Path(d) / "sweep" / "out"), env=env)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertFalse((Path(d) / "sweep").exists(), "fp8wire bench sweep left its empty folder")
+
+    def test_prof_shim_refuses_an_invalid_configuration(self):
+        # As fp8wire run does: with it, every rank would run libfp8wire.so in pass-through.
+        with tempfile.TemporaryDirectory() as d:
+            marker, out = Path(d) / "ran", Path(d) / "prof"
+            r = fp8wire_cli("prof", "--shim", "--out", str(out), "--", "touch", str(marker),
+                            env=env_without_library(FP8WIRE_BLOCK_SIZE="7"))
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("FP8WIRE_BLOCK_SIZE", r.stderr)
+            self.assertIn("fp8wire-prof: the configuration above is invalid; the job was not started", r.stderr)
+            self.assertFalse(marker.exists())
+            self.assertFalse(out.exists())
+            bad = Path(d) / "bad.toml"
+            bad.write_text("[cost_model.net]\nhosts = 1.5\n")
+            r = fp8wire_cli("prof", "--shim", "--out", str(out), "--", "touch", str(marker),
+                            env=env_without_library(FP8WIRE_CONFIG=str(bad)))
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("cost_model.net.hosts", r.stderr)
+            self.assertFalse(marker.exists())
+            # Without --shim the job is not fp8wire's to refuse: it runs under the profiler alone.
+            r = fp8wire_cli("prof", "--out", str(out), "--", "touch", str(marker),
+                            env=env_without_library(FP8WIRE_BLOCK_SIZE="7", CUDA_VISIBLE_DEVICES=""))
+            self.assertTrue(marker.exists(), r.stderr)
+
+    def test_config_check_and_defaults_are_one_or_the_other(self):
+        with tempfile.TemporaryDirectory() as d:
+            bad = Path(d) / "bad.toml"
+            bad.write_text("block_size = 7\n")
+            r = fp8wire_cli("config", "--defaults", "--check", str(bad))
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("not allowed with argument", r.stderr)
+            self.assertEqual(r.stdout, "")
+            # The program itself, as a build tree has it.
+            r = subprocess.run([str(fp8wire.tool("fp8wire-config")), "--defaults", "--check", str(bad)],
+                               capture_output=True, text=True)
+            self.assertEqual((r.returncode, r.stdout), (2, ""))
+            self.assertIn("fp8wire-config: --check excludes --defaults", r.stderr)
+            # A file that cannot be read is a failed check (1) with its reason, like any other.
+            r = fp8wire_cli("config", "--check", d)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("it is a directory", r.stderr)
+            r = fp8wire_cli("config", "--check", str(Path(d) / "missing.toml"))
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("No such file or directory", r.stderr)
+
+    def test_usage_errors_name_the_tool_and_exit_2(self):
+        # The tools' command-line errors read like every other refusal: the tool's name, status 2.
+        cases = [(("bench",), "fp8wire-bench: A subcommand is required"),
+                 (("bench", "report", "/nonexistent.json"), "fp8wire-bench report: sweeps: File does not exist: /nonexistent.json"),
+                 (("bench", "sweep", "--ranks", "0"), "fp8wire-bench sweep: The following arguments were not expected"),
+                 (("prof", "analyze", "/nonexistent.json"), "fp8wire-prof analyze: trace: File does not exist: /nonexistent.json"),
+                 (("prof", "--top", "0", "--", "true"), "fp8wire-prof: --top: Value 0 not in range 1 to 100000")]
+        for args, expected in cases:
+            with self.subTest(args=args):
+                r = fp8wire_cli(*args, env=env_without_library(CUDA_VISIBLE_DEVICES=""))
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn(expected, r.stderr)
+                self.assertIn(f"Run `fp8wire {args[0]}", r.stderr)
+
+    def test_help_shows_the_command_the_user_typed(self):
+        for args, usage in ((("bench", "--help"), "Usage: fp8wire bench "),
+                            (("bench", "sweep", "--help"), "Usage: fp8wire bench sweep "),
+                            (("prof", "--help"), "Usage: fp8wire prof "),
+                            (("prof", "report", "--help"), "Usage: fp8wire prof report ")):
+            with self.subTest(args=args):
+                r = fp8wire_cli(*args)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn(usage, r.stdout)
+                self.assertNotIn(str(fp8wire.tool("fp8wire-bench").parent), r.stdout)
 
     def test_tools_pass_through(self):
         self.assertIn("fp8wire-bench", fp8wire_cli("bench", "--help").stdout)

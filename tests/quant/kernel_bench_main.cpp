@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bench/kernel_bench.hpp"
+#include "common/command_line.hpp"
 #include "common/config.hpp"
 
 int main(int argc, char** argv) {
@@ -30,7 +31,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0u, 1u << 20))->capture_default_str();
   app.add_option("--kernel-variant", o.kernel_variant, "tuning: 1 = quantize with plain loads, 2 = quantize at 8 CTAs/SM, 3 = quantize without its full-tile fast path; 0 = production")
       ->check(CLI::Range(0u, 3u))->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = fp8wire::parse_command_line(app, argc, argv, "fp8wire-kernel-bench")) return *status;
 
   if (!sizes.empty()) {
     o.sizes.clear();

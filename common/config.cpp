@@ -607,7 +607,7 @@ bool is_non_key_variable(std::string_view name) {
       "FP8WIRE_BUILD",         "FP8WIRE_BUILD_TRAINER", "FP8WIRE_TORCH_PYTHON",  "FP8WIRE_SANITIZE",
       "FP8WIRE_FUZZ",          "FP8WIRE_FUZZ_SECONDS",  "FP8WIRE_SKIP_PACKAGE",  "FP8WIRE_TRAIN_STORE",
       "FP8WIRE_PROF_LIB",      "FP8WIRE_SHIM_LIB",      "FP8WIRE_CUPTI_DIR",     "FP8WIRE_MPS",
-      "FP8WIRE_TESTBED_MODE"};
+      "FP8WIRE_TESTBED_MODE",  "FP8WIRE_BOOTSTRAP_SECRET"};
   return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
 }
 

@@ -227,7 +227,8 @@ TEST_CASE("an unknown FP8WIRE_ variable is an error with a suggestion; build var
                                           "FP8WIRE_TRAIN_STORE=/tmp/s", "FP8WIRE_PROF_LIB=/l.so",
                                           "FP8WIRE_SHIM_LIB=/s.so", "FP8WIRE_CUPTI_DIR=/c",
                                           // the rank launchers' MPS switch and what they tell their ranks
-                                          "FP8WIRE_MPS=0", "FP8WIRE_TESTBED_MODE=mps"});
+                                          "FP8WIRE_MPS=0", "FP8WIRE_TESTBED_MODE=mps",
+                                          "FP8WIRE_BOOTSTRAP_SECRET=0123"});
   REQUIRE(r.errors.size() == 1);
   CHECK(r.errors[0].source == "env FP8WIRE_BLOCKSIZE");
   CHECK(r.errors[0].value == "256");

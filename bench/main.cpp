@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/commands.hpp"
+#include "common/output_file.hpp"
 #include "common/rank_launcher.hpp"
 #include "bench/host/hierarchy_model.hpp"
 #include "bench/host/model_report.hpp"
@@ -235,10 +236,8 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
       results.push_back(std::move(*r));
     }
     std::printf("\n%s", fb::render_fabric_comparison(results, o.crossover).c_str());
-    std::ofstream f(o.profile_path);
-    f << fb::render_profile_toml(profiles);
-    if (!f) {
-      std::fprintf(stderr, "fp8wire-bench sweep: cannot write --profile '%s'\n", o.profile_path.c_str());
+    if (std::string error; !fp8wire::write_file_atomically(o.profile_path, fb::render_profile_toml(profiles), error)) {
+      std::fprintf(stderr, "fp8wire-bench sweep: --profile: %s\n", error.c_str());
       return 2;
     }
     std::printf("# wrote %s (both fabrics)\n", o.profile_path.c_str());
@@ -260,10 +259,8 @@ int run_model(const std::vector<std::string>& files, const fb::ModelOptions& opt
   const fb::ModelReport report = fb::model_report(sweeps, options);
   std::printf("%s", report.text.c_str());
   if (!json_out.empty()) {
-    std::ofstream f(json_out);
-    f << report.json.dump(1) << "\n";
-    if (!f) {
-      std::fprintf(stderr, "fp8wire-bench model: cannot write --json '%s'\n", json_out.c_str());
+    if (std::string error; !fp8wire::write_file_atomically(json_out, report.json.dump(1) + "\n", error)) {
+      std::fprintf(stderr, "fp8wire-bench model: --json: %s\n", error.c_str());
       return 2;
     }
   }
@@ -296,10 +293,8 @@ int run_report(const std::vector<std::string>& files, const fb::CrossoverOptions
   }
   if (results.size() > 1) std::printf("%s\n", fb::render_fabric_comparison(results, crossover).c_str());
   if (!profile_path.empty()) {
-    std::ofstream f(profile_path);
-    f << fb::render_profile_toml(profiles);
-    if (!f) {
-      std::fprintf(stderr, "fp8wire-bench report: cannot write --profile '%s'\n", profile_path.c_str());
+    if (std::string error; !fp8wire::write_file_atomically(profile_path, fb::render_profile_toml(profiles), error)) {
+      std::fprintf(stderr, "fp8wire-bench report: --profile: %s\n", error.c_str());
       return 2;
     }
     std::printf("# wrote %s\n", profile_path.c_str());

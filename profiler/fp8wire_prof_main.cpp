@@ -28,13 +28,14 @@
 #include <fmt/ranges.h>
 
 #include "common/cuda_devices.hpp"
+#include "common/output_file.hpp"
 #include "profiler/classify.hpp"
 #include "profiler/kineto.hpp"
-#include "profiler/output_file.hpp"
 #include "profiler/report.hpp"
 
 namespace fs = std::filesystem;
 using namespace fp8wire::prof;
+using fp8wire::write_file_atomically;
 
 namespace {
 

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "common/output_file.hpp"
+
 namespace fp8wire::prof {
 
 using nlohmann::json;
@@ -395,9 +397,9 @@ constexpr const char* kTrackNames[] = {"steps", "compute", "communication", "exp
 
 TraceWriter::~TraceWriter() { close(); }
 
-bool TraceWriter::open(const std::string& path, int rank) {
+bool TraceWriter::open(const std::string& path, int rank, std::string& error) {
   close();
-  file_ = std::fopen(path.c_str(), "w");
+  file_ = fopen_output(path, OutputMode::truncate, error);
   if (!file_) return false;
   rank_ = rank;
   events_ = 0;

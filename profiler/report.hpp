@@ -76,7 +76,9 @@ class TraceWriter {
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
 
-  bool open(const std::string& path, int rank);  // false (and errno set) when the file cannot be created
+  // False with `error` ("cannot write '<path>': <reason>") when the file cannot be created; a
+  // symbolic link at the path is refused (common/output_file.hpp).
+  bool open(const std::string& path, int rank, std::string& error);
   void write_step(const StepReport& report, const StepTimeline& timeline);
   void close();
   uint64_t dropped_events() const { return dropped_; }

@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -19,6 +18,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+
+#include "common/output_file.hpp"
 
 namespace fp8wire::trainer {
 
@@ -189,24 +190,22 @@ std::string write_safetensors(const std::string& path, const TensorMap& tensors,
   header["__metadata__"][kChecksumKey] = crc_text(crc);
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the format pads the header with spaces to 8 bytes
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return fmt::format("{}: cannot open for writing", tmp);
-    const uint64_t n = text.size();
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    out.write(reinterpret_cast<const char*>(len), 8);
-    out.write(text.data(), std::streamsize(text.size()));
-    for (const auto& b : blobs) out.write(static_cast<const char*>(b.data_ptr()), std::streamsize(b.nbytes()));
-    out.flush();
-    if (!out) return fmt::format("{}: write failed (disk full?)", tmp);
-  }
-  // Written under a temporary name and renamed, so a crash never leaves a truncated checkpoint.
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return fmt::format("{}: rename from {} failed: {}", path, tmp, ec.message());
-  return "";
+  // Written beside the target and renamed over it (common/output_file.hpp), so a crash never leaves a
+  // truncated checkpoint, and a symbolic link planted at the path is refused.
+  std::string error;
+  const bool written = write_file_atomically(
+      path,
+      [&](FILE* out) {
+        const uint64_t n = text.size();
+        unsigned char len[8];
+        for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+        bool ok = std::fwrite(len, 1, 8, out) == 8 && std::fwrite(text.data(), 1, text.size(), out) == text.size();
+        for (const auto& b : blobs)
+          ok = ok && std::fwrite(b.data_ptr(), 1, b.nbytes(), out) == b.nbytes();
+        return ok;
+      },
+      error);
+  return written ? "" : error;
 }
 
 std::string read_safetensors_header(const std::string& path, std::map<std::string, SafetensorsEntry>& entries,

@@ -1,7 +1,7 @@
 // Bad and large inputs of the profiler's host code: Kineto traces with wrongly typed fields,
 // out-of-range times, gzip (whole and damaged), traces with many ranges and communication kernels
 // (near-linear time, checked against the brute-force definitions), per-rank reports with wrongly
-// typed fields or a torn last line, and output paths that cannot be written.
+// typed fields or a torn last line.
 #include <doctest/doctest.h>
 #include <zlib.h>
 
@@ -19,7 +19,6 @@
 
 #include "profiler/exposure.hpp"
 #include "profiler/kineto.hpp"
-#include "profiler/output_file.hpp"
 #include "profiler/report.hpp"
 
 using namespace fp8wire::prof;
@@ -373,27 +372,6 @@ TEST_CASE("per-rank reports: wrongly typed fields are errors, a torn last line a
   CHECK(errors[0] == path + ":1: \"step\" is \"abc\", expected an integer");
   CHECK(errors[1] == path + ":2: \"type\" is 5, expected a string");
   std::remove(path.c_str());
-}
-
-TEST_CASE("output files: written whole or not at all, and an unwritable path is an error naming it") {
-  const std::string path = temp_path("report.json");
-  std::string error;
-  REQUIRE(write_file_atomically(path, "{\"a\":1}\n", error));
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), {});
-  CHECK(text == "{\"a\":1}\n");
-  std::remove(path.c_str());
-
-  CHECK(!write_file_atomically("/nonexistent-dir/report.json", "x", error));
-  CHECK(error == "cannot write '/nonexistent-dir/report.json': No such file or directory");
-  CHECK(!write_file_atomically("/tmp", "x", error));
-  CHECK(error == "cannot write '/tmp': Is a directory");
-  // A full device: /dev/full accepts the open and fails the write (caught at flush/close).
-  struct stat st {};
-  if (::stat("/dev/full", &st) == 0) {
-    CHECK(!write_file_atomically("/dev/full", std::string(1 << 16, 'x'), error));
-    CHECK(error == "cannot write '/dev/full': No space left on device");
-  }
 }
 
 TEST_CASE("compute_steps equals compute_step per window, for overlapping and nested windows too") {

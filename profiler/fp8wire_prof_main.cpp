@@ -154,7 +154,7 @@ bool read_rank_reports(const std::vector<std::string>& files, std::vector<StepRe
   for (const std::string& w : warnings) fmt::print(stderr, "fp8wire-prof: warning: {}\n", w);
   for (const std::string& e : errors) fmt::print(stderr, "fp8wire-prof: {}\n", e);
   if (!errors.empty())
-    fmt::print(stderr, "fp8wire-prof: no report written ({} damaged per-rank report line(s) or file(s) above)\n",
+    fmt::print(stderr, "fp8wire-prof: no report written ({} problem(s) with the per-rank reports above)\n",
                errors.size());
   return errors.empty();
 }

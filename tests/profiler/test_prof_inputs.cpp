@@ -374,6 +374,62 @@ TEST_CASE("per-rank reports: wrongly typed fields are errors, a torn last line a
   std::remove(path.c_str());
 }
 
+namespace {
+std::string step_line(int rank, int64_t step) {
+  return fmt::format(R"({{"type":"step","rank":{},"step":{},"step_ms":10,"exposed_comm_ms":2}})", rank, step) + "\n";
+}
+}  // namespace
+
+TEST_CASE("per-rank reports: a (rank, step) reported twice is an error naming both places, never a second sample") {
+  const std::string a = temp_path("dup_rank0.jsonl"), b = temp_path("dup_pid77.jsonl");
+  std::ofstream(a) << step_line(0, 1) << step_line(0, 2) << step_line(1, 1);
+  std::ofstream(b) << step_line(0, 1) << step_line(0, 2);  // an earlier run's file, named by pid
+  std::vector<std::string> errors, warnings;
+  read_step_reports({a, b}, errors, warnings);
+  REQUIRE(errors.size() == 2);
+  CHECK(errors[0] == b + ":1: rank 0 step 1 was already reported at " + a +
+                         ":1 (reports of two runs in one folder? fp8wire-prof --out empties its folder first; merge one "
+                         "run's files at a time)");
+  CHECK(errors[1].starts_with(b + ":2: rank 0 step 2 was already reported at " + a + ":2"));
+  // Within one file too; past kDuplicatesNamed the rest are counted in one line.
+  {
+    std::ofstream out(a);
+    for (int round = 0; round < 2; ++round)
+      for (int step = 0; step < 20; ++step) out << step_line(0, step);
+  }
+  errors.clear();
+  read_step_reports({a}, errors, warnings);
+  REQUIRE(errors.size() == kDuplicatesNamed + 1);
+  CHECK(errors[0].starts_with(a + ":21: rank 0 step 0 was already reported at " + a + ":1"));
+  CHECK(errors.back() == "15 more (rank, step) reports that repeat an earlier one");
+  std::remove(a.c_str());
+  std::remove(b.c_str());
+}
+
+TEST_CASE("per-rank reports: inputs with no line the profiler writes are refused, naming them and a recognised line") {
+  const std::string foreign = temp_path("metrics.jsonl"), empty = temp_path("empty.jsonl"),
+                    good = temp_path("good.jsonl");
+  std::ofstream(foreign) << R"({"step":1,"loss":0.5})" << "\n" << R"({"type":"other"})" << "\n";
+  std::ofstream(empty) << "";
+  std::ofstream(good) << step_line(0, 1);
+  const std::string recognised =
+      "expected JSON lines such as {\"type\":\"step\",\"rank\":0,\"step\":1,\"step_ms\":...}, which libfp8wire_prof.so "
+      "writes into the folder given to fp8wire-prof --out";
+  std::vector<std::string> errors, warnings;
+  CHECK(read_step_reports({foreign, empty}, errors, warnings).empty());
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0] == "no profiler report line in " + foreign + ", " + empty + ": " + recognised);
+  // Beside real reports, such a file (a rank killed before its first step leaves an empty one) is
+  // skipped with a warning and the reports stand.
+  errors.clear();
+  warnings.clear();
+  CHECK(read_step_reports({good, empty}, errors, warnings).size() == 1);
+  CHECK(errors.empty());
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0] == "no profiler report line in " + empty + "; skipped (" + recognised + ")");
+  for (const std::string& p : {foreign, empty, good}) std::remove(p.c_str());
+}
+
 TEST_CASE("compute_steps equals compute_step per window, for overlapping and nested windows too") {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 200; ++trial) {

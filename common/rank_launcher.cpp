@@ -463,12 +463,15 @@ int listen_on_master_addr(const RankEnv& env, std::string& error) {
     std::memcpy(&addr, a->ai_addr, sizeof(addr));
     char text[INET_ADDRSTRLEN] = {};
     ::inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text));
-    // Ranks on other hosts cannot reach a loopback address (a host name that /etc/hosts maps to
-    // 127.0.1.1, as Debian's does): say so now rather than let them time out.
-    if (is_loopback(addr) && env.local_world_size > 0 && env.local_world_size < env.world_size) {
-      last_error = fmt::format("it is {} on this host, a loopback address, which the ranks on other hosts "
-                               "(WORLD_SIZE {}, LOCAL_WORLD_SIZE {}) cannot reach; set MASTER_ADDR to an address "
-                               "of this host that they can",
+    // Ranks on other hosts cannot reach a loopback address that a host name resolves to here (as
+    // Debian's /etc/hosts maps the host's own name to 127.0.1.1): say so now rather than let them
+    // time out. A literal loopback address is a choice (ranks standing in for hosts on one machine).
+    in_addr literal{};
+    const bool is_name = ::inet_pton(AF_INET, env.master_addr.c_str(), &literal) != 1;
+    if (is_name && is_loopback(addr) && env.local_world_size > 0 && env.local_world_size < env.world_size) {
+      last_error = fmt::format("it resolves to {} on this host, a loopback address, which the ranks on other "
+                               "hosts (WORLD_SIZE {}, LOCAL_WORLD_SIZE {}) cannot reach; set MASTER_ADDR to an "
+                               "address of this host that they can",
                                text, env.world_size, env.local_world_size);
       continue;
     }

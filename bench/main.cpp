@@ -7,7 +7,6 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -128,23 +127,6 @@ std::string self_exe() {
   return buf;
 }
 
-std::optional<fb::SweepResult> read_sweep(const std::string& path, std::string& error) {
-  std::ifstream f(path);
-  if (!f) {
-    error = fmt::format("cannot open sweep JSON '{}'", path);
-    return std::nullopt;
-  }
-  nlohmann::json j;
-  try {
-    f >> j;
-  } catch (const std::exception& e) {
-    error = fmt::format("'{}' is not valid JSON: {}", path, e.what());
-    return std::nullopt;
-  }
-  auto r = fb::sweep_from_json(j, error);
-  if (!r) error = fmt::format("'{}': {}", path, error);
-  return r;
-}
 
 // Launcher: one round of ranks per fabric; "both" adds a side-by-side report and a merged profile.
 int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vector<std::string>& argv) {
@@ -213,7 +195,7 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
     // already is pcie (or net), and a P2P-disabled round would measure it again under the same label.
     if (fabrics.size() > 1 && fabric == "auto") {
       std::string error;
-      const auto first = read_sweep(json, error);
+      const auto first = fb::read_sweep_file(json, error);
       if (first && first->machine.fabric != fp8wire::Fabric::nvlink) {
         std::fprintf(stderr, "fp8wire-bench sweep: --fabric both: the detected fabric is %s, not nvlink; the pcie round "
                              "would measure it again, skipped\n", fb::fabric_name(first->machine.fabric));
@@ -226,7 +208,7 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
     std::vector<fb::FabricProfile> profiles;
     for (const auto& path : jsons) {
       std::string error;
-      auto r = read_sweep(path, error);
+      auto r = fb::read_sweep_file(path, error);
       if (!r) {
         std::fprintf(stderr, "fp8wire-bench sweep: %s\n", error.c_str());
         return 2;
@@ -249,7 +231,7 @@ int run_model(const std::vector<std::string>& files, const fb::ModelOptions& opt
   std::vector<fb::SweepResult> sweeps;
   for (const auto& path : files) {
     std::string error;
-    auto r = read_sweep(path, error);
+    auto r = fb::read_sweep_file(path, error);
     if (!r) {
       std::fprintf(stderr, "fp8wire-bench model: %s\n", error.c_str());
       return 2;
@@ -273,7 +255,7 @@ int run_report(const std::vector<std::string>& files, const fb::CrossoverOptions
   std::vector<fb::FabricProfile> profiles;
   for (const auto& path : files) {
     std::string error;
-    auto r = read_sweep(path, error);
+    auto r = fb::read_sweep_file(path, error);
     if (!r) {
       std::fprintf(stderr, "fp8wire-bench report: %s\n", error.c_str());
       return 2;

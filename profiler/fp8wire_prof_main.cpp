@@ -28,6 +28,7 @@
 #include <fmt/ranges.h>
 
 #include "common/cuda_devices.hpp"
+#include "common/input_limits.hpp"
 #include "common/output_file.hpp"
 #include "profiler/classify.hpp"
 #include "profiler/kineto.hpp"
@@ -124,6 +125,10 @@ bool merge_traces(const fs::path& dir) {
     std::ifstream in(t);
     std::stringstream text;
     text << in.rdbuf();
+    if (const std::string problem = fp8wire::json_check_text(text.str()); !problem.empty()) {
+      fmt::print(stderr, "fp8wire-prof: {}: {}; skipped\n", t.string(), problem);
+      continue;
+    }
     nlohmann::json events = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
     if (events.is_discarded()) {
       // A rank that was killed never wrote the closing bracket; the events before it are whole.

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "common/input_limits.hpp"
 #include "common/output_file.hpp"
 
 namespace fp8wire::prof {
@@ -160,6 +161,26 @@ bool step_report_from_json(const json& j, StepReport& r, std::string& error) {
 }
 
 namespace {
+// One line of `in` into `line`, at most `limit` bytes of it; false at the end of the input. A longer
+// line is cut at the limit (`too_long` set) and the rest of it skipped, so memory stays bounded.
+bool read_line_bounded(std::istream& in, std::string& line, size_t limit, bool& too_long) {
+  line.clear();
+  too_long = false;
+  std::streambuf* buf = in.rdbuf();
+  bool any = false;
+  for (;;) {
+    const int c = buf->sbumpc();
+    if (c == std::char_traits<char>::eof()) {
+      in.setstate(std::ios::eofbit);
+      return any;
+    }
+    any = true;
+    if (c == '\n') return true;
+    if (line.size() < limit) line.push_back(static_cast<char>(c));
+    else too_long = true;
+  }
+}
+
 // "a, b, c and 2 more": files named in one message, the first few of them.
 std::string some_files(const std::vector<std::string>& files) {
   constexpr size_t kShown = 4;
@@ -184,14 +205,25 @@ std::vector<StepReport> read_step_reports(const std::vector<std::string>& paths,
       continue;
     }
     std::string line;
+    bool too_long = false;
     bool recognised = false;   // a "type":"step" or "type":"summary" line
     const size_t errors_before = errors.size();
     int pending_bad_line = 0;  // a line that did not parse; an error unless it turns out to be the last
-    for (int number = 1; std::getline(in, line); ++number) {
+    for (int number = 1; read_line_bounded(in, line, kMaxReportLineBytes, too_long); ++number) {
+      if (too_long) {
+        errors.push_back(fmt::format("{}:{}: a line longer than the limit of {} for a profiler report line", path,
+                                     number, fp8wire::bytes_and_mib(kMaxReportLineBytes)));
+        continue;
+      }
       if (line.empty()) continue;
       if (pending_bad_line) {
         errors.push_back(fmt::format("{}:{}: not a JSON object", path, pending_bad_line));
         pending_bad_line = 0;
+      }
+      fp8wire::JsonScan scan;
+      if (!scan.feed(line)) {
+        errors.push_back(fmt::format("{}:{}: column {}: {}", path, number, scan.column(), scan.what()));
+        continue;
       }
       json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded() || !j.is_object()) {

@@ -16,28 +16,19 @@
 #include <fmt/format.h>
 
 #include "common/log.hpp"
+#include "tests/common/scratch.hpp"
 
 namespace fs = std::filesystem;
 using namespace fp8wire;
 
 namespace {
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("fp8wire_test_log_{}_{}", ::getpid(), name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path fresh_dir(const std::string& name) { return test::fresh_dir("log", name); }
 size_t files_in(const fs::path& dir) {
   size_t n = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
   return n;
 }
-std::string read(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string read(const fs::path& p) { return test::read_text(p); }
 }  // namespace
 
 TEST_CASE("log.file: no file until a line is written; %p is this process, a forked child gets its own") {

@@ -430,6 +430,49 @@ TEST_CASE("per-rank reports: inputs with no line the profiler writes are refused
   for (const std::string& p : {foreign, empty, good}) std::remove(p.c_str());
 }
 
+TEST_CASE("input limits: a report line or a trace nested a million deep is an error, never a stack overflow") {
+  const size_t deep = 1'000'000;
+  const std::string nest = std::string(deep, '[') + std::string(deep, ']');
+  // A report line whose "rank" is such an array: nlohmann's parse, copy and dump recurse per level.
+  const std::string path = temp_path("deep_rank0.jsonl");
+  std::ofstream(path) << step_line(0, 1) << R"({"type":"step","rank":)" << nest << R"(,"step":2})" << "\n"
+                      << step_line(0, 3);
+  std::vector<std::string> errors, warnings;
+  read_step_reports({path}, errors, warnings);
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0] == path + ":2: column 278: JSON nested deeper than its limit of 256 levels");
+  // A line longer than the limit is refused without being held whole.
+  {
+    std::ofstream out(path);
+    out << step_line(0, 1) << R"({"type":"step","name":")" << std::string(kMaxReportLineBytes, 'x') << "\"}\n";
+  }
+  errors.clear();
+  read_step_reports({path}, errors, warnings);
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0] == path + ":2: a line longer than the limit of 67108864 bytes (64 MiB) for a profiler report line");
+  std::remove(path.c_str());
+
+  // Kineto: nested in an event's args, or in a key the reader skips, as text, file and gzip file.
+  const std::string in_args = R"({"traceEvents":[{"ph":"X","cat":"kernel","name":"k","ts":1,"dur":1,"args":{"a":)" +
+                              nest + "}}]}";
+  const std::string in_other_key = R"({"deep":)" + nest + R"(,"traceEvents":[]})";
+  std::string error;
+  CHECK(!analyze(in_args, error));
+  CHECK(error == "line 1, column 332: JSON nested deeper than its limit of 256 levels");
+  CHECK(!analyze(in_other_key, error));
+  CHECK(error == "line 1, column 264: JSON nested deeper than its limit of 256 levels");
+  const std::string plain = temp_path("deep.json"), gz = temp_path("deep.json.gz");
+  std::ofstream(plain) << in_other_key;
+  write_gzip(gz, in_other_key);
+  KinetoAnalysis a;
+  for (const std::string& file : {plain, gz}) {
+    CHECK(!analyze_kineto_file(file, KernelClassifier(), KinetoOptions{}, a, error));
+    CHECK(error == file + ": line 1, column 264: JSON nested deeper than its limit of 256 levels");
+  }
+  std::remove(plain.c_str());
+  std::remove(gz.c_str());
+}
+
 TEST_CASE("compute_steps equals compute_step per window, for overlapping and nested windows too") {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 200; ++trial) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/output_file.hpp"
 #include "common/status.hpp"
 #include "quant/quant.hpp"
 #include "quant/reference.hpp"
@@ -479,9 +480,10 @@ class Bench {
   }
 
   void write_json(const std::string& path) const {
-    FILE* fp = std::fopen(path.c_str(), "w");
+    std::string error;
+    FILE* fp = fp8wire::fopen_output(path, fp8wire::OutputMode::truncate, error);
     if (!fp) {
-      std::fprintf(stderr, "fp8wire kernel bench: cannot write --json '%s'\n", path.c_str());
+      std::fprintf(stderr, "fp8wire kernel bench: --json: %s\n", error.c_str());
       return;
     }
     const auto& f = o_.format;

@@ -7,7 +7,6 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -20,6 +19,7 @@
 #include "common/command_line.hpp"
 #include "common/commands.hpp"
 #include "common/output_folder.hpp"
+#include "common/output_file.hpp"
 #include "common/rank_launcher.hpp"
 #include "bench/host/hierarchy_model.hpp"
 #include "bench/host/model_report.hpp"
@@ -140,23 +140,6 @@ std::string self_exe() {
   return buf;
 }
 
-std::optional<fb::SweepResult> read_sweep(const std::string& path, std::string& error) {
-  std::ifstream f(path);
-  if (!f) {
-    error = fmt::format("cannot open sweep JSON '{}'", path);
-    return std::nullopt;
-  }
-  nlohmann::json j;
-  try {
-    f >> j;
-  } catch (const std::exception& e) {
-    error = fmt::format("'{}' is not valid JSON: {}", path, e.what());
-    return std::nullopt;
-  }
-  auto r = fb::sweep_from_json(j, error);
-  if (!r) error = fmt::format("'{}': {}", path, error);
-  return r;
-}
 
 // Launcher: one round of ranks per fabric; "both" adds a side-by-side report and a merged profile.
 int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vector<std::string>& argv) {
@@ -230,7 +213,7 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
     // already is pcie (or net), and a P2P-disabled round would measure it again under the same label.
     if (fabrics.size() > 1 && fabric == "auto") {
       std::string error;
-      const auto first = read_sweep(json, error);
+      const auto first = fb::read_sweep_file(json, error);
       if (first && first->machine.fabric != fp8wire::Fabric::nvlink) {
         std::fprintf(stderr, "fp8wire-bench sweep: --fabric both: the detected fabric is %s, not nvlink; the pcie round "
                              "would measure it again, skipped\n", fb::fabric_name(first->machine.fabric));
@@ -243,7 +226,7 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
     std::vector<fb::FabricProfile> profiles;
     for (const auto& path : jsons) {
       std::string error;
-      auto r = read_sweep(path, error);
+      auto r = fb::read_sweep_file(path, error);
       if (!r) {
         std::fprintf(stderr, "fp8wire-bench sweep: %s\n", error.c_str());
         return 2;
@@ -253,10 +236,8 @@ int launch_sweep(const fb::SweepOptions& o, const SweepArgs& a, const std::vecto
       results.push_back(std::move(*r));
     }
     std::printf("\n%s", fb::render_fabric_comparison(results, o.crossover).c_str());
-    std::ofstream f(o.profile_path);
-    f << fb::render_profile_toml(profiles);
-    if (!f) {
-      std::fprintf(stderr, "fp8wire-bench sweep: cannot write --profile '%s'\n", o.profile_path.c_str());
+    if (std::string error; !fp8wire::write_file_atomically(o.profile_path, fb::render_profile_toml(profiles), error)) {
+      std::fprintf(stderr, "fp8wire-bench sweep: --profile: %s\n", error.c_str());
       return 2;
     }
     std::printf("# wrote %s (both fabrics)\n", o.profile_path.c_str());
@@ -268,7 +249,7 @@ int run_model(const std::vector<std::string>& files, const fb::ModelOptions& opt
   std::vector<fb::SweepResult> sweeps;
   for (const auto& path : files) {
     std::string error;
-    auto r = read_sweep(path, error);
+    auto r = fb::read_sweep_file(path, error);
     if (!r) {
       std::fprintf(stderr, "fp8wire-bench model: %s\n", error.c_str());
       return 2;
@@ -278,10 +259,8 @@ int run_model(const std::vector<std::string>& files, const fb::ModelOptions& opt
   const fb::ModelReport report = fb::model_report(sweeps, options);
   std::printf("%s", report.text.c_str());
   if (!json_out.empty()) {
-    std::ofstream f(json_out);
-    f << report.json.dump(1) << "\n";
-    if (!f) {
-      std::fprintf(stderr, "fp8wire-bench model: cannot write --json '%s'\n", json_out.c_str());
+    if (std::string error; !fp8wire::write_file_atomically(json_out, report.json.dump(1) + "\n", error)) {
+      std::fprintf(stderr, "fp8wire-bench model: --json: %s\n", error.c_str());
       return 2;
     }
   }
@@ -294,7 +273,7 @@ int run_report(const std::vector<std::string>& files, const fb::CrossoverOptions
   std::vector<fb::FabricProfile> profiles;
   for (const auto& path : files) {
     std::string error;
-    auto r = read_sweep(path, error);
+    auto r = fb::read_sweep_file(path, error);
     if (!r) {
       std::fprintf(stderr, "fp8wire-bench report: %s\n", error.c_str());
       return 2;
@@ -314,10 +293,8 @@ int run_report(const std::vector<std::string>& files, const fb::CrossoverOptions
   }
   if (results.size() > 1) std::printf("%s\n", fb::render_fabric_comparison(results, crossover).c_str());
   if (!profile_path.empty()) {
-    std::ofstream f(profile_path);
-    f << fb::render_profile_toml(profiles);
-    if (!f) {
-      std::fprintf(stderr, "fp8wire-bench report: cannot write --profile '%s'\n", profile_path.c_str());
+    if (std::string error; !fp8wire::write_file_atomically(profile_path, fb::render_profile_toml(profiles), error)) {
+      std::fprintf(stderr, "fp8wire-bench report: --profile: %s\n", error.c_str());
       return 2;
     }
     std::printf("# wrote %s\n", profile_path.c_str());

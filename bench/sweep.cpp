@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <memory>
 
 #include <cuda_runtime_api.h>
@@ -20,6 +19,7 @@
 #include "bench/host/profile.hpp"
 #include "bench/host/results.hpp"
 #include "common/config.hpp"
+#include "common/output_file.hpp"
 #include "common/log.hpp"
 #include "common/status.hpp"
 #include "sched/engine/accounting.hpp"
@@ -728,20 +728,20 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
 
   int rc = 0;
   if (!opt.json_path.empty()) {
-    std::ofstream f(opt.json_path);
-    f << to_json(result, crossovers, calibration).dump(1) << "\n";
-    if (!f) {
-      std::fprintf(stderr, "fp8wire-bench: cannot write --json '%s'\n", opt.json_path.c_str());
+    std::string error;
+    if (!fp8wire::write_file_atomically(opt.json_path, to_json(result, crossovers, calibration).dump(1) + "\n", error)) {
+      std::fprintf(stderr, "fp8wire-bench: --json: %s\n", error.c_str());
       rc = 2;
     } else {
       std::printf("# wrote %s\n", opt.json_path.c_str());
     }
   }
   if (!opt.profile_path.empty()) {
-    std::ofstream f(opt.profile_path);
-    f << render_profile_toml({profile_from_sweep(result, crossovers, calibration)});
-    if (!f) {
-      std::fprintf(stderr, "fp8wire-bench: cannot write --profile '%s'\n", opt.profile_path.c_str());
+    std::string error;
+    if (!fp8wire::write_file_atomically(opt.profile_path,
+                                        render_profile_toml({profile_from_sweep(result, crossovers, calibration)}),
+                                        error)) {
+      std::fprintf(stderr, "fp8wire-bench: --profile: %s\n", error.c_str());
       rc = 2;
     } else {
       std::printf("# wrote %s\n", opt.profile_path.c_str());

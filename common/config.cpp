@@ -631,7 +631,7 @@ bool is_non_key_variable(std::string_view name) {
       "FP8WIRE_BUILD",         "FP8WIRE_BUILD_TRAINER", "FP8WIRE_TORCH_PYTHON",  "FP8WIRE_SANITIZE",
       "FP8WIRE_FUZZ",          "FP8WIRE_FUZZ_SECONDS",  "FP8WIRE_SKIP_PACKAGE",  "FP8WIRE_TRAIN_STORE",
       "FP8WIRE_PROF_LIB",      "FP8WIRE_SHIM_LIB",      "FP8WIRE_CUPTI_DIR",     "FP8WIRE_MPS",
-      "FP8WIRE_TESTBED_MODE"};
+      "FP8WIRE_TESTBED_MODE",  "FP8WIRE_BOOTSTRAP_SECRET"};
   return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
 }
 
@@ -731,10 +731,16 @@ void find_unknown_keys(const toml::table& table, const std::string& prefix, cons
   }
 }
 
+std::string toml_limits_text() {
+  return fmt::format("a TOML file within the input limits: at most {}, nested at most {} levels deep",
+                     bytes_and_mib(kMaxTomlBytes), kMaxInputDepth);
+}
+
 void apply_toml(const std::string& text, const std::string& source_name, ConfigResult& result) {
   // Before toml++ sees it: some non-ASCII placements send toml++ 3.3 into undefined behaviour.
   if (const TomlTextProblem p = toml_check_text(text)) {
-    result.errors.push_back({fmt::format("file {}:{}:{}", source_name, p.line, p.column), "", p.what, "valid TOML"});
+    result.errors.push_back({fmt::format("file {}:{}:{}", source_name, p.line, p.column), "", p.what,
+                             p.over_limit ? toml_limits_text() : "valid TOML"});
     return;
   }
   toml::table doc;
@@ -817,12 +823,18 @@ ConfigResult load_config(const std::string& toml_path, const std::vector<std::st
     // the defaults.
     std::error_code is_dir_error;
     const bool is_dir = std::filesystem::is_directory(toml_path, is_dir_error);
+    // Checked before reading: the whole file is read into memory.
+    std::error_code size_error;
+    const uintmax_t size = is_dir ? 0 : std::filesystem::file_size(toml_path, size_error);
+    const bool too_large = in && !is_dir && !size_error && size > kMaxTomlBytes;
     std::stringstream text;
-    if (in && !is_dir) {
+    if (in && !is_dir && !too_large) {
       errno = 0;
       text << in.rdbuf();
     }
-    if (!in || is_dir || in.bad()) {
+    if (too_large) {
+      result.errors.push_back({"file " + toml_path, "", fmt::format("{} bytes", size), toml_limits_text()});
+    } else if (!in || is_dir || in.bad()) {
       const char* why = is_dir ? "it is a directory" : errno ? std::strerror(errno) : "read error";
       result.errors.push_back({"file " + toml_path, "", toml_path, fmt::format("a readable TOML file ({})", why)});
     } else {

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "common/output_file.hpp"
+
 namespace fp8wire {
 namespace detail {
 std::atomic<int> g_log_level{static_cast<int>(LogLevel::warn)};
@@ -56,11 +58,11 @@ FILE* sink_locked() {
   // lines go to stderr rather than into rank 0's file.
   if (g_sink_pattern.find("%r") != std::string::npos && g_rank.load() < 0) return stderr;
   const std::string path = expand_path(g_sink_pattern, g_rank.load());
-  g_sink = fopen(path.c_str(), "a");
+  std::string error;
+  g_sink = fopen_output(path, OutputMode::append, error);
   if (!g_sink) {
     g_sink_failed = true;
-    fprintf(stderr, "fp8wire ERROR cannot open log.file '%s': %s; logging to stderr\n", path.c_str(),
-            strerror(errno));
+    fprintf(stderr, "fp8wire ERROR log.file: %s; logging to stderr\n", error.c_str());
     return stderr;
   }
   g_sink_pid = getpid();

@@ -8,7 +8,11 @@
 //     each, exactly as torchrun would, and OMP_NUM_THREADS where the environment leaves it unset
 //     (omp_threads_per_rank);
 //   * torchrun or any launcher that sets those variables (multi-node): the process is one rank;
-//   * in both cases rank 0 serves the NCCL unique id over a small TCP exchange on MASTER_ADDR:PORT.
+//   * in both cases rank 0 serves the NCCL unique id over a small TCP exchange on MASTER_ADDR:PORT,
+//     listening on that address only, to connections that present the job's secret
+//     (FP8WIRE_BOOTSTRAP_SECRET, which the local launcher draws afresh for every launch; under another
+//     launcher set it to the same value on every rank, or rank 0 warns that anyone who reaches the
+//     port can take a rank's place).
 // The launcher reaps every child; when one fails or the deadline passes it kills the others (SIGTERM,
 // then SIGKILL after a grace period) and says which rank did what. SIGINT or SIGTERM to the launcher
 // goes to every rank; once they are reaped the launcher cleans up and ends by that signal. A rank
@@ -31,11 +35,21 @@ struct RankEnv {
   int local_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  // The job's bootstrap secret (kBootstrapSecretDigits hex digits), or empty where none was given.
+  std::string secret;
+  int local_world_size = 0;  // ranks on this host (LOCAL_WORLD_SIZE); 0: not known
 };
 
-// Reads RANK, WORLD_SIZE, LOCAL_RANK (defaults to RANK), MASTER_ADDR (default 127.0.0.1) and
-// MASTER_PORT. nullopt with error empty: RANK/WORLD_SIZE not set (not launched as a rank).
-// nullopt with error set: set but invalid (the message names the variable and value).
+// The variable that carries the secret, and its length (32 random bytes in hex).
+inline constexpr const char* kBootstrapSecretVariable = "FP8WIRE_BOOTSTRAP_SECRET";
+inline constexpr size_t kBootstrapSecretDigits = 64;
+// A fresh secret from the kernel's random source (getrandom); empty when none could be had.
+std::string make_bootstrap_secret();
+
+// Reads RANK, WORLD_SIZE, LOCAL_RANK (defaults to RANK), LOCAL_WORLD_SIZE, MASTER_ADDR (default
+// 127.0.0.1), MASTER_PORT and FP8WIRE_BOOTSTRAP_SECRET. nullopt with error empty: RANK/WORLD_SIZE not
+// set (not launched as a rank). nullopt with error set: set but invalid (the message names the
+// variable and value; never the secret's value).
 std::optional<RankEnv> rank_env_from_environment(std::string& error);
 
 struct LaunchSpec {
@@ -60,7 +74,8 @@ struct LaunchResult {
   std::string testbed_note;          // one_gpu: the same in words, with the reason
 };
 
-// Starts nranks children with RANK etc. set (MASTER_PORT chosen free on 127.0.0.1) and waits.
+// Starts nranks children with RANK etc. set (MASTER_PORT chosen free on 127.0.0.1, a fresh
+// FP8WIRE_BOOTSTRAP_SECRET) and waits.
 LaunchResult launch_local_ranks(const LaunchSpec& spec);
 
 // Ranks emulated on one GPU: each must look like a host of its own to NCCL (else it refuses two ranks
@@ -87,9 +102,15 @@ int find_free_port();
 // The kernel's range for ports it hands out itself (/proc/sys/net/ipv4/ip_local_port_range).
 std::pair<int, int> ephemeral_port_range();
 
-// Rank 0 listens on master_port and sends `bytes` of `data` to world_size - 1 peers; the others
-// connect (retrying until timeout) and receive them into `data`. Returns false with an error naming
-// the address and step that failed.
+// Rank 0 listens on master_addr:master_port (that address only) and sends `bytes` of `data` to each
+// of the world_size - 1 other ranks; they connect (retrying until timeout) and receive them into
+// `data`. Each side proves it holds the job's secret: a rank presents one half of it, rank 0 answers
+// with the other half before the data, both compared in constant time. Rank 0 serves connections
+// side by side, each with a deadline of kBootstrapHelloSeconds for its request: a connection that
+// stays silent, sends anything else or presents another secret is closed without taking a rank's
+// place or holding up the others. Returns false with an error naming the address and step that
+// failed (and, on rank 0's timeout, the ranks that never came).
+inline constexpr double kBootstrapHelloSeconds = 5;
 bool exchange_bootstrap_blob(const RankEnv& env, void* data, size_t bytes, double timeout_s, std::string& error);
 
 }  // namespace fp8wire

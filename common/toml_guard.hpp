@@ -6,20 +6,29 @@
 // string, and on the first character after a line-ending backslash there. TOML allows non-ASCII
 // only inside quoted strings and comments, so the first two are errors in any case and are
 // reported here with their line and column; the third is legal TOML that 3.3.0 cannot read, and
-// is refused with the workaround (a \uXXXX escape). Header-only: the trainer, which links no
-// fp8wire library, parses its presets with the same toml++.
+// is refused with the workaround (a \uXXXX escape). The same scan bounds the text's size
+// (kMaxTomlBytes) and nesting (kMaxInputDepth, common/input_limits.hpp): toml++ limits nested arrays
+// and inline tables itself, but not the parts of a dotted key or a table header, and it frees a table
+// by recursion, so a key of a million parts (a.a.a...) overflows the stack. Header-only: the
+// trainer, which links no fp8wire library, parses its presets with the same toml++.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "common/input_limits.hpp"
 #include "common/toml.hpp"
 
 namespace fp8wire {
+
+// The largest TOML text read (a configuration, a threshold profile, a trainer preset): the largest
+// fp8wire writes is a few KiB.
+inline constexpr uint64_t kMaxTomlBytes = 1u << 20;
 
 // The third case only exists in toml++ releases before 3.4 (a carried newer header reads it).
 #if TOML_LIB_MAJOR == 3 && TOML_LIB_MINOR < 4
@@ -32,6 +41,7 @@ struct TomlTextProblem {
   size_t line = 0;    // 1-based; 0 = no problem
   size_t column = 0;  // 1-based, in characters
   std::string what;
+  bool over_limit = false;  // valid TOML, perhaps, but past kMaxTomlBytes or kMaxInputDepth
   explicit operator bool() const { return line != 0; }
 };
 
@@ -95,16 +105,39 @@ inline bool tomlpp_33_unreachable(char32_t c) {
 // faulty whitespace test (2024-01-01"<U+FEF7> is one bad date to it, not a date and a string).
 // Also refused: a table header whose first character cannot begin a key (toml++ assumes it can:
 // TOML_ASSERT_ASSUME; a debug build asserts, an optimised one may do anything).
+// Also refused: a text over kMaxTomlBytes, and nesting past kMaxInputDepth levels, where a table, an
+// array, an inline table and each part of a dotted key or table header is a level.
 inline TomlTextProblem toml_check_text(std::string_view text) {
+  if (text.size() > kMaxTomlBytes)
+    return TomlTextProblem{1, 1,
+                           fmt::format("the TOML text is {} bytes, more than its limit of {}", text.size(),
+                                       bytes_and_mib(kMaxTomlBytes)),
+                           true};
   enum class State { outside, comment, basic, literal, multi_basic, multi_literal };
   State state = State::outside;
   std::string open;         // "[" of arrays and "{" of inline tables, innermost last (not headers)
+  // Nesting: the levels of the current table (its header's parts), of each open array or inline
+  // table (parallel to `open`), the dots of the key being read, and the level of the value after '='.
+  std::vector<size_t> open_depth;
+  size_t table_depth = 0, key_dots = 0, value_depth = 0;
+  bool in_header = false, array_header = false;
   bool line_start = true;   // only spaces and tabs so far on this line, outside strings and comments
   char prev = '\n';         // the last character outside strings that was not a space ('\n': line start)
   bool key_context = true;  // a key may come next (line start, a header, an inline table's '{' or ',')
   bool bare = false;        // inside a bare key or value
   size_t line = 1, column = 1;
   auto problem = [&](std::string what) { return TomlTextProblem{line, column, std::move(what)}; };
+  auto too_deep = [&] {
+    TomlTextProblem p = problem(fmt::format("nested deeper than its limit of {} levels (each table, array, inline "
+                                            "table and part of a dotted key is one)",
+                                            kMaxInputDepth));
+    p.over_limit = true;
+    return p;
+  };
+  // The level of the key being read: its parts below the table or inline table it is in.
+  auto key_depth = [&] {
+    return (in_header ? 0 : open_depth.empty() ? table_depth : open_depth.back()) + key_dots + 1;
+  };
   auto starts = [&](size_t i, std::string_view s) { return text.substr(i, s.size()) == s; };
   size_t i = 0;
   if (starts(0, "\xEF\xBB\xBF")) i = 3;  // a UTF-8 byte-order mark, which toml++ skips
@@ -147,7 +180,10 @@ inline TomlTextProblem toml_check_text(std::string_view text) {
         if (b == '\n') {
           line_start = true;
           prev = '\n';
-          if (open.empty()) key_context = true;
+          if (open.empty()) {
+            key_context = true;
+            key_dots = 0;
+          }
           advance(1);
           break;
         }
@@ -166,11 +202,14 @@ inline TomlTextProblem toml_check_text(std::string_view text) {
           const char c = k < text.size() ? text[k] : ']';  // at the end toml++ reports the error itself
           const bool key_start = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
                                  c == '_' || c == '-' || c == '"' || c == '\'' || c == ']';
+          array_header = i + 1 < text.size() && text[i + 1] == '[';
           advance(k - i);  // past the brackets: they open no array
           if (!key_start) return problem("a table header must begin with a key (bare or quoted)");
           line_start = false;
           prev = '[';
           key_context = true;
+          in_header = true;
+          key_dots = 0;
           break;
         }
         line_start = false;
@@ -186,16 +225,42 @@ inline TomlTextProblem toml_check_text(std::string_view text) {
         }
         switch (b) {
           case '#': state = State::comment; break;
-          case '=': key_context = false; break;
-          case '[': open.push_back('['); key_context = false; break;
-          case '{': open.push_back('{'); key_context = true; break;
-          case ']':
-          case '}':
-            if (!open.empty()) open.pop_back();
+          case '=':
+            value_depth = key_depth();
+            key_dots = 0;
             key_context = false;
             break;
-          case ',': key_context = !open.empty() && open.back() == '{'; break;
-          case '.': break;  // between the segments of a dotted key
+          case '[':
+          case '{': {
+            // A value after '=' sits at its key's level; an array's element one below the array.
+            const size_t depth = prev == '=' || open_depth.empty() ? value_depth : open_depth.back() + 1;
+            if (depth > kMaxInputDepth) return too_deep();
+            open.push_back(static_cast<char>(b));
+            open_depth.push_back(depth);
+            key_context = b == '{';
+            key_dots = 0;
+            break;
+          }
+          case ']':
+          case '}':
+            if (!open.empty()) {
+              open.pop_back();
+              open_depth.pop_back();
+            } else if (in_header) {  // the end of a table header: its parts (and an array's level)
+              table_depth = key_dots + 1 + (array_header ? 1 : 0);
+              in_header = false;
+              key_dots = 0;
+              if (table_depth > kMaxInputDepth) return too_deep();
+            }
+            key_context = false;
+            break;
+          case ',':
+            key_context = !open.empty() && open.back() == '{';
+            key_dots = 0;
+            break;
+          case '.':  // between the segments of a dotted key
+            if (key_context && (++key_dots, key_depth() > kMaxInputDepth)) return too_deep();
+            break;
           default: bare = true; break;  // a bare token begins
         }
         prev = static_cast<char>(b);

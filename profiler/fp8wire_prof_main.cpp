@@ -32,14 +32,16 @@
 #include "common/command_line.hpp"
 #include "common/config.hpp"
 #include "common/cuda_devices.hpp"
+#include "common/input_limits.hpp"
+#include "common/output_file.hpp"
 #include "common/output_folder.hpp"
 #include "profiler/classify.hpp"
 #include "profiler/kineto.hpp"
-#include "profiler/output_file.hpp"
 #include "profiler/report.hpp"
 
 namespace fs = std::filesystem;
 using namespace fp8wire::prof;
+using fp8wire::write_file_atomically;
 
 namespace {
 
@@ -128,6 +130,10 @@ bool merge_traces(const fs::path& dir) {
     std::ifstream in(t);
     std::stringstream text;
     text << in.rdbuf();
+    if (const std::string problem = fp8wire::json_check_text(text.str()); !problem.empty()) {
+      fmt::print(stderr, "fp8wire-prof: {}: {}; skipped\n", t.string(), problem);
+      continue;
+    }
     nlohmann::json events = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
     if (events.is_discarded()) {
       // A rank that was killed never wrote the closing bracket; the events before it are whole.
@@ -158,7 +164,7 @@ bool read_rank_reports(const std::vector<std::string>& files, std::vector<StepRe
   for (const std::string& w : warnings) fmt::print(stderr, "fp8wire-prof: warning: {}\n", w);
   for (const std::string& e : errors) fmt::print(stderr, "fp8wire-prof: {}\n", e);
   if (!errors.empty())
-    fmt::print(stderr, "fp8wire-prof: no report written ({} damaged per-rank report line(s) or file(s) above)\n",
+    fmt::print(stderr, "fp8wire-prof: no report written ({} problem(s) with the per-rank reports above)\n",
                errors.size());
   return errors.empty();
 }

@@ -588,13 +588,16 @@ bool analyze(Input&& input, const KernelClassifier& classifier, const KinetoOpti
 
 bool analyze_kineto_text(const std::string& json_text, const KernelClassifier& classifier,
                          const KinetoOptions& options, KinetoAnalysis& out, std::string& error) {
+  out = KinetoAnalysis{};
+  error = json_check_text(json_text, kTraceLimits);
+  if (!error.empty()) return false;
   return analyze(json_text, classifier, options, out, error);
 }
 
 bool analyze_kineto_file(const std::string& path, const KernelClassifier& classifier,
                          const KinetoOptions& options, KinetoAnalysis& out, std::string& error) {
   TraceInput input;
-  if (!input.open(path, error)) return false;
+  if (!input.open(path, error, kTraceLimits)) return false;
   std::istream stream(&input);
   const bool ok = analyze(stream, classifier, options, out, error);
   // A damaged gzip stream ends the text early; say that rather than the parse error it causes.

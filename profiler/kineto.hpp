@@ -9,11 +9,14 @@
 // The trace is read as a stream (a SAX parser; gzip or plain, trace_input.hpp), so memory grows with
 // the events kept (kernels, ranges, launches: tens of bytes each), not with the text; every later
 // stage is O(n log n) in those events. A field of the wrong JSON type, a time that does not fit the
-// nanosecond timeline, or a negative duration is an error naming the event, never a crash.
+// nanosecond timeline, or a negative duration is an error naming the event, never a crash; so is a
+// trace past kTraceLimits (nesting, one string's length, the whole text), found before it is parsed.
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include "common/input_limits.hpp"
 
 #include "profiler/classify.hpp"
 #include "profiler/exposure.hpp"
@@ -33,6 +36,11 @@ struct KinetoAnalysis {
   size_t comm_kernels = 0;
   size_t memory_ops = 0;
 };
+
+// Limits on a trace's text: common/input_limits.hpp's nesting depth; one string (a kernel's or a
+// range's name) of at most 64 MiB; at most 64 GiB of JSON, decompressed (a gzip of a few MiB can
+// expand to terabytes).
+inline constexpr JsonLimits kTraceLimits{kMaxInputDepth, 64ull << 30, 64ull << 20};
 
 // Largest |ts| and dur accepted, in microseconds: ts and ts + dur must fit int64 nanoseconds with
 // room to spare (4e15 us is 126 years after the epoch; Kineto's ts are epoch microseconds).

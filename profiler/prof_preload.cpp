@@ -54,6 +54,7 @@
 #include "common/config.hpp"
 #include "common/cuda_devices.hpp"
 #include "common/log.hpp"
+#include "common/output_file.hpp"
 #include "profiler/classify.hpp"
 #include "profiler/event_ring.hpp"
 #include "profiler/exit_flush.hpp"
@@ -673,11 +674,11 @@ void Profiler::open_outputs_locked() {
   } else {
     base = prefix + "." + who;
   }
-  jsonl_ = std::fopen((base + ".jsonl").c_str(), "w");
-  if (!jsonl_)
-    FP8WIRE_WARN("fp8wire profiler: cannot write '{}.jsonl' (profiler.output): {}", base, strerror(errno));
-  if (!trace_.open(base + ".trace.json", rank_ >= 0 ? rank_ : 0))
-    FP8WIRE_WARN("fp8wire profiler: cannot write '{}.trace.json' (profiler.output): {}", base, strerror(errno));
+  std::string error;
+  jsonl_ = fopen_output(base + ".jsonl", OutputMode::truncate, error);
+  if (!jsonl_) FP8WIRE_WARN("fp8wire profiler: {} (profiler.output)", error);
+  if (!trace_.open(base + ".trace.json", rank_ >= 0 ? rank_ : 0, error))
+    FP8WIRE_WARN("fp8wire profiler: {} (profiler.output)", error);
 }
 
 void Profiler::report_locked(std::vector<Collector::Finalized>&& steps) {

@@ -10,6 +10,9 @@
 
 #include <fmt/format.h>
 
+#include "common/input_limits.hpp"
+#include "common/output_file.hpp"
+
 namespace fp8wire::prof {
 
 using nlohmann::json;
@@ -157,9 +160,44 @@ bool step_report_from_json(const json& j, StepReport& r, std::string& error) {
   return true;
 }
 
+namespace {
+// One line of `in` into `line`, at most `limit` bytes of it; false at the end of the input. A longer
+// line is cut at the limit (`too_long` set) and the rest of it skipped, so memory stays bounded.
+bool read_line_bounded(std::istream& in, std::string& line, size_t limit, bool& too_long) {
+  line.clear();
+  too_long = false;
+  std::streambuf* buf = in.rdbuf();
+  bool any = false;
+  for (;;) {
+    const int c = buf->sbumpc();
+    if (c == std::char_traits<char>::eof()) {
+      in.setstate(std::ios::eofbit);
+      return any;
+    }
+    any = true;
+    if (c == '\n') return true;
+    if (line.size() < limit) line.push_back(static_cast<char>(c));
+    else too_long = true;
+  }
+}
+
+// "a, b, c and 2 more": files named in one message, the first few of them.
+std::string some_files(const std::vector<std::string>& files) {
+  constexpr size_t kShown = 4;
+  std::string out;
+  for (size_t i = 0; i < files.size() && i < kShown; ++i) out += (i ? ", " : "") + files[i];
+  if (files.size() > kShown) out += fmt::format(" and {} more", files.size() - kShown);
+  return out;
+}
+}  // namespace
+
 std::vector<StepReport> read_step_reports(const std::vector<std::string>& paths, std::vector<std::string>& errors,
                                           std::vector<std::string>& warnings) {
   std::vector<StepReport> out;
+  // Where each (rank, step) was first read: a second report of one is an error, never a second sample.
+  std::map<std::pair<int, int64_t>, std::string> first_seen;
+  size_t duplicates = 0;
+  std::vector<std::string> without_reports;  // files with no line this profiler writes
   for (const std::string& path : paths) {
     std::ifstream in(path);
     if (!in) {
@@ -167,12 +205,25 @@ std::vector<StepReport> read_step_reports(const std::vector<std::string>& paths,
       continue;
     }
     std::string line;
+    bool too_long = false;
+    bool recognised = false;   // a "type":"step" or "type":"summary" line
+    const size_t errors_before = errors.size();
     int pending_bad_line = 0;  // a line that did not parse; an error unless it turns out to be the last
-    for (int number = 1; std::getline(in, line); ++number) {
+    for (int number = 1; read_line_bounded(in, line, kMaxReportLineBytes, too_long); ++number) {
+      if (too_long) {
+        errors.push_back(fmt::format("{}:{}: a line longer than the limit of {} for a profiler report line", path,
+                                     number, fp8wire::bytes_and_mib(kMaxReportLineBytes)));
+        continue;
+      }
       if (line.empty()) continue;
       if (pending_bad_line) {
         errors.push_back(fmt::format("{}:{}: not a JSON object", path, pending_bad_line));
         pending_bad_line = 0;
+      }
+      fp8wire::JsonScan scan;
+      if (!scan.feed(line)) {
+        errors.push_back(fmt::format("{}:{}: column {}: {}", path, number, scan.column(), scan.what()));
+        continue;
       }
       json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded() || !j.is_object()) {
@@ -184,11 +235,26 @@ std::vector<StepReport> read_step_reports(const std::vector<std::string>& paths,
         errors.push_back(fmt::format("{}:{}: \"type\" is {}, expected a string", path, number, shown(*type)));
         continue;
       }
-      if (type == j.end() || type->get<std::string>() != "step") continue;
+      if (type == j.end()) continue;
+      const std::string& kind = type->get_ref<const std::string&>();
+      recognised |= kind == "step" || kind == "summary";
+      if (kind != "step") continue;
       StepReport r;
       std::string error;
       if (!step_report_from_json(j, r, error)) {
         errors.push_back(fmt::format("{}:{}: {}", path, number, error));
+        continue;
+      }
+      const std::string here = fmt::format("{}:{}", path, number);
+      const auto [it, fresh] = first_seen.emplace(std::pair{r.rank, r.step}, here);
+      if (!fresh) {
+        // Reports of two runs in one folder would otherwise be averaged together. The first few are
+        // named; the count says how many more.
+        if (++duplicates <= kDuplicatesNamed)
+          errors.push_back(fmt::format("{}: rank {} step {} was already reported at {} (reports of two runs in one "
+                                       "folder? fp8wire-prof --out empties its folder first; merge one run's "
+                                       "files at a time)",
+                                       here, r.rank, r.step, it->second));
         continue;
       }
       out.push_back(std::move(r));
@@ -197,6 +263,19 @@ std::vector<StepReport> read_step_reports(const std::vector<std::string>& paths,
     if (pending_bad_line)
       warnings.push_back(fmt::format("{}:{}: incomplete last line skipped (the process was killed while writing it?)",
                                      path, pending_bad_line));
+    if (!recognised && errors.size() == errors_before) without_reports.push_back(path);
+  }
+  if (duplicates > kDuplicatesNamed)
+    errors.push_back(fmt::format("{} more (rank, step) reports that repeat an earlier one", duplicates - kDuplicatesNamed));
+  constexpr const char* kRecognised =
+      "JSON lines such as {\"type\":\"step\",\"rank\":0,\"step\":1,\"step_ms\":...}, which libfp8wire_prof.so "
+      "writes into the folder given to fp8wire-prof --out";
+  if (!without_reports.empty() && without_reports.size() == paths.size() && errors.empty()) {
+    errors.push_back(fmt::format("no profiler report line in {}: expected {}", some_files(without_reports), kRecognised));
+  } else if (!without_reports.empty()) {
+    // A rank killed before its first step leaves an empty file; the other ranks' reports stand.
+    warnings.push_back(fmt::format("no profiler report line in {}; skipped (expected {})", some_files(without_reports),
+                                   kRecognised));
   }
   return out;
 }
@@ -395,9 +474,9 @@ constexpr const char* kTrackNames[] = {"steps", "compute", "communication", "exp
 
 TraceWriter::~TraceWriter() { close(); }
 
-bool TraceWriter::open(const std::string& path, int rank) {
+bool TraceWriter::open(const std::string& path, int rank, std::string& error) {
   close();
-  file_ = std::fopen(path.c_str(), "w");
+  file_ = fopen_output(path, OutputMode::truncate, error);
   if (!file_) return false;
   rank_ = rank;
   events_ = 0;

@@ -29,9 +29,15 @@ bool step_report_from_json(const nlohmann::json& j, StepReport& out, std::string
 
 // Reads the "type":"step" lines of one or more JSON-lines files. Problems are "file:line: reason":
 //  - `warnings`: the last line of a file is not complete JSON (a rank killed while writing it; the
-//    steps before it are whole), skipped;
-//  - `errors`: a file that cannot be read, any other line that is not a JSON object, a field of the
-//    wrong type. The caller must not report figures when there are errors.
+//    steps before it are whole), skipped; a file with no line this profiler writes ("type" "step" or
+//    "summary": an empty file of a rank killed before its first step) while others have some;
+//  - `errors`: a file that cannot be read, any other line that is not a JSON object, a line over
+//    kMaxReportLineBytes or nested deeper than common/input_limits.hpp allows, a field of the wrong
+//    type, a (rank, step) reported twice (the first kDuplicatesNamed by place, then their count), or
+//    no line this profiler writes in any file. The caller must not report figures when there are
+//    errors.
+inline constexpr size_t kMaxReportLineBytes = 64u << 20;  // a step of profiler.top = 100000 collectives: ~40 MiB
+inline constexpr size_t kDuplicatesNamed = 5;
 std::vector<StepReport> read_step_reports(const std::vector<std::string>& paths, std::vector<std::string>& errors,
                                           std::vector<std::string>& warnings);
 
@@ -76,7 +82,9 @@ class TraceWriter {
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
 
-  bool open(const std::string& path, int rank);  // false (and errno set) when the file cannot be created
+  // False with `error` ("cannot write '<path>': <reason>") when the file cannot be created; a
+  // symbolic link at the path is refused (common/output_file.hpp).
+  bool open(const std::string& path, int rank, std::string& error);
   void write_step(const StepReport& report, const StepTimeline& timeline);
   void close();
   uint64_t dropped_events() const { return dropped_; }

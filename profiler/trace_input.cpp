@@ -18,7 +18,8 @@ TraceInput::~TraceInput() {
   if (file_) gzclose(static_cast<gzFile>(file_));
 }
 
-bool TraceInput::open(const std::string& path, std::string& error) {
+bool TraceInput::open(const std::string& path, std::string& error, JsonLimits limits) {
+  scan_ = JsonScan(limits);
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     error = fmt::format("cannot open '{}': {}", path, std::strerror(errno));
@@ -63,6 +64,10 @@ TraceInput::int_type TraceInput::underflow() {
     const char* message = gzerror(f, &code);
     if (code != Z_OK && code != Z_STREAM_END)
       read_error_ = fmt::format("corrupt gzip data ({})", message ? message : "unknown");
+    return traits_type::eof();
+  }
+  if (!scan_.feed(std::string_view(buffer_.data(), static_cast<size_t>(n)))) {
+    read_error_ = scan_.problem();
     return traits_type::eof();
   }
   setg(buffer_.data(), buffer_.data(), buffer_.data() + n);

@@ -190,6 +190,9 @@ std::string load_config_file(const std::string& path, Config& config) {
   if (::stat(path.c_str(), &st) != 0) return fmt::format("{}: cannot read: {}", path, std::strerror(errno));
   if (S_ISDIR(st.st_mode))
     return fmt::format("{}: is a directory, expected a TOML preset file (e.g. trainer/configs/pi05.toml)", path);
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > kMaxTomlBytes)  // before reading it all
+    return fmt::format("{}: {} bytes, more than the limit of {} for a TOML preset", path, st.st_size,
+                       bytes_and_mib(kMaxTomlBytes));
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
   if (in) text << in.rdbuf();

@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -19,6 +18,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+
+#include "common/input_limits.hpp"
+#include "common/output_file.hpp"
+#include "trainer/safetensors_header.hpp"
 
 namespace fp8wire::trainer {
 
@@ -94,17 +97,8 @@ uint32_t data_crc(uint32_t crc, const void* data, uint64_t bytes) {
 
 std::string crc_text(uint32_t crc) { return fmt::format("{:08x}", crc); }
 
-// "a string", "an array", ... for messages about a header value of the wrong JSON type.
-std::string json_kind(const nlohmann::json& v) {
-  if (v.is_string()) return "the string " + v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  if (v.is_number()) return "the number " + v.dump();
-  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
-  if (v.is_null()) return "null";
-  return v.is_array() ? "an array" : "an object";
-}
-
-// The header, parsed and checked entry by entry; every error names the file and the entry. The
-// parsed JSON is returned for the checksum.
+// The header, read and checked entry by entry (safetensors_header.hpp); every error names the file
+// and the entry. The parsed JSON is returned for the checksum.
 std::string parse_header(const std::string& path, int fd, std::map<std::string, SafetensorsEntry>& entries,
                          Metadata* metadata, nlohmann::json& header) {
   struct stat st {};
@@ -116,52 +110,22 @@ std::string parse_header(const std::string& path, int fd, std::map<std::string, 
     return fmt::format("{}: shorter than the 8-byte header length: not a safetensors file", path);
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
-  if (n > file_size - 8 || n > (100u << 20))
+  if (n > file_size - 8)
     return fmt::format("{}: header length {} does not fit the file ({} bytes): not a safetensors file", path, n, file_size);
+  if (n > kMaxSafetensorsHeaderBytes)  // before the header is read into memory
+    return fmt::format("{}: a header of {} bytes, more than the limit of {}", path, n,
+                       bytes_and_mib(kMaxSafetensorsHeaderBytes));
   std::string text(n, '\0');
   if (!read_at(fd, text.data(), n, 8)) return fmt::format("{}: cannot read the header", path);
-  header = nlohmann::json::parse(text, nullptr, false);
-  if (header.is_discarded() || !header.is_object()) return fmt::format("{}: header is not a JSON object", path);
-  const uint64_t data_start = 8 + n;
-  for (auto& [name, e] : header.items()) {
-    if (name == "__metadata__") {
-      if (!e.is_object()) return fmt::format("{}: __metadata__ is {}, expected an object", path, json_kind(e));
-      if (metadata)
-        for (auto& [k, v] : e.items()) (*metadata)[k] = v.is_string() ? v.get<std::string>() : v.dump();
-      continue;
-    }
-    const std::string& tensor = name;  // a structured binding cannot be captured before C++20 in clang 14
-    auto bad = [&](const std::string& what) { return fmt::format("{}: tensor '{}': {}", path, tensor, what); };
-    if (!e.is_object()) return bad(fmt::format("entry is {}, expected an object", json_kind(e)));
-    const auto dtype = e.find("dtype"), shape = e.find("shape"), offsets = e.find("data_offsets");
-    if (dtype == e.end() || shape == e.end() || offsets == e.end()) return bad("lacks dtype/shape/data_offsets");
+  std::map<std::string, SafetensorsHeaderEntry> parsed;
+  if (auto err = parse_safetensors_header(path, text, file_size, parsed, metadata, header); !err.empty()) return err;
+  for (auto& [name, p] : parsed) {
     SafetensorsEntry entry;
-    if (!dtype->is_string()) return bad(fmt::format("dtype is {}, expected a string", json_kind(*dtype)));
-    if (!dtype_from_name(dtype->get<std::string>(), entry.dtype))
-      return bad(fmt::format("unsupported dtype '{}'", dtype->get<std::string>()));
-    if (!shape->is_array()) return bad(fmt::format("shape is {}, expected an array", json_kind(*shape)));
-    // The element count, guarded against overflow: no tensor can hold more bytes than the file.
-    uint64_t numel = 1;
-    for (const auto& d : *shape) {
-      if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
-        return bad(fmt::format("shape {} holds {}, expected non-negative integers", shape->dump(), json_kind(d)));
-      const uint64_t dim = d.get<uint64_t>();
-      if (dim > uint64_t(INT64_MAX) || (dim != 0 && numel > file_size / dim))
-        return bad(fmt::format("shape {} is larger than the file ({} bytes)", shape->dump(), file_size));
-      numel *= dim;
-      entry.shape.push_back(int64_t(dim));
-    }
-    if (!offsets->is_array() || offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
-        !(*offsets)[1].is_number_unsigned())
-      return bad(fmt::format("data_offsets is {}, expected [begin, end] (two non-negative integers)",
-                             offsets->is_array() ? offsets->dump() : json_kind(*offsets)));
-    const uint64_t begin = (*offsets)[0].get<uint64_t>(), end = (*offsets)[1].get<uint64_t>();
-    const uint64_t element = c10::elementSize(entry.dtype);
-    if (begin > end || end > file_size - data_start || end - begin != numel * element)
-      return bad(fmt::format("data_offsets [{}, {}] inconsistent with its shape {} of {} ({} bytes) or the file size",
-                             begin, end, shape->dump(), dtype->get<std::string>(), numel * element));
-    entry.begin = data_start + begin;
-    entry.bytes = end - begin;
+    if (!dtype_from_name(p.dtype, entry.dtype) || c10::elementSize(entry.dtype) != safetensors_element_bytes(p.dtype))
+      return fmt::format("{}: tensor '{}': dtype '{}' has no LibTorch type of its size here", path, name, p.dtype);
+    entry.shape = std::move(p.shape);
+    entry.begin = p.begin;
+    entry.bytes = p.bytes;
     entries[name] = std::move(entry);
   }
   return "";
@@ -189,24 +153,22 @@ std::string write_safetensors(const std::string& path, const TensorMap& tensors,
   header["__metadata__"][kChecksumKey] = crc_text(crc);
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the format pads the header with spaces to 8 bytes
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return fmt::format("{}: cannot open for writing", tmp);
-    const uint64_t n = text.size();
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    out.write(reinterpret_cast<const char*>(len), 8);
-    out.write(text.data(), std::streamsize(text.size()));
-    for (const auto& b : blobs) out.write(static_cast<const char*>(b.data_ptr()), std::streamsize(b.nbytes()));
-    out.flush();
-    if (!out) return fmt::format("{}: write failed (disk full?)", tmp);
-  }
-  // Written under a temporary name and renamed, so a crash never leaves a truncated checkpoint.
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return fmt::format("{}: rename from {} failed: {}", path, tmp, ec.message());
-  return "";
+  // Written beside the target and renamed over it (common/output_file.hpp), so a crash never leaves a
+  // truncated checkpoint, and a symbolic link planted at the path is refused.
+  std::string error;
+  const bool written = write_file_atomically(
+      path,
+      [&](FILE* out) {
+        const uint64_t n = text.size();
+        unsigned char len[8];
+        for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+        bool ok = std::fwrite(len, 1, 8, out) == 8 && std::fwrite(text.data(), 1, text.size(), out) == text.size();
+        for (const auto& b : blobs)
+          ok = ok && std::fwrite(b.data_ptr(), 1, b.nbytes(), out) == b.nbytes();
+        return ok;
+      },
+      error);
+  return written ? "" : error;
 }
 
 std::string read_safetensors_header(const std::string& path, std::map<std::string, SafetensorsEntry>& entries,

@@ -28,6 +28,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include "common/output_file.hpp"
 #include "shim/fp8wire.h"
 #include "trainer/data.hpp"
 
@@ -839,14 +840,15 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
     Loader loader(*source, order, t.micro_batch, world, rank, trainer.steps_done(), cfg.data.prefetch,
                   trainer.device());
 
-    std::ofstream jsonl;
+    std::unique_ptr<FILE, int (*)(FILE*)> jsonl(nullptr, &std::fclose);
     const std::string log_path =
         t.log_jsonl.empty() ? (fs::path(t.out_dir) / "train_log.jsonl").string() : t.log_jsonl;
     if (rank == 0) {
       std::error_code ec;
       if (fs::path(log_path).has_parent_path()) fs::create_directories(fs::path(log_path).parent_path(), ec);
-      jsonl.open(log_path, std::ios::app);
-      if (!jsonl) fmt::print(stderr, "fp8wire-train: cannot open log {}; continuing without it\n", log_path);
+      std::string error;
+      jsonl.reset(fp8wire::fopen_output(log_path, fp8wire::OutputMode::append, error));  // refuses a link
+      if (!jsonl) fmt::print(stderr, "fp8wire-train: log: {}; continuing without it\n", error);
     }
     double sum_ms = 0, sum_sps = 0;
     int64_t timed = 0;
@@ -888,7 +890,10 @@ int run_rank(const Config& cfg, int rank, int world, int local_rank) {
                                {"mfu", mfu},          {"world", world},
                                {"buckets", st.buckets}, {"buckets_in_backward", st.buckets_launched_in_backward}};
         if (nlohmann::json errors = fp8_errors.since_last(); !errors.empty()) line["fp8wire_errors"] = errors;
-        if (jsonl) jsonl << line.dump() << "\n" << std::flush;
+        if (jsonl) {
+          std::fputs((line.dump() + "\n").c_str(), jsonl.get());
+          std::fflush(jsonl.get());
+        }
         fmt::print("step {:>5}/{} | loss {:.4f} | grad {:.3f} | lr {:.3e} | {:.1f} ms | {:.1f} samples/s | "
                    "peak {:.1f} GiB | MFU {:.1f}%\n",
                    s + 1, t.steps, st.loss, st.grad_norm, st.lr, ms, sps, mem, 100.0 * mfu);

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "common/input_limits.hpp"
 #include "sched/plan/cost_model.hpp"
 
 namespace fp8wire::bench {
@@ -758,6 +759,25 @@ std::vector<std::string> failed_checks(const SweepResult& r) {
                               p.check.bitwise_required && !p.check.bitwise_identical ? ", ranks differ bitwise" : ""));
   }
   return out;
+}
+
+std::optional<SweepResult> read_sweep_file(const std::string& path, std::string& error) {
+  std::string text;
+  if (!read_file_bounded(path, kMaxSweepJsonBytes, "a sweep's JSON", text, error)) return std::nullopt;
+  if (const std::string problem = json_check_text(text); !problem.empty()) {
+    error = fmt::format("'{}': {}", path, problem);
+    return std::nullopt;
+  }
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    error = fmt::format("'{}' is not valid JSON: {}", path, e.what());
+    return std::nullopt;
+  }
+  auto r = sweep_from_json(j, error);
+  if (!r) error = fmt::format("'{}': {}", path, error);
+  return r;
 }
 
 }  // namespace fp8wire::bench

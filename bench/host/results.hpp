@@ -157,6 +157,10 @@ nlohmann::json to_json(const SweepResult& result, const std::vector<CrossoverRep
                        const Calibration& calibration);
 // Reads what to_json wrote (points and machine; analysis is recomputed). error names the bad field.
 std::optional<SweepResult> sweep_from_json(const nlohmann::json& j, std::string& error);
+// The same from a file that fp8wire-bench sweep --json wrote. The text is bounded before it is parsed
+// (kMaxSweepJsonBytes, common/input_limits.hpp's nesting depth); errors name the file.
+inline constexpr uint64_t kMaxSweepJsonBytes = 256u << 20;  // a full sweep is a few MiB
+std::optional<SweepResult> read_sweep_file(const std::string& path, std::string& error);
 
 // nccl-tests-like table of one (collective, dtype), every path, every size.
 std::string render_table(const SweepResult& result, Collective c, DType dtype);

@@ -1,4 +1,8 @@
 #include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "bench/host/model_report.hpp"
 #include "bench/host/profile.hpp"
@@ -524,4 +528,30 @@ TEST_CASE("emulated ranks: the testbed mode (MPS or time-sliced) goes into the J
   REQUIRE_MESSAGE(read, error);
   CHECK(read->machine.testbed.empty());
   CHECK(render_table(*read, Collective::all_reduce, DType::bf16).find("(emulated, 1 GPU)") != std::string::npos);
+}
+
+TEST_CASE("sweep JSON files: read back whole; past the size or nesting limit an error naming the file and limit") {
+  const std::string dir = "/tmp/fp8wire_test_results_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const SweepResult r = synthetic_sweep();
+  const std::string good = dir + "/sweep.json";
+  std::ofstream(good) << to_json(r, analyze_crossovers(r, {}), calibrate(r)).dump(1);
+  std::string error;
+  const auto back = read_sweep_file(good, error);
+  REQUIRE_MESSAGE(back, error);
+  CHECK(back->points.size() == r.points.size());
+  // Nested a million deep: nlohmann's parse result would be copied and printed by recursion.
+  const std::string deep = dir + "/deep.json";
+  std::ofstream(deep) << "{\"points\":" << std::string(1'000'000, '[') << std::string(1'000'000, ']') << "}";
+  CHECK(!read_sweep_file(deep, error));
+  CHECK(error == "'" + deep + "': line 1, column 266: JSON nested deeper than its limit of 256 levels");
+  // Larger than the limit (a sparse file): refused by its size, before anything is read.
+  const std::string big = dir + "/big.json";
+  std::ofstream(big).close();
+  std::filesystem::resize_file(big, kMaxSweepJsonBytes + 1);
+  CHECK(!read_sweep_file(big, error));
+  CHECK(error == big + ": 268435457 bytes, more than the limit of 268435456 bytes (256 MiB) for a sweep's JSON");
+  CHECK(!read_sweep_file(dir + "/missing.json", error));
+  CHECK(error == dir + "/missing.json: cannot read: No such file or directory");
+  std::filesystem::remove_all(dir);
 }

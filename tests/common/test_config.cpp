@@ -229,7 +229,8 @@ TEST_CASE("an unknown FP8WIRE_ variable is an error with a suggestion; build var
                                           "FP8WIRE_TRAIN_STORE=/tmp/s", "FP8WIRE_PROF_LIB=/l.so",
                                           "FP8WIRE_SHIM_LIB=/s.so", "FP8WIRE_CUPTI_DIR=/c",
                                           // the rank launchers' MPS switch and what they tell their ranks
-                                          "FP8WIRE_MPS=0", "FP8WIRE_TESTBED_MODE=mps"});
+                                          "FP8WIRE_MPS=0", "FP8WIRE_TESTBED_MODE=mps",
+                                          "FP8WIRE_BOOTSTRAP_SECRET=0123"});
   REQUIRE(r.errors.size() == 1);
   CHECK(r.errors[0].source == "env FP8WIRE_BLOCKSIZE");
   CHECK(r.errors[0].value == "256");
@@ -415,6 +416,31 @@ TEST_CASE("a directory given as the config file is an error, not an empty config
   CHECK(r.errors[0].value == dir);
   CHECK(contains(r.errors[0].message(), "readable TOML file (it is a directory)"));
   CHECK(!r.ok());
+}
+
+TEST_CASE("a TOML file past the input limits is an error naming the file, what was wrong and the limit") {
+  // A dotted key of 300,000 parts (600 KB, within the size limit): toml++ frees the tables it makes by
+  // recursion, so keys like it overflowed the stack before the guard counted their parts.
+  std::string deep;
+  for (int i = 0; i < 300'000; ++i) deep += "a.";
+  const TempFile dotted(deep + "b = 1\n");
+  ConfigResult r = load_config(dotted.path, {});
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].message() ==
+        "file " + dotted.path + ":1:512: 'nested deeper than its limit of 256 levels (each table, array, inline table "
+        "and part of a dotted key is one)': expected a TOML file within the input limits: at most 1048576 bytes "
+        "(1 MiB), nested at most 256 levels deep");
+  const TempFile header("[" + deep + "b]\nblock_size = 64\n");
+  r = load_config(header.path, {});
+  REQUIRE(r.errors.size() == 1);
+  CHECK(contains(r.errors[0].message(), "nested deeper than its limit of 256 levels"));
+  // Larger than the limit: refused before it is read.
+  const TempFile big(std::string(2u << 20, '#'));
+  r = load_config(big.path, {"FP8WIRE_BLOCK_SIZE=256"});
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].message() == "file " + big.path + ": '2097152 bytes': expected a TOML file within the input "
+                                 "limits: at most 1048576 bytes (1 MiB), nested at most 256 levels deep");
+  CHECK(r.config.block_size == 256);  // the environment still applies
 }
 
 TEST_CASE("parse_config_toml layers a document on a base config") {

@@ -4,6 +4,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,28 +16,19 @@
 #include <fmt/format.h>
 
 #include "common/log.hpp"
+#include "tests/common/scratch.hpp"
 
 namespace fs = std::filesystem;
 using namespace fp8wire;
 
 namespace {
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("fp8wire_test_log_{}_{}", ::getpid(), name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path fresh_dir(const std::string& name) { return test::fresh_dir("log", name); }
 size_t files_in(const fs::path& dir) {
   size_t n = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
   return n;
 }
-std::string read(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string read(const fs::path& p) { return test::read_text(p); }
 }  // namespace
 
 TEST_CASE("log.file: no file until a line is written; %p is this process, a forked child gets its own") {
@@ -79,6 +71,34 @@ TEST_CASE("log.file: %r waits for the rank, then each rank's file") {
   CHECK(read(dir / "fp8wire-3.log").find("rank three") != std::string::npos);
   log_set_rank(-1);
   log_set_file("");
+  fs::remove_all(dir);
+}
+
+TEST_CASE("log.file: a symbolic link planted at the path is refused; lines go to stderr, the target is untouched") {
+  const fs::path dir = fresh_dir("link");
+  const fs::path victim = dir / "victim.txt";
+  std::ofstream(victim) << "precious\n";
+  fs::create_symlink(victim, dir / "fp8wire.log");
+  log_set_level(LogLevel::warn);
+  log_set_file((dir / "fp8wire.log").string());
+  // stderr into a file for the while: the refusal is said there, with the line after it.
+  const fs::path captured = dir / "stderr.txt";
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  const int capture = ::open(captured.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ::dup2(capture, 2);
+  FP8WIRE_WARN("must not reach the victim");
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(capture);
+  log_set_file("");
+  const std::string said = read(captured);
+  CHECK(said.find(fmt::format("fp8wire ERROR log.file: cannot write '{}': it is a symbolic link",
+                              (dir / "fp8wire.log").string())) == 0);
+  CHECK(said.find("must not reach the victim") != std::string::npos);
+  CHECK(read(victim) == "precious\n");
+  CHECK(fs::is_symlink(dir / "fp8wire.log"));
   fs::remove_all(dir);
 }
 

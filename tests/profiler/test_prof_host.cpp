@@ -474,7 +474,8 @@ TEST_CASE("trace writer: a valid Chrome trace JSON array with the exposed track"
   const std::string path = "test_prof_host.trace.json";
   {
     TraceWriter w;
-    REQUIRE(w.open(path, 3));
+    std::string error;
+    REQUIRE(w.open(path, 3, error));
     StepReport r;
     r.rank = 3;
     r.begin_ns = 0;

@@ -1,7 +1,7 @@
 // Bad and large inputs of the profiler's host code: Kineto traces with wrongly typed fields,
 // out-of-range times, gzip (whole and damaged), traces with many ranges and communication kernels
 // (near-linear time, checked against the brute-force definitions), per-rank reports with wrongly
-// typed fields or a torn last line, and output paths that cannot be written.
+// typed fields or a torn last line.
 #include <doctest/doctest.h>
 #include <zlib.h>
 
@@ -19,7 +19,6 @@
 
 #include "profiler/exposure.hpp"
 #include "profiler/kineto.hpp"
-#include "profiler/output_file.hpp"
 #include "profiler/report.hpp"
 
 using namespace fp8wire::prof;
@@ -375,25 +374,103 @@ TEST_CASE("per-rank reports: wrongly typed fields are errors, a torn last line a
   std::remove(path.c_str());
 }
 
-TEST_CASE("output files: written whole or not at all, and an unwritable path is an error naming it") {
-  const std::string path = temp_path("report.json");
-  std::string error;
-  REQUIRE(write_file_atomically(path, "{\"a\":1}\n", error));
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), {});
-  CHECK(text == "{\"a\":1}\n");
+namespace {
+std::string step_line(int rank, int64_t step) {
+  return fmt::format(R"({{"type":"step","rank":{},"step":{},"step_ms":10,"exposed_comm_ms":2}})", rank, step) + "\n";
+}
+}  // namespace
+
+TEST_CASE("per-rank reports: a (rank, step) reported twice is an error naming both places, never a second sample") {
+  const std::string a = temp_path("dup_rank0.jsonl"), b = temp_path("dup_pid77.jsonl");
+  std::ofstream(a) << step_line(0, 1) << step_line(0, 2) << step_line(1, 1);
+  std::ofstream(b) << step_line(0, 1) << step_line(0, 2);  // an earlier run's file, named by pid
+  std::vector<std::string> errors, warnings;
+  read_step_reports({a, b}, errors, warnings);
+  REQUIRE(errors.size() == 2);
+  CHECK(errors[0] == b + ":1: rank 0 step 1 was already reported at " + a +
+                         ":1 (reports of two runs in one folder? fp8wire-prof --out empties its folder first; merge one "
+                         "run's files at a time)");
+  CHECK(errors[1].starts_with(b + ":2: rank 0 step 2 was already reported at " + a + ":2"));
+  // Within one file too; past kDuplicatesNamed the rest are counted in one line.
+  {
+    std::ofstream out(a);
+    for (int round = 0; round < 2; ++round)
+      for (int step = 0; step < 20; ++step) out << step_line(0, step);
+  }
+  errors.clear();
+  read_step_reports({a}, errors, warnings);
+  REQUIRE(errors.size() == kDuplicatesNamed + 1);
+  CHECK(errors[0].starts_with(a + ":21: rank 0 step 0 was already reported at " + a + ":1"));
+  CHECK(errors.back() == "15 more (rank, step) reports that repeat an earlier one");
+  std::remove(a.c_str());
+  std::remove(b.c_str());
+}
+
+TEST_CASE("per-rank reports: inputs with no line the profiler writes are refused, naming them and a recognised line") {
+  const std::string foreign = temp_path("metrics.jsonl"), empty = temp_path("empty.jsonl"),
+                    good = temp_path("good.jsonl");
+  std::ofstream(foreign) << R"({"step":1,"loss":0.5})" << "\n" << R"({"type":"other"})" << "\n";
+  std::ofstream(empty) << "";
+  std::ofstream(good) << step_line(0, 1);
+  const std::string recognised =
+      "expected JSON lines such as {\"type\":\"step\",\"rank\":0,\"step\":1,\"step_ms\":...}, which libfp8wire_prof.so "
+      "writes into the folder given to fp8wire-prof --out";
+  std::vector<std::string> errors, warnings;
+  CHECK(read_step_reports({foreign, empty}, errors, warnings).empty());
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0] == "no profiler report line in " + foreign + ", " + empty + ": " + recognised);
+  // Beside real reports, such a file (a rank killed before its first step leaves an empty one) is
+  // skipped with a warning and the reports stand.
+  errors.clear();
+  warnings.clear();
+  CHECK(read_step_reports({good, empty}, errors, warnings).size() == 1);
+  CHECK(errors.empty());
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0] == "no profiler report line in " + empty + "; skipped (" + recognised + ")");
+  for (const std::string& p : {foreign, empty, good}) std::remove(p.c_str());
+}
+
+TEST_CASE("input limits: a report line or a trace nested a million deep is an error, never a stack overflow") {
+  const size_t deep = 1'000'000;
+  const std::string nest = std::string(deep, '[') + std::string(deep, ']');
+  // A report line whose "rank" is such an array: nlohmann's parse, copy and dump recurse per level.
+  const std::string path = temp_path("deep_rank0.jsonl");
+  std::ofstream(path) << step_line(0, 1) << R"({"type":"step","rank":)" << nest << R"(,"step":2})" << "\n"
+                      << step_line(0, 3);
+  std::vector<std::string> errors, warnings;
+  read_step_reports({path}, errors, warnings);
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0] == path + ":2: column 278: JSON nested deeper than its limit of 256 levels");
+  // A line longer than the limit is refused without being held whole.
+  {
+    std::ofstream out(path);
+    out << step_line(0, 1) << R"({"type":"step","name":")" << std::string(kMaxReportLineBytes, 'x') << "\"}\n";
+  }
+  errors.clear();
+  read_step_reports({path}, errors, warnings);
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0] == path + ":2: a line longer than the limit of 67108864 bytes (64 MiB) for a profiler report line");
   std::remove(path.c_str());
 
-  CHECK(!write_file_atomically("/nonexistent-dir/report.json", "x", error));
-  CHECK(error == "cannot write '/nonexistent-dir/report.json': No such file or directory");
-  CHECK(!write_file_atomically("/tmp", "x", error));
-  CHECK(error == "cannot write '/tmp': Is a directory");
-  // A full device: /dev/full accepts the open and fails the write (caught at flush/close).
-  struct stat st {};
-  if (::stat("/dev/full", &st) == 0) {
-    CHECK(!write_file_atomically("/dev/full", std::string(1 << 16, 'x'), error));
-    CHECK(error == "cannot write '/dev/full': No space left on device");
+  // Kineto: nested in an event's args, or in a key the reader skips, as text, file and gzip file.
+  const std::string in_args = R"({"traceEvents":[{"ph":"X","cat":"kernel","name":"k","ts":1,"dur":1,"args":{"a":)" +
+                              nest + "}}]}";
+  const std::string in_other_key = R"({"deep":)" + nest + R"(,"traceEvents":[]})";
+  std::string error;
+  CHECK(!analyze(in_args, error));
+  CHECK(error == "line 1, column 332: JSON nested deeper than its limit of 256 levels");
+  CHECK(!analyze(in_other_key, error));
+  CHECK(error == "line 1, column 264: JSON nested deeper than its limit of 256 levels");
+  const std::string plain = temp_path("deep.json"), gz = temp_path("deep.json.gz");
+  std::ofstream(plain) << in_other_key;
+  write_gzip(gz, in_other_key);
+  KinetoAnalysis a;
+  for (const std::string& file : {plain, gz}) {
+    CHECK(!analyze_kineto_file(file, KernelClassifier(), KinetoOptions{}, a, error));
+    CHECK(error == file + ": line 1, column 264: JSON nested deeper than its limit of 256 levels");
   }
+  std::remove(plain.c_str());
+  std::remove(gz.c_str());
 }
 
 TEST_CASE("compute_steps equals compute_step per window, for overlapping and nested windows too") {

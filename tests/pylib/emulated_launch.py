@@ -23,6 +23,7 @@ import argparse
 import atexit
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -195,6 +196,9 @@ class Launch:
         if not quiet:
             print(f"emulated_launch: {tag}: {nproc} ranks on one GPU, {mps.describe()}", flush=True)
         port = free_port()
+        # The job's secret for fp8wire's own bootstrap (common/rank_launcher.hpp), which C++ ranks
+        # started here (fp8wire-bench, the multi-rank tests) use; drawn afresh, as its launcher does.
+        secret = secrets.token_hex(32)
         self.procs, self.logs = [], []
         self.started = time.time()
         pythonpath = os.pathsep.join(p for p in (PYTHON_PACKAGE_DIR, os.path.dirname(os.path.abspath(__file__)),
@@ -205,6 +209,7 @@ class Launch:
             env.update({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(nproc),
                         "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                         "NCCL_HOSTID": emulated_host_id(rank), "NCCL_NVLS_ENABLE": "0",
+                        "FP8WIRE_BOOTSTRAP_SECRET": secret,
                         "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1", **mps.rank_env()})
             env.update(extra_env or {})
             log_path = os.path.join(log_dir or self.result_dir, f"{tag}.rank{rank}.log")

@@ -1,13 +1,15 @@
 // Bad input to the trainer, CPU tier: config files and values (a directory, NaN/Inf, wrongly typed
 // or placed keys, non-ASCII toml++ 3.3 misreads), damaged checkpoints (flipped bits anywhere, a
-// truncated file, hand-made headers with wrong JSON types or impossible sizes, a lost checksum) and
-// shards whose tensors have the wrong rank or dtype. Every case must end in an error that names
+// truncated file, hand-made headers with wrong JSON types or impossible sizes, overlapping tensor
+// ranges, nesting past the input limits, a lost checksum), presets past the TOML limits, and shards
+// whose tensors have the wrong rank or dtype. Every case must end in an error that names
 // the file (and the entry), never in an exception from the standard library or a silent load.
 #include <ATen/ATen.h>
 
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -262,6 +264,79 @@ TEST_CASE("checkpoints: hand-made headers with wrong types or impossible sizes a
   CHECK(resume_error(c, ckpt) == "");
   std::remove(ckpt.c_str());
   std::remove(path.c_str());
+}
+
+TEST_CASE("checkpoints: overlapping ranges are refused before anything is allocated") {
+  const std::string path = scratch("overlap.safetensors");
+  TensorMap none;
+  const std::string data(64, '\0');
+  // Two tensors sharing bytes: the format gives every tensor bytes of its own.
+  write_raw_safetensors(path,
+                        {{"a", {{"dtype", "F32"}, {"shape", {8}}, {"data_offsets", {0, 32}}}},
+                         {"b", {{"dtype", "F32"}, {"shape", {8}}, {"data_offsets", {16, 48}}}}},
+                        data);
+  CHECK(read_safetensors(path, none) == path + ": tensors 'a' (data_offsets [0, 32]) and 'b' (data_offsets [16, 48]) "
+                                               "overlap; the format gives every tensor bytes of its own");
+  // Many entries that each span the whole file: the reader allocated that many times the file's size
+  // before its checksum could fail; now the second entry ends it.
+  const size_t spans = 20000;
+  const std::string big(4u << 20, '\0');
+  nlohmann::json header = nlohmann::json::object();
+  for (size_t i = 0; i < spans; ++i)
+    header[fmt::format("t{:05}", i)] = {{"dtype", "U8"}, {"shape", {big.size()}}, {"data_offsets", {0, big.size()}}};
+  write_raw_safetensors(path, header, big);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string err = read_safetensors(path, none);
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 5);
+  CHECK(err.find(path + ": tensors 't00000' (data_offsets [0, 4194304]) and 't00001' (data_offsets [0, 4194304]) "
+                        "overlap") == 0);
+  // The header-only reader (the shard source) refuses it too, and out-of-file and reversed ranges
+  // are errors as before.
+  std::map<std::string, SafetensorsEntry> entries;
+  CHECK(read_safetensors_header(path, entries).find("overlap") != std::string::npos);
+  write_raw_safetensors(path, {{"a", {{"dtype", "F32"}, {"shape", {8}}, {"data_offsets", {40, 72}}}}}, data);
+  CHECK(read_safetensors(path, none).find("data_offsets [40, 72] inconsistent with its shape [8] of F32 (32 bytes) or "
+                                          "the file size") != std::string::npos);
+  // Zero-byte tensors take no bytes and overlap nothing.
+  write_raw_safetensors(path,
+                        {{"a", {{"dtype", "F32"}, {"shape", {8}}, {"data_offsets", {0, 32}}}},
+                         {"e", {{"dtype", "F32"}, {"shape", {0}}, {"data_offsets", {16, 16}}}}},
+                        data);
+  CHECK(read_safetensors(path, none) == "");
+  std::remove(path.c_str());
+}
+
+TEST_CASE("checkpoints: a header or __metadata__ nested a million deep is an error, never a stack overflow") {
+  const std::string path = scratch("deep.safetensors");
+  const std::string nest = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  for (const std::string& text : {R"({"__metadata__":{"note":)" + nest + "}}",
+                                  R"({"w":{"dtype":"F32","shape":)" + nest + R"(,"data_offsets":[0,0]}})"}) {
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char((uint64_t(text.size()) >> (8 * i)) & 0xFF);
+    write_file(path, bytes + text);
+    TensorMap none;
+    const std::string err = read_safetensors(path, none);
+    CHECK(err.find(path + ": header: line 1, column ") == 0);
+    CHECK(err.find(": JSON nested deeper than its limit of 256 levels") != std::string::npos);
+  }
+  std::remove(path.c_str());
+}
+
+TEST_CASE("presets: a TOML preset past the input limits is an error naming the file and the limit") {
+  std::string deep;
+  for (int i = 0; i < 300'000; ++i) deep += "a.";
+  const std::string dotted = scratch("deep.toml");
+  write_file(dotted, "[model]\n" + deep + "b = 1\n");
+  Config c;
+  CHECK(load_config_file(dotted, c) ==
+        dotted + ": TOML error at line 2, column 510: nested deeper than its limit of 256 levels (each table, array, "
+                 "inline table and part of a dotted key is one)");
+  const std::string big = scratch("big.toml");
+  write_file(big, std::string((1u << 20) + 1, '#'));
+  CHECK(load_config_file(big, c) == big + ": 1048577 bytes, more than the limit of 1048576 bytes (1 MiB) for a TOML "
+                                          "preset");
+  std::remove(dotted.c_str());
+  std::remove(big.c_str());
 }
 
 TEST_CASE("shards: a tensor of the wrong rank (a scalar) or dtype is an error naming the shard and tensor") {

@@ -128,6 +128,21 @@ struct Worker {
     return 0;
   }
 
+  // What this rank's output of (c, path, d) is checked against (the call's count and the buffer are
+  // the checker's to set; the bound needs neither).
+  CheckSpec check_spec(Collective c, Path path, DType d) const {
+    CheckSpec spec;
+    spec.collective = c;
+    spec.path = path;
+    spec.dtype = d;
+    spec.nranks = env.world_size;
+    spec.rank = env.rank;
+    spec.block = config.block_size;
+    spec.fp8 = config.format;
+    spec.scale = config.scale_type;
+    return spec;
+  }
+
   // Times one (collective, dtype, size, path) on one variant's engine; fills `point` on rank 0.
   int run_point(Collective c, DType d, uint64_t bytes, Path path, const Variant& variant, const Buffers& buf,
                 SweepPoint& point) {
@@ -180,16 +195,8 @@ struct Worker {
       mine.wire_bytes = wire / static_cast<uint64_t>(opt.repeats * opt.iters);
 
       if (opt.check) {
-        CheckSpec spec;
-        spec.collective = c;
-        spec.path = path;
-        spec.dtype = d;
-        spec.nranks = env.world_size;
-        spec.rank = env.rank;
+        CheckSpec spec = check_spec(c, path, d);
         spec.count = counts.count_arg;
-        spec.block = config.block_size;
-        spec.fp8 = config.format;
-        spec.scale = config.scale_type;
         std::vector<unsigned char> host(counts.recv_elems * elem);
         // The last buffer written is (op - 1) % nbuf; large sizes check only that one (host time).
         const int first = bytes <= opt.check_all_buffers_max_bytes ? 0 : nbuf - 1;
@@ -279,15 +286,8 @@ struct Worker {
         point.gather_transport = gather_transport_name(*variant.transport);
     }
     if (opt.check && all[0].checked) {
-      CheckSpec spec;
-      spec.collective = c;
-      spec.path = path;
-      spec.dtype = d;
-      spec.nranks = env.world_size;
-      spec.fp8 = config.format;
-      spec.scale = config.scale_type;
       point.check.ran = true;
-      point.check.bound = error_bound(spec);
+      point.check.bound = error_bound(check_spec(c, path, d));
       for (const auto& r : all) {
         point.check.max_err_ratio = std::max(point.check.max_err_ratio, r.max_err_ratio);
         point.check.mismatches += r.mismatches;

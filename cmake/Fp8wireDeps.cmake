@@ -50,21 +50,19 @@ add_library(fp8wire_tomlplusplus INTERFACE)
 target_include_directories(fp8wire_tomlplusplus SYSTEM INTERFACE ${TOMLPP_INCLUDE_DIR})
 add_library(tomlplusplus::tomlplusplus ALIAS fp8wire_tomlplusplus)
 
-find_package(doctest QUIET)
-if(NOT TARGET doctest::doctest)
-  find_path(DOCTEST_INCLUDE_DIR doctest/doctest.h HINTS ${FP8WIRE_EXTRA_INCLUDE} REQUIRED)
-  add_library(doctest_doctest INTERFACE)
-  target_include_directories(doctest_doctest SYSTEM INTERFACE ${DOCTEST_INCLUDE_DIR})
-  add_library(doctest::doctest ALIAS doctest_doctest)
-endif()
-
-find_package(CLI11 QUIET)
-if(NOT TARGET CLI11::CLI11)
-  find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp HINTS ${FP8WIRE_EXTRA_INCLUDE} REQUIRED)
-  add_library(CLI11_CLI11 INTERFACE)
-  target_include_directories(CLI11_CLI11 SYSTEM INTERFACE ${CLI11_INCLUDE_DIR})
-  add_library(CLI11::CLI11 ALIAS CLI11_CLI11)
-endif()
+# A header-only library as <package>::<package>: its own CMake config where one is installed, else
+# the folder that holds <header> (a distribution's or FP8WIRE_EXTRA_INCLUDE's copy without one).
+function(fp8wire_header_only package header)
+  find_package(${package} QUIET)
+  if(NOT TARGET ${package}::${package})
+    find_path(${package}_HEADER_DIR ${header} HINTS ${FP8WIRE_EXTRA_INCLUDE} REQUIRED)
+    add_library(${package}_${package} INTERFACE)
+    target_include_directories(${package}_${package} SYSTEM INTERFACE ${${package}_HEADER_DIR})
+    add_library(${package}::${package} ALIAS ${package}_${package})
+  endif()
+endfunction()
+fp8wire_header_only(doctest doctest/doctest.h)
+fp8wire_header_only(CLI11 CLI/CLI.hpp)
 
 find_package(nlohmann_json 3 REQUIRED)
 
@@ -97,6 +95,27 @@ function(fp8wire_add_test program)
     set(T_NAME ${program})
   endif()
   fp8wire_add_test_of(${program} NAME ${T_NAME} ARGS ${T_ARGS} LABELS ${T_LABELS} TIMEOUT ${T_TIMEOUT})
+endfunction()
+
+# fp8wire_add_failure_tests(<prefix> COMMAND <command...> [ABSENT <text>] TIMEOUT s CASES <case>...): a
+# command refusing bad input, one cpu test <prefix>_<name> per case "<name>|<expected>|<arg>|<arg>...":
+# the command run with those arguments must fail with an error status, <expected> in its output and,
+# with ABSENT, not <text> (tests/common/expect_failure.sh).
+function(fp8wire_add_failure_tests prefix)
+  cmake_parse_arguments(F "" "TIMEOUT;ABSENT" "COMMAND;CASES" ${ARGN})
+  set(absent "")
+  if(F_ABSENT)
+    set(absent --absent "${F_ABSENT}")
+  endif()
+  foreach(case IN LISTS F_CASES)
+    string(REPLACE "|" ";" parts "${case}")
+    list(GET parts 0 name)
+    list(GET parts 1 expected)
+    list(SUBLIST parts 2 -1 args)
+    add_test(NAME ${prefix}_${name}
+      COMMAND sh ${PROJECT_SOURCE_DIR}/tests/common/expect_failure.sh "${expected}" ${absent} -- ${F_COMMAND} ${args})
+    set_tests_properties(${prefix}_${name} PROPERTIES LABELS cpu TIMEOUT ${F_TIMEOUT})
+  endforeach()
 endfunction()
 
 # fp8wire_add_test_of(<program> NAME <test> [ARGS ...] LABELS ... TIMEOUT s): a further ctest test of

@@ -582,6 +582,14 @@ void Profiler::ingest_locked(uint8_t* buffer, size_t valid) {
     incomplete_records_ += start == 0 || end < start;
     return true;
   };
+  // Memory activity (a copy or a set) needs no attribution, only its time counts; false where the
+  // record is unusable.
+  const auto memory = [&unusable](const auto* m, Activity& a) {
+    if (unusable(m->start, m->end)) return false;
+    a.time = {static_cast<int64_t>(m->start), static_cast<int64_t>(m->end)};
+    a.cls = ActivityClass::memory;
+    return true;
+  };
   CUpti_Activity* record = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     Activity a;
@@ -610,21 +618,12 @@ void Profiler::ingest_locked(uint8_t* buffer, size_t valid) {
         a.correlation = k->correlationId;
         break;
       }
-      // Memory activity needs no attribution (only its time counts).
-      case CUPTI_ACTIVITY_KIND_MEMCPY: {
-        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        if (unusable(m->start, m->end)) continue;
-        a.time = {static_cast<int64_t>(m->start), static_cast<int64_t>(m->end)};
-        a.cls = ActivityClass::memory;
+      case CUPTI_ACTIVITY_KIND_MEMCPY:
+        if (!memory(reinterpret_cast<const CUpti_ActivityMemcpy6*>(record), a)) continue;
         break;
-      }
-      case CUPTI_ACTIVITY_KIND_MEMSET: {
-        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        if (unusable(m->start, m->end)) continue;
-        a.time = {static_cast<int64_t>(m->start), static_cast<int64_t>(m->end)};
-        a.cls = ActivityClass::memory;
+      case CUPTI_ACTIVITY_KIND_MEMSET:
+        if (!memory(reinterpret_cast<const CUpti_ActivityMemset4*>(record), a)) continue;
         break;
-      }
       default:
         continue;  // API records exist only to carry external ids
     }

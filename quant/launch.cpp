@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <string>
 
 #include "common/log.hpp"
 #include "common/status.hpp"
@@ -132,15 +133,25 @@ const char* telemetry_into(const LaunchOptions& opt, const WireFormat& wf, CallT
 
 bool valid_elem(ElemType t) { return t == ElemType::f32 || t == ElemType::f16 || t == ElemType::bf16; }
 
+// Why a conversion between `count` elements of `type` at `plain` (its `side`: "input" or "output")
+// and the segmented `wire` is refused; empty where it is not (an empty one checks no pointer).
+std::string conversion_refusal(size_t count, Segmented layout, const WireFormat& wf, const void* plain, ElemType type,
+                               const char* side, const void* wire) {
+  if (const char* e = validate(count, layout, wf)) return e;
+  if (!valid_elem(type)) return fmt::format("unsupported {} type {}", side, static_cast<int>(type));
+  if (count == 0) return {};
+  if (!plain) return fmt::format("{} buffer is null", side);
+  if (const char* e = check_elem_pointer(plain, type)) return fmt::format("{}: {}", side, e);
+  if (const char* e = check_wire_pointer(wire)) return e;
+  return {};
+}
+
 cudaError_t quantize_impl(const char* name, const void* in, ElemType in_type, size_t count, float* residual,
                           void* wire, Segmented layout, const WireFormat& wf, cudaStream_t stream,
                           LaunchOptions opt) {
-  if (const char* e = validate(count, layout, wf)) return reject(name, e);
-  if (!valid_elem(in_type)) return reject(name, fmt::format("unsupported input type {}", static_cast<int>(in_type)));
+  if (const std::string e = conversion_refusal(count, layout, wf, in, in_type, "input", wire); !e.empty())
+    return reject(name, e);
   if (count == 0) return cudaSuccess;
-  if (!in) return reject(name, "input buffer is null");
-  if (const char* e = check_elem_pointer(in, in_type)) return reject(name, fmt::format("input: {}", e));
-  if (const char* e = check_wire_pointer(wire)) return reject(name, e);
   if (residual && !is_aligned16(residual)) return reject(name, "residual must be 16-byte aligned");
   bool native = false;
   FP8WIRE_CUDA_RETURN(resolve_native(name, opt.path, &native));
@@ -242,12 +253,9 @@ cudaError_t dequantize(const void* wire, Segmented layout, size_t count, void* o
                        const WireFormat& fmt, cudaStream_t stream, LaunchOptions opt) {
   using namespace detail;
   constexpr const char* kName = "dequantize";
-  if (const char* e = validate(count, layout, fmt)) return reject(kName, e);
-  if (!valid_elem(out_type)) return reject(kName, fmt::format("unsupported output type {}", static_cast<int>(out_type)));
+  if (const std::string e = conversion_refusal(count, layout, fmt, out, out_type, "output", wire); !e.empty())
+    return reject(kName, e);
   if (count == 0) return cudaSuccess;
-  if (!out) return reject(kName, "output buffer is null");
-  if (const char* e = check_elem_pointer(out, out_type)) return reject(kName, fmt::format("output: {}", e));
-  if (const char* e = check_wire_pointer(wire)) return reject(kName, e);
   bool native = false;
   FP8WIRE_CUDA_RETURN(resolve_native(kName, opt.path, &native));
   DequantizeParams p{static_cast<const uint8_t*>(wire), count, layout.seg_elems, layout.seg_stride,

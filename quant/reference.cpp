@@ -147,6 +147,25 @@ const char* check_common(size_t count, const Segmented& layout, const WireFormat
   return validate(count, layout, fmt);
 }
 
+// Quantizes x (count elements) into the segmented `wire`, element i with stochastic-rounding index
+// sr_offset + i; where `decoded` is given, also each value as the wire decodes it and whether it was
+// not finite. With a telemetry record: the input's figures, then this rank's vote.
+void encode_all(const std::vector<float>& x, size_t count, void* wire, const Segmented& layout, const WireFormat& fmt,
+                uint64_t sr_offset, const TelemetryOptions* telemetry, float* decoded = nullptr,
+                uint8_t* nonfinite = nullptr) {
+  ErrorStats* stats = telemetry && telemetry->record ? &telemetry->record->input : nullptr;
+  for_each_fp8(fmt.fp8, [&](auto f) {
+    for (size_t s = 0; s < segment_count(count, layout); ++s) {
+      const size_t n = segment_elems(count, layout, s);
+      const size_t begin = s * layout.seg_elems;
+      encode_chunk<decltype(f)::value>(x.data() + begin, n, static_cast<uint8_t*>(wire) + s * layout.seg_stride,
+                                       fmt, sr_offset + begin, decoded ? decoded + begin : nullptr,
+                                       nonfinite ? nonfinite + begin : nullptr, stats);
+    }
+  });
+  if (stats) cast_vote(telemetry, *stats, 0, static_cast<uint8_t*>(wire), count, layout, fmt);
+}
+
 }  // namespace
 
 float load_elem(const void* p, ElemType t, size_t i) {
@@ -176,17 +195,7 @@ const char* quantize(const void* in, ElemType in_type, size_t count, void* wire,
   if (const char* e = check_common(count, layout, fmt)) return e;
   if (count == 0) return nullptr;
   if (!in || !wire) return "quantize: null buffer";
-  const std::vector<float> x = load_all(in, in_type, count);
-  ErrorStats* stats = telemetry && telemetry->record ? &telemetry->record->input : nullptr;
-  for_each_fp8(fmt.fp8, [&](auto f) {
-    for (size_t s = 0; s < segment_count(count, layout); ++s) {
-      const size_t n = segment_elems(count, layout, s);
-      const size_t begin = s * layout.seg_elems;
-      encode_chunk<decltype(f)::value>(x.data() + begin, n, static_cast<uint8_t*>(wire) + s * layout.seg_stride,
-                                       fmt, sr_offset + begin, nullptr, nullptr, stats);
-    }
-  });
-  if (stats) cast_vote(telemetry, *stats, 0, static_cast<uint8_t*>(wire), count, layout, fmt);
+  encode_all(load_all(in, in_type, count), count, wire, layout, fmt, sr_offset, telemetry);
   return nullptr;
 }
 
@@ -278,17 +287,7 @@ const char* quantize_with_residual(const void* in, ElemType in_type, size_t coun
   for (size_t i = 0; i < count; ++i) x[i] = math::add_rn(x[i], residual[i]);
   std::vector<float> y(count);
   std::vector<uint8_t> nonfinite(count);
-  ErrorStats* stats = telemetry && telemetry->record ? &telemetry->record->input : nullptr;
-  for_each_fp8(fmt.fp8, [&](auto f) {
-    for (size_t s = 0; s < segment_count(count, layout); ++s) {
-      const size_t n = segment_elems(count, layout, s);
-      const size_t begin = s * layout.seg_elems;
-      encode_chunk<decltype(f)::value>(x.data() + begin, n, static_cast<uint8_t*>(wire) + s * layout.seg_stride,
-                                       fmt, sr_offset + begin, y.data() + begin,
-                                       nonfinite.data() + begin, stats);
-    }
-  });
-  if (stats) cast_vote(telemetry, *stats, 0, static_cast<uint8_t*>(wire), count, layout, fmt);
+  encode_all(x, count, wire, layout, fmt, sr_offset, telemetry, y.data(), nonfinite.data());
   for (size_t i = 0; i < count; ++i) residual[i] = nonfinite[i] ? 0.0f : math::sub_rn(x[i], y[i]);
   return nullptr;
 }

@@ -9,20 +9,15 @@
 #   CMAKE_CUDA_ARCHITECTURES  default: the GPU's own (nvidia-smi), else the project default
 #   FP8WIRE_EXTRA_INCLUDE  header-only dependencies carried to machines that lack them (default .carry/include)
 #   BUILD_TARGETS          build only these targets (default: everything)
-set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
+source "$(dirname "${BASH_SOURCE[0]}")/prologue.sh"
 build="${1:-build}"
-py="${TORCH_PYTHON:-}"
-if [[ -z "$py" ]]; then
-  if [[ -x .venv/bin/python ]]; then py="$root/.venv/bin/python"; else py="$(command -v python3)"; fi
-fi
+py="$(torch_python)"
 args=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DFP8WIRE_TORCH_PYTHON=$py")
 nccl_root="$("$py" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)"
 if [[ -n "$nccl_root" && -f "$nccl_root/include/nccl.h" ]]; then
   args+=("-DFP8WIRE_NCCL_ROOT=$nccl_root")
 fi
-extra="${FP8WIRE_EXTRA_INCLUDE:-$root/.carry/include}"
+extra="${FP8WIRE_EXTRA_INCLUDE:-$FP8WIRE_ROOT/.carry/include}"
 [[ -d "$extra" ]] && args+=("-DFP8WIRE_EXTRA_INCLUDE=$extra")
 arch="${CMAKE_CUDA_ARCHITECTURES:-}"
 if [[ -z "$arch" ]] && command -v nvidia-smi >/dev/null 2>&1; then
@@ -30,7 +25,6 @@ if [[ -z "$arch" ]] && command -v nvidia-smi >/dev/null 2>&1; then
   [[ -n "$cc" ]] && arch="$cc"
 fi
 [[ -n "$arch" ]] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$arch")
-export PATH="/usr/local/cuda/bin:$PATH"
 cmake "${args[@]}"
 keep=()
 [[ "${BUILD_KEEP_GOING:-0}" == 1 ]] && keep=(-- -k 0)   # build what can be built
@@ -39,4 +33,4 @@ if [[ -n "${BUILD_TARGETS:-}" ]]; then   # e.g. BUILD_TARGETS="fp8wire fp8wire-c
   read -ra names <<< "$BUILD_TARGETS"
   targets=(--target "${names[@]}")
 fi
-cmake --build "$build" -j "${BUILD_JOBS:-$(nproc)}" "${targets[@]}" "${keep[@]}"
+cmake --build "$build" -j "$JOBS" "${targets[@]}" "${keep[@]}"

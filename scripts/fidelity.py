@@ -9,24 +9,9 @@ optional). Exits 1 when a candidate misses --min-pearson or --max-rel-err, 2 on 
         --min-pearson 0.9995 --max-rel-err 0.005 --plot docs/fidelity.png
 """
 import argparse
-import json
 import sys
 
-from loss_parity import pearson  # the same correlation the two-run check uses
-
-
-def read_log(path):
-    rows = {}
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-                rows[int(r["step"])] = (float(r["loss"]), float(r["grad_norm"]))
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{number}: expected a JSON object with 'step', 'loss' and 'grad_norm' ({e})")
-    return rows
+from loss_parity import pearson, read_log  # the same log reader and correlation as the two-run check
 
 
 def compare(base, cand, window):
@@ -91,13 +76,13 @@ def main():
     p.add_argument("--smooth", type=int, default=10, help="moving average of the plot (default 10)")
     args = p.parse_args()
     try:
-        base = read_log(args.baseline)
+        base = read_log(args.baseline, ("loss", "grad_norm"))
         cands = []
         for c in args.candidates:
             label, sep, path = c.partition("=")
             if not sep or not label or not path:
                 raise ValueError(f"candidate '{c}': expected LABEL=path")
-            cands.append((label, read_log(path)))
+            cands.append((label, read_log(path, ("loss", "grad_norm"))))
         results = [(label, compare(base, rows, args.window)) for label, rows in cands]
     except (OSError, ValueError) as e:
         print(f"fidelity: {e}", file=sys.stderr)

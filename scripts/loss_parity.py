@@ -13,18 +13,26 @@ import math
 import sys
 
 
-def read_losses(path):
-    losses = {}
+def read_log(path, fields):
+    """An fp8wire-train JSON-lines log as {step: (the record's `fields`, as floats)}; ValueError names the
+    first line that is not such a record."""
+    names = ["'step'"] + [f"'{k}'" for k in fields]
+    rows = {}
     with open(path) as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-                losses[int(record["step"])] = float(record["loss"])
+                rows[int(record["step"])] = tuple(float(record[k]) for k in fields)
             except (ValueError, KeyError, TypeError) as e:
-                raise SystemExit(f"{path}:{number}: expected a JSON object with 'step' and 'loss' ({e})")
-    return losses
+                raise ValueError(f"{path}:{number}: expected a JSON object with {', '.join(names[:-1])} and "
+                                 f"{names[-1]} ({e})")
+    return rows
+
+
+def read_losses(path):
+    return {step: values[0] for step, values in read_log(path, ("loss",)).items()}
 
 
 def pearson(a, b):
@@ -50,7 +58,7 @@ def main():
 
     try:
         a, b = read_losses(args.baseline), read_losses(args.candidate)
-    except OSError as e:
+    except (OSError, ValueError) as e:
         print(f"loss_parity: {e}", file=sys.stderr)
         return 2
     steps = sorted(s for s in a.keys() & b.keys() if s >= args.skip)

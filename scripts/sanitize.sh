@@ -9,14 +9,8 @@
 #   scripts/sanitize.sh
 # Environment: SAN_BUILD_DIR (build-san), FUZZ_BUILD_DIR (build-fuzz), BUILD_JOBS (default nproc),
 # FUZZ_SECONDS (15), SAN_SKIP_FUZZ=1 (tests only), CTEST_ARGS, TORCH_PYTHON (as scripts/build.sh).
-set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
+source "$(dirname "${BASH_SOURCE[0]}")/prologue.sh"
 build="${SAN_BUILD_DIR:-build-san}"
-jobs="${BUILD_JOBS:-$(nproc)}"
-start=$(date +%s)
-export PATH="/usr/local/cuda/bin:$PATH"
-export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/fp8wire-ccache}"
 
 # Tests that cannot run under the sanitizers, and why (the rest are found automatically):
 #   profiler_cli  preloads libfp8wire_prof.so into sh; a sanitized library cannot be preloaded
@@ -25,10 +19,7 @@ export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/fp8wire-ccache}"
 #                 built here (the regular tier runs it).
 excluded='^(profiler_cli|profiler_cli_no_gpu_job_status)$'
 
-py="${TORCH_PYTHON:-}"
-if [[ -z "$py" ]]; then
-  if [[ -x .venv/bin/python ]]; then py="$root/.venv/bin/python"; else py="$(command -v python3)"; fi
-fi
+py="$(torch_python)"
 
 # configure DIR [cmake options]: the CUDA language stays enabled (nvcc must be found) but nothing is
 # compiled with it; one architecture keeps the configure short.
@@ -81,7 +72,7 @@ print(" ".join(sorted(targets)) + "|" + "|".join(tests))
 # Leaks are findings too; tests/lsan.supp lists the known ones not yet fixed.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$root/tests/lsan.supp:print_suppressions=1}"
+export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$FP8WIRE_ROOT/tests/lsan.supp:print_suppressions=1}"
 
 # 1. Sanitizers with the project's compiler: every host test. -O0 -g1 compiles in a quarter of the
 # time of -O2 -g; the sanitizers' checks are the same, and most tests are small or spend their time
@@ -95,11 +86,11 @@ tests="${selection#*|}"
 [[ -n "$tests" ]] || { echo "[sanitize] no tests selected"; exit 1; }
 echo "[sanitize] building $(wc -w <<< "$targets") host targets with ASan+UBSan: $targets"
 # shellcheck disable=SC2086
-cmake --build "$build" -j "$jobs" --target $targets
-echo "[sanitize] build done ($(($(date +%s) - start)) s so far)"
+cmake --build "$build" -j "$JOBS" --target $targets
+echo "[sanitize] build done ($(($(date +%s) - START)) s so far)"
 # shellcheck disable=SC2086
-ctest --test-dir "$build" --output-on-failure -j "$jobs" -L cpu -R "^(${tests})\$" ${CTEST_ARGS:-}
-echo "[sanitize] tests done ($(($(date +%s) - start)) s so far)"
+ctest --test-dir "$build" --output-on-failure -j "$JOBS" -L cpu -R "^(${tests})\$" ${CTEST_ARGS:-}
+echo "[sanitize] tests done ($(($(date +%s) - START)) s so far)"
 
 # 2. libFuzzer (clang), its own folder: only the fuzz targets and the libraries they drive.
 if [[ "${SAN_SKIP_FUZZ:-0}" != 1 ]]; then
@@ -112,7 +103,7 @@ if [[ "${SAN_SKIP_FUZZ:-0}" != 1 ]]; then
   tests="${selection#*|}"
   echo "[sanitize] building fuzz targets: $targets"
   # shellcheck disable=SC2086
-  cmake --build "$fuzz" -j "$jobs" --target $targets
+  cmake --build "$fuzz" -j "$JOBS" --target $targets
   # One at a time: each fuzzer keeps a core busy, and its final statistics are the record.
   set +e
   # shellcheck disable=SC2086
@@ -127,4 +118,4 @@ if [[ "${SAN_SKIP_FUZZ:-0}" != 1 ]]; then
     exit 1
   fi
 fi
-echo "[sanitize] done in $(($(date +%s) - start)) s"
+echo "[sanitize] done in $(($(date +%s) - START)) s"

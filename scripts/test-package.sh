@@ -9,16 +9,12 @@
 # wheel is built with pyproject.toml's own list (sm_80, sm_89, sm_90, sm_100 + PTX):
 #   python3 -m pip wheel --no-deps -w dist .
 # Env: PACKAGE_TEST_DIR (scratch folder, default a new temporary one).
-set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
+source "$(dirname "${BASH_SOURCE[0]}")/prologue.sh"
 main_build="${1:-build}"
-start=$(date +%s)
-export PATH="/usr/local/cuda/bin:$PATH"
 work="${PACKAGE_TEST_DIR:-$(mktemp -d /tmp/fp8wire-package.XXXXXX)}"
 mkdir -p "$work/dist"
 py=python3
-[[ -x .venv/bin/python ]] && py="$root/.venv/bin/python"
+[[ -x .venv/bin/python ]] && py="$FP8WIRE_ROOT/.venv/bin/python"
 
 args=(-C build-dir=build-wheel)
 cached() { sed -n "s/^$1:[A-Z]*=//p" "$main_build/CMakeCache.txt" 2>/dev/null | head -1; }
@@ -30,15 +26,15 @@ for var in CMAKE_CUDA_ARCHITECTURES CMAKE_CXX_COMPILER CMAKE_CUDA_COMPILER CMAKE
 done
 arch="$(cached CMAKE_CUDA_ARCHITECTURES)"
 echo "[package] building the wheel (CUDA architectures ${arch:-from pyproject.toml})"
-CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS:-$(nproc)}" "$py" -m pip wheel -q --no-deps -w "$work/dist" "${args[@]}" . \
+CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" "$py" -m pip wheel -q --no-deps -w "$work/dist" "${args[@]}" . \
   > "$work/wheel.log" 2>&1 || { tail -40 "$work/wheel.log"; exit 1; }
 wheel="$(ls "$work"/dist/fp8wire-*.whl)"
-echo "[package] $(basename "$wheel"): $(du -h "$wheel" | cut -f1) ($(( $(date +%s) - start )) s so far)"
+echo "[package] $(basename "$wheel"): $(du -h "$wheel" | cut -f1) ($(( $(date +%s) - START )) s so far)"
 
 # A new user: a fresh venv, the wheel and nothing else (it depends on nothing).
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --no-index "$wheel"
-cd "$work"
+cd "$work" || exit 1
 env -u FP8WIRE_SHIM_LIB -u FP8WIRE_PROF_LIB -u LD_PRELOAD PATH="$work/venv/bin:$PATH" bash -euo pipefail -c '
   echo "\$ fp8wire lib"; fp8wire lib
   echo "\$ fp8wire config --check | head -3"; fp8wire config --check | head -3
@@ -49,8 +45,8 @@ env -u FP8WIRE_SHIM_LIB -u FP8WIRE_PROF_LIB -u LD_PRELOAD PATH="$work/venv/bin:$
   grep -q "loaded True active False" <<<"$out"
 '
 env -u FP8WIRE_SHIM_LIB -u FP8WIRE_PROF_LIB -u LD_PRELOAD \
-  "$work/venv/bin/python" "$root/tests/python/test_package.py" --installed > "$work/test_package.log" 2>&1 \
+  "$work/venv/bin/python" "$FP8WIRE_ROOT/tests/python/test_package.py" --installed > "$work/test_package.log" 2>&1 \
   || { tail -40 "$work/test_package.log"; exit 1; }
 tail -1 "$work/test_package.log"
-echo "[package] ok: wheel built, installed in a fresh venv, tested ($(( $(date +%s) - start )) s)"
+echo "[package] ok: wheel built, installed in a fresh venv, tested ($(( $(date +%s) - START )) s)"
 [[ -n "${PACKAGE_TEST_DIR:-}" ]] || rm -rf "$work"

@@ -15,9 +15,6 @@
 namespace {
 
 static_assert(FP8WIRE_MAX_PATHS == fp8wire::kMaxPaths);
-static_assert(sizeof(fp8wire_totals::calls) == sizeof(fp8wire::AccountingTotals::calls));
-static_assert(sizeof(fp8wire_totals::app_bytes) == sizeof(fp8wire::AccountingTotals::app_bytes));
-static_assert(sizeof(fp8wire_totals::wire_bytes) == sizeof(fp8wire::AccountingTotals::wire_bytes));
 static_assert(FP8WIRE_MAX_TRANSPORTS == fp8wire::kMaxTransports);
 static_assert(FP8WIRE_MAX_COLLECTIVES == fp8wire::sched::kErrorCollectives);
 static_assert(sizeof(fp8wire_error_stats) == sizeof(fp8wire::quant::ErrorStats));
@@ -37,6 +34,38 @@ void step_mark(int64_t step, int begin) {
   } catch (...) {
     FP8WIRE_ERROR("fp8wire_step_{}: internal error; ignored", begin ? "begin" : "end");
   }
+}
+
+// Entry i of a list of names whose to_string is the one list and answers "unknown" past its last
+// entry: "" there, null outside the C API's `slots`.
+template <class E>
+const char* name_in(int i, int slots) {
+  if (i < 0 || i >= slots) return nullptr;
+  const char* name = fp8wire::to_string(static_cast<E>(i));
+  return std::strcmp(name, "unknown") == 0 ? "" : name;
+}
+
+// *out zeroed, then fill(*out); an internal error leaves the zeros and one log line naming
+// `function`. A null `out` is ignored.
+template <class Out, class Fill>
+void fill_zeroed(const char* function, Out* out, Fill fill) {
+  if (!out) return;
+  std::memset(out, 0, sizeof(*out));
+  try {
+    fill(*out);
+  } catch (...) {
+    FP8WIRE_ERROR("{}: internal error; returning zeros", function);
+  }
+}
+
+// The per-slot calls, caller bytes and wire bytes both call totals carry (by path, by transport).
+template <class Out, class Counts>
+void copy_counts(Out& o, const Counts& calls, const Counts& app_bytes, const Counts& wire_bytes) {
+  static_assert(sizeof(o.calls) == sizeof(calls) && sizeof(o.app_bytes) == sizeof(app_bytes) &&
+                sizeof(o.wire_bytes) == sizeof(wire_bytes));
+  std::memcpy(o.calls, calls, sizeof(o.calls));
+  std::memcpy(o.app_bytes, app_bytes, sizeof(o.app_bytes));
+  std::memcpy(o.wire_bytes, wire_bytes, sizeof(o.wire_bytes));
 }
 
 }  // namespace
@@ -66,12 +95,7 @@ FP8WIRE_EXPORT int fp8wire_active(void) {
   }
 }
 
-FP8WIRE_EXPORT const char* fp8wire_path_name(int i) {
-  if (i < 0 || i >= FP8WIRE_MAX_PATHS) return nullptr;
-  // to_string(Path) is the one list of names; it answers "unknown" past the last path.
-  const char* name = fp8wire::to_string(static_cast<fp8wire::Path>(i));
-  return std::strcmp(name, "unknown") == 0 ? "" : name;
-}
+FP8WIRE_EXPORT const char* fp8wire_path_name(int i) { return name_in<fp8wire::Path>(i, FP8WIRE_MAX_PATHS); }
 
 FP8WIRE_EXPORT int fp8wire_path_is_fp8(int i) {
   if (i < 0 || i >= fp8wire::kPathCount) return 0;
@@ -92,57 +116,38 @@ FP8WIRE_EXPORT void fp8wire_profiler_flush(void) {
 }
 
 FP8WIRE_EXPORT void fp8wire_get_totals(fp8wire_totals* out) {
-  if (!out) return;
-  std::memset(out, 0, sizeof(*out));
-  try {
+  fill_zeroed("fp8wire_get_totals", out, [](fp8wire_totals& o) {
     const fp8wire::AccountingTotals totals = fp8wire::Accounting::instance().totals();
-    std::memcpy(out->calls, totals.calls, sizeof(out->calls));
-    std::memcpy(out->app_bytes, totals.app_bytes, sizeof(out->app_bytes));
-    std::memcpy(out->wire_bytes, totals.wire_bytes, sizeof(out->wire_bytes));
-    out->dropped_records = totals.dropped_records;
-  } catch (...) {
-    FP8WIRE_ERROR("fp8wire_get_totals: internal error; returning zeros");
-  }
+    copy_counts(o, totals.calls, totals.app_bytes, totals.wire_bytes);
+    o.dropped_records = totals.dropped_records;
+  });
 }
 
 FP8WIRE_EXPORT const char* fp8wire_transport_name(int i) {
-  if (i < 0 || i >= FP8WIRE_MAX_TRANSPORTS) return nullptr;
-  // to_string(Carrier) is the one list of names; it answers "unknown" past the last one.
-  const char* name = fp8wire::to_string(static_cast<fp8wire::Carrier>(i));
-  return std::strcmp(name, "unknown") == 0 ? "" : name;
+  return name_in<fp8wire::Carrier>(i, FP8WIRE_MAX_TRANSPORTS);
 }
 
 FP8WIRE_EXPORT void fp8wire_get_transport_totals(fp8wire_transport_totals* out) {
-  if (!out) return;
-  std::memset(out, 0, sizeof(*out));
-  try {
+  fill_zeroed("fp8wire_get_transport_totals", out, [](fp8wire_transport_totals& o) {
     const fp8wire::AccountingTotals totals = fp8wire::Accounting::instance().totals();
-    std::memcpy(out->calls, totals.transport_calls, sizeof(out->calls));
-    std::memcpy(out->app_bytes, totals.transport_app_bytes, sizeof(out->app_bytes));
-    std::memcpy(out->wire_bytes, totals.transport_wire_bytes, sizeof(out->wire_bytes));
-  } catch (...) {
-    FP8WIRE_ERROR("fp8wire_get_transport_totals: internal error; returning zeros");
-  }
+    copy_counts(o, totals.transport_calls, totals.transport_app_bytes, totals.transport_wire_bytes);
+  });
 }
 
 FP8WIRE_EXPORT void fp8wire_get_error_totals(fp8wire_error_totals* out) {
-  if (!out) return;
-  std::memset(out, 0, sizeof(*out));
-  try {
+  fill_zeroed("fp8wire_get_error_totals", out, [](fp8wire_error_totals& o) {
     const fp8wire::sched::ErrorTotals t = fp8wire::sched::error_totals();
-    std::memcpy(out->measured_calls, t.measured_calls, sizeof(out->measured_calls));
-    std::memcpy(out->input, t.input, sizeof(out->input));
-    std::memcpy(out->requant, t.requant, sizeof(out->requant));
-    std::memcpy(out->guard_trips, t.guard_trips, sizeof(out->guard_trips));
-    std::memcpy(out->guard_full_calls, t.guard_full_calls, sizeof(out->guard_full_calls));
-    std::memcpy(out->guard_resumed, t.guard_resumed, sizeof(out->guard_resumed));
-    std::memcpy(out->audited_calls, t.audited_calls, sizeof(out->audited_calls));
-    std::memcpy(out->audit_sq_error, t.audit_sq_error, sizeof(out->audit_sq_error));
-    std::memcpy(out->audit_sq_exact, t.audit_sq_exact, sizeof(out->audit_sq_exact));
-    std::memcpy(out->audit_nonfinite, t.audit_nonfinite, sizeof(out->audit_nonfinite));
-  } catch (...) {
-    FP8WIRE_ERROR("fp8wire_get_error_totals: internal error; returning zeros");
-  }
+    std::memcpy(o.measured_calls, t.measured_calls, sizeof(o.measured_calls));
+    std::memcpy(o.input, t.input, sizeof(o.input));
+    std::memcpy(o.requant, t.requant, sizeof(o.requant));
+    std::memcpy(o.guard_trips, t.guard_trips, sizeof(o.guard_trips));
+    std::memcpy(o.guard_full_calls, t.guard_full_calls, sizeof(o.guard_full_calls));
+    std::memcpy(o.guard_resumed, t.guard_resumed, sizeof(o.guard_resumed));
+    std::memcpy(o.audited_calls, t.audited_calls, sizeof(o.audited_calls));
+    std::memcpy(o.audit_sq_error, t.audit_sq_error, sizeof(o.audit_sq_error));
+    std::memcpy(o.audit_sq_exact, t.audit_sq_exact, sizeof(o.audit_sq_exact));
+    std::memcpy(o.audit_nonfinite, t.audit_nonfinite, sizeof(o.audit_nonfinite));
+  });
 }
 
 FP8WIRE_EXPORT const char* fp8wire_collective_name(int i) {

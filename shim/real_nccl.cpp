@@ -3,23 +3,8 @@
 #include <dlfcn.h>
 
 #include <filesystem>
-#include <string_view>
 
 #include <fmt/format.h>
-
-namespace fp8wire {
-
-// Everything fp8wire calls itself, plus the pass-through of the collectives every job uses. The
-// rest may be missing from an older NCCL (CommInitRankConfig/Finalize 2.14, CommSplit 2.18,
-// GroupSimulateEnd 2.22, CommInitRankScalable 2.23, CommShrink 2.27, GetLastError 2.13, the legacy
-// Bcast); an export whose real function is missing returns ncclSystemError.
-bool NcclApi::has_required() const {
-  return GetVersion && GetUniqueId && GetErrorString && CommInitRank && CommInitAll && CommDestroy &&
-         CommAbort && CommGetAsyncError && CommCount && CommCuDevice && CommUserRank && AllReduce &&
-         ReduceScatter && AllGather && Broadcast && Reduce && Send && Recv && GroupStart && GroupEnd;
-}
-
-}  // namespace fp8wire
 
 namespace fp8wire::shim {
 namespace {
@@ -39,22 +24,17 @@ std::string object_of(const void* address) {
 }
 
 // Looks every function up in one source. NCCL exports strong pnccl* and weak nccl* names; the
-// pnccl* name is the fallback when the nccl* one is missing or is ours.
+// pnccl* name is the fallback when the nccl* one is missing or is ours, and no pointer into
+// libfp8wire.so itself is ever taken.
 template <class Lookup>
 NcclApi fill_table(Lookup lookup, std::string& missing) {
-  NcclApi api;
-  auto find = [&](std::string_view name) -> void* {
-    void* p = lookup(std::string(name).c_str());
-    if (!p || is_own_address(p)) p = lookup(fmt::format("p{}", name).c_str());
-    if (p && is_own_address(p)) p = nullptr;
-    return p;
-  };
-#define FP8WIRE_NCCL_FN(name)                                                   \
-  api.name = reinterpret_cast<decltype(api.name)>(find("nccl" #name));         \
-  if (!api.name) missing += (missing.empty() ? "nccl" : ", nccl") + std::string(#name);
-#include "sched/platform/nccl_functions.def"
-#undef FP8WIRE_NCCL_FN
-  return api;
+  return nccl_api_from_lookup(
+      [&](const char* name) -> void* {
+        void* p = lookup(name);
+        if (!p || is_own_address(p)) p = lookup(fmt::format("p{}", name).c_str());
+        return p && !is_own_address(p) ? p : nullptr;
+      },
+      missing);
 }
 
 bool accept(RealNccl& out, NcclApi api, const std::string& missing, std::string origin_kind) {

@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "sched/platform/nccl_api.hpp"
+#include "sched/engine/engine.hpp"
 
 namespace fp8wire::shim {
 

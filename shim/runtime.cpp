@@ -11,7 +11,6 @@
 #include "common/log.hpp"
 #include "common/status.hpp"
 #include "sched/engine/accounting.hpp"
-#include "sched/platform/gpu_platform.hpp"
 
 namespace fp8wire::shim {
 

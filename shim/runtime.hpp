@@ -7,7 +7,6 @@
 
 #include "common/config.hpp"
 #include "sched/engine/engine.hpp"
-#include "sched/platform/platform.hpp"
 #include "shim/real_nccl.hpp"
 
 namespace fp8wire::shim {

@@ -71,18 +71,12 @@ double WireParams::ratio() const {
 }
 
 double Link::latency_us(NcclOp op) const {
-  const double own = op == NcclOp::all_reduce       ? allreduce_us
-                     : op == NcclOp::all_gather     ? allgather_us
-                     : op == NcclOp::reduce_scatter ? reduce_scatter_us
-                                                    : alltoall_us;
+  const double own = OpCounts{allreduce_us, allgather_us, reduce_scatter_us, alltoall_us}.of(op);
   return own > 0 ? own : alpha_us;
 }
 
 double Link::bandwidth_gbps(NcclOp op) const {
-  const double own = op == NcclOp::all_reduce       ? allreduce_gbps
-                     : op == NcclOp::all_gather     ? allgather_gbps
-                     : op == NcclOp::reduce_scatter ? reduce_scatter_gbps
-                                                    : alltoall_gbps;
+  const double own = OpCounts{allreduce_gbps, allgather_gbps, reduce_scatter_gbps, alltoall_gbps}.of(op);
   return own > 0 ? own : bus_gbps;
 }
 

@@ -28,55 +28,56 @@ struct Fp8Args {
   size_t device_set_bytes = 0;
 };
 
-// A flat FP8 algorithm: a stage program over the arguments of one call.
-class Fp8Program : public StageProgram {
- public:
-  explicit Fp8Program(const Fp8Args& a) : a_(a) {}
-
- protected:
-  Fp8Args a_;
+// A flat FP8 algorithm as the steps of a stage program over the arguments of one call: produce
+// quantizes a stage on the produce lane; finish exchanges, reduces, gathers and decodes it on the
+// transfer lane; gather, where the transfer part splits at a second handshake with the peers, is
+// the rest of it (StageProgram::gather; null: none).
+struct Fp8Algorithm {
+  using Step = ncclResult_t (*)(StageOps& ops, const Fp8Args& a, const Stage& st);
+  Step produce = nullptr;
+  Step finish = nullptr;
+  Step gather = nullptr;
 };
 
 // All-reduce by all-to-all decomposition: quantize N shards, send shard j to rank j, rank j reduces
 // its N copies in rank order and requantizes, then every rank gathers and decodes the same bytes.
-class TwoShotAllReduce final : public Fp8Program {
- public:
-  using Fp8Program::Fp8Program;
-  ncclResult_t produce(StageOps& ops, const Stage& st) override;
-  ncclResult_t finish(StageOps& ops, const Stage& st) override;
-};
-
+extern const Fp8Algorithm kTwoShotAllReduce;
+// Two-shot's last step, the ring's too: each rank's reduced shard (in its slot of `shards`, laid out
+// by `l`) gathered by every rank, and all of them decoded into the caller's output.
+ncclResult_t gather_and_decode(StageOps& ops, const Fp8Args& a, const Stage& st, const ShardLayout& l, char* shards);
 // All-reduce by one all-gather of the quantized inputs; every rank reduces all N in rank order.
-class OneShotAllReduce final : public Fp8Program {
- public:
-  using Fp8Program::Fp8Program;
-  ncclResult_t produce(StageOps& ops, const Stage& st) override;
-  ncclResult_t finish(StageOps& ops, const Stage& st) override;
-};
-
+extern const Fp8Algorithm kOneShotAllReduce;
 // Ring all-reduce, requantizing at each of the N-1 hops (kept as the benchmark's comparison).
-class RingAllReduce final : public Fp8Program {
- public:
-  using Fp8Program::Fp8Program;
-  ncclResult_t produce(StageOps& ops, const Stage& st) override;
-  ncclResult_t finish(StageOps& ops, const Stage& st) override;
-};
-
+extern const Fp8Algorithm kRingAllReduce;
 // Reduce-scatter: quantize the N blocks of the send buffer, all-to-all, reduce in rank order into
 // the caller's dtype.
-class ReduceScatterFp8 final : public Fp8Program {
- public:
-  using Fp8Program::Fp8Program;
-  ncclResult_t produce(StageOps& ops, const Stage& st) override;
-  ncclResult_t finish(StageOps& ops, const Stage& st) override;
-};
-
+extern const Fp8Algorithm kReduceScatterFp8;
 // All-gather: quantize, gather the chunks, decode every rank's chunk.
-class AllGatherFp8 final : public Fp8Program {
+extern const Fp8Algorithm kAllGatherFp8;
+
+// The same four collectives over a direct transport (sched/transport/direct_windows.hpp, direct.cpp):
+// the codec kernels load and store the windows of the machine's ranks themselves. Same arithmetic,
+// same bytes on every rank as their NCCL twins above. Two-shot's transfer part splits: finish
+// reduces the shards and publishes the reduced one, gather decodes the reduced shards and releases.
+extern const Fp8Algorithm kDirectOneShotAllReduce;
+extern const Fp8Algorithm kDirectTwoShotAllReduce;
+extern const Fp8Algorithm kDirectReduceScatter;
+extern const Fp8Algorithm kDirectAllGather;
+
+// A flat FP8 algorithm run over the arguments of one call.
+class Fp8Program final : public StageProgram {
  public:
-  using Fp8Program::Fp8Program;
-  ncclResult_t produce(StageOps& ops, const Stage& st) override;
-  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+  Fp8Program(const Fp8Algorithm& algorithm, const Fp8Args& a) : algorithm_(&algorithm), a_(a) {}
+  ncclResult_t produce(StageOps& ops, const Stage& st) override { return algorithm_->produce(ops, a_, st); }
+  ncclResult_t finish(StageOps& ops, const Stage& st) override { return algorithm_->finish(ops, a_, st); }
+  bool has_gather() const override { return algorithm_->gather != nullptr; }
+  ncclResult_t gather(StageOps& ops, const Stage& st) override {
+    return algorithm_->gather ? algorithm_->gather(ops, a_, st) : ncclSuccess;
+  }
+
+ private:
+  const Fp8Algorithm* algorithm_;
+  Fp8Args a_;
 };
 
 }  // namespace fp8wire::sched
@@ -92,10 +93,8 @@ class HierarchicalAllReduce final : public StageProgram {
   HierarchicalAllReduce(const Fp8Args& a, CommState& s, Path inner) : a_(a), s_(&s), inner_(inner) {}
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
   ncclResult_t finish(StageOps& ops, const Stage& st) override;
-  using Layout = HierAllReduceLayout;  // sched/plan/stages.hpp
 
  private:
-  Fp8Args inner_args(const Stage& st, const Layout& l, size_t es) const;
   Fp8Args a_;
   CommState* s_;
   Path inner_;
@@ -109,45 +108,10 @@ class HierarchicalReduceScatter final : public StageProgram {
   HierarchicalReduceScatter(const Fp8Args& a, CommState& s) : a_(a), s_(&s) {}
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
   ncclResult_t finish(StageOps& ops, const Stage& st) override;
-  using Layout = HierReduceScatterLayout;  // sched/plan/stages.hpp
 
  private:
   Fp8Args a_;
   CommState* s_;
-};
-
-}  // namespace fp8wire::sched
-
-namespace fp8wire::sched {
-
-// The same four collectives over a direct transport (sched/transport/direct_windows.hpp, algorithms/direct.cpp):
-// the codec kernels load and store the windows of the machine's ranks themselves. Same arithmetic,
-// same bytes on every rank as their NCCL twins above.
-class DirectOneShotAllReduce final : public Fp8Program {
- public:
-  using Fp8Program::Fp8Program;
-  ncclResult_t produce(StageOps& ops, const Stage& st) override;
-  ncclResult_t finish(StageOps& ops, const Stage& st) override;
-};
-class DirectTwoShotAllReduce final : public Fp8Program {
- public:
-  using Fp8Program::Fp8Program;
-  ncclResult_t produce(StageOps& ops, const Stage& st) override;
-  ncclResult_t finish(StageOps& ops, const Stage& st) override;  // the shards: reduce, publish the reduced one
-  bool has_gather() const override { return true; }
-  ncclResult_t gather(StageOps& ops, const Stage& st) override;  // the reduced shards: decode, release
-};
-class DirectReduceScatter final : public Fp8Program {
- public:
-  using Fp8Program::Fp8Program;
-  ncclResult_t produce(StageOps& ops, const Stage& st) override;
-  ncclResult_t finish(StageOps& ops, const Stage& st) override;
-};
-class DirectAllGather final : public Fp8Program {
- public:
-  using Fp8Program::Fp8Program;
-  ncclResult_t produce(StageOps& ops, const Stage& st) override;
-  ncclResult_t finish(StageOps& ops, const Stage& st) override;
 };
 
 }  // namespace fp8wire::sched
@@ -168,10 +132,7 @@ class RouteProgram {
   StageProgram& get() { return *program_; }
 
  private:
-  std::variant<std::monostate, TwoShotAllReduce, OneShotAllReduce, RingAllReduce, ReduceScatterFp8, AllGatherFp8,
-               HierarchicalAllReduce, HierarchicalReduceScatter, DirectTwoShotAllReduce, DirectOneShotAllReduce,
-               DirectReduceScatter, DirectAllGather>
-      storage_;
+  std::variant<std::monostate, Fp8Program, HierarchicalAllReduce, HierarchicalReduceScatter> storage_;
   StageProgram* program_ = nullptr;
 };
 

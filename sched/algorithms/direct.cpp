@@ -186,40 +186,36 @@ ncclResult_t write_for_each(StageOps& ops, int set, WriteFor write_for) {
   for (int j = 0; j < ops.nranks(); ++j) FP8WIRE_TRY(write_for(j));
   return ops.publish(set, kInputs);
 }
-}  // namespace
 
 // --- one-shot ---------------------------------------------------------------------------------------
-ncclResult_t DirectOneShotAllReduce::produce(StageOps& ops, const Stage& st) { return produce_own_chunk(ops, a_, st); }
-
-ncclResult_t DirectOneShotAllReduce::finish(StageOps& ops, const Stage& st) {
+ncclResult_t one_shot_finish(StageOps& ops, const Fp8Args& a, const Stage& st) {
   ChunkReads r;
-  FP8WIRE_TRY(read_every_chunk(ops, a_, st, &r));
+  FP8WIRE_TRY(read_every_chunk(ops, a, st, &r));
   quant::ReduceOutput out;
-  out.plain = static_cast<char*>(a_.dst) + st.offset * ops.elem_size();
+  out.plain = static_cast<char*>(a.dst) + st.offset * ops.elem_size();
   out.plain_type = ops.type();
-  FP8WIRE_TRY(ops.reduce(r.from.data(), ops.nranks(), st.length, a_.post, out, st.offset));
+  FP8WIRE_TRY(ops.reduce(r.from.data(), ops.nranks(), st.length, a.post, out, st.offset));
   return end_reads(ops, st.set_index, r.dev);
 }
 
 // --- two-shot ---------------------------------------------------------------------------------------
-ncclResult_t DirectTwoShotAllReduce::produce(StageOps& ops, const Stage& st) {
+ncclResult_t two_shot_produce(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const quant::WireFormat& f = ops.format();
   const ShardLayout l = shard_layout(st.length, n, f);
-  const DeviceSlots dev = device_slots(a_, st, r, n, l.seg_stride, 2);
+  const DeviceSlots dev = device_slots(a, st, r, n, l.seg_stride, 2);
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   // Shard j into owner j's inbox, slot r: straight (the transfer is this kernel's stores) or by copy-out.
   return write_for_each(ops, st.set_index, [&](int j) -> ncclResult_t {
     const size_t len = l.length(j);
     if (!len) return ncclSuccess;
     if (j != r) ops.add_wire_bytes(l.bytes(j, f));
-    return quantize_for(ops, a_, dev, j, st.offset + l.begin(j), len, d.window(j, st.set_index) + r * l.seg_stride,
+    return quantize_for(ops, a, dev, j, st.offset + l.begin(j), len, d.window(j, st.set_index) + r * l.seg_stride,
                         l.bytes(j, f));
   });
 }
 
-namespace {
 // Where one stage of two-shot keeps what its finish and its gather share.
 struct TwoShotPlaces {
   ShardLayout l;
@@ -237,12 +233,11 @@ TwoShotPlaces two_shot_places(const StageOps& ops, const Fp8Args& a, const Stage
   p.own_reduced = !p.dev.own ? nullptr : p.dev.staged ? p.dev.slot(r) + p.reduced_at : p.dev.own + p.l.seg_stride;
   return p;
 }
-}  // namespace
 
-ncclResult_t DirectTwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
+ncclResult_t two_shot_finish(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const int n = ops.nranks(), r = ops.rank();
   const quant::WireFormat& f = ops.format();
-  const TwoShotPlaces p = two_shot_places(ops, a_, st);
+  const TwoShotPlaces p = two_shot_places(ops, a, st);
   const ShardLayout& l = p.l;
   // Writer j's shard for this rank, in this rank's inbox.
   auto shard_of = [&](int j) -> const char* { return p.mine + j * l.seg_stride; };
@@ -258,18 +253,18 @@ ncclResult_t DirectTwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
     if (p.dev.own && !p.dev.staged) inputs[r] = p.dev.own;
     quant::ReduceOutput out;
     out.wire = p.own_reduced ? p.own_reduced : p.mine + p.reduced_at;
-    FP8WIRE_TRY(ops.reduce(inputs.data(), n, l.length(r), a_.post, out, st.offset + l.begin(r)));
+    FP8WIRE_TRY(ops.reduce(inputs.data(), n, l.length(r), a.post, out, st.offset + l.begin(r)));
     if (p.own_reduced) FP8WIRE_TRY(ops.copy(p.mine + p.reduced_at, p.own_reduced, l.bytes(r, f), cudaMemcpyDefault));
     ops.add_wire_bytes(l.bytes(r, f) * static_cast<uint64_t>(n - 1));
   }
   return ops.publish(st.set_index, kReduced);
 }
 
-ncclResult_t DirectTwoShotAllReduce::gather(StageOps& ops, const Stage& st) {
+ncclResult_t two_shot_gather(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const quant::WireFormat& f = ops.format();
-  const TwoShotPlaces p = two_shot_places(ops, a_, st);
+  const TwoShotPlaces p = two_shot_places(ops, a, st);
   const ShardLayout& l = p.l;
   // Every rank, the owner included, decodes the same reduced bytes: identical results.
   auto reduced_of = [&](int j) -> const char* {
@@ -282,7 +277,7 @@ ncclResult_t DirectTwoShotAllReduce::gather(StageOps& ops, const Stage& st) {
         [&](int j) { return d.window(j, st.set_index) + p.reduced_at; },
         [&](int j) { return l.length(j) ? l.bytes(j, f) : 0; });
   }));
-  char* dst = static_cast<char*>(a_.dst);
+  char* dst = static_cast<char*>(a.dst);
   for (int j = 0; j < n; ++j) {
     const size_t len = l.length(j);
     if (!len) continue;
@@ -293,26 +288,26 @@ ncclResult_t DirectTwoShotAllReduce::gather(StageOps& ops, const Stage& st) {
 }
 
 // --- reduce-scatter ---------------------------------------------------------------------------------
-ncclResult_t DirectReduceScatter::produce(StageOps& ops, const Stage& st) {
+ncclResult_t reduce_scatter_produce(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
-  const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
+  const DeviceSlots dev = device_slots(a, st, r, n, cb, 1);
   FP8WIRE_TRY(ops.reclaim(st.set_index));
   // Block j: the j-th `count` elements of the input, for rank j.
-  const auto first_of = [&](int j) { return static_cast<size_t>(j) * a_.count + st.offset; };
+  const auto first_of = [&](int j) { return static_cast<size_t>(j) * a.count + st.offset; };
   return write_for_each(ops, st.set_index, [&](int j) {
     if (j != r) ops.add_wire_bytes(cb);
-    return quantize_for(ops, a_, dev, j, first_of(j), st.length, d.window(j, st.set_index) + r * cb, cb);
+    return quantize_for(ops, a, dev, j, first_of(j), st.length, d.window(j, st.set_index) + r * cb, cb);
   });
 }
 
-ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
+ncclResult_t reduce_scatter_finish(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   char* mine = d.window(r, st.set_index);
-  const DeviceSlots dev = device_slots(a_, st, r, n, cb, 1);
+  const DeviceSlots dev = device_slots(a, st, r, n, cb, 1);
   // Writer j's block for this rank, in this rank's inbox.
   std::array<const void*, quant::kMaxReduceInputs> inputs;
   for (int j = 0; j < n; ++j) inputs[j] = dev.staged ? dev.slot(j) : mine + j * cb;
@@ -322,25 +317,30 @@ ncclResult_t DirectReduceScatter::finish(StageOps& ops, const Stage& st) {
     return copy_slots_but(ops, dev.staged, mine, cb, cb, n, r);
   }));
   quant::ReduceOutput out;
-  out.plain = static_cast<char*>(a_.dst) + st.offset * ops.elem_size();
+  out.plain = static_cast<char*>(a.dst) + st.offset * ops.elem_size();
   out.plain_type = ops.type();
-  FP8WIRE_TRY(ops.reduce(inputs.data(), n, st.length, a_.post, out, static_cast<size_t>(r) * a_.count + st.offset));
+  FP8WIRE_TRY(ops.reduce(inputs.data(), n, st.length, a.post, out, static_cast<size_t>(r) * a.count + st.offset));
   return end_reads(ops, st.set_index, dev);
 }
 
 // --- all-gather -------------------------------------------------------------------------------------
-ncclResult_t DirectAllGather::produce(StageOps& ops, const Stage& st) { return produce_own_chunk(ops, a_, st); }
-
-ncclResult_t DirectAllGather::finish(StageOps& ops, const Stage& st) {
+ncclResult_t all_gather_finish(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const quant::WireFormat& f = ops.format();
   ChunkReads r;
-  FP8WIRE_TRY(read_every_chunk(ops, a_, st, &r));
-  auto* dst = static_cast<char*>(a_.dst);
+  FP8WIRE_TRY(read_every_chunk(ops, a, st, &r));
+  auto* dst = static_cast<char*>(a.dst);
   for (int j = 0; j < ops.nranks(); ++j) {
-    const size_t first = static_cast<size_t>(j) * a_.count + st.offset;
+    const size_t first = static_cast<size_t>(j) * a.count + st.offset;
     FP8WIRE_TRY(ops.dequantize(r.from[j], quant::Segmented::single(st.length, f), st.length, dst + first * ops.elem_size()));
   }
   return end_reads(ops, st.set_index, r.dev);
 }
+
+}  // namespace
+
+const Fp8Algorithm kDirectOneShotAllReduce{produce_own_chunk, one_shot_finish};
+const Fp8Algorithm kDirectTwoShotAllReduce{two_shot_produce, two_shot_finish, two_shot_gather};
+const Fp8Algorithm kDirectReduceScatter{reduce_scatter_produce, reduce_scatter_finish};
+const Fp8Algorithm kDirectAllGather{produce_own_chunk, all_gather_finish};
 
 }  // namespace fp8wire::sched

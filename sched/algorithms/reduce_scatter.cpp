@@ -7,20 +7,21 @@
 #include "sched/algorithms/algorithms.hpp"
 
 namespace fp8wire::sched {
+namespace {
 
-ncclResult_t ReduceScatterFp8::produce(StageOps& ops, const Stage& st) {
+ncclResult_t produce(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const int n = ops.nranks();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
-  const auto* src = static_cast<const char*>(a_.src);
+  const auto* src = static_cast<const char*>(a.src);
   for (int j = 0; j < n; ++j) {
-    const size_t first = static_cast<size_t>(j) * a_.count + st.offset;
+    const size_t first = static_cast<size_t>(j) * a.count + st.offset;
     FP8WIRE_TRY(ops.quantize(src + first * ops.elem_size(), st.length, st.set + static_cast<size_t>(j) * cb,
                              quant::Segmented::single(st.length, ops.format()), first));
   }
   return ncclSuccess;
 }
 
-ncclResult_t ReduceScatterFp8::finish(StageOps& ops, const Stage& st) {
+ncclResult_t finish(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   char* sent = st.set;
@@ -38,9 +39,13 @@ ncclResult_t ReduceScatterFp8::finish(StageOps& ops, const Stage& st) {
   std::array<const void*, quant::kMaxReduceInputs> inputs;
   for (int j = 0; j < n; ++j) inputs[j] = (j == r ? sent : received) + j * cb;
   quant::ReduceOutput out;
-  out.plain = static_cast<char*>(a_.dst) + st.offset * ops.elem_size();
+  out.plain = static_cast<char*>(a.dst) + st.offset * ops.elem_size();
   out.plain_type = ops.type();
-  return ops.reduce(inputs.data(), n, st.length, a_.post, out, static_cast<size_t>(r) * a_.count + st.offset);
+  return ops.reduce(inputs.data(), n, st.length, a.post, out, static_cast<size_t>(r) * a.count + st.offset);
 }
+
+}  // namespace
+
+const Fp8Algorithm kReduceScatterFp8{produce, finish};
 
 }  // namespace fp8wire::sched

@@ -6,19 +6,20 @@
 #include "sched/plan/stages.hpp"
 
 namespace fp8wire::sched {
+namespace {
 
-ncclResult_t RingAllReduce::produce(StageOps& ops, const Stage& st) {
+ncclResult_t produce(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const int n = ops.nranks(), r = ops.rank();
   const ShardLayout l = shard_layout(st.length, n, ops.format());
   // Rank r starts by sending its own copy of chunk r-1.
   const int c0 = (r - 1 + n) % n;
   if (!l.length(c0)) return ncclSuccess;
-  const char* src = static_cast<const char*>(a_.src) + (st.offset + l.begin(c0)) * ops.elem_size();
+  const char* src = static_cast<const char*>(a.src) + (st.offset + l.begin(c0)) * ops.elem_size();
   return ops.quantize(src, l.length(c0), st.set, quant::Segmented::single(l.length(c0), ops.format()),
                       st.offset + l.begin(c0));
 }
 
-ncclResult_t RingAllReduce::finish(StageOps& ops, const Stage& st) {
+ncclResult_t finish(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const int n = ops.nranks(), r = ops.rank();
   const quant::WireFormat& f = ops.format();
   const ShardLayout l = shard_layout(st.length, n, f);
@@ -27,7 +28,7 @@ ncclResult_t RingAllReduce::finish(StageOps& ops, const Stage& st) {
   char* sent = st.set;
   char* received = st.set + stride;
   char* gathered = st.set + 2 * stride;
-  const auto* src = static_cast<const char*>(a_.src);
+  const auto* src = static_cast<const char*>(a.src);
   for (int step = 0; step + 1 < n; ++step) {
     const int c_send = ((r - step - 1) % n + n) % n;
     const int c_recv = ((r - step - 2) % n + n) % n;
@@ -40,11 +41,13 @@ ncclResult_t RingAllReduce::finish(StageOps& ops, const Stage& st) {
     quant::ReduceOutput out;
     out.wire = last ? gathered + r * stride : sent;
     FP8WIRE_TRY(ops.reduce_with_plain(&acc, 1, src + (st.offset + l.begin(c_recv)) * ops.elem_size(), 1,
-                                      l.length(c_recv), last ? a_.post : 1.0f, out, st.offset + l.begin(c_recv)));
+                                      l.length(c_recv), last ? a.post : 1.0f, out, st.offset + l.begin(c_recv)));
   }
-  FP8WIRE_TRY(ops.gather(gathered, stride, a_.gather));
-  char* dst = static_cast<char*>(a_.dst) + st.offset * ops.elem_size();
-  return ops.dequantize(gathered, l.segmented(), st.length, dst);
+  return gather_and_decode(ops, a, st, l, gathered);
 }
+
+}  // namespace
+
+const Fp8Algorithm kRingAllReduce{produce, finish};
 
 }  // namespace fp8wire::sched

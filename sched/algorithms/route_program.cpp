@@ -3,33 +3,40 @@
 
 namespace fp8wire::sched {
 
-RouteProgram::RouteProgram(Collective collective, const Route& route, const Fp8Args& a, CommState& s) {
+namespace {
+
+// The flat algorithm of an FP8 route that is not hierarchical.
+const Fp8Algorithm& flat_algorithm(Collective collective, const Route& route) {
   if (route.carrier != Carrier::nccl) {  // a direct transport carries one-shot, two-shot, RS and AG
     switch (collective) {
-      case Collective::reduce_scatter: program_ = &storage_.emplace<DirectReduceScatter>(a); return;
-      case Collective::all_gather: program_ = &storage_.emplace<DirectAllGather>(a); return;
+      case Collective::reduce_scatter: return kDirectReduceScatter;
+      case Collective::all_gather: return kDirectAllGather;
       case Collective::all_reduce:
-        if (route.path == Path::one_shot) program_ = &storage_.emplace<DirectOneShotAllReduce>(a);
-        else program_ = &storage_.emplace<DirectTwoShotAllReduce>(a);
-        return;
+        return route.path == Path::one_shot ? kDirectOneShotAllReduce : kDirectTwoShotAllReduce;
     }
   }
-  if (route.path == Path::hierarchical) {
+  switch (collective) {
+    case Collective::reduce_scatter: return kReduceScatterFp8;
+    case Collective::all_gather: return kAllGatherFp8;
+    case Collective::all_reduce:
+      switch (route.path) {
+        case Path::one_shot: return kOneShotAllReduce;
+        case Path::ring: return kRingAllReduce;
+        default: return kTwoShotAllReduce;
+      }
+  }
+  return kTwoShotAllReduce;
+}
+
+}  // namespace
+
+RouteProgram::RouteProgram(Collective collective, const Route& route, const Fp8Args& a, CommState& s) {
+  if (route.carrier == Carrier::nccl && route.path == Path::hierarchical) {
     if (collective == Collective::reduce_scatter) program_ = &storage_.emplace<HierarchicalReduceScatter>(a, s);
     else program_ = &storage_.emplace<HierarchicalAllReduce>(a, s, route.inner);
     return;
   }
-  switch (collective) {
-    case Collective::reduce_scatter: program_ = &storage_.emplace<ReduceScatterFp8>(a); return;
-    case Collective::all_gather: program_ = &storage_.emplace<AllGatherFp8>(a); return;
-    case Collective::all_reduce:
-      switch (route.path) {
-        case Path::one_shot: program_ = &storage_.emplace<OneShotAllReduce>(a); return;
-        case Path::ring: program_ = &storage_.emplace<RingAllReduce>(a); return;
-        default: program_ = &storage_.emplace<TwoShotAllReduce>(a); return;
-      }
-  }
-  program_ = &storage_.emplace<TwoShotAllReduce>(a);
+  program_ = &storage_.emplace<Fp8Program>(flat_algorithm(collective, route), a);
 }
 
 }  // namespace fp8wire::sched

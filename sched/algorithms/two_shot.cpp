@@ -9,14 +9,15 @@
 #include "sched/plan/stages.hpp"
 
 namespace fp8wire::sched {
+namespace {
 
-ncclResult_t TwoShotAllReduce::produce(StageOps& ops, const Stage& st) {
+ncclResult_t produce(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const ShardLayout l = shard_layout(st.length, ops.nranks(), ops.format());
-  const char* src = static_cast<const char*>(a_.src) + st.offset * ops.elem_size();
-  return ops.quantize(src, st.length, st.set, l.segmented(), st.offset, a_.residual ? a_.residual + st.offset : nullptr);
+  const char* src = static_cast<const char*>(a.src) + st.offset * ops.elem_size();
+  return ops.quantize(src, st.length, st.set, l.segmented(), st.offset, a.residual ? a.residual + st.offset : nullptr);
 }
 
-ncclResult_t TwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
+ncclResult_t finish(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const int n = ops.nranks(), r = ops.rank();
   const quant::WireFormat& f = ops.format();
   const ShardLayout l = shard_layout(st.length, n, f);
@@ -37,12 +38,20 @@ ncclResult_t TwoShotAllReduce::finish(StageOps& ops, const Stage& st) {
     for (int j = 0; j < n; ++j) inputs[j] = (j == r ? sent : received) + j * stride;
     quant::ReduceOutput out;
     out.wire = received + r * stride;
-    FP8WIRE_TRY(ops.reduce(inputs.data(), n, l.length(r), a_.post, out, st.offset + l.begin(r)));
+    FP8WIRE_TRY(ops.reduce(inputs.data(), n, l.length(r), a.post, out, st.offset + l.begin(r)));
   }
-  FP8WIRE_TRY(ops.gather(received, stride, a_.gather));
-  // Every rank, the owner included, decodes the same gathered bytes: identical results.
-  char* dst = static_cast<char*>(a_.dst) + st.offset * ops.elem_size();
-  return ops.dequantize(received, l.segmented(), st.length, dst);
+  return gather_and_decode(ops, a, st, l, received);
 }
+
+}  // namespace
+
+ncclResult_t gather_and_decode(StageOps& ops, const Fp8Args& a, const Stage& st, const ShardLayout& l, char* shards) {
+  FP8WIRE_TRY(ops.gather(shards, l.seg_stride, a.gather));
+  // Every rank, the owner included, decodes the same gathered bytes: identical results.
+  char* dst = static_cast<char*>(a.dst) + st.offset * ops.elem_size();
+  return ops.dequantize(shards, l.segmented(), st.length, dst);
+}
+
+const Fp8Algorithm kTwoShotAllReduce{produce, finish};
 
 }  // namespace fp8wire::sched

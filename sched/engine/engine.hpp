@@ -17,10 +17,10 @@
 #include "common/config.hpp"
 #include "sched/plan/agreement.hpp"
 #include "sched/plan/types.hpp"
-
-namespace fp8wire {
-struct Platform;  // sched/platform/platform.hpp: what the engine calls CUDA, NCCL and the codec through
-}  // namespace fp8wire
+// What the engine calls CUDA, NCCL and the codec through (Platform), the GPU's platform (gpu_platform)
+// and the real-NCCL table (NcclApi, filled by name with nccl_api_from_lookup): with them this header
+// is all the shim needs of sched/ to build and drive an engine (shim/README.md).
+#include "sched/platform/gpu_platform.hpp"
 
 namespace fp8wire::sched {
 

@@ -1,6 +1,7 @@
-// The codec launchers the execution core calls, as a table: the GPU kernels (quant/quant.hpp) in the
-// library, the CPU reference codec run as simulated stream work in the CPU tier. Same signatures, so
-// an algorithm cannot tell which one runs it.
+// The codec launchers the execution core calls, as a table (one line per launcher in
+// codec_functions.def): the GPU kernels (quant/quant.hpp) in the library, the CPU reference codec run
+// as simulated stream work in the CPU tier. Same signatures, so an algorithm cannot tell which one
+// runs it.
 #pragma once
 
 #include "quant/quant.hpp"
@@ -8,13 +9,9 @@
 namespace fp8wire {
 
 struct CodecApi {
-  decltype(&quant::quantize) quantize = nullptr;
-  decltype(&quant::quantize_with_residual) quantize_with_residual = nullptr;
-  decltype(&quant::dequantize) dequantize = nullptr;
-  decltype(&quant::dequantize_reduce) dequantize_reduce = nullptr;
-  decltype(&quant::dequantize_reduce_mixed) dequantize_reduce_mixed = nullptr;
-  // Not a codec kernel: the profiler's call-begin mark (null: none on this platform).
-  decltype(&quant::mark_call_begin) mark_call_begin = nullptr;
+#define FP8WIRE_CODEC_FN(name) decltype(&quant::name) name = nullptr;
+#include "sched/platform/codec_functions.def"
+#undef FP8WIRE_CODEC_FN
 };
 
 }  // namespace fp8wire

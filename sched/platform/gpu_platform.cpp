@@ -57,8 +57,6 @@ uint64_t gpu_hash(int device) {
   return sched::fnv1a(prop.uuid.bytes, sizeof(prop.uuid.bytes));
 }
 
-cudaError_t event_record(cudaEvent_t e, cudaStream_t s) { return cudaEventRecord(e, s); }
-
 }  // namespace
 
 HostFacts gpu_host_facts(int device) {
@@ -74,37 +72,12 @@ HostFacts gpu_host_facts(int device) {
 Platform gpu_platform(const NcclApi& nccl) {
   Platform p;
   p.nccl = &nccl;
-  CudaApi& c = p.cuda;
-  c.GetDevice = cudaGetDevice;
-  c.SetDevice = cudaSetDevice;
-  c.StreamCreateWithFlags = cudaStreamCreateWithFlags;
-  c.StreamDestroy = cudaStreamDestroy;
-  c.StreamQuery = cudaStreamQuery;
-  c.StreamSynchronize = cudaStreamSynchronize;
-  c.StreamWaitEvent = cudaStreamWaitEvent;
-  c.StreamIsCapturing = cudaStreamIsCapturing;
-  c.EventCreateWithFlags = cudaEventCreateWithFlags;
-  c.EventDestroy = cudaEventDestroy;
-  c.EventRecord = event_record;
-  c.EventQuery = cudaEventQuery;
-  c.ThreadExchangeStreamCaptureMode = cudaThreadExchangeStreamCaptureMode;
-  c.EventSynchronize = cudaEventSynchronize;
-  c.Malloc = cudaMalloc;
-  c.Free = cudaFree;
-  c.HostAlloc = cudaHostAlloc;
-  c.FreeHost = cudaFreeHost;
-  c.MemcpyAsync = cudaMemcpyAsync;
-  c.Memcpy = cudaMemcpy;
-  c.MemsetAsync = cudaMemsetAsync;
-  c.GetLastError = cudaGetLastError;
-  c.GetErrorString = cudaGetErrorString;
-  CodecApi& q = p.codec;
-  q.quantize = quant::quantize;
-  q.quantize_with_residual = quant::quantize_with_residual;
-  q.dequantize = quant::dequantize;
-  q.dequantize_reduce = quant::dequantize_reduce;
-  q.dequantize_reduce_mixed = quant::dequantize_reduce_mixed;
-  q.mark_call_begin = quant::mark_call_begin;
+#define FP8WIRE_CUDA_FN(name, type) p.cuda.name = cuda##name;
+#include "sched/platform/cuda_functions.def"
+#undef FP8WIRE_CUDA_FN
+#define FP8WIRE_CODEC_FN(name) p.codec.name = quant::name;
+#include "sched/platform/codec_functions.def"
+#undef FP8WIRE_CODEC_FN
   p.host_facts = gpu_host_facts;
   fill_direct_platform(p);
   return p;

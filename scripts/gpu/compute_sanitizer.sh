@@ -16,8 +16,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # Ranks stay time-sliced here (no MPS daemon): the checks are about correctness, and the tool is
 # run the way its findings were established.
 export FP8WIRE_MPS=0
-OUT="${OUT:-$PWD/out/compute-sanitizer}"
-mkdir -p "$OUT"
+gpu_out compute-sanitizer
 build="$BUILD"
 limit="${SAN_LIMIT_S:-150}"
 cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
@@ -91,7 +90,7 @@ PYEOF
 
 quant="$build/tests/quant/test_quant_gpu"
 bench="$build/bench/fp8wire-bench"
-for f in "$quant" "$bench"; do [[ -x "$f" ]] || { echo "FAIL: $f is missing (scripts/build.sh $build)"; exit 1; }; done
+gpu_require "$quant" "$bench"
 
 parts="${CS_PARTS:-memcheck racecheck multirank}"   # which of the three runs
 [[ " $parts " == *" memcheck "* ]] && run memcheck_codec_matrix memcheck --leak-check full -- "$quant" --quick

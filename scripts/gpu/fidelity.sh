@@ -16,7 +16,7 @@
 #   FIDELITY_RUNS="fp8wire_ef fp8wire_e5m2" FIDELITY_BASELINE=<that log> scripts/gpu/all.sh fidelity   (~510 s)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_mps_start
-OUT="${OUT:-$PWD/out/fidelity}"; mkdir -p "$OUT"
+gpu_out fidelity
 steps="${FIDELITY_STEPS:-1000}"
 runs=()
 for r in ${FIDELITY_RUNS:-plain fp8wire fp8wire_ef fp8wire_e5m2}; do
@@ -27,7 +27,7 @@ parallel="${FIDELITY_PARALLEL:-1}"
 limit="${FIDELITY_LIMIT_S:-540}"
 BIN=build/trainer/fp8wire-train
 SHIM="$PWD/build/shim/libfp8wire.so"
-for f in "$BIN" "$SHIM"; do [[ -e "$f" ]] || { echo "FAIL: $f is missing"; exit 1; }; done
+gpu_require "$BIN" "$SHIM"
 # As the main job on one GPU (docs/PERF.md, "Collectives over NCCL"): NCCL's point-to-point
 # chunk for every run, fp8wire gathering by send/recv.
 export NCCL_P2P_NET_CHUNKSIZE="${NCCL_P2P_NET_CHUNKSIZE:-524288}"

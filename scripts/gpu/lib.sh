@@ -6,6 +6,7 @@
 # GPU run shares: NVLink SHARP and multicast off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 # NVSHMEM_DISABLE_NVLS=1), which machines that only emulate ranks or lack the fabric manager cannot use.
 #   gpu_out NAME          OUT=${OUT:-$PWD/out/NAME}, created
+#   gpu_require FILE...   each FILE built, else one FAIL line naming it (and how to build) and exit 1
 #   gpu_mps_start         ranks emulated on one GPU run side by side under a private MPS daemon (see
 #                         below); call it in a script whose ranks share a GPU. Stopped at exit.
 # and each script's checks, counted alike:
@@ -47,6 +48,13 @@ gpu_out() {  # gpu_out NAME: the results folder
   OUT="${OUT:-$PWD/out/$1}"
   mkdir -p "$OUT"
   export OUT
+}
+
+gpu_require() {  # gpu_require FILE...: what the script runs, built
+  local f
+  for f in "$@"; do
+    [[ -e "$f" ]] || { echo "FAIL: $f is missing (build first: scripts/build.sh $BUILD)"; exit 1; }
+  done
 }
 
 _gpu_mps_dir=""

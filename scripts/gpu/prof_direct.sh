@@ -23,9 +23,7 @@ gpu_out prof-direct
 build="$BUILD"
 prof="$build/profiler/fp8wire-prof"
 train="$build/trainer/fp8wire-train"
-for f in "$prof" "$train" "$build/profiler/libfp8wire_prof.so" "$build/shim/libfp8wire.so"; do
-  [[ -e "$f" ]] || { echo "FAIL: $f not built"; exit 1; }
-done
+gpu_require "$prof" "$train" "$build/profiler/libfp8wire_prof.so" "$build/shim/libfp8wire.so"
 ranks="${RANKS:-2}"
 steps="${STEPS:-30}"
 skip="${SKIP:-5}"

@@ -5,11 +5,10 @@
 # with a Python handler. Each must leave a per-rank report with all 12 steps and a summary line; the
 # SIGTERM job must still die by SIGTERM (status 143) and the handler job exit 3 after its handler ran.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-OUT="${OUT:-$PWD/out/prof-exit}"
-mkdir -p "$OUT"
+gpu_out prof-exit
 build="$BUILD"
 prof="$build/profiler/fp8wire-prof"
-[[ -x "$prof" && -e "$build/profiler/libfp8wire_prof.so" ]] || { echo "FAIL: $prof not built"; exit 1; }
+gpu_require "$prof" "$build/profiler/libfp8wire_prof.so"
 steps=12
 rows=()
 fails=0

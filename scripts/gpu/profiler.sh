@@ -14,8 +14,7 @@
 # Detailed logs go to $OUT (default out/profiler); the summary table is printed last.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_mps_start
-OUT="${OUT:-$PWD/out/profiler}"
-mkdir -p "$OUT"
+gpu_out profiler
 build="$BUILD"
 py="$PY"
 prof="$build/profiler/fp8wire-prof"
@@ -23,12 +22,7 @@ synth="$build/tests/profiler/synthetic_overlap"
 summary=()
 note() { summary+=("$1"); echo "$1"; }
 
-for f in "$prof" "$build/profiler/libfp8wire_prof.so" "$synth" "$build/tests/profiler/test_prof_host"; do
-  if [[ ! -e "$f" ]]; then
-    echo "FAIL: $f is missing (build first: scripts/build.sh $build)"
-    exit 1
-  fi
-done
+gpu_require "$prof" "$build/profiler/libfp8wire_prof.so" "$synth" "$build/tests/profiler/test_prof_host"
 
 # 1. CPU tier
 if "$build/tests/profiler/test_prof_host" > "$OUT/test_prof_host.log" 2>&1; then

@@ -25,8 +25,7 @@
 # point-to-point path. Loss parity is judged between plain and fp8wire when both run.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_mps_start
-OUT="${OUT:-$PWD/out/soak}"
-mkdir -p "$OUT"
+gpu_out soak
 build="$BUILD"
 steps="${SOAK_STEPS:-2000}"
 every="${SOAK_EVERY:-100}"
@@ -34,9 +33,7 @@ warmup="${SOAK_WARMUP:-300}"
 limit="${SOAK_LIMIT_S:-420}"
 prof="$build/profiler/fp8wire-prof"
 trainer="$build/trainer/fp8wire-train"
-for f in "$prof" "$trainer" "$build/shim/libfp8wire.so" "$build/profiler/libfp8wire_prof.so"; do
-  [[ -e "$f" ]] || { echo "FAIL: $f is missing (build first: scripts/build.sh $build)"; exit 1; }
-done
+gpu_require "$prof" "$trainer" "$build/shim/libfp8wire.so" "$build/profiler/libfp8wire_prof.so"
 
 if [[ "${SOAK_DEVICE:-cuda}" == cpu ]]; then
   config=trainer/configs/tiny.toml

@@ -13,6 +13,17 @@ using namespace fp8wire;
 using namespace fp8wire::bench;
 
 namespace {
+// Whether sweep_from_json refuses `j` with the value at JSON pointer `at` replaced by `value`, with an
+// error that contains `expected`.
+bool refuses(nlohmann::json j, const char* at, const char* value, const std::string& expected) {
+  j[nlohmann::json::json_pointer(at)] = value;
+  std::string error;
+  const bool refused = !sweep_from_json(j, error);
+  INFO(error);
+  CHECK(error.find(expected) != std::string::npos);
+  return refused;
+}
+
 // A synthetic 2-rank all-reduce sweep on "pcie": baseline 30 us + 10 GB/s bus, two_shot 70 us +
 // half the bytes; one_shot slower at large sizes; reduce_scatter never wins.
 SweepResult synthetic_sweep() {
@@ -87,14 +98,8 @@ TEST_CASE("JSON round trip keeps points, machine and analysis") {
   REQUIRE(again.size() == reports.size());
   for (size_t i = 0; i < again.size(); ++i) CHECK(again[i].crossover.bytes == reports[i].crossover.bytes);
 
-  nlohmann::json bad = j;
-  bad["points"][0]["path"] = "warp";
-  CHECK_FALSE(sweep_from_json(bad, error));
-  CHECK(error.find("warp") != std::string::npos);
-  bad = j;
-  bad["machine"]["fabric"] = "carrier-pigeon";
-  CHECK_FALSE(sweep_from_json(bad, error));
-  CHECK(error.find("carrier-pigeon") != std::string::npos);
+  CHECK(refuses(j, "/points/0/path", "warp", "warp"));
+  CHECK(refuses(j, "/machine/fabric", "carrier-pigeon", "carrier-pigeon"));
 }
 
 TEST_CASE("calibration recovers the baseline's alpha and bus bandwidth") {
@@ -239,14 +244,8 @@ TEST_CASE("JSON round trip keeps each point's gather transport; older files read
     CHECK(p.gather_transport == (gathers ? "allgather" : ""));
   }
 
-  nlohmann::json bad = j;
-  bad["points"][1]["gather_transport"] = "carrier-pigeon";
-  CHECK_FALSE(sweep_from_json(bad, error));
-  CHECK(error.find("points[1].gather_transport 'carrier-pigeon'") != std::string::npos);
-  bad = j;
-  bad["gather_transport"]["requested"] = "nvls";
-  CHECK_FALSE(sweep_from_json(bad, error));
-  CHECK(error.find("gather_transport.requested 'nvls'") != std::string::npos);
+  CHECK(refuses(j, "/points/1/gather_transport", "carrier-pigeon", "points[1].gather_transport 'carrier-pigeon'"));
+  CHECK(refuses(j, "/gather_transport/requested", "nvls", "gather_transport.requested 'nvls'"));
 }
 
 TEST_CASE("tables label the FP8 paths whose gather step went over send/recv") {
@@ -503,10 +502,7 @@ TEST_CASE("the direct transport: its own curves, JSON round trip, and its barrie
   size_t direct = 0;
   for (const auto& p : back->points) direct += p.transport == "host_memory";
   CHECK(direct == 16);
-  nlohmann::json bad = to_json(r, analyze_crossovers(r, {}), cal);
-  bad["points"][0]["transport"] = "carrier pigeon";
-  CHECK_FALSE(sweep_from_json(bad, error));
-  CHECK(error.find("carrier pigeon") != std::string::npos);
+  CHECK(refuses(to_json(r, analyze_crossovers(r, {}), cal), "/points/0/transport", "carrier pigeon", "carrier pigeon"));
 }
 
 TEST_CASE("emulated ranks: the testbed mode (MPS or time-sliced) goes into the JSON and the tables") {

@@ -96,6 +96,15 @@ struct FakeMps {
     s.quiet = true;
     return s;
   }
+
+  // Two ranks sharing a GPU, which must start and end well and run time-sliced: the launch's note
+  // on why.
+  std::string time_sliced_note() const {
+    const LaunchResult res = launch_local_ranks(spec(2));
+    REQUIRE_MESSAGE(res.ok, res.error);
+    CHECK(res.testbed == "time-sliced");
+    return res.testbed_note;
+  }
 };
 
 }  // namespace
@@ -143,10 +152,7 @@ TEST_CASE("mps: a private daemon is started, reaches every rank and is sent quit
 TEST_CASE("mps: FP8WIRE_MPS=0 gives time-sliced ranks and never calls the control program") {
   FakeMps fake;
   ::setenv("FP8WIRE_MPS", "0", 1);
-  const LaunchResult res = launch_local_ranks(fake.spec(2));
-  REQUIRE_MESSAGE(res.ok, res.error);
-  CHECK(res.testbed == "time-sliced");
-  CHECK(contains(res.testbed_note, "FP8WIRE_MPS=0"));
+  CHECK(contains(fake.time_sliced_note(), "FP8WIRE_MPS=0"));
   CHECK_FALSE(fs::exists(fake.calls));
   const std::string env = read(fake.dir / "rank1.env");
   CHECK(contains(env, "mode=time-sliced pipe= "));
@@ -154,21 +160,16 @@ TEST_CASE("mps: FP8WIRE_MPS=0 gives time-sliced ranks and never calls the contro
 
 TEST_CASE("mps: without nvidia-cuda-mps-control the ranks are time-sliced and told so") {
   FakeMps fake(/*install=*/false);
-  const LaunchResult res = launch_local_ranks(fake.spec(2));
-  REQUIRE_MESSAGE(res.ok, res.error);
-  CHECK(res.testbed == "time-sliced");
-  CHECK(contains(res.testbed_note, "not found on PATH"));
+  CHECK(contains(fake.time_sliced_note(), "not found on PATH"));
   CHECK(contains(read(fake.dir / "rank0.env"), "mode=time-sliced"));
 }
 
 TEST_CASE("mps: a daemon that fails to start falls back to time-sliced, with its log") {
   FakeMps fake;
   ::setenv("FAKE_MPS_FAIL", "1", 1);
-  const LaunchResult res = launch_local_ranks(fake.spec(2));
-  REQUIRE_MESSAGE(res.ok, res.error);
-  CHECK(res.testbed == "time-sliced");
-  CHECK(contains(res.testbed_note, "did not start"));
-  CHECK(contains(res.testbed_note, "cannot start"));
+  const std::string note = fake.time_sliced_note();
+  CHECK(contains(note, "did not start"));
+  CHECK(contains(note, "cannot start"));
   CHECK(contains(read(fake.calls), "args=[-d]"));
   CHECK_FALSE(contains(read(fake.calls), "stdin=[quit]"));  // nothing to stop
 }

@@ -46,3 +46,17 @@ class Data:
 
 def mse(pred, target):
     return torch.nn.functional.mse_loss(pred.float(), target.float())
+
+
+def train(net, opt, sched, data, steps):
+    """`steps` eager optimiser steps on `data`'s batches; the loss of each."""
+    losses = []
+    for _ in range(steps):
+        x, y = data.batch()
+        loss = mse(net(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    return losses

@@ -18,19 +18,6 @@ import harness  # noqa: E402
 WARMUP = 11  # eager DDP iterations before capture (PyTorch's CUDA-graph notes ask for 11)
 
 
-def train_eager(net, opt, sched, data, steps, m):
-    losses = []
-    for _ in range(steps):
-        x, y = data.batch()
-        loss = m.mse(net(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-    return losses
-
-
 def train_graph(net, opt, data, steps, m, result_dir, rank):
     import torch
 
@@ -93,7 +80,7 @@ def worker(args):
         opt = torch.optim.AdamW(ddp.parameters(), lr=2e-3, weight_decay=0.0)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.steps)
         model = torch.compile(ddp) if args.mode == "compile" else ddp
-        losses = train_eager(model, opt, sched, data, args.steps, m)
+        losses = m.train(model, opt, sched, data, args.steps)
     with torch.no_grad():
         xe, ye = data.held_out()
         eval_loss = m.mse(net(xe), ye).item()

@@ -36,15 +36,7 @@ def worker(args):
     opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, args.steps)
     data = m.Data(ctx.rank, ctx.device)
-    losses = []
-    for _ in range(args.steps):
-        x, y = data.batch()
-        loss = m.mse(net(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
+    losses = m.train(net, opt, sched, data, args.steps)
     with torch.no_grad():
         xe, ye = data.held_out()
         eval_loss = m.mse(net(xe), ye).item()

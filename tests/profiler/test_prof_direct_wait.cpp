@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <limits>
 #include <random>
+#include <span>
 
 #include <nlohmann/json.hpp>
 
@@ -44,6 +45,17 @@ struct Names {
   }
 };
 
+// Step `step`, 0..100 ms, of `acts` and the calls `calls`, named by `n`.
+StepReport step_of(const Names& n, std::span<const Activity> acts, std::span<const CallInfo> calls = {},
+                   StepTimeline* timeline = nullptr, int64_t step = 0) {
+  StepInput in;
+  in.window = {step, {0, 100 * kMs}};
+  in.activities = acts;
+  in.calls = calls;
+  in.names = &n.table;
+  return compute_step(in, timeline);
+}
+
 double sum_of(const StepReport& r, double CollectiveReport::*field) {
   double s = 0;
   for (const CollectiveReport& c : r.top) s += c.*field;
@@ -62,13 +74,8 @@ TEST_CASE("prof direct wait: a peer wait between the codec kernels is exposed co
       at(20 * kMs, 30 * kMs, ActivityClass::compute),
       at(40 * kMs, 45 * kMs, ActivityClass::communication, 5, n.reduce)};
   const std::vector<CallInfo> calls = {n.call(5, "host_memory")};
-  StepInput in;
-  in.window = {3, {0, 100 * kMs}};
-  in.activities = acts;
-  in.calls = calls;
-  in.names = &n.table;
   StepTimeline tl;
-  const StepReport r = compute_step(in, &tl);
+  const StepReport r = step_of(n, acts, calls, &tl, 3);
   CHECK(r.comm_ms == doctest::Approx(35));
   CHECK(r.exposed_comm_ms == doctest::Approx(25));
   CHECK(r.exposed_data_ms == doctest::Approx(8));
@@ -98,11 +105,7 @@ TEST_CASE("prof direct wait: without a mark the call's span starts at its first 
       at(12 * kMs, 15 * kMs, ActivityClass::communication, 5, n.quantize),
       at(40 * kMs, 45 * kMs, ActivityClass::communication, 5, n.reduce),
       at(60 * kMs, 61 * kMs, ActivityClass::call_mark, 0, n.mark)};  // no call: ignored
-  StepInput in;
-  in.window = {0, {0, 100 * kMs}};
-  in.activities = acts;
-  in.names = &n.table;
-  const StepReport r = compute_step(in);
+  const StepReport r = step_of(n, acts);
   // Before, this step said 8 ms exposed while its collective said 33: the step counted kernels
   // only, the collective its whole span. Both now count the span.
   CHECK(r.exposed_comm_ms == doctest::Approx(33));
@@ -125,11 +128,7 @@ TEST_CASE("prof direct wait: overlapping collectives share the exposed time, dat
       at(20 * kMs, 25 * kMs, ActivityClass::communication, 2, n.quantize),
       at(28 * kMs, 30 * kMs, ActivityClass::communication, 2, n.reduce),
       at(40 * kMs, 48 * kMs, ActivityClass::communication, 0, n.nccl)};
-  StepInput in;
-  in.window = {0, {0, 100 * kMs}};
-  in.activities = acts;
-  in.names = &n.table;
-  const StepReport r = compute_step(in);
+  const StepReport r = step_of(n, acts);
   CHECK(r.exposed_comm_ms == doctest::Approx(50));
   CHECK(r.exposed_data_ms == doctest::Approx(5 + 5 + 2 + 10));  // the union of kernels: 0..5, 20..25, 28..30, 40..50
   REQUIRE(r.top.size() == 3);

@@ -175,39 +175,40 @@ TEST_CASE("guard flag: written by a quantize that votes, read by decode and redu
     CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 
     // A decode with the guard on reports the flag as its decision; without the flag, none.
-    CallTelemetry rec;
     TelemetryOptions reader;
-    reader.record = &rec;
     reader.guard = true;
     std::vector<float> y(x.size());
-    REQUIRE(ref::dequantize(voted.wire.data(), Segmented::single(x.size(), f), x.size(), y.data(), ElemType::f32, f,
-                            &reader) == nullptr);
-    CHECK(rec.decision == 1);
-    CallTelemetry rec2;
-    reader.record = &rec2;
-    REQUIRE(ref::dequantize(clean.wire.data(), Segmented::single(x.size(), f), x.size(), y.data(), ElemType::f32, f,
-                            &reader) == nullptr);
-    CHECK(rec2.decision == 0);
+    auto decode_guarded = [&](const std::vector<uint8_t>& wire) {
+      CallTelemetry rec;
+      reader.record = &rec;
+      REQUIRE(ref::dequantize(wire.data(), Segmented::single(x.size(), f), x.size(), y.data(), ElemType::f32, f,
+                              &reader) == nullptr);
+      return rec;
+    };
+    CHECK(decode_guarded(voted.wire).decision == 1);
+    CHECK(decode_guarded(clean.wire).decision == 0);
 
     // A requantizing reduce relays a flag it reads into the chunk it writes; a reduce into the
     // caller's dtype decides from it.
     const void* inputs[2] = {clean.wire.data(), voted.wire.data()};
+    auto reduce_guarded = [&](ref::ReduceOutput o) {
+      CallTelemetry rec;
+      reader.record = &rec;
+      REQUIRE(ref::dequantize_reduce(inputs, 2, nullptr, ElemType::f32, 0, x.size(), 1.0f, o, f, 0, &reader) == nullptr);
+      return rec;
+    };
     std::vector<uint8_t> out(chunk_bytes(x.size(), f));
-    CallTelemetry rec3;
-    reader.record = &rec3;
     ref::ReduceOutput ro;
     ro.wire = out.data();
-    REQUIRE(ref::dequantize_reduce(inputs, 2, nullptr, ElemType::f32, 0, x.size(), 1.0f, ro, f, 0, &reader) == nullptr);
+    const CallTelemetry rec3 = reduce_guarded(ro);
     CHECK(rec3.relay == 1);
     CHECK(rec3.decision == 0);
     CHECK(rec3.requant.elements == x.size());
     CHECK(rec3.requant.nonfinite == 128);  // the Inf's block decoded to NaN, and the sum with it
     CHECK(ref::guard_flag(out.data(), x.size(), f));
-    CallTelemetry rec4;
-    reader.record = &rec4;
     ref::ReduceOutput rp;
     rp.plain = y.data();
-    REQUIRE(ref::dequantize_reduce(inputs, 2, nullptr, ElemType::f32, 0, x.size(), 1.0f, rp, f, 0, &reader) == nullptr);
+    const CallTelemetry rec4 = reduce_guarded(rp);
     CHECK(rec4.decision == 1);
     CHECK(rec4.requant.elements == 0);
   }

@@ -12,6 +12,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pylib"))
+import verdict  # noqa: E402
 import emulated_launch  # noqa: E402
 
 
@@ -96,11 +97,7 @@ def main():
         rel = abs(lf - lp) / abs(lp)
         checks.append(("final loss within 1% of plain NCCL", rel <= 0.01,
                        f"plain {lp:.6g} fp8 {lf:.6g} rel {rel * 100:.3f}%"))
-    failed = 0
-    for name, ok, detail in checks:
-        print(f"{'PASS' if ok else 'FAIL'} ddp_parity n={args.nproc}: {name} {detail}", flush=True)
-        failed += not ok
-    return 1 if failed else 0
+    return verdict.report(f"ddp_parity n={args.nproc}", checks)
 
 
 if __name__ == "__main__":

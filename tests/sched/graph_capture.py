@@ -37,6 +37,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pylib"))
+import verdict  # noqa: E402
 import emulated_launch  # noqa: E402
 
 PHASES = ["init", "eager_all_reduce", "side_stream_warmup", "capture", "replay", "done"]
@@ -222,11 +223,7 @@ def main():
         checks.append(("replays within the FP8 error bound", all(r["checks"]["within_bound"] for r in res),
                        f"worst err/bound {max(r['worst'] for r in res):.3f}"))
         checks.append(("ranks bitwise identical", len({r["sha256"] for r in res}) == 1, ""))
-    failed = 0
-    for name, good, detail in checks:
-        print(f"{'PASS' if good else 'FAIL'} graph_capture n={args.nproc}: {name} {detail}", flush=True)
-        failed += not good
-    return 1 if failed else 0
+    return verdict.report(f"graph_capture n={args.nproc}", checks)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -30,6 +29,7 @@
 #include "sched/platform/gpu_platform.hpp"
 #include "sched/platform/nccl_api_linked.hpp"
 #include "sched/comm/telemetry_monitor.hpp"
+#include "tests/sched/multirank_main.hpp"
 
 using namespace fp8wire;
 
@@ -179,10 +179,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--ranks" && i + 1 < argc) {
-      worlds.clear();
-      std::stringstream ss(argv[++i]);
-      std::string item;
-      while (std::getline(ss, item, ',')) worlds.push_back(std::atoi(item.c_str()));
+      worlds = world_sizes(argv[++i]);
     } else if (a == "--timeout" && i + 1 < argc) {
       timeout_s = std::atoi(argv[++i]);
     } else if (a == "--rank-output" && i + 1 < argc) {
@@ -193,20 +190,9 @@ int main(int argc, char** argv) {
     }
   }
   if (!child_out.empty()) {
-    std::string error;
-    const auto env = rank_env_from_environment(error);
-    if (!env) {
-      std::fprintf(stderr, "rank: %s\n", error.empty() ? "RANK/WORLD_SIZE not set" : error.c_str());
-      return 2;
-    }
-    alarm(static_cast<unsigned>(timeout_s));
-    ncclUniqueId id{};
-    if (env->rank == 0) FP8WIRE_NCCL_OR(ncclGetUniqueId(&id), return 4);
-    if (!exchange_bootstrap_blob(*env, &id, sizeof(id), 60, error)) {
-      std::fprintf(stderr, "rank %d: %s\n", env->rank, error.c_str());
-      return 4;
-    }
-    return rank_main(env->rank, env->world_size, id, child_out + std::to_string(env->rank));
+    return run_launched_rank(timeout_s, [&](const RankEnv& env, const ncclUniqueId& id) {
+      return rank_main(env.rank, env.world_size, id, child_out + std::to_string(env.rank));
+    });
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {

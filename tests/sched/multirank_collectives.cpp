@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <sstream>
 #include <string>
@@ -50,6 +51,7 @@
 #include "sched/platform/gpu_platform.hpp"
 #include "sched/platform/nccl_api_linked.hpp"
 #include "sched/plan/plan.hpp"
+#include "tests/sched/multirank_main.hpp"
 
 using namespace fp8wire;
 using fp8wire::quant::ElemType;
@@ -409,32 +411,31 @@ void run_passthrough_cases(Rank& R, sched::Engine& eng) {
     cudaFree(b);
   }
   // int32 sum and float max through the planned entry: not eligible, so exact.
+  // `host` all-reduced in place on the device with `type` and `op`, back into `host`.
+  auto all_reduce_planned = [&](auto& host, ncclDataType_t type, ncclRedOp_t op) {
+    const size_t bytes = host.size() * sizeof(host[0]);
+    void* dev = nullptr;
+    FP8WIRE_CUDA_OR(cudaMalloc(&dev, bytes), _exit(3));
+    upload(dev, host.data(), bytes);
+    FP8WIRE_NCCL_OR(eng.all_reduce(dev, dev, host.size(), type, op, R.comm, R.stream), _exit(4));
+    FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
+    FP8WIRE_CUDA_OR(cudaMemcpy(host.data(), dev, bytes, cudaMemcpyDeviceToHost), _exit(3));
+    cudaFree(dev);
+  };
   const size_t count = 5000;
   std::vector<int32_t> hi(count);
   for (size_t i = 0; i < count; ++i) hi[i] = static_cast<int32_t>(i * (R.rank + 1));
-  int32_t* di = nullptr;
-  FP8WIRE_CUDA_OR(cudaMalloc(&di, count * 4), _exit(3));
-  upload(di, hi.data(), count * 4);
-  FP8WIRE_NCCL_OR(eng.all_reduce(di, di, count, ncclInt32, ncclSum, R.comm, R.stream), _exit(4));
-  FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
-  FP8WIRE_CUDA_OR(cudaMemcpy(hi.data(), di, count * 4, cudaMemcpyDeviceToHost), _exit(3));
+  all_reduce_planned(hi, ncclInt32, ncclSum);
   bool ok = true;
   const int64_t rank_sum = static_cast<int64_t>(R.n) * (R.n + 1) / 2;
   for (size_t i = 0; i < count; ++i) ok &= hi[i] == static_cast<int32_t>(i * rank_sum);
   report(R, "passthrough/ar/int32-sum-exact", ok, 0, fnv(hi.data(), count * 4), true);
   std::vector<float> hf(count);
   for (size_t i = 0; i < count; ++i) hf[i] = static_cast<float>(i) + R.rank;
-  float* df = nullptr;
-  FP8WIRE_CUDA_OR(cudaMalloc(&df, count * 4), _exit(3));
-  upload(df, hf.data(), count * 4);
-  FP8WIRE_NCCL_OR(eng.all_reduce(df, df, count, ncclFloat32, ncclMax, R.comm, R.stream), _exit(4));
-  FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
-  FP8WIRE_CUDA_OR(cudaMemcpy(hf.data(), df, count * 4, cudaMemcpyDeviceToHost), _exit(3));
+  all_reduce_planned(hf, ncclFloat32, ncclMax);
   ok = true;
   for (size_t i = 0; i < count; ++i) ok &= hf[i] == static_cast<float>(i) + (R.n - 1);
   report(R, "passthrough/ar/f32-max-exact", ok, 0, fnv(hf.data(), count * 4), true);
-  cudaFree(di);
-  cudaFree(df);
 }
 
 // An application group: nested groups, FP8 all-reduces (coalesced into one), a pass-through int32
@@ -665,18 +666,22 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
   FP8WIRE_NCCL_OR(ncclCommInitRank(&R.comm, n, id, rank), _exit(4));
   R.api = nccl_api_from_linked();
   R.platform = gpu_platform(R.api);
-  {
-    sched::Engine eng(test_config(), R.platform);
-    eng.comm_created(R.comm);
-    run_passthrough_cases(R, eng);
+  // The cases whose FP8 paths have a gather step, which both gather methods run.
+  auto run_gather_step_cases = [&](sched::Engine& eng) {
     run_all_reduce_cases(R, eng);
-    run_reduce_scatter_cases(R, eng);
     run_all_gather_cases(R, eng);
     run_group_case(R, eng);
     run_pipeline_case(R, eng);
     run_graph_case(R, eng);
-    run_error_feedback_case(R);
     run_big_cases(R, eng);
+  };
+  {
+    sched::Engine eng(test_config(), R.platform);
+    eng.comm_created(R.comm);
+    run_passthrough_cases(R, eng);
+    run_reduce_scatter_cases(R, eng);
+    run_gather_step_cases(eng);
+    run_error_feedback_case(R);
     report_direct_usage(R);
     fprintf(R.out, "fabric %s\n", to_string(sched::EngineProbe(eng).fabric_of(R.comm)));
     FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
@@ -689,12 +694,7 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
     R.tag = "sr/";
     sched::Engine eng(test_config(), R.platform);
     eng.comm_created(R.comm);
-    run_all_reduce_cases(R, eng);
-    run_all_gather_cases(R, eng);
-    run_group_case(R, eng);
-    run_pipeline_case(R, eng);
-    run_graph_case(R, eng);
-    run_big_cases(R, eng);
+    run_gather_step_cases(eng);
     FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
     eng.comm_destroyed(R.comm);
   }
@@ -710,6 +710,22 @@ struct CaseResult {
   bool identical_required = false;
 };
 
+// `value` of the option `flag` as one of `choices` (by their to_string names) into `out`; false, and a
+// line naming the flag, the value and the choices, for any other.
+template <class E>
+bool parse_choice(const char* flag, const std::string& value, std::initializer_list<E> choices, E& out) {
+  std::string names;
+  for (E e : choices) {
+    if (value == to_string(e)) {
+      out = e;
+      return true;
+    }
+    names += (names.empty() ? "" : " or ") + std::string(to_string(e));
+  }
+  fprintf(stderr, "%s: got '%s', expected %s\n", flag, value.c_str(), names.c_str());
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -721,10 +737,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--ranks" && i + 1 < argc) {
-      worlds.clear();
-      std::stringstream ss(argv[++i]);
-      std::string item;
-      while (std::getline(ss, item, ',')) worlds.push_back(std::atoi(item.c_str()));
+      worlds = world_sizes(argv[++i]);
     } else if (a == "--big") {
       big = true;
     } else if (a == "--per-gpu") {
@@ -734,21 +747,10 @@ int main(int argc, char** argv) {
     } else if (a == "--ranks-per-host" && i + 1 < argc) {
       g_ranks_per_host = std::atoi(argv[++i]);
     } else if (a == "--direct" && i + 1 < argc) {
-      const std::string m = argv[++i];
-      if (m == "peer_memory") g_direct = DirectMode::peer_memory;
-      else if (m == "host_memory") g_direct = DirectMode::host_memory;
-      else {
-        fprintf(stderr, "--direct: got '%s', expected peer_memory or host_memory\n", m.c_str());
-        return 2;
-      }
+      if (!parse_choice("--direct", argv[++i], {DirectMode::peer_memory, DirectMode::host_memory}, g_direct)) return 2;
     } else if (a == "--direct-protocol" && i + 1 < argc) {
-      const std::string m = argv[++i];
-      if (m == "kernels") g_protocol = DirectProtocol::kernels;
-      else if (m == "copy_engine") g_protocol = DirectProtocol::copy_engine;
-      else {
-        fprintf(stderr, "--direct-protocol: got '%s', expected kernels or copy_engine\n", m.c_str());
+      if (!parse_choice("--direct-protocol", argv[++i], {DirectProtocol::kernels, DirectProtocol::copy_engine}, g_protocol))
         return 2;
-      }
     } else if (a == "--direct-sets" && i + 1 < argc) {
       const int k = std::atoi(argv[++i]);
       if (k < 2 || k > 4) {
@@ -765,23 +767,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!child_out.empty()) {
-    // One rank, started by the launcher below: RANK, WORLD_SIZE, MASTER_PORT (and NCCL_HOSTID when
-    // emulated) are set; rank 0 serves the NCCL unique id.
-    std::string error;
-    const auto env = rank_env_from_environment(error);
-    if (!env) {
-      fprintf(stderr, "rank: %s\n", error.empty() ? "RANK/WORLD_SIZE not set" : error.c_str());
-      return 2;
-    }
-    alarm(static_cast<unsigned>(timeout_s));  // a hang kills the rank, not the CI job
-    ncclUniqueId id{};
-    if (env->rank == 0) FP8WIRE_NCCL_OR(ncclGetUniqueId(&id), return 4);
-    if (!exchange_bootstrap_blob(*env, &id, sizeof(id), 60, error)) {
-      fprintf(stderr, "rank %d: %s\n", env->rank, error.c_str());
-      return 4;
-    }
-    return rank_main(env->rank, env->world_size, id, child_out + std::to_string(env->rank), big, per_gpu);
+  if (!child_out.empty()) {  // one rank, started by the launcher below
+    return run_launched_rank(timeout_s, [&](const RankEnv& env, const ncclUniqueId& id) {
+      return rank_main(env.rank, env.world_size, id, child_out + std::to_string(env.rank), big, per_gpu);
+    });
   }
   for (int n : worlds) {
     if (n < 2 || n > 16) {

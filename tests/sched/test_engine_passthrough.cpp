@@ -36,11 +36,20 @@ sched::Engine* g_reuse_on_abort = nullptr;
 
 int g_cuda_calls = 0;  // any call into the CUDA table: none is expected on a pass-through path
 
+// A function of the CUDA table (cuda_functions.def), counted and refused.
+template <class Type>
+struct NoCuda;
 template <class... Args>
-cudaError_t no_cuda(Args...) {
-  ++g_cuda_calls;
-  return cudaErrorNoDevice;
-}
+struct NoCuda<cudaError_t(Args...)> {
+  static cudaError_t call(Args...) {
+    ++g_cuda_calls;
+    return cudaErrorNoDevice;
+  }
+};
+template <>
+struct NoCuda<const char*(cudaError_t)> {
+  static const char* call(cudaError_t) { return "no device (fake)"; }
+};
 
 NcclApi fake_api() {
   NcclApi api;
@@ -94,27 +103,10 @@ NcclApi fake_api() {
 Platform fake_platform(const NcclApi& api) {
   Platform p;
   p.nccl = &api;
-  CudaApi& c = p.cuda;
-  c.GetDevice = no_cuda<int*>;
-  c.SetDevice = no_cuda<int>;
-  c.StreamCreateWithFlags = no_cuda<cudaStream_t*, unsigned>;
-  c.StreamDestroy = no_cuda<cudaStream_t>;
-  c.StreamQuery = no_cuda<cudaStream_t>;
-  c.StreamSynchronize = no_cuda<cudaStream_t>;
-  c.StreamWaitEvent = no_cuda<cudaStream_t, cudaEvent_t, unsigned>;
-  c.StreamIsCapturing = no_cuda<cudaStream_t, cudaStreamCaptureStatus*>;
-  c.EventCreateWithFlags = no_cuda<cudaEvent_t*, unsigned>;
-  c.EventDestroy = no_cuda<cudaEvent_t>;
-  c.EventRecord = no_cuda<cudaEvent_t, cudaStream_t>;
-  c.Malloc = no_cuda<void**, size_t>;
-  c.Free = no_cuda<void*>;
-  c.HostAlloc = no_cuda<void**, size_t, unsigned>;
-  c.FreeHost = no_cuda<void*>;
-  c.MemcpyAsync = no_cuda<void*, const void*, size_t, cudaMemcpyKind, cudaStream_t>;
-  c.Memcpy = no_cuda<void*, const void*, size_t, cudaMemcpyKind>;
-  c.MemsetAsync = no_cuda<void*, int, size_t, cudaStream_t>;
-  c.GetLastError = [] { return cudaSuccess; };
-  c.GetErrorString = [](cudaError_t) { return "no device (fake)"; };
+#define FP8WIRE_CUDA_FN(name, type) p.cuda.name = NoCuda<type>::call;
+#include "sched/platform/cuda_functions.def"
+#undef FP8WIRE_CUDA_FN
+  p.cuda.GetLastError = [] { return cudaSuccess; };
   return p;
 }
 
@@ -122,6 +114,27 @@ Platform fake_platform(const NcclApi& api) {
 void register_plain(sched::Engine& eng, ncclComm_t comm) {
   eng.comm_created(comm, sched::CommCreation{.nonblocking = true});
 }
+
+// An engine over the fake platform, the fake's call logs cleared once it stands (a doctest fixture:
+// a test case's body sees its members).
+struct FakeEngine {
+  explicit FakeEngine(const Config& config = {}) : eng(config, platform) { clear_logs(); }
+  static void clear_logs() {
+    g_calls.clear();
+    g_cuda_calls = 0;
+  }
+  const NcclApi api = fake_api();
+  const Platform platform = fake_platform(api);
+  sched::Engine eng;
+};
+
+// The same with kFourRanks registered without an agreement.
+struct RegisteredEngine : FakeEngine {
+  RegisteredEngine() {
+    register_plain(eng, kFourRanks);
+    clear_logs();
+  }
+};
 
 constexpr size_t kBig = 64 << 20;  // elements: above every default threshold
 void* const kBuf = reinterpret_cast<void*>(0x10000);
@@ -134,14 +147,7 @@ CallRecord last_record() {
 }
 }  // namespace
 
-TEST_CASE("ineligible calls pass through, once, with no agreement") {
-  const NcclApi api = fake_api();
-  const Platform platform_eng = fake_platform(api);
-  sched::Engine eng(Config{}, platform_eng);
-  register_plain(eng, kFourRanks);
-  g_calls.clear();
-  g_cuda_calls = 0;
-
+TEST_CASE_FIXTURE(RegisteredEngine, "ineligible calls pass through, once, with no agreement") {
   SUBCASE("integer sum") {
     CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclInt32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
     const CallRecord r = last_record();
@@ -186,37 +192,25 @@ TEST_CASE("ineligible calls pass through, once, with no agreement") {
 }
 
 TEST_CASE("disabled, non-blocking: even large float sums pass through") {
-  const NcclApi api = fake_api();
   Config off;
   off.enable = false;
-  const Platform platform_disabled = fake_platform(api);
-  sched::Engine disabled(off, platform_disabled);
-  g_calls.clear();
-  CHECK(disabled.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+  FakeEngine disabled(off);
+  CHECK(disabled.eng.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);
   CHECK(g_calls == std::vector<std::string>{"AllReduce"});
 
-  const Platform platform_eng = fake_platform(api);
-  sched::Engine eng(Config{}, platform_eng);
-  register_plain(eng, kFourRanks);
-  g_calls.clear();
-  g_cuda_calls = 0;
-  CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclFloat32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
+  RegisteredEngine plain;
+  CHECK(plain.eng.all_reduce(kBuf, kBuf, kBig, ncclFloat32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
   CHECK(g_calls == std::vector<std::string>{"AllReduce"});
   CHECK(g_cuda_calls == 0);
-  CHECK(sched::EngineProbe(eng).comm_info(kFourRanks).reason == "non-blocking communicator");
+  CHECK(sched::EngineProbe(plain.eng).comm_info(kFourRanks).reason == "non-blocking communicator");
 
   Config pcie;
   pcie.fabric_override = Fabric::pcie;
-  const Platform platform_forced_fabric = fake_platform(api);
-  sched::Engine forced_fabric(pcie, platform_forced_fabric);
-  CHECK(sched::EngineProbe(forced_fabric).fabric_of(kFourRanks) == Fabric::pcie);
+  FakeEngine forced_fabric(pcie);
+  CHECK(sched::EngineProbe(forced_fabric.eng).fabric_of(kFourRanks) == Fabric::pcie);
 }
 
-TEST_CASE("groups: pass-through calls stay inside the application's real group") {
-  const NcclApi api = fake_api();
-  const Platform platform_eng = fake_platform(api);
-  sched::Engine eng(Config{}, platform_eng);
-  g_calls.clear();
+TEST_CASE_FIXTURE(FakeEngine, "groups: pass-through calls stay inside the application's real group") {
   CHECK(eng.group_start() == ncclSuccess);
   CHECK(eng.all_reduce(kBuf, kBuf, 10, ncclInt32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
   CHECK(eng.group_start() == ncclSuccess);
@@ -232,10 +226,7 @@ TEST_CASE("groups: pass-through calls stay inside the application's real group")
   CHECK(g_calls == std::vector<std::string>{"GroupEnd"});
 }
 
-TEST_CASE("call hooks run around every call, with the sequence number") {
-  const NcclApi api = fake_api();
-  const Platform platform_eng = fake_platform(api);
-  sched::Engine eng(Config{}, platform_eng);
+TEST_CASE_FIXTURE(FakeEngine, "call hooks run around every call, with the sequence number") {
   static const CallHooks hooks{[](const CallRecord& r) { g_hook_seqs.push_back(r.seq); },
                                [](const CallRecord& r) { g_hook_seqs.push_back(r.seq); }};
   set_call_hooks(&hooks);
@@ -252,7 +243,6 @@ TEST_CASE("call hooks run around every call, with the sequence number") {
 // agreement, and no CUDA call (on a machine without a GPU a failing cudaStreamIsCapturing would read
 // as "capturing" and log a warning). Thresholds of 1 TiB make every call small.
 TEST_CASE("thresholds above the call: host rules only, no registry, no CUDA, no warning") {
-  const NcclApi api = fake_api();
   Config c;
   c.collective_enable.fill(true);
   for (auto& per : c.thresholds) per = {1ull << 40, 1ull << 40, 1ull << 40};
@@ -264,9 +254,8 @@ TEST_CASE("thresholds above the call: host rules only, no registry, no CUDA, no 
   log_set_level(LogLevel::info);
   log_set_file(log_path);
   {
-    const Platform platform_eng = fake_platform(api);
-  sched::Engine eng(c, platform_eng);
-    g_calls.clear();
+    FakeEngine fake(c);
+    sched::Engine& eng = fake.eng;
     g_comm_queries = 0;
     CHECK(eng.all_reduce(kBuf, kBuf, 1000, ncclFloat32, ncclSum, kFourRanks, nullptr) == ncclSuccess);
     CHECK(eng.reduce_scatter(kBuf, kBuf, 250, ncclBfloat16, ncclAvg, kFourRanks, nullptr) == ncclSuccess);
@@ -306,10 +295,7 @@ TEST_CASE("thresholds above the call: host rules only, no registry, no CUDA, no 
 // path would run the agreement exchange (an all-gather plus a stream synchronize) for the first
 // communicator alone and wait forever for ranks the thread has not issued: such communicators pass
 // through, inside the application's real group, with no exchange.
-TEST_CASE("communicators of ncclCommInitAll always pass through") {
-  const NcclApi api = fake_api();
-  const Platform platform_eng = fake_platform(api);
-  sched::Engine eng(Config{}, platform_eng);
+TEST_CASE_FIXTURE(FakeEngine, "communicators of ncclCommInitAll always pass through") {
   eng.comm_created(kFourRanks, sched::CommCreation{.single_process = true});
   CHECK(eng.comm_single_process(kFourRanks));
   g_calls.clear();
@@ -329,12 +315,7 @@ TEST_CASE("communicators of ncclCommInitAll always pass through") {
 // ncclCommAbort: the real abort runs, once, with the communicator already out of the registry (its
 // scratch is freed only after the abort; that order needs an agreed communicator, i.e. a GPU, to be
 // seen). A communicator created at the same address while the abort runs keeps its own state.
-TEST_CASE("ncclCommAbort: real abort with the communicator already detached") {
-  const NcclApi api = fake_api();
-  const Platform platform_eng = fake_platform(api);
-  sched::Engine eng(Config{}, platform_eng);
-  register_plain(eng, kFourRanks);
-  g_calls.clear();
+TEST_CASE_FIXTURE(RegisteredEngine, "ncclCommAbort: real abort with the communicator already detached") {
   g_reuse_on_abort = &eng;
   CHECK(eng.comm_abort(kFourRanks) == ncclSuccess);
   g_reuse_on_abort = nullptr;
@@ -353,12 +334,7 @@ TEST_CASE("ncclCommAbort: real abort with the communicator already detached") {
 // ncclGroupSimulateEnd closes the group without running it, and the thread must leave the group
 // (else every later FP8 candidate would wait in the queue for a GroupEnd that may never come). That
 // FP8 calls queued in it are dropped is checked over the simulated platform.
-TEST_CASE("ncclGroupSimulateEnd closes the group and runs nothing it queued") {
-  const NcclApi api = fake_api();
-  const Platform platform_eng = fake_platform(api);
-  sched::Engine eng(Config{}, platform_eng);
-  register_plain(eng, kFourRanks);
-  g_calls.clear();
+TEST_CASE_FIXTURE(RegisteredEngine, "ncclGroupSimulateEnd closes the group and runs nothing it queued") {
   CHECK(eng.group_start() == ncclSuccess);
   CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);  // passes through
   CHECK(eng.group_simulate_end(nullptr) == ncclSuccess);

@@ -67,6 +67,37 @@ double ns_per_call(Fn&& call) {
   return means[kRepeats / 2];
 }
 
+// One of the C API's totals as an application reads it: a null argument must be harmless, and every
+// byte of the struct gets written (it starts as 0xff).
+template <class Totals>
+Totals read_totals(void (*get)(Totals*)) {
+  get(nullptr);
+  Totals t;
+  std::memset(&t, 0xff, sizeof(t));
+  get(&t);
+  return t;
+}
+
+template <class Totals>
+unsigned long long calls_of(const Totals& t) {
+  unsigned long long n = 0;
+  for (uint64_t c : t.calls) n += c;
+  return n;
+}
+
+// The C API's names of slots -1 .. `slots` ("null" for none, "-" for an unused slot), comma-separated;
+// "*" after those `starred` says.
+std::string names_of(const char* (*name)(int), int slots, int (*starred)(int) = nullptr) {
+  std::string names;
+  for (int i = -1; i <= slots; ++i) {
+    const char* n = name(i);
+    names += n ? (*n ? n : "-") : "null";
+    if (starred && starred(i)) names += "*";
+    names += i < slots ? "," : "";
+  }
+  return names;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,40 +195,17 @@ int main(int argc, char** argv) {
     api.CommInitRank(&comm, 2, probe::unique_id(1), 0);
     api.AllReduce(probe::ptr(probe::kSend), probe::ptr(probe::kRecv), 1000, ncclFloat32, ncclSum, comm, probe::stream());
     std::printf("capi active_after=%d\n", active());
-    std::string names;
-    for (int i = -1; i <= FP8WIRE_MAX_PATHS; ++i) {
-      const char* n = path_name(i);
-      names += n ? (*n ? n : "-") : "null";
-      if (path_is_fp8(i)) names += "*";
-      names += i < FP8WIRE_MAX_PATHS ? "," : "";
-    }
-    std::printf("capi paths=%s\n", names.c_str());
+    std::printf("capi paths=%s\n", names_of(path_name, FP8WIRE_MAX_PATHS, path_is_fp8).c_str());
     step_begin(1);
     step_end(1);
     flush();
-    totals(nullptr);  // must be harmless
-    fp8wire_totals t;
-    std::memset(&t, 0xff, sizeof(t));
-    totals(&t);
-    uint64_t calls = 0;
-    for (uint64_t c : t.calls) calls += c;
-    std::printf("capi version=%d calls=%llu dropped=%llu\n", version(), static_cast<unsigned long long>(calls),
+    const fp8wire_totals t = read_totals(totals);
+    std::printf("capi version=%d calls=%llu dropped=%llu\n", version(), calls_of(t),
                 static_cast<unsigned long long>(t.dropped_records));
-    std::string transports;
-    for (int i = -1; i <= FP8WIRE_MAX_TRANSPORTS; ++i) {
-      const char* n = transport_name(i);
-      transports += n ? (*n ? n : "-") : "null";
-      transports += i < FP8WIRE_MAX_TRANSPORTS ? "," : "";
-    }
-    transport_totals(nullptr);  // must be harmless
-    fp8wire_transport_totals by_transport;
-    std::memset(&by_transport, 0xff, sizeof(by_transport));
-    transport_totals(&by_transport);
-    uint64_t carried = 0;
-    for (uint64_t c : by_transport.calls) carried += c;
+    const fp8wire_transport_totals by_transport = read_totals(transport_totals);
     // Every call here is a pass-through: NCCL's transport carried all of them.
-    std::printf("capi transports=%s carried=%llu nccl=%llu\n", transports.c_str(),
-                static_cast<unsigned long long>(carried), static_cast<unsigned long long>(by_transport.calls[0]));
+    std::printf("capi transports=%s carried=%llu nccl=%llu\n", names_of(transport_name, FP8WIRE_MAX_TRANSPORTS).c_str(),
+                calls_of(by_transport), static_cast<unsigned long long>(by_transport.calls[0]));
   } else if (script == "bench") {
     ncclComm_t comm = nullptr;
     api.CommInitRank(&comm, 2, probe::unique_id(1), 0);

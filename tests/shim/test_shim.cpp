@@ -127,16 +127,24 @@ std::vector<std::string> without_agreement(const std::vector<std::string>& log, 
   return rest;
 }
 
+// The calls of the "all" script (probe_script.hpp).
+constexpr size_t kAllCalls = 21;
+
+// The probe ended normally after `calls` calls of its script, each returning `expected`.
+void check_every_call_returned(const Run& r, size_t calls, ncclResult_t expected) {
+  CHECK(r.exit_code == 0);
+  REQUIRE(r.rcs.size() == calls);
+  for (const auto& [name, rc] : r.rcs) {
+    CAPTURE(name);
+    CHECK(rc == expected);
+  }
+}
+
 // The engine is free to ask the fake questions (those are not recorded) but every application
 // call must arrive exactly once, unchanged, in order, and the library adds nothing but the agreement.
 void check_forwarded_exactly(const Run& r) {
   INFO(r.output);
-  CHECK(r.exit_code == 0);
-  REQUIRE(r.rcs.size() == 21);
-  for (const auto& [name, rc] : r.rcs) {
-    CAPTURE(name);
-    CHECK(rc == ncclSuccess);
-  }
+  check_every_call_returned(r, kAllCalls, ncclSuccess);
   int exchanges = 0;
   CHECK(without_agreement(r.fake_log, exchanges) == probe::expected_all(r.config_at));
   // InitRank, InitRankConfig, InitRankScalable, Split and Shrink each agree where a GPU is seen.
@@ -148,12 +156,7 @@ void check_forwarded_exactly(const Run& r) {
 // there in order; the engine may add its own calls, none of them on the application's buffers.
 void check_forwarded_through_engine(const Run& r) {
   INFO(r.output);
-  CHECK(r.exit_code == 0);
-  REQUIRE(r.rcs.size() == 21);
-  for (const auto& [name, rc] : r.rcs) {
-    CAPTURE(name);
-    CHECK(rc == ncclSuccess);
-  }
+  check_every_call_returned(r, kAllCalls, ncclSuccess);
   const auto expected = probe::expected_all(r.config_at);
   size_t next = 0;
   for (const auto& line : r.fake_log)
@@ -254,12 +257,7 @@ TEST_CASE("explicit nccl.library: NCCL not loaded at all until the shim loads it
 TEST_CASE("no NCCL at all: every export returns ncclSystemError, nothing crashes") {
   const Run r = run_probe("dlopen", "all", {"FP8WIRE_LOG_LEVEL=info"});
   INFO(r.output);
-  CHECK(r.exit_code == 0);
-  REQUIRE(r.rcs.size() == 21);
-  for (const auto& [name, rc] : r.rcs) {
-    CAPTURE(name);
-    CHECK(rc == ncclSystemError);
-  }
+  check_every_call_returned(r, kAllCalls, ncclSystemError);
   CHECK(count_of(r.output, "no usable NCCL found") == 1);
   CHECK(count_of(r.output, "FP8WIRE_NCCL_LIBRARY") >= 1);  // the message says how to fix it
   CHECK(count_of(r.output, "fake not loaded") == 1);
@@ -268,9 +266,7 @@ TEST_CASE("no NCCL at all: every export returns ncclSystemError, nothing crashes
 TEST_CASE("nccl.library naming libfp8wire.so itself is refused (no call may loop back into the shim)") {
   const Run r = run_probe("dlopen", "all", {"FP8WIRE_NCCL_LIBRARY=" + kShim});
   INFO(r.output);
-  CHECK(r.exit_code == 0);
-  REQUIRE(r.rcs.size() == 21);
-  for (const auto& [name, rc] : r.rcs) CHECK(rc == ncclSystemError);
+  check_every_call_returned(r, kAllCalls, ncclSystemError);
   CHECK(count_of(r.output, "no usable NCCL found") == 1);
 }
 
@@ -293,9 +289,7 @@ TEST_CASE("configuration errors: logged once each, then everything passes throug
 TEST_CASE("re-entry: NCCL calling back into an export goes straight to NCCL, logged once") {
   const Run r = probe_linked("reenter", kEnabledNothingEligible);
   INFO(r.output);
-  CHECK(r.exit_code == 0);
-  REQUIRE(r.rcs.size() == 3);
-  for (const auto& [name, rc] : r.rcs) CHECK(rc == ncclSuccess);
+  check_every_call_returned(r, 3, ncclSuccess);
   // Each application call reaches the fake, which calls ncclAllReduce again (bound to the shim);
   // the shim sees the guard and forwards once more, at depth 1, instead of recursing.
   size_t depth0 = 0, depth1 = 0;
@@ -318,12 +312,7 @@ TEST_CASE("re-entry: NCCL calling back into an export goes straight to NCCL, log
 TEST_CASE("ncclCommInitAll communicators and their splits pass through inside the application's group") {
   const Run r = probe_linked("initall", {"FP8WIRE_ENABLE=1", "FP8WIRE_LOG_LEVEL=info"});
   INFO(r.output);
-  CHECK(r.exit_code == 0);
-  REQUIRE(r.rcs.size() == 13);
-  for (const auto& [name, rc] : r.rcs) {
-    CAPTURE(name);
-    CHECK(rc == ncclSuccess);
-  }
+  check_every_call_returned(r, 13, ncclSuccess);
   const std::string s = fmt::format("{:#x}", probe::kSend), v = fmt::format("{:#x}", probe::kRecv);
   const std::string st = fmt::format("{:#x}", probe::kStream);
   std::vector<std::string> expected = {

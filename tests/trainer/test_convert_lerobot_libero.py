@@ -34,14 +34,32 @@ HORIZON, SIZE, STATE_DIM, ACTION_DIM = 50, 256, 8, 7
 # Episode lengths straddle the horizon: shorter than a chunk, exactly one, and longer.
 EPISODE_LENGTHS = (7, 50, 63)
 TASKS = ["put the bowl on the plate", "open_the top drawer\nof the cabinet"]
-failures = 0
 
 
-def check(condition, what):
-    global failures
-    print(f"{'PASS' if condition else 'FAIL'}: {what}")
-    if not condition:
-        failures += 1
+class Checks:
+    """check(condition, what): a PASS or FAIL line; the failures counted."""
+
+    def __init__(self):
+        self.failures = 0
+
+    def __call__(self, condition, what):
+        print(f"{'PASS' if condition else 'FAIL'}: {what}")
+        if not condition:
+            self.failures += 1
+
+
+check = Checks()
+
+
+def work_dir(usage):
+    """WORK_DIR, the first argument, created empty; None (after printing `usage`) without one."""
+    if len(sys.argv) < 2:
+        print(usage)
+        return None
+    work = sys.argv[1]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    return work
 
 
 def frame_image(episode, frame, camera):
@@ -235,12 +253,9 @@ def verify(episodes, out, tokenizer=None, max_token_len=160):
 
 
 def main():
-    if len(sys.argv) < 2:
-        print(__doc__)
+    work = work_dir(__doc__)
+    if work is None:
         return 2
-    work = sys.argv[1]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
 
     # LeRobot's naming, converted with automatic column detection, then through the trainer.
     dataset = os.path.join(work, "libero_lerobot")
@@ -319,8 +334,8 @@ def main():
                 losses = [json.loads(line)["loss"] for line in f if line.strip()]
         check(len(losses) == 2 and all(math.isfinite(x) for x in losses), f"two finite losses logged: {losses}")
 
-    print(f"{'FAIL' if failures else 'PASS'}: convert_lerobot_libero ({failures} failure(s))")
-    return 1 if failures else 0
+    print(f"{'FAIL' if check.failures else 'PASS'}: convert_lerobot_libero ({check.failures} failure(s))")
+    return 1 if check.failures else 0
 
 
 if __name__ == "__main__":

@@ -26,16 +26,10 @@ except ImportError as e:
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_convert_lerobot_libero import CONVERTER, make_dataset  # noqa: E402  (the same synthetic dataset)
+# The same synthetic dataset, checks and work folder as the converter's own test.
+from test_convert_lerobot_libero import CONVERTER, Checks, make_dataset, work_dir  # noqa: E402
 
-failures = 0
-
-
-def check(condition, what):
-    global failures
-    print(f"{'PASS' if condition else 'FAIL'}: {what}")
-    if not condition:
-        failures += 1
+check = Checks()
 
 
 def convert(dataset, out, *extra):
@@ -81,12 +75,9 @@ def set_value(table, column, frame, index, value):
 
 
 def main():
-    if len(sys.argv) < 2:
-        print(__doc__)
+    work = work_dir(__doc__)
+    if work is None:
         return 2
-    work = sys.argv[1]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
     base = os.path.join(work, "base")
     make_dataset(base, "lerobot")
 
@@ -158,8 +149,8 @@ def main():
     expect_refusal("an undecodable image after shards were written", d, os.path.join(work, "out_image"),
                    "(episode 2) frame 5 camera observation.images.image: cannot decode image bytes")
 
-    print(f"{'FAIL' if failures else 'PASS'}: convert_lerobot_libero bad input ({failures} failure(s))")
-    return 1 if failures else 0
+    print(f"{'FAIL' if check.failures else 'PASS'}: convert_lerobot_libero bad input ({check.failures} failure(s))")
+    return 1 if check.failures else 0
 
 
 if __name__ == "__main__":

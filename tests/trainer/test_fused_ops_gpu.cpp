@@ -56,6 +56,24 @@ Tensor grad_of(const Tensor& out, const Tensor& dout, const Tensor& input) {
   return torch::autograd::grad({out}, {input}, {dout}, /*retain_graph=*/false)[0];
 }
 
+// A normalisation's outputs, fused, ATen's and fp64's, from the inputs `in` (`in64` for fp64): the
+// forward checked (the fused one within one bf16 step of ATen's for 99 % of the outputs, and no
+// further from fp64 than ATen's), and the three gradients for one random output gradient.
+struct Gradients {
+  torch::autograd::variable_list fused, aten, ref;
+};
+Gradients check_forward(const char* name, const Tensor& y_fused, const Tensor& y_aten, const Tensor& y64,
+                        const torch::autograd::variable_list& in, const torch::autograd::variable_list& in64) {
+  Diff fw = bf16_diff(y_fused, y_aten);
+  check(fw.within_one_step && fw.fraction < 0.01, std::string(name) + " forward: " + std::to_string(fw.fraction * 100) +
+                                                      " % of outputs differ from ATen, each by <= 1 bf16 step");
+  const double ef = rel_err(y_fused, y64), ea = rel_err(y_aten, y64);
+  check(no_worse(ef, ea, 1e-2), fmt_err((std::string(name) + " forward").c_str(), ef, ea));
+  Tensor dout = at::randn(y_aten.sizes(), y_aten.options().dtype(at::kFloat)).to(at::kBFloat16);
+  return {torch::autograd::grad({y_fused}, in, {dout}), torch::autograd::grad({y_aten}, in, {dout}),
+          torch::autograd::grad({y64}, in64, {dout.to(at::kDouble)})};
+}
+
 void check_rope(at::Device dev) {
   // pi05: B 4 here, 8 query heads and 1 KV head of 256, 812 positions; x a transposed projection.
   const int64_t b = 4, s = 812, d = 256;
@@ -95,18 +113,10 @@ void check_norm(at::Device dev) {
     Tensor y_fused = fused_rms_modulate(x, w, Tensor(), 1e-6), y_aten = rms_norm(x, w);
     Tensor x64 = x.detach().to(at::kDouble).requires_grad_(true), w64 = w.detach().to(at::kDouble).requires_grad_(true);
     Tensor y64 = x64 * at::rsqrt(x64.pow(2).mean(-1, true) + 1e-6) * (1 + w64);
-    Diff fw = bf16_diff(y_fused, y_aten);
-    check(fw.within_one_step && fw.fraction < 0.01,
-          "RMSNorm forward: " + std::to_string(fw.fraction * 100) + " % of outputs differ from ATen, each by <= 1 bf16 step");
-    const double ef = rel_err(y_fused, y64), ea = rel_err(y_aten, y64);
-    check(no_worse(ef, ea, 1e-2), fmt_err("RMSNorm forward", ef, ea));
-    Tensor dout = at::randn(y_aten.sizes(), fopts).to(at::kBFloat16);
-    auto gf = torch::autograd::grad({y_fused}, {x, w}, {dout});
-    auto ga = torch::autograd::grad({y_aten}, {x, w}, {dout});
-    auto g64 = torch::autograd::grad({y64}, {x64, w64}, {dout.to(at::kDouble)});
+    const Gradients g = check_forward("RMSNorm", y_fused, y_aten, y64, {x, w}, {x64, w64});
     for (int i = 0; i < 2; ++i) {
-      const double f = rel_err(gf[i], g64[i]), a = rel_err(ga[i], g64[i]);
-      check(no_worse(f, a, 1e-2) && gf[i].scalar_type() == ga[i].scalar_type(),
+      const double f = rel_err(g.fused[i], g.ref[i]), a = rel_err(g.aten[i], g.ref[i]);
+      check(no_worse(f, a, 1e-2) && g.fused[i].scalar_type() == g.aten[i].scalar_type(),
             fmt_err(i == 0 ? "RMSNorm dx" : "RMSNorm dweight", f, a));
     }
   }
@@ -119,20 +129,12 @@ void check_norm(at::Device dev) {
     Tensor x64 = x.detach().to(at::kDouble).requires_grad_(true), m64 = mod.detach().to(at::kDouble).requires_grad_(true);
     auto p64 = m64.chunk(3, -1);
     Tensor y64 = x64 * at::rsqrt(x64.pow(2).mean(-1, true) + 1e-6) * (1 + p64[0]) + p64[1];
-    Diff fw = bf16_diff(y_fused, y_aten);
-    check(fw.within_one_step && fw.fraction < 0.01,
-          "adaRMS forward: " + std::to_string(fw.fraction * 100) + " % of outputs differ from ATen, each by <= 1 bf16 step");
-    const double ef = rel_err(y_fused, y64), ea = rel_err(y_aten, y64);
-    check(no_worse(ef, ea, 1e-2), fmt_err("adaRMS forward", ef, ea));
-    Tensor dout = at::randn(y_aten.sizes(), fopts).to(at::kBFloat16);
-    auto gf = torch::autograd::grad({y_fused}, {x, mod}, {dout});
-    auto ga = torch::autograd::grad({y_aten}, {x, mod}, {dout});
-    auto g64 = torch::autograd::grad({y64}, {x64, m64}, {dout.to(at::kDouble)});
+    const Gradients g = check_forward("adaRMS", y_fused, y_aten, y64, {x, mod}, {x64, m64});
     // The modulation's gradient: scale and shift parts (the gate's third is zero here).
     Tensor used = at::arange(0, 2048, at::TensorOptions().dtype(at::kLong).device(dev));
     for (int i = 0; i < 2; ++i) {
-      Tensor f = i ? gf[i].index_select(-1, used) : gf[i], a = i ? ga[i].index_select(-1, used) : ga[i];
-      Tensor r = i ? g64[i].index_select(-1, used) : g64[i];
+      Tensor f = i ? g.fused[i].index_select(-1, used) : g.fused[i], a = i ? g.aten[i].index_select(-1, used) : g.aten[i];
+      Tensor r = i ? g.ref[i].index_select(-1, used) : g.ref[i];
       const double ef2 = rel_err(f, r), ea2 = rel_err(a, r);
       check(no_worse(ef2, ea2, 1e-2), fmt_err(i == 0 ? "adaRMS dx" : "adaRMS dscale/dshift", ef2, ea2));
     }

@@ -18,30 +18,14 @@
 #include "trainer/model.hpp"
 #include "trainer/train.hpp"
 
-// c10 defines glog-style CHECK macros; doctest's must win in this file.
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-#undef CHECK_NOTNULL
 #define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
+#include "tests/trainer/trainer_test.hpp"
 
 using namespace fp8wire::trainer;
 using at::Tensor;
 namespace fs = std::filesystem;
 
 namespace {
-
-Config tiny_config() {
-  Config c;
-  const std::string err = load_config_file(std::string(FP8WIRE_TRAINER_CONFIG_DIR) + "/tiny.toml", c);
-  REQUIRE_MESSAGE(err.empty(), err);
-  return c;
-}
 
 Batch tiny_batch(const Config& c, int64_t first = 0) { return make_synthetic_source(c)->get(first, c.train.micro_batch); }
 
@@ -707,31 +691,30 @@ TEST_CASE("gradient buckets: overlap launches every bucket from backward, in ord
   CHECK(backend->sizes.size() == size_t(2 * s.buckets));
   for (int i = 0; i < s.buckets; ++i) CHECK(backend->sizes[i] == backend->sizes[s.buckets + i]);  // same order
 
-  Config single = c;
-  single.train.allreduce = "after_backward";
-  auto backend2 = c10::make_intrusive<RecordingBackend>(2);
-  Trainer after(single, 0, 2, backend2);
-  StepStats s2 = after.step(b);
+  // One step of `c` with one setting changed, over a backend of its own: the step's stats and the
+  // sizes it all-reduced.
+  auto step_with = [&](std::string TrainConfig::*setting, const char* value) {
+    Config changed = c;
+    changed.train.*setting = value;
+    auto recording = c10::make_intrusive<RecordingBackend>(2);
+    Trainer trainer(changed, 0, 2, recording);
+    const StepStats stats = trainer.step(b);
+    return std::pair{stats, recording->sizes};
+  };
+
+  const auto [s2, sizes2] = step_with(&TrainConfig::allreduce, "after_backward");
   CHECK(s2.buckets == 1);
   CHECK(s2.buckets_launched_in_backward == 0);
-  REQUIRE(backend2->sizes.size() == 1);
-  CHECK(backend2->sizes[0] == total);
+  REQUIRE(sizes2.size() == 1);
+  CHECK(sizes2[0] == total);
 
   // "skip", the measurement switch: the buckets of overlap, and no all-reduce at all.
-  Config skipped = c;
-  skipped.train.allreduce = "skip";
-  auto backend4 = c10::make_intrusive<RecordingBackend>(2);
-  Trainer skipping(skipped, 0, 2, backend4);
-  StepStats s4 = skipping.step(b);
+  const auto [s4, sizes4] = step_with(&TrainConfig::allreduce, "skip");
   CHECK(s4.buckets == s.buckets);
-  CHECK(backend4->sizes.empty());
+  CHECK(sizes4.empty());
 
   // Recomputed layers (activation checkpointing) still fire the hooks inside backward.
-  Config remat = c;
-  remat.train.remat = "layers";
-  auto backend3 = c10::make_intrusive<RecordingBackend>(2);
-  Trainer rematted(remat, 0, 2, backend3);
-  StepStats s3 = rematted.step(b);
+  const auto [s3, sizes3] = step_with(&TrainConfig::remat, "layers");
   CHECK(s3.buckets == s.buckets);
   CHECK(s3.buckets_launched_in_backward == s3.buckets);
 }

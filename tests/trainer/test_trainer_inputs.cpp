@@ -22,27 +22,11 @@
 #include "trainer/data.hpp"
 #include "trainer/train.hpp"
 
-// c10 defines glog-style CHECK macros; doctest's must win in this file.
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-#undef CHECK_NOTNULL
-#include <doctest/doctest.h>
+#include "tests/trainer/trainer_test.hpp"
 
 using namespace fp8wire::trainer;
 
 namespace {
-
-Config tiny() {
-  Config c;
-  const std::string err = load_config_file(std::string(FP8WIRE_TRAINER_CONFIG_DIR) + "/tiny.toml", c);
-  REQUIRE_MESSAGE(err.empty(), err);
-  return c;
-}
 
 // Files of this test live under one folder per process; each test removes what it wrote.
 std::string scratch(const std::string& name) {
@@ -92,7 +76,7 @@ TEST_CASE("config: a directory, NaN/Inf, out-of-range values and a mistyped pres
                           "train.clip_norm", "train.weight_decay", "train.peak_tflops", "model.rope_base",
                           "model.time_min_period"}) {
     for (const char* value : {"nan", "inf", "-inf"}) {
-      c = tiny();
+      c = tiny_config();
       CAPTURE(key);
       CAPTURE(value);
       REQUIRE(apply_override(fmt::format("{}={}", key, value), c) == "");  // typed: a double
@@ -101,13 +85,13 @@ TEST_CASE("config: a directory, NaN/Inf, out-of-range values and a mistyped pres
       CHECK(err.find("expected a finite number") != std::string::npos);
     }
   }
-  c = tiny();
+  c = tiny_config();
   c.train.beta2 = 1.0;
   CHECK(validate(c).find("train.beta1/beta2") == 0);
-  c = tiny();
+  c = tiny_config();
   c.train.bucket_cap_mb = -1;
   CHECK(validate(c) == "train.bucket_cap_mb: got -1, expected a positive number");
-  c = tiny();
+  c = tiny_config();
   c.train.save_every = -2;
   CHECK(validate(c) == "train.save_every: got -2, expected 0 or more");
   // TOML spells NaN and Inf too.
@@ -116,7 +100,7 @@ TEST_CASE("config: a directory, NaN/Inf, out-of-range values and a mistyped pres
   CHECK(load_config_string("preset = 3\n", c).find("preset: got the integer 3, expected a string") == 0);
 
   // Overrides move related keys together; only the end result is validated.
-  c = tiny();
+  c = tiny_config();
   REQUIRE(apply_override("data.raw_action_dim=40", c) == "");
   REQUIRE(apply_override("model.action_dim=48", c) == "");
   CHECK(validate(c) == "");
@@ -142,7 +126,7 @@ TEST_CASE("config: non-ASCII that toml++ 3.3 would misread is an error with line
 }
 
 TEST_CASE("checkpoints: a flipped bit anywhere, a truncation or a lost checksum is an error naming the file") {
-  Config c = tiny();
+  Config c = tiny_config();
   auto source = make_synthetic_source(c);
   const std::string path = scratch("ckpt.safetensors");
   {
@@ -224,7 +208,7 @@ TEST_CASE("checkpoints: hand-made headers with wrong types or impossible sizes a
     CHECK(err.find(c.expected) != std::string::npos);
   }
   // A checkpoint without the generator state, or with a wrong one: errors naming the entry.
-  Config c = tiny();
+  Config c = tiny_config();
   const std::string ckpt = scratch("ckpt_rng.safetensors");
   {
     Trainer a(c, 0, 1, {});
@@ -340,7 +324,7 @@ TEST_CASE("presets: a TOML preset past the input limits is an error naming the f
 }
 
 TEST_CASE("shards: a tensor of the wrong rank (a scalar) or dtype is an error naming the shard and tensor") {
-  Config c = tiny();
+  Config c = tiny_config();
   auto source = make_synthetic_source(c);
   const std::string dir = scratch("shards");
   ::mkdir(dir.c_str(), 0755);

@@ -330,6 +330,15 @@ bool wait_until(World::State& w, std::unique_lock<std::mutex>& lock, const std::
   }
 }
 
+// Blocks until every stream of `rank` has run all its work, as a device synchronisation does.
+bool drain_rank(World::State& w, std::unique_lock<std::mutex>& lock, int rank) {
+  return wait_until(w, lock, [&] {
+    for (auto& s : w.streams)
+      if (s->rank == rank && !s->queue.empty()) return false;
+    return true;
+  });
+}
+
 // --- ops ------------------------------------------------------------------------------------------
 struct Range {
   const void* p;
@@ -491,8 +500,19 @@ struct CollectiveOp final : Op {
   }
 };
 
-// --- CUDA runtime -------------------------------------------------------------------------------
-const char* sim_error_string(cudaError_t e) {
+// `bytes` rounded up to the 256-byte alignment of CUDA's allocations, filled with `fill` (null: out
+// of memory).
+void* aligned_block(size_t bytes, int fill, size_t* rounded) {
+  *rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, *rounded);
+  if (p) std::memset(p, fill, *rounded);
+  return p;
+}
+
+// --- CUDA runtime: the functions of CudaApi, by their names there (and what only they use) --------
+namespace cuda_runtime {
+
+const char* GetErrorString(cudaError_t e) {
   switch (e) {
     case cudaSuccess: return "no error";
     case cudaErrorMemoryAllocation: return "out of memory (simulated)";
@@ -505,13 +525,13 @@ const char* sim_error_string(cudaError_t e) {
   }
 }
 
-cudaError_t s_get_device(int* d) {
+cudaError_t GetDevice(int* d) {
   *d = 0;
   return cudaSuccess;
 }
-cudaError_t s_set_device(int) { return cudaSuccess; }
+cudaError_t SetDevice(int) { return cudaSuccess; }
 
-cudaError_t s_stream_create(cudaStream_t* out, unsigned int) {
+cudaError_t StreamCreateWithFlags(cudaStream_t* out, unsigned int) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   if (fail_here(w, Site::stream_create)) return cudaErrorLaunchFailure;
@@ -528,7 +548,7 @@ cudaError_t s_stream_create(cudaStream_t* out, unsigned int) {
   return cudaSuccess;
 }
 
-cudaError_t s_stream_destroy(cudaStream_t s) {
+cudaError_t StreamDestroy(cudaStream_t s) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   Stream* st = stream_of(w, s);
@@ -537,7 +557,7 @@ cudaError_t s_stream_destroy(cudaStream_t s) {
   return cudaSuccess;
 }
 
-cudaError_t s_stream_query(cudaStream_t s) {
+cudaError_t StreamQuery(cudaStream_t s) {
   World::State& w = W();
   std::unique_lock lock(w.mu);
   Stream* st = stream_of(w, s);
@@ -559,7 +579,7 @@ cudaError_t s_stream_query(cudaStream_t s) {
   return cudaErrorNotReady;
 }
 
-cudaError_t s_stream_synchronize(cudaStream_t s) {
+cudaError_t StreamSynchronize(cudaStream_t s) {
   World::State& w = W();
   std::unique_lock lock(w.mu);
   Stream* st = stream_of(w, s);
@@ -568,7 +588,24 @@ cudaError_t s_stream_synchronize(cudaStream_t s) {
   return cudaSuccess;
 }
 
-cudaError_t s_event_create(cudaEvent_t* out, unsigned int) {
+// The event `e`, reported when `use` (a record, a query, ...) finds it destroyed.
+Event* live_event(World::State& w, cudaEvent_t e, const char* use) {
+  Event* ev = reinterpret_cast<Event*>(e);
+  if (ev->destroyed) protocol_error(w, fmt::format("{} a destroyed event", use));
+  return ev;
+}
+
+// An operation on event `ev`'s record `gen` (RecordOp, WaitOp), issued on stream `s`.
+template <class EventOp>
+void enqueue_event_op(World::State& w, cudaStream_t s, const char* what, Event* ev, uint64_t gen) {
+  auto op = std::make_unique<EventOp>();
+  op->what = what;
+  op->event = ev;
+  op->gen = gen;
+  enqueue(w, *stream_of(w, s), std::move(op));
+}
+
+cudaError_t EventCreateWithFlags(cudaEvent_t* out, unsigned int) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   auto e = std::make_unique<Event>();
@@ -578,7 +615,7 @@ cudaError_t s_event_create(cudaEvent_t* out, unsigned int) {
   return cudaSuccess;
 }
 
-cudaError_t s_event_destroy(cudaEvent_t e) {
+cudaError_t EventDestroy(cudaEvent_t e) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   Event* ev = reinterpret_cast<Event*>(e);
@@ -587,27 +624,21 @@ cudaError_t s_event_destroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 
-cudaError_t s_event_record(cudaEvent_t e, cudaStream_t s) {
+cudaError_t EventRecord(cudaEvent_t e, cudaStream_t s) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   if (fail_here(w, Site::event_record)) return cudaErrorLaunchFailure;
-  Event* ev = reinterpret_cast<Event*>(e);
-  if (ev->destroyed) protocol_error(w, "record of a destroyed event");
-  auto op = std::make_unique<RecordOp>();
-  op->what = "event record";
-  op->event = ev;
-  op->gen = ++ev->issued;
-  enqueue(w, *stream_of(w, s), std::move(op));
+  Event* ev = live_event(w, e, "record of");
+  enqueue_event_op<RecordOp>(w, s, "event record", ev, ++ev->issued);
   return cudaSuccess;
 }
 
 // The host learns what the event's last record had seen, as after a stream query or synchronisation.
-cudaError_t s_event_query(cudaEvent_t e) {
+cudaError_t EventQuery(cudaEvent_t e) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   progress(w);
-  Event* ev = reinterpret_cast<Event*>(e);
-  if (ev->destroyed) protocol_error(w, "query of a destroyed event");
+  Event* ev = live_event(w, e, "query of");
   if (ev->done < ev->issued) return cudaErrorNotReady;
   if (ev->issued) merge(w.ranks[static_cast<size_t>(ev->rank)].host, ev->at[ev->issued]);
   return cudaSuccess;
@@ -615,39 +646,33 @@ cudaError_t s_event_query(cudaEvent_t e) {
 
 // The simulated machine captures nothing (Options::capturing runs the work as it is issued), so a
 // thread's capture mode only swaps.
-cudaError_t s_exchange_capture_mode(cudaStreamCaptureMode* mode) {
+cudaError_t ThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
   thread_local cudaStreamCaptureMode current = cudaStreamCaptureModeGlobal;
   std::swap(current, *mode);
   return cudaSuccess;
 }
 
-cudaError_t s_event_synchronize(cudaEvent_t e) {
+cudaError_t EventSynchronize(cudaEvent_t e) {
   World::State& w = W();
   std::unique_lock lock(w.mu);
-  Event* ev = reinterpret_cast<Event*>(e);
-  if (ev->destroyed) protocol_error(w, "synchronisation on a destroyed event");
+  Event* ev = live_event(w, e, "synchronisation on");
   const uint64_t gen = ev->issued;
   if (!wait_until(w, lock, [&] { return ev->done >= gen; })) return cudaErrorLaunchTimeout;
   if (gen) merge(w.ranks[static_cast<size_t>(ev->rank)].host, ev->at[gen]);
   return cudaSuccess;
 }
 
-cudaError_t s_stream_wait(cudaStream_t s, cudaEvent_t e, unsigned int) {
+cudaError_t StreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   if (fail_here(w, Site::stream_wait)) return cudaErrorLaunchFailure;
-  Event* ev = reinterpret_cast<Event*>(e);
-  if (ev->destroyed) protocol_error(w, "wait on a destroyed event");
+  Event* ev = live_event(w, e, "wait on");
   if (ev->issued == 0) return cudaSuccess;  // never recorded: CUDA makes the wait a no-op
-  auto op = std::make_unique<WaitOp>();
-  op->what = "event wait";
-  op->event = ev;
-  op->gen = ev->issued;
-  enqueue(w, *stream_of(w, s), std::move(op));
+  enqueue_event_op<WaitOp>(w, s, "event wait", ev, ev->issued);
   return cudaSuccess;
 }
 
-cudaError_t s_is_capturing(cudaStream_t, cudaStreamCaptureStatus* status) {
+cudaError_t StreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   if (fail_here(w, Site::is_capturing)) return cudaErrorLaunchFailure;
@@ -656,10 +681,9 @@ cudaError_t s_is_capturing(cudaStream_t, cudaStreamCaptureStatus* status) {
 }
 
 void* allocate(World::State& w, size_t bytes) {
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, rounded);
+  size_t rounded = 0;
+  void* p = aligned_block(bytes, 0xA5, &rounded);  // poison: unwritten bytes read as garbage, not as zeros
   if (!p) return nullptr;
-  std::memset(p, 0xA5, rounded);  // poison: unwritten bytes read as garbage, not as zeros
   RankState& r = R(w);
   r.allocs[reinterpret_cast<uintptr_t>(p)] = rounded;
   r.live += rounded;
@@ -682,36 +706,28 @@ cudaError_t release(World::State& w, void* p) {
   return cudaSuccess;
 }
 
-cudaError_t s_malloc(void** out, size_t bytes) {
+// Device and pinned host memory alike: both are this rank's allocations.
+cudaError_t allocate_at(Site site, void** out, size_t bytes) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
-  if (fail_here(w, Site::malloc)) return cudaErrorMemoryAllocation;
+  if (fail_here(w, site)) return cudaErrorMemoryAllocation;
   *out = allocate(w, bytes);
   return *out ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
-cudaError_t s_free(void* p) {
+cudaError_t Malloc(void** out, size_t bytes) { return allocate_at(Site::malloc, out, bytes); }
+
+cudaError_t Free(void* p) {
   World::State& w = W();
   std::unique_lock lock(w.mu);
   // cudaFree synchronises the device: everything the rank issued completes first.
-  const int rank = me();
-  wait_until(w, lock, [&] {
-    for (auto& s : w.streams)
-      if (s->rank == rank && !s->queue.empty()) return false;
-    return true;
-  });
+  drain_rank(w, lock, me());
   return release(w, p);
 }
 
-cudaError_t s_host_alloc(void** out, size_t bytes, unsigned int) {
-  World::State& w = W();
-  std::lock_guard lock(w.mu);
-  if (fail_here(w, Site::host_alloc)) return cudaErrorMemoryAllocation;
-  *out = allocate(w, bytes);
-  return *out ? cudaSuccess : cudaErrorMemoryAllocation;
-}
+cudaError_t HostAlloc(void** out, size_t bytes, unsigned int) { return allocate_at(Site::host_alloc, out, bytes); }
 
-cudaError_t s_free_host(void* p) {
+cudaError_t FreeHost(void* p) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   return release(w, p);
@@ -737,7 +753,7 @@ bool is_window(World::State& w, const void* p) {
   return a < it->first + it->second.bytes;
 }
 
-cudaError_t s_memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+cudaError_t MemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   if (fail_here(w, Site::memcpy_async)) return cudaErrorLaunchFailure;
@@ -758,7 +774,7 @@ cudaError_t s_memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyK
   return cudaSuccess;
 }
 
-cudaError_t s_memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+cudaError_t Memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   // A synchronous copy by the host: ordered after what the host has seen complete.
@@ -770,7 +786,7 @@ cudaError_t s_memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   return cudaSuccess;
 }
 
-cudaError_t s_memset_async(void* p, int value, size_t bytes, cudaStream_t s) {
+cudaError_t MemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   auto op = std::make_unique<ComputeOp>();
@@ -781,7 +797,9 @@ cudaError_t s_memset_async(void* p, int value, size_t bytes, cudaStream_t s) {
   return cudaSuccess;
 }
 
-cudaError_t s_get_last_error() { return cudaSuccess; }
+cudaError_t GetLastError() { return cudaSuccess; }
+
+}  // namespace cuda_runtime
 
 // --- stream memory operations and windows (the direct transports) ------------------------------------
 // Flags are stored and loaded atomically: the host of a rank (its abort) stores into them outside
@@ -813,30 +831,28 @@ bool is_mapped_word(const RankState& r, const void* p) {
   return inside(r.mapped, a, a + sizeof(uint32_t));
 }
 
-cudaError_t s_wait_value(cudaStream_t s, void* addr, uint32_t value) {
+// A stream memory operation (WaitValueOp, WriteValueOp) on the flag word at `addr`; `access` says
+// how it touches the word ("wait on", "write to").
+template <class ValueOp>
+cudaError_t memory_op(Site site, const char* what, const char* access, cudaStream_t s, void* addr, uint32_t value) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
-  if (fail_here(w, Site::wait_value)) return cudaErrorLaunchFailure;
-  if (!is_mapped_word(R(w), addr)) protocol_error(w, "memory-operation wait on a word of no window this rank mapped");
-  auto op = std::make_unique<WaitValueOp>();
-  op->what = "wait value";
-  op->addr = static_cast<const uint32_t*>(addr);
+  if (fail_here(w, site)) return cudaErrorLaunchFailure;
+  if (!is_mapped_word(R(w), addr))
+    protocol_error(w, fmt::format("memory-operation {} a word of no window this rank mapped", access));
+  auto op = std::make_unique<ValueOp>();
+  op->what = what;
+  op->addr = static_cast<decltype(op->addr)>(addr);
   op->value = value;
   enqueue(w, *stream_of(w, s), std::move(op));
   return cudaSuccess;
 }
 
+cudaError_t s_wait_value(cudaStream_t s, void* addr, uint32_t value) {
+  return memory_op<WaitValueOp>(Site::wait_value, "wait value", "wait on", s, addr, value);
+}
 cudaError_t s_write_value(cudaStream_t s, void* addr, uint32_t value) {
-  World::State& w = W();
-  std::lock_guard lock(w.mu);
-  if (fail_here(w, Site::write_value)) return cudaErrorLaunchFailure;
-  if (!is_mapped_word(R(w), addr)) protocol_error(w, "memory-operation write to a word of no window this rank mapped");
-  auto op = std::make_unique<WriteValueOp>();
-  op->what = "write value";
-  op->addr = static_cast<uint32_t*>(addr);
-  op->value = value;
-  enqueue(w, *stream_of(w, s), std::move(op));
-  return cudaSuccess;
+  return memory_op<WriteValueOp>(Site::write_value, "write value", "write to", s, addr, value);
 }
 
 bool d_available() { return true; }
@@ -864,10 +880,9 @@ cudaError_t d_create(WindowKind, size_t bytes, uint64_t, Window* out, WindowHand
   World::State& w = W();
   std::lock_guard lock(w.mu);
   if (fail_here(w, Site::window_create)) return cudaErrorMemoryAllocation;
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, rounded);
+  size_t rounded = 0;
+  void* p = aligned_block(bytes, 0, &rounded);
   if (!p) return cudaErrorMemoryAllocation;
-  std::memset(p, 0, rounded);
   const uintptr_t base = reinterpret_cast<uintptr_t>(p);
   w.windows[base] = {rounded, 1, me(), true};
   R(w).mapped[base] = rounded;
@@ -925,6 +940,15 @@ ncclResult_t check_handle(World::State& w, Handle* h) {
   return ncclSuccess;
 }
 
+// A new handle: comm rank `rank` of `comm`.
+ncclComm_t new_handle(World::State& w, Comm* comm, int rank) {
+  auto h = std::make_unique<Handle>();
+  h->comm = comm;
+  h->rank = rank;
+  w.handles.push_back(std::move(h));
+  return reinterpret_cast<ncclComm_t>(w.handles.back().get());
+}
+
 // Inside a group, enqueueing waits for the group's end.
 void issue(World::State& w, std::function<void()> thunk) {
   RankState& r = R(w);
@@ -980,18 +1004,22 @@ ncclResult_t n_group_simulate_end(ncclSimInfo_t*) {
   return ncclSuccess;
 }
 
-ncclResult_t n_send(const void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+// A send or a receive (SendOp, RecvOp: `buf` const or not) with comm rank `peer`; `what` names it
+// with its peer ("send to", "recv from").
+template <class PeerOp, class Buffer>
+ncclResult_t point_to_point(Site site, const char* what, Buffer buf, size_t count, ncclDataType_t t, int peer,
+                            ncclComm_t c, cudaStream_t s) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   Handle* h = handle_of(c);
   if (const ncclResult_t r = check_handle(w, h); r != ncclSuccess) return r;
-  if (fail_here(w, Site::send)) return ncclInternalError;
+  if (fail_here(w, site)) return ncclInternalError;
   if (peer < 0 || peer >= static_cast<int>(h->comm->members.size()) || peer == h->rank) return ncclInvalidArgument;
   Stream* st = stream_of(w, s);
   const size_t bytes = count * dtype_size(dtype_of(t));
-  issue(w, [&w, h, st, peer, buf, bytes] {
-    auto op = std::make_unique<SendOp>();
-    op->what = fmt::format("send to {}", peer);
+  issue(w, [&w, h, st, what, peer, buf, bytes] {
+    auto op = std::make_unique<PeerOp>();
+    op->what = fmt::format("{} {}", what, peer);
     op->h = h;
     op->peer = peer;
     op->data = buf;
@@ -1001,25 +1029,11 @@ ncclResult_t n_send(const void* buf, size_t count, ncclDataType_t t, int peer, n
   return ncclSuccess;
 }
 
+ncclResult_t n_send(const void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+  return point_to_point<SendOp>(Site::send, "send to", buf, count, t, peer, c, s);
+}
 ncclResult_t n_recv(void* buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
-  World::State& w = W();
-  std::lock_guard lock(w.mu);
-  Handle* h = handle_of(c);
-  if (const ncclResult_t r = check_handle(w, h); r != ncclSuccess) return r;
-  if (fail_here(w, Site::recv)) return ncclInternalError;
-  if (peer < 0 || peer >= static_cast<int>(h->comm->members.size()) || peer == h->rank) return ncclInvalidArgument;
-  Stream* st = stream_of(w, s);
-  const size_t bytes = count * dtype_size(dtype_of(t));
-  issue(w, [&w, h, st, peer, buf, bytes] {
-    auto op = std::make_unique<RecvOp>();
-    op->what = fmt::format("recv from {}", peer);
-    op->h = h;
-    op->peer = peer;
-    op->data = buf;
-    op->bytes = bytes;
-    enqueue(w, *st, std::move(op));
-  });
-  return ncclSuccess;
+  return point_to_point<RecvOp>(Site::recv, "recv from", buf, count, t, peer, c, s);
 }
 
 // `faultable`: the all-gather fp8wire issues itself; the plain all-reduce and reduce-scatter are the
@@ -1105,13 +1119,8 @@ ncclResult_t n_comm_split(ncclComm_t parent, int color, int key, ncclComm_t* out
       std::sort(list.begin(), list.end());
       auto child = std::make_unique<Comm>();
       for (auto& [k, r] : list) child->members.push_back(c.members[static_cast<size_t>(r)]);
-      for (size_t i = 0; i < list.size(); ++i) {
-        auto hh = std::make_unique<Handle>();
-        hh->comm = child.get();
-        hh->rank = static_cast<int>(i);
-        c.split_result[static_cast<size_t>(list[i].second)] = reinterpret_cast<ncclComm_t>(hh.get());
-        w.handles.push_back(std::move(hh));
-      }
+      for (size_t i = 0; i < list.size(); ++i)
+        c.split_result[static_cast<size_t>(list[i].second)] = new_handle(w, child.get(), static_cast<int>(i));
       w.comms.push_back(std::move(child));
     }
     c.split_count = 0;
@@ -1126,7 +1135,9 @@ ncclResult_t n_comm_split(ncclComm_t parent, int color, int key, ncclComm_t* out
   return ncclSuccess;
 }
 
-// --- codec over the reference -----------------------------------------------------------------------
+// --- codec over the reference: the functions of CodecApi, by their names there (and their helpers) ---
+namespace codec {
+
 std::vector<Range> segmented_ranges(const void* wire, size_t count, quant::Segmented layout,
                                     const quant::WireFormat& f, bool write) {
   std::vector<Range> out;
@@ -1169,7 +1180,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // The profiler's call-begin mark (quant/call_mark.cu): an empty launch, counted and failed like any
 // codec launch.
-cudaError_t c_mark_call_begin(cudaStream_t s) {
+cudaError_t mark_call_begin(cudaStream_t s) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   return launch(w, s, "call-begin mark", {}, [] { return static_cast<const char*>(nullptr); });
@@ -1180,44 +1191,41 @@ const quant::TelemetryOptions* telemetry_of(const quant::LaunchOptions& opt) {
   return opt.telemetry.record ? &opt.telemetry : nullptr;
 }
 
-cudaError_t c_quantize(const void* in, quant::ElemType t, size_t count, void* wire, quant::Segmented layout,
+// A quantize or a dequantize of `count` elements into or out of the segmented `wire`, besides the
+// plain ranges `plain`: refused as the kernels refuse it, nothing issued for an empty call.
+cudaError_t convert(const char* what, const void* wire, bool to_wire, size_t count, quant::Segmented layout,
+                    const quant::WireFormat& f, std::vector<Range> plain, cudaStream_t s, uint32_t max_ctas,
+                    std::function<const char*()> fn) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  if (quant::validate(f) || quant::validate(count, layout, f) || !aligned16(wire)) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  auto ranges = segmented_ranges(wire, count, layout, f, to_wire);
+  ranges.insert(ranges.end(), plain.begin(), plain.end());
+  return launch(w, s, what, std::move(ranges), std::move(fn), max_ctas);
+}
+
+cudaError_t quantize(const void* in, quant::ElemType t, size_t count, void* wire, quant::Segmented layout,
+                     const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions opt) {
+  return convert("quantize", wire, true, count, layout, f, {{in, count * quant::elem_size(t), false}}, s, opt.max_ctas,
+                 [=] { return quant::ref::quantize(in, t, count, wire, layout, f, opt.sr_offset, telemetry_of(opt)); });
+}
+
+cudaError_t quantize_with_residual(const void* in, quant::ElemType t, size_t count, float* residual, void* wire,
+                                   quant::Segmented layout, const quant::WireFormat& f, cudaStream_t s,
+                                   quant::LaunchOptions opt) {
+  return convert("quantize with residual", wire, true, count, layout, f,
+                 {{in, count * quant::elem_size(t), false}, {residual, count * sizeof(float), true}}, s, opt.max_ctas,
+                 [=] {
+                   return quant::ref::quantize_with_residual(in, t, count, residual, wire, layout, f, opt.sr_offset,
+                                                             telemetry_of(opt));
+                 });
+}
+
+cudaError_t dequantize(const void* wire, quant::Segmented layout, size_t count, void* out, quant::ElemType t,
                        const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions opt) {
-  World::State& w = W();
-  std::lock_guard lock(w.mu);
-  if (quant::validate(f) || quant::validate(count, layout, f) || !aligned16(wire)) return cudaErrorInvalidValue;
-  if (count == 0) return cudaSuccess;
-  auto ranges = segmented_ranges(wire, count, layout, f, true);
-  ranges.push_back({in, count * quant::elem_size(t), false});
-  return launch(w, s, "quantize", std::move(ranges),
-                [=] { return quant::ref::quantize(in, t, count, wire, layout, f, opt.sr_offset, telemetry_of(opt)); },
-                opt.max_ctas);
-}
-
-cudaError_t c_quantize_residual(const void* in, quant::ElemType t, size_t count, float* residual, void* wire,
-                                quant::Segmented layout, const quant::WireFormat& f, cudaStream_t s,
-                                quant::LaunchOptions opt) {
-  World::State& w = W();
-  std::lock_guard lock(w.mu);
-  if (quant::validate(f) || quant::validate(count, layout, f) || !aligned16(wire)) return cudaErrorInvalidValue;
-  if (count == 0) return cudaSuccess;
-  auto ranges = segmented_ranges(wire, count, layout, f, true);
-  ranges.push_back({in, count * quant::elem_size(t), false});
-  ranges.push_back({residual, count * sizeof(float), true});
-  return launch(w, s, "quantize with residual", std::move(ranges), [=] {
-    return quant::ref::quantize_with_residual(in, t, count, residual, wire, layout, f, opt.sr_offset, telemetry_of(opt));
-  }, opt.max_ctas);
-}
-
-cudaError_t c_dequantize(const void* wire, quant::Segmented layout, size_t count, void* out, quant::ElemType t,
-                         const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions opt) {
-  World::State& w = W();
-  std::lock_guard lock(w.mu);
-  if (quant::validate(f) || quant::validate(count, layout, f) || !aligned16(wire)) return cudaErrorInvalidValue;
-  if (count == 0) return cudaSuccess;
-  auto ranges = segmented_ranges(wire, count, layout, f, false);
-  ranges.push_back({out, count * quant::elem_size(t), true});
-  return launch(w, s, "dequantize", std::move(ranges),
-                [=] { return quant::ref::dequantize(wire, layout, count, out, t, f, telemetry_of(opt)); }, opt.max_ctas);
+  return convert("dequantize", wire, false, count, layout, f, {{out, count * quant::elem_size(t), true}}, s, opt.max_ctas,
+                 [=] { return quant::ref::dequantize(wire, layout, count, out, t, f, telemetry_of(opt)); });
 }
 
 cudaError_t reduce(World::State& w, const void* const* inputs, int k, const void* plain, quant::ElemType plain_type,
@@ -1242,20 +1250,22 @@ cudaError_t reduce(World::State& w, const void* const* inputs, int k, const void
   }, opt.max_ctas);
 }
 
-cudaError_t c_reduce(const void* const* inputs, int k, size_t count, float post, quant::ReduceOutput out,
+cudaError_t dequantize_reduce(const void* const* inputs, int k, size_t count, float post, quant::ReduceOutput out,
                      const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions opt) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   return reduce(w, inputs, k, nullptr, quant::ElemType::f32, 0, count, post, out, f, s, opt);
 }
 
-cudaError_t c_reduce_mixed(const void* const* inputs, int k, const void* plain, quant::ElemType plain_type,
-                           int plain_position, size_t count, float post, quant::ReduceOutput out,
-                           const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions opt) {
+cudaError_t dequantize_reduce_mixed(const void* const* inputs, int k, const void* plain, quant::ElemType plain_type,
+                                   int plain_position, size_t count, float post, quant::ReduceOutput out,
+                                   const quant::WireFormat& f, cudaStream_t s, quant::LaunchOptions opt) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
   return reduce(w, inputs, k, plain, plain_type, plain_position, count, post, out, f, s, opt);
 }
+
+}  // namespace codec
 
 HostFacts sim_host_facts(int) {
   World::State& w = W();
@@ -1298,32 +1308,11 @@ World::World(Options options) : state_(new State) {
   n.CommSplit = n_comm_split;
   Platform& p = w.platform;
   p.nccl = &w.nccl;
-  CudaApi& c = p.cuda;
-  c.GetDevice = s_get_device;
-  c.SetDevice = s_set_device;
-  c.StreamCreateWithFlags = s_stream_create;
-  c.StreamDestroy = s_stream_destroy;
-  c.StreamQuery = s_stream_query;
-  c.StreamSynchronize = s_stream_synchronize;
-  c.StreamWaitEvent = s_stream_wait;
-  c.StreamIsCapturing = s_is_capturing;
-  c.EventCreateWithFlags = s_event_create;
-  c.EventDestroy = s_event_destroy;
-  c.EventRecord = s_event_record;
-  c.EventQuery = s_event_query;
-  c.ThreadExchangeStreamCaptureMode = s_exchange_capture_mode;
-  c.EventSynchronize = s_event_synchronize;
-  c.Malloc = s_malloc;
-  c.Free = s_free;
-  c.HostAlloc = s_host_alloc;
-  c.FreeHost = s_free_host;
-  c.MemcpyAsync = s_memcpy_async;
-  c.Memcpy = s_memcpy;
-  c.MemsetAsync = s_memset_async;
-  c.GetLastError = s_get_last_error;
-  c.GetErrorString = sim_error_string;
-  c.StreamWaitValue32 = s_wait_value;
-  c.StreamWriteValue32 = s_write_value;
+#define FP8WIRE_CUDA_FN(name, type) p.cuda.name = cuda_runtime::name;
+#include "sched/platform/cuda_functions.def"
+#undef FP8WIRE_CUDA_FN
+  p.cuda.StreamWaitValue32 = s_wait_value;
+  p.cuda.StreamWriteValue32 = s_write_value;
   DirectMemoryApi& d = p.direct;
   d.available = d_available;
   d.create = d_create;
@@ -1332,13 +1321,9 @@ World::World(Options options) : state_(new State) {
   d.close = d_release;
   d.destroy = d_release;
   d.owner_gone = d_owner_gone;
-  CodecApi& q = p.codec;
-  q.quantize = c_quantize;
-  q.quantize_with_residual = c_quantize_residual;
-  q.dequantize = c_dequantize;
-  q.dequantize_reduce = c_reduce;
-  q.dequantize_reduce_mixed = c_reduce_mixed;
-  q.mark_call_begin = c_mark_call_begin;
+#define FP8WIRE_CODEC_FN(name) p.codec.name = codec::name;
+#include "sched/platform/codec_functions.def"
+#undef FP8WIRE_CODEC_FN
   p.host_facts = sim_host_facts;
   g_world = state_.get();
 }
@@ -1362,13 +1347,7 @@ std::vector<ncclComm_t> World::create_comm(std::vector<int> members) {
   auto comm = std::make_unique<Comm>();
   comm->members = members;
   std::vector<ncclComm_t> out;
-  for (size_t i = 0; i < members.size(); ++i) {
-    auto h = std::make_unique<Handle>();
-    h->comm = comm.get();
-    h->rank = static_cast<int>(i);
-    out.push_back(reinterpret_cast<ncclComm_t>(h.get()));
-    w.handles.push_back(std::move(h));
-  }
+  for (size_t i = 0; i < members.size(); ++i) out.push_back(new_handle(w, comm.get(), static_cast<int>(i)));
   w.comms.push_back(std::move(comm));
   return out;
 }
@@ -1423,11 +1402,7 @@ cudaError_t World::synchronize_rank() {
   State& w = *state_;
   std::unique_lock lock(w.mu);
   const int rank = me();
-  const bool ok = wait_until(w, lock, [&] {
-    for (auto& s : w.streams)
-      if (s->rank == rank && !s->queue.empty()) return false;
-    return true;
-  });
+  const bool ok = drain_rank(w, lock, rank);
   RankState& r = R(w);
   for (auto& s : w.streams)
     if (s->rank == rank) merge(r.host, s->clock);

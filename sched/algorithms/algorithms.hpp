@@ -152,6 +152,20 @@ class DirectAllGather final : public Fp8Program {
 
 }  // namespace fp8wire::sched
 
+namespace fp8wire::sched {
+
+// All-to-all (the application's ncclAlltoAll, equal splits): quantize the stage's part of every
+// peer's chunk, each chunk its own blocks; one send/recv round; decode each received chunk into its
+// place. The rank's own chunk is copied, never quantized. Fp8Args::count is the count per peer.
+class AllToAllFp8 final : public Fp8Program {
+ public:
+  using Fp8Program::Fp8Program;
+  ncclResult_t produce(StageOps& ops, const Stage& st) override;
+  ncclResult_t finish(StageOps& ops, const Stage& st) override;
+};
+
+}  // namespace fp8wire::sched
+
 #include <variant>
 
 #include "sched/plan/route.hpp"
@@ -170,7 +184,7 @@ class RouteProgram {
  private:
   std::variant<std::monostate, TwoShotAllReduce, OneShotAllReduce, RingAllReduce, ReduceScatterFp8, AllGatherFp8,
                HierarchicalAllReduce, HierarchicalReduceScatter, DirectTwoShotAllReduce, DirectOneShotAllReduce,
-               DirectReduceScatter, DirectAllGather>
+               DirectReduceScatter, DirectAllGather, AllToAllFp8>
       storage_;
   StageProgram* program_ = nullptr;
 };

@@ -12,6 +12,7 @@ RouteProgram::RouteProgram(Collective collective, const Route& route, const Fp8A
         if (route.path == Path::one_shot) program_ = &storage_.emplace<DirectOneShotAllReduce>(a);
         else program_ = &storage_.emplace<DirectTwoShotAllReduce>(a);
         return;
+      case Collective::all_to_all: break;  // no direct program: the route never gives it a window
     }
   }
   if (route.path == Path::hierarchical) {
@@ -22,6 +23,7 @@ RouteProgram::RouteProgram(Collective collective, const Route& route, const Fp8A
   switch (collective) {
     case Collective::reduce_scatter: program_ = &storage_.emplace<ReduceScatterFp8>(a); return;
     case Collective::all_gather: program_ = &storage_.emplace<AllGatherFp8>(a); return;
+    case Collective::all_to_all: program_ = &storage_.emplace<AllToAllFp8>(a); return;
     case Collective::all_reduce:
       switch (route.path) {
         case Path::one_shot: program_ = &storage_.emplace<OneShotAllReduce>(a); return;

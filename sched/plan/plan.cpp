@@ -69,10 +69,8 @@ Plan plan_call(const Config& config, const CallShape& call, Fabric fabric) {
 
   const quant::WireFormat format = quant::WireFormat::from(config);
   const CostModel model = effective_cost_model(config, fabric);
-  Path fp8 = Path::two_shot;
-  if (call.collective == Collective::all_gather || call.collective == Collective::all_to_all) {
-    fp8 = Path::one_shot;
-  } else if (call.collective == Collective::all_reduce) {
+  Path fp8 = only_fp8_path(call.collective);
+  if (call.collective == Collective::all_reduce) {
     switch (config.algorithm) {
       case Algorithm::two_shot: fp8 = Path::two_shot; break;
       case Algorithm::one_shot: fp8 = Path::one_shot; break;

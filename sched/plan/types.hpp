@@ -68,6 +68,18 @@ inline const char* to_string(Path p) {
   return "unknown";
 }
 inline bool is_fp8(Path p) { return p != Path::passthrough && p != Path::fallback; }
+// The FP8 algorithm of a collective that has only one, as records and tables name it: the
+// reduce-scatter's two_shot (an all-to-all of quantized chunks, then the reduce), the all-gather's and
+// the all-to-all's one_shot (one exchange); passthrough for the all-reduce, which has several.
+inline Path only_fp8_path(Collective c) {
+  switch (c) {
+    case Collective::reduce_scatter: return Path::two_shot;
+    case Collective::all_gather:
+    case Collective::all_to_all: return Path::one_shot;
+    case Collective::all_reduce: break;
+  }
+  return Path::passthrough;
+}
 
 // Whether an FP8 path ends by gathering every rank's quantized slot (one-shot's exchange, two-shot's
 // and ring's final all-gather, the FP8 all-gather), the step Config::gather_transport chooses the

@@ -33,28 +33,27 @@ ncclResult_t for_peer_runs(const StageOps& ops, const Stage& st, size_t count, F
   return ncclSuccess;
 }
 
-}  // namespace
-
-ncclResult_t AllToAllFp8::produce(StageOps& ops, const Stage& st) {
+// The program's two halves, over the arguments of one call.
+ncclResult_t produce(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   const size_t es = ops.elem_size();
-  const auto* src = static_cast<const char*>(a_.src);
-  return for_peer_runs(ops, st, a_.count, [&](int first, int last) {
-    const size_t at = static_cast<size_t>(first) * a_.count + st.offset;
-    return ops.quantize(src + at * es, st.length * static_cast<size_t>(last - first), st.set + static_cast<size_t>(first) * cb,
-                        quant::Segmented{st.length, cb}, at);
+  const auto* src = static_cast<const char*>(a.src);
+  return for_peer_runs(ops, st, a.count, [&](int first, int last) {
+    const size_t at = static_cast<size_t>(first) * a.count + st.offset;
+    return ops.quantize(src + at * es, st.length * static_cast<size_t>(last - first),
+                        st.set + static_cast<size_t>(first) * cb, quant::Segmented{st.length, cb}, at);
   });
 }
 
-ncclResult_t AllToAllFp8::finish(StageOps& ops, const Stage& st) {
+ncclResult_t finish(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   const size_t es = ops.elem_size();
-  const auto* src = static_cast<const char*>(a_.src);
-  auto* dst = static_cast<char*>(a_.dst);
+  const auto* src = static_cast<const char*>(a.src);
+  auto* dst = static_cast<char*>(a.dst);
   char* sent = st.set;
   char* received = st.set + static_cast<size_t>(n) * cb;
-  const size_t own = static_cast<size_t>(r) * a_.count + st.offset;
+  const size_t own = static_cast<size_t>(r) * a.count + st.offset;
   if (src != dst) FP8WIRE_TRY(ops.copy(dst + own * es, src + own * es, st.length * es));
   std::array<PeerSend, quant::kMaxReduceInputs> sends;
   std::array<PeerRecv, quant::kMaxReduceInputs> recvs;
@@ -66,11 +65,16 @@ ncclResult_t AllToAllFp8::finish(StageOps& ops, const Stage& st) {
     ++k;
   }
   FP8WIRE_TRY(ops.exchange({sends.data(), k}, {recvs.data(), k}));
-  return for_peer_runs(ops, st, a_.count, [&](int first, int last) {
-    const size_t at = static_cast<size_t>(first) * a_.count + st.offset;
+  return for_peer_runs(ops, st, a.count, [&](int first, int last) {
+    const size_t at = static_cast<size_t>(first) * a.count + st.offset;
     return ops.dequantize(received + static_cast<size_t>(first) * cb, quant::Segmented{st.length, cb},
                           st.length * static_cast<size_t>(last - first), dst + at * es);
   });
 }
+
+}  // namespace
+
+ncclResult_t AllToAllFp8::produce(StageOps& ops, const Stage& st) { return sched::produce(ops, a_, st); }
+ncclResult_t AllToAllFp8::finish(StageOps& ops, const Stage& st) { return sched::finish(ops, a_, st); }
 
 }  // namespace fp8wire::sched

@@ -61,14 +61,20 @@ std::vector<Bytes> raw_inputs(const Spec& s, int n) {
   return v;
 }
 
-Spec a2a(DataType t, size_t count, uint64_t seed) { return Spec{Collective::all_to_all, Path::one_shot, t, ReduceOp::sum, count, seed}; }
+Spec a2a(DataType t, size_t count, uint64_t seed) {
+  return Spec{Collective::all_to_all, Path::one_shot, t, ReduceOp::sum, count, seed};
+}
 
-// Every rank's own chunk of its result is its input's, byte for byte ("" when so).
-std::string own_chunks_exact(const Spec& s, const std::vector<Bytes>& inputs, const Outcome& o) {
+// Runs `s` and checks it: clean, the reference bit for bit, in bound, and every rank's own chunk of
+// its result its input's, byte for byte ("" when so).
+std::string run_and_check(const Run& cfg, const Spec& s, const std::vector<Bytes>& inputs) {
+  const Outcome o = run(cfg, s, inputs);
+  if (std::string e = check_clean(cfg, s, inputs, o); !e.empty()) return e;
   const size_t chunk = s.count * dtype_size(s.dtype);
+  const int n = static_cast<int>(inputs.size());
   for (size_t r = 0; r < inputs.size(); ++r)
     if (std::memcmp(o.first[r].out.data() + r * chunk, inputs[r].data() + r * chunk, chunk) != 0)
-      return fmt::format("rank {}: its own chunk is not its input", r);
+      return fmt::format("{}: rank {}: its own chunk is not its input", describe(s, n, cfg.config), r);
   return "";
 }
 
@@ -91,12 +97,8 @@ TEST_CASE("the FP8 all-to-all: the reference bit for bit, its own chunk exact, i
           REQUIRE(stage > 0);  // one block per peer always fits these scratch sizes
           pipelined += stage < count;
           in_place += cfg.in_place;
-          const auto inputs = inputs_for(spec, n);
-          const Outcome o = run(cfg, spec, inputs);
           ++runs;
-          std::string e = check_clean(cfg, spec, inputs, o);
-          if (e.empty()) e = own_chunks_exact(spec, inputs, o);
-          if (!e.empty()) failures.push_back(e);
+          if (std::string e = run_and_check(cfg, spec, inputs_for(spec, n)); !e.empty()) failures.push_back(e);
         }
       }
     }
@@ -133,12 +135,8 @@ TEST_CASE("the FP8 all-to-all with every wire format option") {
           cfg.config.rounding = fm.rounding;
           cfg.config.block_size = fm.block;
           const Spec spec = a2a(DataType::bf16, count, 5);
-          const auto inputs = inputs_for(spec, n);
-          const Outcome o = run(cfg, spec, inputs);
           ++runs;
-          std::string e = check_clean(cfg, spec, inputs, o);
-          if (e.empty()) e = own_chunks_exact(spec, inputs, o);
-          if (!e.empty()) failures.push_back(e);
+          if (std::string e = run_and_check(cfg, spec, inputs_for(spec, n)); !e.empty()) failures.push_back(e);
         }
   CHECK_MESSAGE(failures.empty(), first_failures(failures));
   MESSAGE(runs << " runs over 5 more wire formats");

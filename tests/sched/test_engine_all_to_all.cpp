@@ -13,6 +13,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -273,11 +274,12 @@ TEST_CASE("all-to-alls in an application group with the other collectives: each 
   }
 }
 
-TEST_CASE("telemetry measures the all-to-all under its own collective; the guard never switches it") {
+TEST_CASE("telemetry and the audit measure the all-to-all under its own collective; the guard never switches it") {
   log_set_level(LogLevel::error);
   Run cfg;
   cfg.config = sim_config();
   cfg.config.telemetry_sample_every = 1;
+  cfg.config.audit_every = 1;  // every call also runs NCCL's own all-to-all on a copy, and the two are compared
   cfg.config.guard_enable = true;
   cfg.config.guard_max_rel_error = 0;  // every measured call would vote, were it guarded
   cfg.second_call = true;
@@ -294,4 +296,11 @@ TEST_CASE("telemetry measures the all-to-all under its own collective; the guard
   CHECK(t.input[a2a_slot][one].sq_error > 0);
   CHECK(t.guard_trips[a2a_slot] == 0);
   CHECK(t.guard_full_calls[a2a_slot] == 0);
+  // The true error of the FP8 result against the exact one, over both calls of every rank: one
+  // quantization of the chunks from the peers (e4m3: a few percent), none of the own chunk.
+  CHECK(t.audited_calls[a2a_slot][one] == 6);
+  CHECK(t.audit_nonfinite[a2a_slot][one] == 0);
+  const double rel = std::sqrt(t.audit_sq_error[a2a_slot][one] / t.audit_sq_exact[a2a_slot][one]);
+  CHECK(rel > 0);
+  CHECK(rel < 0.05);
 }

@@ -114,6 +114,7 @@ struct Worker {
       case Collective::all_reduce: return sched::EngineProbe(engine).all_reduce_forced(path, send, recv, count, t, ncclSum, comm, stream);
       case Collective::reduce_scatter: return sched::EngineProbe(engine).reduce_scatter_forced(path, send, recv, count, t, ncclSum, comm, stream);
       case Collective::all_gather: return sched::EngineProbe(engine).all_gather_forced(path, send, recv, count, t, comm, stream);
+      case Collective::all_to_all: return sched::EngineProbe(engine).all_to_all_forced(path, send, recv, count, t, comm, stream);
     }
     return ncclInvalidArgument;
   }
@@ -296,8 +297,8 @@ struct Worker {
       point.check.pass = point.check.mismatches == 0 && point.check.nonfinite == 0;
       // Data-parallel replicas must stay in sync: an FP8 all-reduce leaves identical bytes everywhere.
       point.check.bitwise_required = c == Collective::all_reduce && path != Path::passthrough;
-      // Reduce-scatter outputs are different slices; identity is meaningful for the other two only.
-      if (c != Collective::reduce_scatter)
+      // Reduce-scatter and all-to-all outputs differ per rank; identity is meaningful for the others only.
+      if (c != Collective::reduce_scatter && c != Collective::all_to_all)
         for (const auto& r : all) point.check.bitwise_identical &= (r.hash == all[0].hash);
       if (point.check.bitwise_required && !point.check.bitwise_identical) point.check.pass = false;
     }
@@ -504,9 +505,9 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   // Every rank gets the same argv, so the configurations (and their fingerprints) still agree.
   if (opt.gather_transports.size() == 1) w.config.gather_transport = opt.gather_transports.front();
   // The benchmark forces each path explicitly; per-collective switches meant for jobs (FP8
-  // all-gather is off by default, being lossy on weights) must not turn a forced path into a fallback.
+  // all-gather and all-to-all are off by default) must not turn a forced path into a fallback.
   w.config.enable = true;
-  w.config.collective_enable = {true, true, true};
+  w.config.collective_enable.fill(true);
 
   // Rank 0 times the codec before anyone has a communicator: on emulated ranks the others would
   // otherwise spin in their first collective on the same GPU and slow the kernels down.
@@ -664,8 +665,8 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     std::vector<unsigned char> host;
     for (uint64_t bytes : job.sizes) {
       const CallCounts counts = call_counts(job.c, bytes, job.d, env.world_size);
-      // Inputs: all-gather ranks send their own elements [0, sendcount); all-reduce and
-      // reduce-scatter send the whole global index range.
+      // Inputs: all-gather ranks send their own elements [0, sendcount); all-reduce, reduce-scatter
+      // and all-to-all send the whole global index range.
       host.resize(counts.send_elems * elem);
       for (int b = 0; b < opt.buffers; ++b) {
         fill_input(job.d, env.rank, b, 0, counts.send_elems, host.data());

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,7 @@ namespace fp8wire::bench {
 inline constexpr int kMaxRepeats = 100;
 
 struct SweepOptions {
-  std::vector<Collective> collectives = {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather};
+  std::vector<Collective> collectives{std::begin(kCollectives), std::end(kCollectives)};
   std::vector<DType> dtypes = {DType::bf16};
   std::vector<Path> paths = {Path::passthrough, Path::two_shot, Path::one_shot, Path::ring};
   uint64_t min_bytes = 4ull << 10;

@@ -52,9 +52,9 @@ enum class DirectProtocol : uint8_t { automatic, kernels, copy_engine };
 // (docs/DESIGN.md, "The agreement at communicator creation").
 enum class Fabric : uint8_t { nvlink = 0, pcie = 1, net = 2 };
 inline constexpr int kFabricCount = 3;
-// Collectives that have an FP8 path.
-enum class Collective : uint8_t { all_reduce = 0, reduce_scatter = 1, all_gather = 2 };
-inline constexpr int kCollectiveCount = 3;
+// Collectives that have an FP8 path. all_to_all: the application's ncclAlltoAll (equal splits).
+enum class Collective : uint8_t { all_reduce = 0, reduce_scatter = 1, all_gather = 2, all_to_all = 3 };
+inline constexpr int kCollectiveCount = 4;
 
 const char* to_string(Fp8Format);
 const char* to_string(ScaleType);
@@ -132,8 +132,10 @@ struct CostModel {
 struct Config {
   // --- master switches ------------------------------------------------------------------------
   bool enable = true;                       // enable          FP8WIRE_ENABLE
-  // Per-collective FP8 switches.           // collectives.all_reduce / .reduce_scatter / .all_gather
-  std::array<bool, kCollectiveCount> collective_enable = {true, true, false};
+  // Per-collective FP8 switches.           // collectives.all_reduce / .reduce_scatter / .all_gather / .all_to_all
+  // The all-gather is lossy on weights, and the all-to-all carries activations (expert-parallel
+  // dispatch and combine), not only gradients: both go FP8 only where the configuration says so.
+  std::array<bool, kCollectiveCount> collective_enable = {true, true, false, false};
 
   // --- wire format ----------------------------------------------------------------------------
   Fp8Format format = Fp8Format::e4m3;       // format          "e4m3" | "e5m2"
@@ -148,16 +150,19 @@ struct Config {
   std::optional<Fabric> fabric_override;       // fabric     "auto" | "nvlink" | "pcie" | "net"
   GatherMethod gather_transport = GatherMethod::automatic;  // gather_transport "auto" | "allgather" | "sendrecv"
   // Smallest caller buffer (bytes) at which a collective goes FP8, per collective and fabric.
-  // thresholds.<all_reduce|reduce_scatter|all_gather>.<nvlink|pcie|net>
+  // thresholds.<all_reduce|reduce_scatter|all_gather|all_to_all>.<nvlink|pcie|net>
   // From the 2x H200 sweeps (docs/PERF.md, "2x H200"): over NVLink FP8 was 0.91-1.05x from 4 to
   // 256 MiB, so NVLink stays on pass-through below 256 MiB unless a measured profile says otherwise;
   // in pcie mode the all-reduce paid from 256 KiB (1 MiB kept as margin), reduce-scatter and the
-  // all-gather over its default transport from ~1.1-2 MiB.
+  // all-gather over its default transport from ~1.1-2 MiB. The all-to-all (its whole send buffer) is
+  // not measured yet: its FP8 program is the reduce-scatter's exchange round without the reduce, set
+  // against NCCL's own send/recv round, so until a sweep says otherwise it takes the reduce-scatter's.
   std::array<std::array<uint64_t, kFabricCount>, kCollectiveCount> thresholds = {{
       // nvlink            pcie              net
       {{256ull << 20, 1ull << 20, 256ull << 10}},   // all_reduce
       {{256ull << 20, 2ull << 20, 256ull << 10}},   // reduce_scatter
       {{256ull << 20, 2ull << 20, 256ull << 10}},   // all_gather
+      {{256ull << 20, 2ull << 20, 256ull << 10}},   // all_to_all
   }};
   // cost_model.<fabric>.{op_latency_us, bus_bandwidth_gbps, codec_gbps, kernel_launch_us,
   //   {allreduce,allgather,reduce_scatter,alltoall}_latency_us, ..._bandwidth_gbps}

@@ -98,8 +98,8 @@ typedef struct fp8wire_error_totals {
 } fp8wire_error_totals;
 void fp8wire_get_error_totals(fp8wire_error_totals* out);
 
-/* Name of collective slot i ("all_reduce", "reduce_scatter", "all_gather"), "" for an unused slot,
- * NULL when i is outside [0, FP8WIRE_MAX_COLLECTIVES). */
+/* Name of collective slot i ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"), "" for an
+ * unused slot, NULL when i is outside [0, FP8WIRE_MAX_COLLECTIVES). */
 const char* fp8wire_collective_name(int i);
 
 /* One measured call's figures by its sequence number (the `seq` of the profiler's per-collective

@@ -140,6 +140,20 @@ FP8WIRE_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, 
       sendbuff, recvbuff, sendcount, datatype, comm, stream);
 }
 
+// NCCL has it from 2.28: with an older one every call returns ncclSystemError naming it, also where
+// FP8 could carry it (its own send/recv round needs no ncclAlltoAll), so that a job sees the same
+// answer whatever its sizes and configuration.
+FP8WIRE_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                         ncclComm_t comm, cudaStream_t stream) {
+  return shim::intercept<&NcclApi::AlltoAll>(
+      "ncclAlltoAll", FP8WIRE_CALLER,
+      [&](Runtime& rt) {
+        if (!rt.real.api.AlltoAll) return shim::report_missing_function("ncclAlltoAll");
+        return rt.engine->all_to_all(sendbuff, recvbuff, count, datatype, comm, stream);
+      },
+      sendbuff, recvbuff, count, datatype, comm, stream);
+}
+
 // --- groups ---------------------------------------------------------------------------------------
 
 FP8WIRE_EXPORT ncclResult_t ncclGroupStart() {

@@ -113,6 +113,7 @@ int quantizations(Collective c, Path p, int nranks) {
       return p == Path::two_shot || p == Path::hierarchical ? 2 : p == Path::one_shot ? 1 : nranks;
     case Collective::reduce_scatter: return p == Path::ring ? std::max(nranks - 1, 1) : 1;
     case Collective::all_gather: return 1;
+    case Collective::all_to_all: return 1;  // the rank's own chunk none (exact)
   }
   return 1;
 }
@@ -138,7 +139,9 @@ uint64_t fnv1a(const void* data, size_t bytes) {
 LocalCheck check_output(const CheckSpec& spec, const void* output) {
   LocalCheck result;
   const uint64_t n = spec.nranks;
-  const uint64_t out_elems = spec.collective == Collective::all_gather ? spec.count * n : spec.count;
+  // All-gather and all-to-all: n chunks of count, chunk j from rank j.
+  const bool chunks = spec.collective == Collective::all_gather || spec.collective == Collective::all_to_all;
+  const uint64_t out_elems = chunks ? spec.count * n : spec.count;
   result.hash = fnv1a(output, out_elems * dtype_size(spec.dtype));
   const double bound = error_bound(spec);
   const uint64_t block = std::max<uint32_t>(spec.block, 1);
@@ -149,6 +152,7 @@ LocalCheck check_output(const CheckSpec& spec, const void* output) {
       case Collective::all_reduce: return j;
       case Collective::reduce_scatter: return static_cast<uint64_t>(spec.rank) * spec.count + j;
       case Collective::all_gather: return j % spec.count;
+      case Collective::all_to_all: return static_cast<uint64_t>(spec.rank) * spec.count + j % spec.count;
     }
     return j;
   };
@@ -160,12 +164,12 @@ LocalCheck check_output(const CheckSpec& spec, const void* output) {
     for (uint64_t i = lo; i < hi; ++i) a = std::max(a, static_cast<double>(std::fabs(input_value(source_rank, spec.buffer, i))));
     return a;
   };
-  const uint64_t input_elems = spec.collective == Collective::all_reduce ? spec.count
-                               : spec.collective == Collective::reduce_scatter ? spec.count * n
-                                                                                : spec.count;
+  const uint64_t input_elems = spec.collective == Collective::reduce_scatter || spec.collective == Collective::all_to_all
+                                   ? spec.count * n
+                                   : spec.count;
   // Per-block sums of amax, memoised: every block is read once per contributing rank.
   const uint64_t nblocks = (input_elems + block - 1) / block;
-  const size_t sources = spec.collective == Collective::all_gather ? static_cast<size_t>(spec.nranks) : 1;
+  const size_t sources = chunks ? static_cast<size_t>(spec.nranks) : 1;
   std::vector<double> block_ref(nblocks * sources, -1.0);
   auto block_sum = [&](int source_rank, uint64_t b) -> double {
     double& slot = block_ref[(source_rank < 0 ? 0 : static_cast<size_t>(source_rank)) * nblocks + b];
@@ -190,7 +194,7 @@ LocalCheck check_output(const CheckSpec& spec, const void* output) {
     const uint64_t i = input_index(j);
     double expected;
     int source = -1;
-    if (spec.collective == Collective::all_gather) {
+    if (chunks) {
       source = static_cast<int>(j / spec.count);
       expected = input_value(source, spec.buffer, i);
     } else {
@@ -202,6 +206,11 @@ LocalCheck check_output(const CheckSpec& spec, const void* output) {
     const float got = load_element(spec.dtype, output, j);
     if (!std::isfinite(got)) {
       ++result.nonfinite;
+      continue;
+    }
+    // The rank's own chunk of an all-to-all never leaves the GPU: exact, whatever the path.
+    if (spec.collective == Collective::all_to_all && source == spec.rank) {
+      result.mismatches += got != expected;
       continue;
     }
     const double err = std::fabs(static_cast<double>(got) - expected);

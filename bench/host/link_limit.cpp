@@ -29,6 +29,7 @@ std::optional<LinkBytes> host_link_bytes(Collective c, Path path, int nranks, ui
       const double w = wire.ratio() * s / n;  // this rank's part of the output
       return fewest ? LinkBytes{w, (n - 1) * w} : LinkBytes{w, n * w};
     }
+    case Collective::all_to_all: break;  // no direct program: NCCL's transports carry it
   }
   return std::nullopt;
 }
@@ -37,10 +38,9 @@ LinkLimit link_limit(Collective c, int nranks, uint64_t bytes, const WireParams&
   LinkLimit best;
   if (!rates.measured()) return best;
   const double k = rates.ranks_per_link;
-  // Reduce-scatter and all-gather have one algorithm each (the sweep labels them two_shot / one_shot).
-  const std::vector<Path> paths = c == Collective::all_reduce     ? std::vector<Path>{Path::two_shot, Path::one_shot}
-                                  : c == Collective::reduce_scatter ? std::vector<Path>{Path::two_shot}
-                                                                    : std::vector<Path>{Path::one_shot};
+  // The others have one algorithm each (sched/plan/types.hpp only_fp8_path).
+  const std::vector<Path> paths = c == Collective::all_reduce ? std::vector<Path>{Path::two_shot, Path::one_shot}
+                                                              : std::vector<Path>{only_fp8_path(c)};
   for (Path p : paths) {
     const auto b = host_link_bytes(c, p, nranks, bytes, wire, true);
     if (!b) continue;

@@ -120,6 +120,7 @@ std::optional<PathShape> path_shape(Collective c, Path p, int nranks, GatherMeth
       case Collective::all_reduce: return shape(ar(1), ar(2 * part), 0, 0);
       case Collective::reduce_scatter: return shape(rs(1), rs(part), 0, 0);
       case Collective::all_gather: return shape(ag(1), ag(part), 0, 0);
+      case Collective::all_to_all: return shape(a2a(1), a2a(part), 0, 0);  // one grouped send/recv round
     }
     return std::nullopt;
   }
@@ -136,6 +137,9 @@ std::optional<PathShape> path_shape(Collective c, Path p, int nranks, GatherMeth
       break;
     case Collective::all_gather:
       if (p == Path::two_shot || p == Path::one_shot) return shape(ag(1), ag(part), 1 / n + 1, 2);
+      break;
+    case Collective::all_to_all:  // the same round of quantized chunks; the own chunk copied
+      if (p == Path::one_shot) return shape(a2a(1), a2a(part), 2 * part + 1 / n, 5);
       break;
   }
   return std::nullopt;

@@ -23,8 +23,7 @@ std::string predicted_cell(const PredictedCrossover& p) {
 // (sched::cheaper_all_reduce) fed this link's and codec's figures, with the all-gather step the curves
 // of the report are drawn with.
 Path planner_path(Collective c, int nranks, const Link& link, const Codec& codec, const WireParams& wire) {
-  if (c == Collective::reduce_scatter) return Path::two_shot;
-  if (c == Collective::all_gather) return Path::one_shot;
+  if (c != Collective::all_reduce) return only_fp8_path(c);
   CostModel model;
   model.op_latency_us = link.alpha_us;
   model.bus_bandwidth_gbps = link.bus_gbps;
@@ -111,8 +110,7 @@ GatherMethod crossover_transport(const CrossoverReport& x) {
 // only: it quantizes at every hop).
 std::vector<Path> planner_candidates(Collective c) {
   if (c == Collective::all_reduce) return {Path::passthrough, Path::two_shot, Path::one_shot};
-  if (c == Collective::reduce_scatter) return {Path::passthrough, Path::two_shot};
-  return {Path::passthrough, Path::one_shot};
+  return {Path::passthrough, only_fp8_path(c)};
 }
 }  // namespace
 
@@ -300,7 +298,7 @@ ModelReport model_report(const std::vector<SweepResult>& sweeps, const ModelOpti
   for (const auto& link : assumed_links()) {
     for (int n : world_sizes) {
       if (n < 2) continue;
-      for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather}) {
+      for (Collective c : kCollectives) {
         const Path path = planner_path(c, n, link, codec, wire);
         const PredictedCrossover p = predict_crossover(c, path, n, link, codec, wire);
         out += fmt::format("  {:<10} {:>5} {:<15} {:<5} {:<9} {:>12} {:>9.2f}x\n", link.name, n, collective_name(c),

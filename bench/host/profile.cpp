@@ -16,7 +16,7 @@ FabricProfile profile_from_sweep(const SweepResult& result, const std::vector<Cr
                                : result.machine.testbed.empty() ? " emulated on one GPU"
                                                                 : " emulated on one GPU (" + result.machine.testbed + ")",
                                result.machine.nccl_version, result.machine.created_utc);
-  for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather}) {
+  for (Collective c : kCollectives) {
     // Thresholds are per collective, not per dtype: bf16 (the gradient dtype of mixed precision) when
     // it was measured, else whichever dtype came first.
     const CrossoverReport* chosen = nullptr;
@@ -77,7 +77,7 @@ std::string render_profile_toml(const std::vector<FabricProfile>& fabrics) {
     out += fmt::format("\n# The sweep measured FP8 paths with this gather transport only.\ngather_transport = \"{}\"\n",
                        transport);
 
-  for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather}) {
+  for (Collective c : kCollectives) {
     bool header = false;
     for (const auto* f : by_fabric) {
       if (!f || !f->thresholds[static_cast<size_t>(c)]) continue;

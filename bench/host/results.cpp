@@ -305,6 +305,8 @@ void fit_operation_latencies(const SweepResult& result, Calibration& cal) {
   // Plain NCCL: each collective's own baseline.
   fit(Collective::all_reduce, Path::passthrough, NcclOp::all_reduce, "plain all_reduce");
   fit(Collective::reduce_scatter, Path::passthrough, NcclOp::reduce_scatter, "plain reduce_scatter");
+  // NCCL's own all-to-all is one grouped send/recv round: where the sweep timed it, the a2a figures
+  // come from it first, and the FP8 points below do not overrule it.
   // The FP8 points count towards the operation their gather step really was (fit_operation skips
   // the points that do not issue `op`): all-gather from those that ran it over all-gather, a2a from
   // those that ran it over send/recv.
@@ -319,13 +321,15 @@ void fit_operation_latencies(const SweepResult& result, Calibration& cal) {
   // The all-reduce paths over send/recv issue nothing but a2a (one-shot one, two-shot two): their
   // points are pooled into one fit, so the figure explains both (fitted from one-shot alone it
   // was right there and half of two-shot's real cost on the emulated 4-rank testbed).
-  fit(Collective::reduce_scatter, Path::two_shot, NcclOp::all_to_all, "FP8 reduce_scatter") ||
+  fit(Collective::all_to_all, Path::passthrough, NcclOp::all_to_all, "plain all_to_all") ||
+      fit(Collective::reduce_scatter, Path::two_shot, NcclOp::all_to_all, "FP8 reduce_scatter") ||
       fit_operation(result, cal,
                     {{Collective::all_reduce, Path::one_shot, "sendrecv"},
                      {Collective::all_reduce, Path::two_shot, "sendrecv"}},
                     NcclOp::all_to_all, "FP8 all_reduce over send/recv, one-shot and two-shot pooled", basis) ||
       fit(Collective::all_reduce, Path::two_shot, NcclOp::all_to_all, "FP8 two_shot all_reduce minus its gather step") ||
-      fit(Collective::all_gather, Path::one_shot, NcclOp::all_to_all, "FP8 all_gather over send/recv");
+      fit(Collective::all_gather, Path::one_shot, NcclOp::all_to_all, "FP8 all_gather over send/recv") ||
+      fit(Collective::all_to_all, Path::one_shot, NcclOp::all_to_all, "FP8 all_to_all");
   if (basis.empty()) return;
   std::string joined;
   for (const auto& b : basis) joined += (joined.empty() ? "" : ", ") + b;
@@ -338,7 +342,7 @@ Calibration calibrate(const SweepResult& result) {
   cal.link.measured = true;
   std::optional<Collective> fitted;
   LinearFit fit;
-  for (Collective c : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather}) {
+  for (Collective c : kCollectives) {
     fit = fit_baseline(result, c);
     if (fit.ok) {
       fitted = c;

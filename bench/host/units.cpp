@@ -104,6 +104,7 @@ std::optional<Collective> parse_collective(std::string_view text) {
   if (s == "all_reduce" || s == "allreduce" || s == "ar") return Collective::all_reduce;
   if (s == "reduce_scatter" || s == "reducescatter" || s == "rs") return Collective::reduce_scatter;
   if (s == "all_gather" || s == "allgather" || s == "ag") return Collective::all_gather;
+  if (s == "all_to_all" || s == "alltoall" || s == "a2a") return Collective::all_to_all;
   return std::nullopt;
 }
 
@@ -118,7 +119,7 @@ std::optional<Fabric> parse_fabric(std::string_view text) {
 double busbw_factor(Collective c, int nranks) {
   if (nranks <= 1) return 0.0;  // nothing crosses a link
   const double n = nranks;
-  return c == Collective::all_reduce ? 2.0 * (n - 1) / n : (n - 1) / n;
+  return c == Collective::all_reduce ? 2.0 * (n - 1) / n : (n - 1) / n;  // alltoall_perf: (n-1)/n too
 }
 
 double algbw_gbps(uint64_t bytes, double time_us) {
@@ -132,6 +133,8 @@ CallCounts call_counts(Collective c, uint64_t full_bytes, DType t, int nranks) {
     case Collective::all_reduce: return {total, total, total};
     case Collective::reduce_scatter: return {per_rank * nranks, per_rank, per_rank};
     case Collective::all_gather: return {per_rank, per_rank * nranks, per_rank};
+    // The send buffer, as alltoall_perf reports it: per_rank elements to and from every rank.
+    case Collective::all_to_all: return {per_rank * nranks, per_rank * nranks, per_rank};
   }
   return {0, 0, 0};
 }
@@ -141,6 +144,7 @@ const char* collective_name(Collective c) {
     case Collective::all_reduce: return "all_reduce";
     case Collective::reduce_scatter: return "reduce_scatter";
     case Collective::all_gather: return "all_gather";
+    case Collective::all_to_all: return "all_to_all";
   }
   return "?";
 }
@@ -205,8 +209,7 @@ std::vector<Path> paths_for(Collective c, const std::vector<Path>& requested) {
     any_fp8 = true;
     if (c == Collective::all_reduce && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
   }
-  if (any_fp8 && c == Collective::reduce_scatter) out.push_back(Path::two_shot);
-  if (any_fp8 && c == Collective::all_gather) out.push_back(Path::one_shot);
+  if (any_fp8 && c != Collective::all_reduce) out.push_back(only_fp8_path(c));
   return out;
 }
 

@@ -29,12 +29,16 @@ inline constexpr size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
 const char* to_string(DType);
 std::optional<DType> parse_dtype(std::string_view);  // "bf16" | "fp16"/"f16" | "fp32"/"f32"
 
-std::optional<Collective> parse_collective(std::string_view);  // "all_reduce"/"allreduce"/"ar", ...
+// Every collective a sweep can time, in the order `--collectives all` times them.
+inline constexpr Collective kCollectives[] = {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
+                                              Collective::all_to_all};
+std::optional<Collective> parse_collective(std::string_view);  // "all_reduce"/"allreduce"/"ar", ..., "all_to_all"/"a2a"
 std::optional<Fabric> parse_fabric(std::string_view);          // "nvlink" | "pcie" | "net"
 
 // Bus-bandwidth factor of nccl-tests (its doc/PERFORMANCE.md): busbw = algbw * factor, where algbw =
 // bytes / time and bytes is the full-buffer size nccl-tests reports (all-reduce: the buffer;
-// reduce-scatter: the input, n x the output; all-gather: the output, n x the input).
+// reduce-scatter: the input, n x the output; all-gather: the output, n x the input; all-to-all: the
+// send buffer, n chunks, its factor (n-1)/n as alltoall_perf's).
 double busbw_factor(Collective c, int nranks);
 // GB/s (1e9 bytes per second) from bytes and microseconds.
 double algbw_gbps(uint64_t bytes, double time_us);
@@ -43,7 +47,7 @@ double algbw_gbps(uint64_t bytes, double time_us);
 struct CallCounts {
   uint64_t send_elems;  // elements in each rank's send buffer
   uint64_t recv_elems;  // elements in each rank's receive buffer
-  uint64_t count_arg;   // the count argument of the NCCL call (recvcount for RS, sendcount for AG)
+  uint64_t count_arg;   // the count argument of the NCCL call (recvcount for RS, sendcount for AG, per peer for A2A)
 };
 CallCounts call_counts(Collective c, uint64_t full_bytes, DType t, int nranks);
 
@@ -67,8 +71,8 @@ std::string gather_transport_option_name(const std::vector<GatherMethod>& transp
 // has_gather_step(collective, path): sched/engine/accounting.hpp, shared with the planner.
 
 // The FP8 paths worth timing for a collective, given the requested ones (in the requested order):
-// all-reduce has three algorithms; reduce-scatter has one (sched/ runs it as two_shot) and
-// all-gather one (one_shot: quantize, all-gather bytes, dequantize), so any FP8 request maps to it.
+// all-reduce has three algorithms; reduce-scatter, all-gather and all-to-all one each (sched/plan/
+// types.hpp only_fp8_path: two_shot, one_shot, one_shot), so any FP8 request maps to it.
 // passthrough is always first.
 std::vector<Path> paths_for(Collective c, const std::vector<Path>& requested);
 

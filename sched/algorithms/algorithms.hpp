@@ -54,6 +54,10 @@ extern const Fp8Algorithm kRingAllReduce;
 extern const Fp8Algorithm kReduceScatterFp8;
 // All-gather: quantize, gather the chunks, decode every rank's chunk.
 extern const Fp8Algorithm kAllGatherFp8;
+// All-to-all (the application's ncclAlltoAll, equal splits): quantize the stage's part of every
+// peer's chunk, each chunk its own blocks; one send/recv round; decode each received chunk into its
+// place. The rank's own chunk is copied, never quantized. Fp8Args::count is the count per peer.
+extern const Fp8Algorithm kAllToAllFp8;
 
 // The same four collectives over a direct transport (sched/transport/direct_windows.hpp, direct.cpp):
 // the codec kernels load and store the windows of the machine's ranks themselves. Same arithmetic,

@@ -15,7 +15,8 @@
 
 namespace fp8wire {
 
-enum class CallKind : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, send, recv };
+// New kinds go last: the numbers are in records a reader may hold.
+enum class CallKind : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, reduce, send, recv, all_to_all };
 inline const char* to_string(CallKind k) {
   switch (k) {
     case CallKind::all_reduce: return "all_reduce";
@@ -25,6 +26,7 @@ inline const char* to_string(CallKind k) {
     case CallKind::reduce: return "reduce";
     case CallKind::send: return "send";
     case CallKind::recv: return "recv";
+    case CallKind::all_to_all: return "all_to_all";
   }
   return "unknown";
 }

@@ -27,6 +27,7 @@ CallKind kind_of(Collective c) {
     case Collective::all_reduce: return CallKind::all_reduce;
     case Collective::reduce_scatter: return CallKind::reduce_scatter;
     case Collective::all_gather: return CallKind::all_gather;
+    case Collective::all_to_all: return CallKind::all_to_all;
   }
   return CallKind::all_reduce;
 }
@@ -147,6 +148,9 @@ ncclResult_t Engine::reduce_scatter(const void* s, void* r, size_t n, ncclDataTy
 }
 ncclResult_t Engine::all_gather(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
   return guarded("collective", [&] { return impl_->submit({Collective::all_gather, s, r, n, t, ncclSum, c, st}, std::nullopt); });
+}
+ncclResult_t Engine::all_to_all(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
+  return guarded("collective", [&] { return impl_->submit({Collective::all_to_all, s, r, n, t, ncclSum, c, st}, std::nullopt); });
 }
 
 ncclResult_t Engine::group_start() {

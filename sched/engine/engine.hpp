@@ -69,6 +69,11 @@ class Engine {
                               cudaStream_t stream);
   ncclResult_t all_gather(const void* sendbuff, void* recvbuff, size_t sendcount,
                           ncclDataType_t dtype, ncclComm_t comm, cudaStream_t stream);
+  // ncclAlltoAll: `count` elements to and from every rank (chunk j of sendbuff goes to rank j). Its
+  // pass-through is the real ncclAlltoAll, which NCCL has from 2.28: with an older one a call that
+  // would pass through returns ncclSystemError, and says why (the shim refuses every call then).
+  ncclResult_t all_to_all(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t dtype,
+                          ncclComm_t comm, cudaStream_t stream);
 
   // --- groups: FP8 calls issued inside the application's group run at its outermost GroupEnd -----
   ncclResult_t group_start();

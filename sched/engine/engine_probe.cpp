@@ -38,6 +38,11 @@ ncclResult_t EngineProbe::all_gather_forced(Path p, const void* s, void* r, size
   if (is_fp8(p)) p = Path::one_shot;
   return guarded("collective", [&] { return engine_->impl_->submit({Collective::all_gather, s, r, n, t, ncclSum, c, st}, p); });
 }
+ncclResult_t EngineProbe::all_to_all_forced(Path p, const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c,
+                                            cudaStream_t st) {
+  if (is_fp8(p)) p = Path::one_shot;  // its one FP8 algorithm
+  return guarded("collective", [&] { return engine_->impl_->submit({Collective::all_to_all, s, r, n, t, ncclSum, c, st}, p); });
+}
 
 Fabric EngineProbe::fabric_of(ncclComm_t comm) const {
   const CommRef s = engine_->impl_->registry.find(comm);

@@ -46,6 +46,8 @@ class EngineProbe {
                                      ncclDataType_t dtype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
   ncclResult_t all_gather_forced(Path path, const void* sendbuff, void* recvbuff, size_t sendcount,
                                  ncclDataType_t dtype, ncclComm_t comm, cudaStream_t stream);
+  ncclResult_t all_to_all_forced(Path path, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t dtype,
+                                 ncclComm_t comm, cudaStream_t stream);
 
  private:
   Engine* engine_;

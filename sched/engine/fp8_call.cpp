@@ -61,14 +61,17 @@ class CoalescedAllReduce final : public StageProgram {
 };
 
 size_t send_bytes_of(const Call& c, int nranks, size_t es) {
-  return c.count * es * (c.collective == Collective::reduce_scatter ? static_cast<size_t>(nranks) : 1);
+  const bool per_rank = c.collective == Collective::reduce_scatter || c.collective == Collective::all_to_all;
+  return c.count * es * (per_rank ? static_cast<size_t>(nranks) : 1);
 }
 size_t recv_bytes_of(const Call& c, int nranks, size_t es) {
-  return c.count * es * (c.collective == Collective::all_gather ? static_cast<size_t>(nranks) : 1);
+  const bool per_rank = c.collective == Collective::all_gather || c.collective == Collective::all_to_all;
+  return c.count * es * (per_rank ? static_cast<size_t>(nranks) : 1);
 }
 const char* range_name(Collective c, Path p) {
   if (c == Collective::reduce_scatter) return "fp8wire reduce_scatter";
   if (c == Collective::all_gather) return "fp8wire all_gather";
+  if (c == Collective::all_to_all) return "fp8wire all_to_all";
   return p == Path::one_shot ? "fp8wire one_shot" : p == Path::ring ? "fp8wire ring" : "fp8wire two_shot";
 }
 

@@ -48,7 +48,7 @@ uint64_t plain_wire_bytes(const Call& c, const CommIdentity* s) {
   if (!s || s->nranks <= 1) return s ? 0 : bytes;
   const uint64_t n = static_cast<uint64_t>(s->nranks);
   if (c.collective == Collective::all_reduce) return 2 * (n - 1) * bytes / n;
-  return (n - 1) * bytes;  // reduce_scatter: recvcount per peer; all_gather: sendcount per peer
+  return (n - 1) * bytes;  // reduce_scatter: recvcount per peer; all_gather: sendcount; all_to_all: count
 }
 }  // namespace
 
@@ -58,6 +58,13 @@ ncclResult_t Engine::Impl::issue_plain(const Call& c) {
     case Collective::reduce_scatter:
       return api->ReduceScatter(c.send, c.recv, c.count, c.dtype, c.op, c.comm, c.stream);
     case Collective::all_gather: return api->AllGather(c.send, c.recv, c.count, c.dtype, c.comm, c.stream);
+    case Collective::all_to_all:
+      if (!api->AlltoAll) {  // optional in the table: NCCL before 2.28 has none
+        FP8WIRE_WARN_ONCE("ncclAlltoAll: the loaded NCCL has no ncclAlltoAll (NCCL 2.28 added it); "
+                          "returning ncclSystemError");
+        return ncclSystemError;
+      }
+      return api->AlltoAll(c.send, c.recv, c.count, c.dtype, c.comm, c.stream);
   }
   return ncclInvalidArgument;
 }

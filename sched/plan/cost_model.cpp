@@ -115,6 +115,7 @@ double fixed_latency_us(const CostModel& m, Collective collective, Path path, in
       break;
     case Collective::reduce_scatter: return is_fp8(path) ? a2a : rs;  // FP8: a2a + local reduce
     case Collective::all_gather: return ag;                           // FP8: all-gather of FP8 chunks
+    case Collective::all_to_all: return a2a;                          // plain or FP8: one send/recv round
   }
   return m.op_latency_us;
 }
@@ -157,6 +158,13 @@ double predicted_us(const CostModel& m, Collective collective, Path path, uint64
     case Collective::all_gather:
       if (!is_fp8(path)) return op(NcclOp::all_gather, part * s);
       return op(g, part * w) + (s / n + s) / codec + 2 * launch;
+    case Collective::all_to_all:
+      // NCCL's own is one grouped send/recv round of every chunk but the rank's own. The FP8 one:
+      // the same round of quantized chunks; the chunks sent quantized, those received dequantized,
+      // the own chunk copied (counted at the codec's rate); two quantize and two dequantize launches
+      // (the peers before this rank's chunk and after it) and the copy.
+      if (!is_fp8(path)) return op(NcclOp::all_to_all, part * s);
+      return op(NcclOp::all_to_all, part * w) + (2.0 * part + 1.0 / n) * s / codec + 5 * launch;
   }
   return 1e30;  // a path this model cannot price is never the cheapest
 }
@@ -194,6 +202,7 @@ DirectCost direct_cost_parts(const CostModel& m, Collective collective, Path pat
       codec_us = (s / n + s) / codec;
       launches = n + 1;
       break;
+    case Collective::all_to_all: break;  // no direct program (predicted_direct_us: never the cheaper)
   }
   d.other_us = codec_us + launches * m.kernel_launch_us;
   return d;
@@ -201,14 +210,18 @@ DirectCost direct_cost_parts(const CostModel& m, Collective collective, Path pat
 
 double predicted_direct_us(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes, int nranks,
                            const quant::WireFormat& format, Carrier kind) {
-  if (m.direct_bandwidth_gbps <= 0 || !is_fp8(path) || path == Path::ring || path == Path::hierarchical) return 1e30;
+  if (m.direct_bandwidth_gbps <= 0 || !is_fp8(path) || path == Path::ring || path == Path::hierarchical ||
+      collective == Collective::all_to_all)
+    return 1e30;
   const DirectCost d = direct_cost_parts(m, collective, path, caller_bytes, nranks, format, kind);
   return d.barriers * m.direct_latency_us + d.link_bytes / (m.direct_bandwidth_gbps * 1e3) + d.other_us;
 }
 
 Carrier carrier_for(const Config& config, Collective collective, Path path, uint64_t caller_bytes,
                             int nranks, Fabric fabric, Carrier available) {
-  if (available == Carrier::nccl || !is_fp8(path) || path == Path::ring || path == Path::hierarchical)
+  // The all-to-all has no direct program yet: over NCCL's transports whatever direct.transport says.
+  if (available == Carrier::nccl || !is_fp8(path) || path == Path::ring || path == Path::hierarchical ||
+      collective == Collective::all_to_all)
     return Carrier::nccl;
   if (config.direct_transport == DirectMode::off) return Carrier::nccl;
   if (config.direct_transport != DirectMode::automatic) return available;  // set up as configured

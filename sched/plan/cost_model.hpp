@@ -45,8 +45,8 @@ DirectCost direct_cost_parts(const CostModel& model, Collective collective, Path
                              int nranks, const quant::WireFormat& format, Carrier kind);
 // The transport of one FP8 call, when the communicator has a direct transport of kind `available`
 // (Carrier::nccl: none): a direct.transport the configuration names is taken for every path it
-// carries (one-shot, two-shot, the reduce-scatter and the all-gather; not the ring or the
-// hierarchical path); with auto, the direct transport where the cost model of `fabric` predicts it
+// carries (one-shot, two-shot, the reduce-scatter and the all-gather; not the ring, the
+// hierarchical path or the all-to-all, which always go over NCCL's transports); with auto, the direct transport where the cost model of `fabric` predicts it
 // cheaper than NCCL's. A function of the config and the call's shape only: every rank picks the same.
 Carrier carrier_for(const Config& config, Collective collective, Path path, uint64_t caller_bytes,
                             int nranks, Fabric fabric, Carrier available);

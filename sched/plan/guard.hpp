@@ -55,8 +55,9 @@ inline uint64_t guard_scope(size_t batch, uint64_t feedback_key) { return batch 
 
 // Whether the flags of a call reach every rank as the same set of votes: the one-shot and two-shot
 // all-reduce (over NCCL or a direct transport, coalesced or not) and the all-gather, with a scale
-// that has a spare bit. Not the reduce-scatter (rank r sees only the chunks sent to it, voted before
-// the rank's other chunks were measured), the ring or the hierarchical path (votes stay inside a rail).
+// that has a spare bit. Not the reduce-scatter or the all-to-all (rank r sees only the chunks sent to
+// it, voted before their senders' other chunks were measured), the ring or the hierarchical path
+// (votes stay inside a rail): those are measured only.
 bool guard_eligible(Collective collective, Path path, ScaleType scale);
 
 // What the scope's next call does; advances its count. Under capture nothing is measured (the record

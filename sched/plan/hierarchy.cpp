@@ -51,7 +51,10 @@ double hierarchical_us(const CostModel& intra, const CostModel& net, Collective 
 Plan plan_on(const Config& config, const CallShape& call, Fabric flat_fabric, const Topology& t,
              bool hierarchy_ready) {
   // One host, or one rank per host (nothing to reduce inside a host): the flat paths as they are.
-  if (t.hosts <= 1 || t.max_ranks_per_host <= 1) return plan_call(config, call, flat_fabric);
+  // The all-to-all everywhere: NCCL's own sends every chunk straight to its rank too (no ring to
+  // compare with), so the flat FP8 one moves fewer bytes between hosts at any shape.
+  if (t.hosts <= 1 || t.max_ranks_per_host <= 1 || call.collective == Collective::all_to_all)
+    return plan_call(config, call, flat_fabric);
   const PassReason reason = static_eligibility(config, call);
   if (reason != PassReason::none) return {Path::passthrough, reason};
   const uint64_t bytes = threshold_bytes(call);

@@ -41,10 +41,10 @@ PassReason static_eligibility(const Config& config, const CallShape& call) {
 PassReason shape_eligibility(const CallShape& call) {
   quant::ElemType type;
   if (!elem_type_of(call.dtype, &type)) return PassReason::dtype;
-  // all_gather has no reduction, so its op is meaningless; sum and avg are the only linear
-  // reductions an FP8 sum reproduces (max/min/prod and premulsum/custom ops are not).
-  if (call.collective != Collective::all_gather && call.op != ReduceOp::sum && call.op != ReduceOp::avg)
-    return PassReason::op;
+  // all_gather and all_to_all have no reduction, so their op is meaningless; sum and avg are the
+  // only linear reductions an FP8 sum reproduces (max/min/prod and premulsum/custom ops are not).
+  const bool reduces = call.collective == Collective::all_reduce || call.collective == Collective::reduce_scatter;
+  if (reduces && call.op != ReduceOp::sum && call.op != ReduceOp::avg) return PassReason::op;
   if (call.nranks <= 1) return PassReason::single_rank;
   if (call.count == 0) return PassReason::empty;
   if (call.nranks > quant::kMaxReduceInputs) return PassReason::too_many_ranks;
@@ -69,10 +69,8 @@ Plan plan_call(const Config& config, const CallShape& call, Fabric fabric) {
 
   const quant::WireFormat format = quant::WireFormat::from(config);
   const CostModel model = effective_cost_model(config, fabric);
-  Path fp8 = Path::two_shot;
-  if (call.collective == Collective::all_gather) {
-    fp8 = Path::one_shot;
-  } else if (call.collective == Collective::all_reduce) {
+  Path fp8 = only_fp8_path(call.collective);
+  if (call.collective == Collective::all_reduce) {
     switch (config.algorithm) {
       case Algorithm::two_shot: fp8 = Path::two_shot; break;
       case Algorithm::one_shot: fp8 = Path::one_shot; break;

@@ -19,7 +19,7 @@ enum class PassReason : uint8_t {
   none,
   disabled,             // enable = false
   collective_disabled,  // collectives.<name> = false
-  dtype,                // not fp32 / fp16 / bf16
+  dtype,                // not fp32 / fp16 / bf16 (passes through exactly: NCCL moves the bytes)
   op,                   // not sum / avg (max, min, prod, premulsum and custom ops)
   single_rank,          // 1-rank communicator: nothing to communicate
   empty,                // zero elements
@@ -43,7 +43,7 @@ inline Fabric fabric_without_agreement(const Config& config) { return config.fab
 
 // Bytes of the caller's full buffer, the quantity thresholds are compared with. For reduce_scatter
 // it is the send buffer (nranks * recvcount elements), for all_gather the receive buffer (nranks *
-// sendcount), as nccl-tests reports sizes.
+// sendcount), for all_to_all the send buffer (nranks * count), as nccl-tests reports sizes.
 uint64_t threshold_bytes(const CallShape& call);
 
 // Rules that need no fabric (the cheap checks, done before any per-communicator state is touched).
@@ -65,9 +65,10 @@ struct Plan {
 };
 // Full plan of one call on a communicator of a known fabric. Above the threshold the algorithm is
 // Config::algorithm, or, when automatic, the cheapest of one-shot and two-shot by the cost model; a
-// calibrated cost model (CostModel::calibrated) may also prefer pass-through. reduce_scatter and
-// all_gather have a single FP8 algorithm each, reported as Path::two_shot (the a2a + reduce of
-// reduce_scatter) and Path::one_shot (quantize + all-gather) respectively.
+// calibrated cost model (CostModel::calibrated) may also prefer pass-through. reduce_scatter,
+// all_gather and all_to_all have a single FP8 algorithm each, reported as Path::two_shot (the a2a +
+// reduce of reduce_scatter), Path::one_shot (quantize + all-gather) and Path::one_shot (quantize, one
+// send/recv round, dequantize: "one exchange") respectively.
 Plan plan_call(const Config& config, const CallShape& call, Fabric fabric);
 
 }  // namespace fp8wire::sched

@@ -39,8 +39,10 @@ Route route_call(const Config& config, const CommFacts& comm, const CallShape& c
     if (!is_fp8(plan.path)) return pass(plan.path, plan.reason);
     path = plan.path;
   }
-  if (path == Path::hierarchical && (!comm.hierarchy_ready || call.collective == Collective::all_gather))
-    return pass(Path::fallback, PassReason::no_hierarchy);  // forced where the communicator has none
+  // Forced where the communicator has none, or for a collective without a hierarchical program.
+  const bool hierarchical_program = call.collective == Collective::all_reduce || call.collective == Collective::reduce_scatter;
+  if (path == Path::hierarchical && (!comm.hierarchy_ready || !hierarchical_program))
+    return pass(Path::fallback, PassReason::no_hierarchy);
   if (!comm.fp8_ok) return pass(Path::fallback, PassReason::agreement);
   return route_fp8(config, comm, call, path);
 }

@@ -40,6 +40,9 @@ size_t stage_scratch_bytes(Collective collective, Path path, size_t n, int nrank
     }
     case Collective::reduce_scatter: return 2 * ranks * quant::chunk_bytes(n, f);
     case Collective::all_gather: return ranks * quant::chunk_bytes(n, f);
+    // One slot per peer sent and one received, each the stage's part of that peer's chunk padded to
+    // whole blocks on its own (the own slots stay unused: that chunk is copied, never quantized).
+    case Collective::all_to_all: return 2 * ranks * quant::chunk_bytes(n, f);
   }
   return 0;
 }
@@ -136,6 +139,7 @@ size_t direct_set_bytes(Collective collective, Path path, size_t len, int nranks
       return quant::chunk_bytes(len, f);
     case Collective::reduce_scatter: return ranks * quant::chunk_bytes(len, f);
     case Collective::all_gather: return quant::chunk_bytes(len, f);
+    case Collective::all_to_all: return 0;  // no direct program: carrier_for never picks one
   }
   return 0;
 }

@@ -45,7 +45,8 @@ inline constexpr bool elem_type_of(DataType t, quant::ElemType* out) {
 enum class Path : uint8_t {
   passthrough = 0,  // not eligible: the real NCCL call, untouched
   two_shot = 1,     // FP8 all-to-all + all-gather (the default FP8 algorithm)
-  one_shot = 2,     // FP8 all-gather of quantized inputs, every rank reduces
+  one_shot = 2,     // FP8 all-gather of quantized inputs, every rank reduces; for the all-gather and
+                    // the all-to-all, their one exchange of quantized chunks
   ring = 3,         // FP8 ring (comparison only)
   fallback = 4,     // eligible, but the FP8 path could not run; passed through (reason logged once)
   hierarchical = 5, // full precision inside each host, FP8 between hosts
@@ -67,13 +68,26 @@ inline const char* to_string(Path p) {
   return "unknown";
 }
 inline bool is_fp8(Path p) { return p != Path::passthrough && p != Path::fallback; }
+// The FP8 algorithm of a collective that has only one, as records and tables name it: the
+// reduce-scatter's two_shot (an all-to-all of quantized chunks, then the reduce), the all-gather's and
+// the all-to-all's one_shot (one exchange); passthrough for the all-reduce, which has several.
+inline Path only_fp8_path(Collective c) {
+  switch (c) {
+    case Collective::reduce_scatter: return Path::two_shot;
+    case Collective::all_gather:
+    case Collective::all_to_all: return Path::one_shot;
+    case Collective::all_reduce: break;
+  }
+  return Path::passthrough;
+}
 
 // Whether an FP8 path ends by gathering every rank's quantized slot (one-shot's exchange, two-shot's
 // and ring's final all-gather, the FP8 all-gather), the step Config::gather_transport chooses the
-// NCCL calls of. The FP8 reduce-scatter ends with its local reduce; plain NCCL has none.
+// NCCL calls of. The FP8 reduce-scatter ends with its local reduce, the FP8 all-to-all with its one
+// send/recv round (every rank a different chunk to every peer: nothing to gather); plain NCCL has none.
 inline bool has_gather_step(Collective collective, Path path) {
   if (!is_fp8(path)) return false;
-  return collective != Collective::reduce_scatter;
+  return collective != Collective::reduce_scatter && collective != Collective::all_to_all;
 }
 
 // What carried an FP8 call's data: NCCL's transports (send/recv, all-gather), or a direct transport's
@@ -91,7 +105,7 @@ inline const char* to_string(Carrier t) {
 
 namespace sched {
 // What the planner sees of one call. `count` is the element count the application passed
-// (all_reduce: count; reduce_scatter: recvcount; all_gather: sendcount).
+// (all_reduce: count; reduce_scatter: recvcount; all_gather: sendcount; all_to_all: count per peer).
 struct CallShape {
   Collective collective = Collective::all_reduce;
   DataType dtype = DataType::f32;

@@ -4,8 +4,8 @@ namespace fp8wire {
 
 // Everything fp8wire calls itself, plus the pass-through of the collectives every job uses. The
 // rest may be missing from an older NCCL (CommInitRankConfig/Finalize 2.14, CommSplit 2.18,
-// GroupSimulateEnd 2.22, CommInitRankScalable 2.23, CommShrink 2.27, GetLastError 2.13, the legacy
-// Bcast); an export whose real function is missing returns ncclSystemError.
+// GroupSimulateEnd 2.22, CommInitRankScalable 2.23, CommShrink 2.27, AlltoAll 2.28, GetLastError
+// 2.13, the legacy Bcast); an export whose real function is missing returns ncclSystemError.
 bool NcclApi::has_required() const {
   return GetVersion && GetUniqueId && GetErrorString && CommInitRank && CommInitAll && CommDestroy &&
          CommAbort && CommGetAsyncError && CommCount && CommCuDevice && CommUserRank && AllReduce &&

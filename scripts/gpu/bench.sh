@@ -7,7 +7,8 @@
 #   2. JSON: every size x path present, no unsupported/fallback points, every check passed,
 #      busbw = algbw * 2(n-1)/n, wire bytes recorded by sched/ accounting.
 #   3. profile: parses as TOML with thresholds.all_reduce.<fabric> and a calibrated cost_model.<fabric>.
-#   4. a small reduce-scatter + all-gather sweep (2 ranks, 1..16 MiB) with checks.
+#   4. a small reduce-scatter + all-gather sweep (2 ranks, 1..16 MiB) with checks; 4b. the same for the
+#      all-to-all (1..64 MiB), its threshold written to the profile.
 #   5. model: reads the sweep JSON, checks it against the measured crossover, prints predictions.
 #   6. plot: scripts/plot_sweep.py writes $OUT/fp8wire-sweep.png.
 #   7. torchrun-style rank without a rank 0: gives up after --bootstrap-timeout with a clear error.
@@ -134,6 +135,15 @@ timeout -k 5 60 "$BIN" sweep --emulate-ranks 2 --collectives reduce_scatter,all_
 rc=$?
 if (( rc == 0 )) && grep -q "^PASS checks" "$OUT/rs_ag.log"; then pass "sweep reduce_scatter+all_gather bf16/fp32: $(grep '^PASS checks' "$OUT/rs_ag.log")"
 else fail "sweep reduce_scatter+all_gather rc=$rc: $(grep -E '^FAIL' "$OUT/rs_ag.log" | head -n 2 | tr '\n' ' ') $(grep -v '^\[' "$OUT/rs_ag.err" | tail -n 2 | tr '\n' ' ')"; fi
+
+# 4b. all-to-all (equal splits; one FP8 algorithm), short: checked, and its threshold in the profile
+timeout -k 5 60 "$BIN" sweep --emulate-ranks 2 --collectives all_to_all --dtypes bf16,fp32 \
+  --min 1MiB --max 64MiB --step 4 --warmup 1 --repeats 3 --buffers 2 --timeout 50 \
+  --json "$OUT/a2a.json" --profile "$OUT/a2a-profile.toml" > "$OUT/a2a.log" 2> "$OUT/a2a.err"
+rc=$?
+if (( rc == 0 )) && grep -q "^PASS checks" "$OUT/a2a.log" && grep -q "^\[thresholds.all_to_all\]" "$OUT/a2a-profile.toml"; then
+  pass "sweep all_to_all bf16/fp32: $(grep '^PASS checks' "$OUT/a2a.log"); $(grep -A1 '^\[thresholds.all_to_all\]' "$OUT/a2a-profile.toml" | tail -n 1)"
+else fail "sweep all_to_all rc=$rc: $(grep -E '^FAIL' "$OUT/a2a.log" | head -n 2 | tr '\n' ' ') $(grep -v '^\[' "$OUT/a2a.err" | tail -n 2 | tr '\n' ' ')"; fi
 
 # 5. model
 if "$BIN" model "$OUT/fp8wire-sweep.json" --nranks 8 --json "$OUT/model.json" > "$OUT/model.log" 2>&1 \

@@ -7,6 +7,8 @@
 #   2. tests/sched/ddp_parity.py: PyTorch DDP 200 steps with and without LD_PRELOAD=build/shim/libfp8wire.so.
 #   3. tests/sched/graph_capture.py: torch CUDA graph of dist.all_reduce under the shim (a plain-NCCL
 #      capture run first; SKIPPED when plain NCCL cannot capture on this testbed; per-phase watchdog).
+#   4. tests/sched/all_to_all_torch.py: dist.all_to_all_single (equal splits: ncclAlltoAll) with and
+#      without the shim and FP8WIRE_COLLECTIVES_ALL_TO_ALL=1: one quantization's bound, own chunk exact.
 # Env: SCHED_RANKS (default "2 3": DDP runs), SCHED_GRAPH_RANKS (default "2 3"), SCHED_MULTIRANK_RANKS
 # (default: SCHED_RANKS and 4, comma-separated), SCHED_MULTIRANK_LIMIT (s, default 280), SCHED_BIG (1: the
 # 256 MiB case; 0: 64 MiB). Logs under $OUT.
@@ -31,6 +33,9 @@ fi
 
 for n in $ranks; do
   gpu_step "ddp_parity_n$n" 120 "$PY" tests/sched/ddp_parity.py --nproc "$n" --out "$OUT"
+done
+for n in $ranks; do
+  gpu_step "all_to_all_torch_n$n" 200 "$PY" tests/sched/all_to_all_torch.py --nproc "$n" --out "$OUT"
 done
 for n in $graph_ranks; do
   # graph_capture.py bounds itself (per-phase watchdog, two launches of <= 80 s); the outer timeout

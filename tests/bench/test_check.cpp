@@ -114,6 +114,34 @@ TEST_CASE("reduce-scatter and all-gather checks index the right slices") {
   CHECK(check_output(spec, gathered.data()).mismatches == 0);
 }
 
+TEST_CASE("all-to-all check: chunk j from rank j's slice for this rank, the own chunk exact") {
+  const int n = 4, rank = 1;
+  const uint64_t count = 300;  // per peer
+  CheckSpec spec;
+  spec.collective = Collective::all_to_all;
+  spec.path = Path::one_shot;
+  spec.dtype = DType::bf16;
+  spec.nranks = n;
+  spec.rank = rank;
+  spec.count = count;
+  std::vector<uint16_t> out(count * n);
+  auto expected = [&](uint64_t j) { return input_value(static_cast<int>(j / count), 0, rank * count + j % count); };
+  for (uint64_t j = 0; j < out.size(); ++j) out[j] = float_to_bf16(expected(j));
+  CHECK(check_output(spec, out.data()).mismatches == 0);
+  // Within one quantization of another rank's chunk: passes; the same in its own chunk: fails.
+  std::vector<uint16_t> off = out;
+  const uint64_t theirs = 2 * count + 7, mine = rank * count + 7;
+  off[theirs] = float_to_bf16(expected(theirs) * 1.01f);
+  CHECK(check_output(spec, off.data()).mismatches == 0);
+  off[mine] = float_to_bf16(expected(mine) == 0 ? 1e-3f : expected(mine) * 1.01f);
+  CHECK(check_output(spec, off.data()).mismatches == 1);
+  // Another rank's slices: wrong.
+  spec.rank = 2;
+  CHECK(check_output(spec, out.data()).mismatches > 0);
+  CHECK(quantizations(Collective::all_to_all, Path::one_shot, n) == 1);
+  CHECK(quantizations(Collective::all_to_all, Path::passthrough, n) == 0);
+}
+
 TEST_CASE("quantization counts per path") {
   CHECK(quantizations(Collective::all_reduce, Path::passthrough, 8) == 0);
   CHECK(quantizations(Collective::all_reduce, Path::two_shot, 8) == 2);

@@ -60,6 +60,12 @@ TEST_CASE("predicted times follow the documented path shapes") {
   CHECK(predict_us(Collective::all_gather, Path::two_shot, 4, S, link, codec, wire) ==
         doctest::Approx(10 + 750 * r + 125 + 4));
   CHECK(std::isnan(predict_us(Collective::all_gather, Path::ring, 4, S, link, codec, wire)));
+  // all_to_all: one grouped send/recv round either way (3/4 S bus bytes), FP8 with (2 * 3/4 + 1/4) S
+  // through the codec and 5 launches, as sched/plan/cost_model.cpp prices it.
+  CHECK(predict_us(Collective::all_to_all, Path::passthrough, 4, S, link, codec, wire) == doctest::Approx(10 + 750));
+  CHECK(predict_us(Collective::all_to_all, Path::one_shot, 4, S, link, codec, wire) ==
+        doctest::Approx(10 + 750 * r + 175 + 10));
+  CHECK(std::isnan(predict_us(Collective::all_to_all, Path::two_shot, 4, S, link, codec, wire)));
 }
 
 TEST_CASE("closed-form crossover is where predicted times cross") {

@@ -197,7 +197,7 @@ TEST_CASE("model report: checked against the measured fabric, predictions labell
   REQUIRE(rep.json["checks"].size() >= 2);
   for (const auto& p : rep.json["predictions"]) CHECK(p["predicted"] == true);
   // Every prediction for 2 and 8 ranks of every assumed link and collective.
-  CHECK(rep.json["predictions"].size() == assumed_links().size() * 2 * 3);
+  CHECK(rep.json["predictions"].size() == assumed_links().size() * 2 * std::size(kCollectives));
 }
 
 namespace {
@@ -550,4 +550,38 @@ TEST_CASE("sweep JSON files: read back whole; past the size or nesting limit an 
   CHECK(!read_sweep_file(dir + "/missing.json", error));
   CHECK(error == dir + "/missing.json: cannot read: No such file or directory");
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("an all-to-all sweep: its plain points calibrate all_to_all, its crossover becomes thresholds.all_to_all") {
+  // 2 ranks: plain NCCL 25 us + S/2 bus bytes at 8 GB/s; FP8 60 us + S / 30 GB/s (cheaper from ~1.2 MB).
+  SweepResult r;
+  r.machine.nranks = 2;
+  r.machine.fabric = Fabric::net;
+  r.codec = {1200.0, 3.0, "test"};
+  for (uint64_t bytes = 4096; bytes <= (64u << 20); bytes *= 4) {
+    const double b = static_cast<double>(bytes);
+    for (const auto& [path, us] : {std::pair{Path::passthrough, 25 + b / 16e3}, std::pair{Path::one_shot, 60 + b / 30e3}}) {
+      SweepPoint pt;
+      pt.collective = Collective::all_to_all;
+      pt.dtype = DType::bf16;
+      pt.path = path;
+      pt.bytes = bytes;
+      pt.count = bytes / 4;  // per peer
+      pt.times_us = {us, us * 1.01, us * 0.99, us};
+      pt.time = summarize(pt.times_us);
+      pt.check.ran = pt.check.pass = true;
+      r.points.push_back(pt);
+    }
+  }
+  compute_speedups(r);
+  const Calibration cal = calibrate(r);
+  CHECK(cal.model.calibrated);
+  CHECK(cal.model.alltoall_latency_us == doctest::Approx(25.0).epsilon(1e-6));
+  CHECK(cal.model.alltoall_bandwidth_gbps == doctest::Approx(8.0).epsilon(1e-6));
+  const FabricProfile p = profile_from_sweep(r, analyze_crossovers(r, {}), cal);
+  const auto& a2a = p.thresholds[static_cast<size_t>(Collective::all_to_all)];
+  REQUIRE(a2a);
+  CHECK(a2a->bytes == (4u << 20));  // the first size measured above the lines' crossing (~1.2 MB)
+  CHECK_FALSE(p.thresholds[static_cast<size_t>(Collective::all_reduce)]);
+  CHECK(render_profile_toml({p}).find("[thresholds.all_to_all]\nnet = 4194304") != std::string::npos);
 }

@@ -57,6 +57,7 @@ TEST_CASE("busbw factors are the nccl-tests ones") {
   CHECK(busbw_factor(Collective::reduce_scatter, 4) == doctest::Approx(0.75));
   CHECK(busbw_factor(Collective::all_gather, 8) == doctest::Approx(0.875));
   CHECK(busbw_factor(Collective::all_gather, 1) == 0.0);
+  CHECK(busbw_factor(Collective::all_to_all, 4) == doctest::Approx(0.75));  // alltoall_perf's (n-1)/n
   // 1e9 bytes in 1000 us = 1e12 B/s = 1000 GB/s.
   CHECK(algbw_gbps(1000000000ull, 1000.0) == doctest::Approx(1000.0));
   CHECK(algbw_gbps(1 << 20, 0) == 0.0);
@@ -73,6 +74,11 @@ TEST_CASE("call counts follow nccl-tests' full-buffer size") {
   const auto ag = call_counts(Collective::all_gather, 1 << 20, DType::f16, 2);
   CHECK(ag.send_elems == (1u << 18));
   CHECK(ag.recv_elems == (1u << 19));
+  // All-to-all: the size is the send buffer (alltoall_perf); the count is per peer.
+  const auto a2a = call_counts(Collective::all_to_all, 1 << 20, DType::bf16, 4);
+  CHECK(a2a.send_elems == (1u << 19));
+  CHECK(a2a.recv_elems == (1u << 19));
+  CHECK(a2a.count_arg == (1u << 17));
 }
 
 TEST_CASE("names parse and print") {
@@ -81,7 +87,10 @@ TEST_CASE("names parse and print") {
   CHECK_FALSE(parse_dtype("int8").has_value());
   CHECK(parse_collective("allreduce") == Collective::all_reduce);
   CHECK(parse_collective("rs") == Collective::reduce_scatter);
-  CHECK_FALSE(parse_collective("alltoall").has_value());
+  CHECK(parse_collective("alltoall") == Collective::all_to_all);
+  CHECK(parse_collective(collective_name(Collective::all_to_all)) == Collective::all_to_all);
+  CHECK_FALSE(parse_collective("alltoallv").has_value());
+  for (Collective c : kCollectives) CHECK(parse_collective(collective_name(c)) == c);
   CHECK(parse_path("nccl") == Path::passthrough);
   CHECK(parse_path(path_name(Path::one_shot)) == Path::one_shot);
   CHECK(parse_fabric(fabric_name(Fabric::pcie)) == Fabric::pcie);
@@ -104,12 +113,13 @@ TEST_CASE("summary statistics: median, quartiles, robust noise, max over ranks")
   CHECK(max_over_ranks({{1, 5, 3}, {2, 4, 3}}) == std::vector<double>{2, 5, 3});
 }
 
-TEST_CASE("paths per collective: all-reduce keeps every request; RS and AG have one FP8 algorithm") {
+TEST_CASE("paths per collective: all-reduce keeps every request; RS, AG and A2A have one FP8 algorithm") {
   const std::vector<Path> all = {Path::two_shot, Path::one_shot, Path::ring};
   CHECK(paths_for(Collective::all_reduce, all) == std::vector<Path>{Path::passthrough, Path::two_shot, Path::one_shot, Path::ring});
   CHECK(paths_for(Collective::reduce_scatter, all) == std::vector<Path>{Path::passthrough, Path::two_shot});
   CHECK(paths_for(Collective::all_gather, {Path::ring}) == std::vector<Path>{Path::passthrough, Path::one_shot});
   CHECK(paths_for(Collective::all_gather, {Path::passthrough}) == std::vector<Path>{Path::passthrough});
+  CHECK(paths_for(Collective::all_to_all, all) == std::vector<Path>{Path::passthrough, Path::one_shot});
 }
 
 TEST_CASE("--gather-transport: auto forces nothing, one transport, or both in turn") {

@@ -83,6 +83,7 @@ TEST_CASE("enum names are the strings a config file uses") {
   CHECK(std::string(to_string(Algorithm::two_shot)) == "two_shot");
   CHECK(std::string(to_string(Fabric::pcie)) == "pcie");
   CHECK(std::string(to_string(Collective::reduce_scatter)) == "reduce_scatter");
+  CHECK(std::string(to_string(Collective::all_to_all)) == "all_to_all");
 }
 
 TEST_CASE("no file and no environment gives the defaults") {
@@ -92,6 +93,10 @@ TEST_CASE("no file and no environment gives the defaults") {
   CHECK(r.config.block_size == 128);
   CHECK(r.config.format == Fp8Format::e4m3);
   CHECK(r.config.thresholds[0][1] == 1ull << 20);
+  // The all-to-all carries activations: off unless configured; its thresholds the reduce-scatter's.
+  CHECK_FALSE(r.config.collective_enable[static_cast<int>(Collective::all_to_all)]);
+  CHECK(r.config.thresholds[static_cast<int>(Collective::all_to_all)] ==
+        r.config.thresholds[static_cast<int>(Collective::reduce_scatter)]);
   REQUIRE(r.sources.size() == 1);
   CHECK(r.sources[0] == "defaults");
 }
@@ -129,11 +134,14 @@ TEST_CASE("environment variable names derive from the keys") {
            "FP8WIRE_COST_MODEL_PCIE_BUS_BANDWIDTH_GBPS=22.5", "FP8WIRE_FABRIC=pcie",
            "FP8WIRE_PROFILER_STEP_RANGES=step, fwd_bwd", "FP8WIRE_SEED=0x10",
            "FP8WIRE_LOG_FILE=/tmp/x-%r.log", "FP8WIRE_NCCL_LIBRARY=/opt/nccl/libnccl.so.2",
-           "FP8WIRE_ALGORITHM=one_shot", "FP8WIRE_CONVERT_PATH=software", "FP8WIRE_SCALE_TYPE=e8m0"});
+           "FP8WIRE_ALGORITHM=one_shot", "FP8WIRE_CONVERT_PATH=software", "FP8WIRE_SCALE_TYPE=e8m0",
+           "FP8WIRE_COLLECTIVES_ALL_TO_ALL=1", "FP8WIRE_THRESHOLDS_ALL_TO_ALL_PCIE=8MiB"});
   INFO(all_messages(r));
   REQUIRE(r.ok());
   CHECK(r.config.thresholds[0][2] == 1ull << 40);
   CHECK(r.config.collective_enable[2]);
+  CHECK(r.config.collective_enable[3]);
+  CHECK(r.config.thresholds[3][1] == 8ull << 20);
   CHECK(r.config.cost_model[1].bus_bandwidth_gbps == doctest::Approx(22.5));
   CHECK(r.config.cost_model[1].calibrated);  // giving a number means it is to be used
   CHECK_FALSE(r.config.cost_model[0].calibrated);
@@ -457,7 +465,7 @@ TEST_CASE("parse_config_toml layers a document on a base config") {
 TEST_CASE("to_toml prints every key and parses back to the same configuration") {
   Config c;
   c.enable = false;
-  c.collective_enable = {false, true, true};
+  c.collective_enable = {false, true, true, true};
   c.format = Fp8Format::e5m2;
   c.block_size = 1024;
   c.scale_type = ScaleType::bf16;
@@ -468,6 +476,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.gather_transport = GatherMethod::sendrecv;
   c.fabric_override = Fabric::net;
   c.thresholds[2][1] = 767 * 1024 + 3;
+  c.thresholds[3][2] = 5 * 1024 + 1;
   c.cost_model[1] = {.op_latency_us = 12.5, .bus_bandwidth_gbps = 21.75, .codec_gbps = 400, .kernel_launch_us = 3.25,
                      .allreduce_latency_us = 27059.25, .allgather_latency_us = 11069.5,
                      .reduce_scatter_latency_us = 3774.125, .alltoall_latency_us = 7158.0625,

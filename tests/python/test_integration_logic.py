@@ -81,5 +81,58 @@ class DeepSpeedConfigs(unittest.TestCase):
             self.assertTrue(cfg.bfloat16_config.enabled)
 
 
+@unittest.skipUnless(importlib.util.find_spec("torch"), "torch is not importable")
+class AllToAllJudge(unittest.TestCase):
+    """tests/sched/all_to_all_torch.py's comparison of an FP8 all-to-all with NCCL's own."""
+
+    def setUp(self):
+        import torch
+
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "sched"))
+        import all_to_all_torch
+
+        self.torch, self.judge = torch, all_to_all_torch.compare
+        gen = torch.Generator().manual_seed(3)
+        self.n, self.world, self.rank = 300, 3, 1
+        self.plain = {"bfloat16/300": torch.randn(self.n * self.world, generator=gen).to(torch.bfloat16),
+                      "int32/4099": torch.arange(10, dtype=torch.int32)}
+
+    def outputs(self, scale, own=0.0, ints_off=0):
+        fp8 = {}
+        for key, want in self.plain.items():
+            got = want.clone()
+            if key.startswith("int32"):
+                got[0] += ints_off
+            else:
+                w = want.double()
+                # Every element moved by `scale` of its 128-block's amax (blocks of each chunk's own).
+                for j in range(self.world):
+                    chunk = w[j * self.n:(j + 1) * self.n]
+                    pad = self.torch.nn.functional.pad(chunk.abs(), (0, (-self.n) % 128))
+                    amax = pad.view(-1, 128).amax(dim=1).repeat_interleave(128)[:self.n]
+                    step = own if j == self.rank else scale
+                    chunk += step * amax
+                got = w.to(want.dtype)
+            fp8[key] = got
+        return fp8
+
+    def test_within_one_quantization_passes(self):
+        worst, failures = self.judge(self.plain, self.outputs(1 / 40), self.rank, self.world)
+        self.assertEqual(failures, [])
+        self.assertLess(worst, 1.0)
+
+    def test_beyond_the_bound_fails(self):
+        _, failures = self.judge(self.plain, self.outputs(1 / 10), self.rank, self.world)
+        self.assertTrue(any("err/bound" in f for f in failures), failures)
+
+    def test_own_chunk_must_be_exact(self):
+        _, failures = self.judge(self.plain, self.outputs(0, own=1 / 100), self.rank, self.world)
+        self.assertTrue(any("own chunk" in f for f in failures), failures)
+
+    def test_int32_must_be_exact(self):
+        _, failures = self.judge(self.plain, self.outputs(0, ints_off=1), self.rank, self.world)
+        self.assertTrue(any("int32" in f for f in failures), failures)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -8,7 +8,9 @@
 //   * groups (nested, mixed with the application's send/recv and pass-through calls) and coalescing;
 //   * pipelining: a small scratch pool gives bitwise the same result as one stage;
 //   * CUDA graph capture: replays with new inputs equal eager runs bitwise;
-//   * error feedback: the mean of repeated all-reduces converges; a cap below the buffer disables it.
+//   * error feedback: the mean of repeated all-reduces converges; a cap below the buffer disables it;
+//   * all-to-all (equal splits, the application's ncclAlltoAll): one quantization of each chunk sent,
+//     the rank's own chunk exact, pass-through bit for bit NCCL's own, inside a group too.
 //
 // Error bound (e4m3, block scale s = amax/448): one quantization moves an element by at most half an
 // ulp of the top binade, 16/448 = 1/28 of its block's amax. An all-reduce that quantizes q times
@@ -236,7 +238,9 @@ void report_direct_usage(Rank& R) {
   size_t carried = 0, eligible = 0;
   for (size_t i = 0; i < got; ++i) {
     const CallRecord& c = records[i];
-    if (!is_fp8(c.path) || c.path == Path::ring || c.path == Path::hierarchical) continue;
+    // The all-to-all has no direct program: NCCL's transports carry it by design.
+    if (!is_fp8(c.path) || c.path == Path::ring || c.path == Path::hierarchical || c.kind == CallKind::all_to_all)
+      continue;
     ++eligible;
     carried += c.transport == want;
   }
@@ -388,6 +392,117 @@ void run_all_gather_cases(Rank& R, sched::Engine& eng) {
       cudaFree(out);
     }
   }
+}
+
+// All-to-all, equal splits: rank r's send buffer holds input(r, i) at i (chunk j, for rank j, at
+// j * count); it receives chunk j from rank j, so its output at j * count + k is input(j, r * count + k),
+// quantized once in blocks of that chunk's own (a block may touch two generator blocks), and its own
+// chunk (j == r) exactly. Checks every element, the FP8 record and its wire bytes.
+void run_all_to_all_cases(Rank& R, sched::Engine& eng) {
+  for (const TypeInfo& t : kTypes) {
+    for (size_t count : {size_t{1}, size_t{300}, size_t{4096}, size_t{100003}}) {
+      const bool inplace = count == 300;
+      const uint32_t seed = static_cast<uint32_t>(count % 1000 + 23);
+      const size_t es = quant::elem_size(t.elem);
+      const size_t total = count * R.n;
+      void *in = nullptr, *out = nullptr;
+      FP8WIRE_CUDA_OR(cudaMalloc(&in, total * es), _exit(3));
+      FP8WIRE_CUDA_OR(cudaMalloc(&out, total * es), _exit(3));
+      make_input(R.rank, total, t, seed, in);
+      void* dst = inplace ? in : out;
+      const uint64_t before = Accounting::instance().next_seq();
+      const ncclResult_t res =
+          sched::EngineProbe(eng).all_to_all_forced(Path::one_shot, in, dst, count, t.nccl, R.comm, R.stream);
+      FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
+      const HostBuf h = download(dst, t, total);
+      double worst = 0;
+      bool finite = true, own_exact = true;
+      const size_t first = static_cast<size_t>(R.rank) * count;  // of every sender's buffer, the chunk sent here
+      for (size_t i = 0; i < total; ++i) {
+        const int from = static_cast<int>(i / count);
+        const size_t k = i % count;
+        const double x = rounded_input(from, first + k, seed, t);
+        const double got = h.get(i);
+        if (!std::isfinite(got)) finite = false;
+        if (from == R.rank) {
+          own_exact &= got == x;
+          continue;
+        }
+        const size_t block_begin = first + k / 128 * 128;
+        const double amax = range_magnitude(block_begin, std::min(first + count, block_begin + 128) - 1, seed);
+        const double bound = amax / 28.0 * 1.0001 + std::abs(x) * t.out_eps * 1.01 + 1e-30;
+        worst = std::max(worst, std::abs(got - x) / bound);
+      }
+      std::vector<CallRecord> rec(4);
+      const size_t nrec = Accounting::instance().snapshot(rec.data(), rec.size(), before);
+      const bool fp8 = nrec == 1 && rec[0].kind == CallKind::all_to_all && rec[0].path == Path::one_shot &&
+                       rec[0].wire_bytes < count * es * static_cast<size_t>(R.n - 1) * 6 / 10 + 1024;
+      char name[160];
+      snprintf(name, sizeof(name), "a2a/%s/-/one_shot/%zu/%s", t.name, count, inplace ? "inplace" : "oop");
+      report(R, name, res == ncclSuccess && finite && worst <= 1.0, worst, 0, false);
+      snprintf(name, sizeof(name), "a2a/%s/%zu/own-chunk-exact+fp8-record", t.name, count);
+      report(R, name, res == ncclSuccess && own_exact && fp8, 0, 0, false);
+      cudaFree(in);
+      cudaFree(out);
+    }
+  }
+  // Pass-through: the engine's plain call is NCCL's own all-to-all, bit for bit; an int32 one planned
+  // through the engine stays exact.
+  const TypeInfo& t = kTypes[2];
+  const size_t count = 50000, total = count * R.n;
+  void *in = nullptr, *a = nullptr, *b = nullptr;
+  FP8WIRE_CUDA_OR(cudaMalloc(&in, total * 2), _exit(3));
+  FP8WIRE_CUDA_OR(cudaMalloc(&a, total * 2), _exit(3));
+  FP8WIRE_CUDA_OR(cudaMalloc(&b, total * 2), _exit(3));
+  make_input(R.rank, total, t, 4, in);
+  FP8WIRE_NCCL_OR(sched::EngineProbe(eng).all_to_all_forced(Path::passthrough, in, a, count, t.nccl, R.comm, R.stream), _exit(4));
+  FP8WIRE_NCCL_OR(ncclAlltoAll(in, b, count, t.nccl, R.comm, R.stream), _exit(4));
+  FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
+  const HostBuf ha = download(a, t, total), hb = download(b, t, total);
+  report(R, "passthrough/a2a/bf16==nccl", ha.bytes == hb.bytes, 0, 0, false);
+  const size_t ints = count / 2;  // int32 per peer, in the same buffers
+  std::vector<int32_t> hi(ints * R.n), ho(ints * R.n);
+  for (size_t i = 0; i < hi.size(); ++i) hi[i] = static_cast<int32_t>(R.rank * 1000000 + i);
+  upload(in, hi.data(), hi.size() * 4);
+  FP8WIRE_NCCL_OR(eng.all_to_all(in, a, ints, ncclInt32, R.comm, R.stream), _exit(4));
+  FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
+  FP8WIRE_CUDA_OR(cudaMemcpy(ho.data(), a, ho.size() * 4, cudaMemcpyDeviceToHost), _exit(3));
+  bool ok = true;
+  for (size_t i = 0; i < ho.size(); ++i) {
+    const size_t from = i / ints, k = i % ints;
+    ok &= ho[i] == static_cast<int32_t>(from * 1000000 + R.rank * ints + k);
+  }
+  report(R, "passthrough/a2a/int32-exact", ok, 0, 0, false);
+  // Inside an application group with an FP8 all-reduce: each within its bound, the all-reduce's alike.
+  const size_t ar_count = 70016;
+  void* ar = nullptr;
+  FP8WIRE_CUDA_OR(cudaMalloc(&ar, ar_count * 2), _exit(3));
+  make_input(R.rank, ar_count, t, 61, ar);
+  make_input(R.rank, total, t, 62, in);
+  FP8WIRE_NCCL_OR(eng.group_start(), _exit(4));
+  FP8WIRE_NCCL_OR(sched::EngineProbe(eng).all_reduce_forced(Path::two_shot, ar, ar, ar_count, t.nccl, ncclSum, R.comm, R.stream), _exit(4));
+  FP8WIRE_NCCL_OR(sched::EngineProbe(eng).all_to_all_forced(Path::one_shot, in, b, count, t.nccl, R.comm, R.stream), _exit(4));
+  FP8WIRE_NCCL_OR(eng.group_end(), _exit(4));
+  FP8WIRE_CUDA_OR(cudaStreamSynchronize(R.stream), _exit(3));
+  const HostBuf har = download(ar, t, ar_count), hg = download(b, t, total);
+  const ErrStats e = check_sum(har, 1, R.n, 61, t, 2, 1.0, [](size_t i) { return i; });
+  double worst = 0;
+  for (size_t i = 0; i < total; ++i) {
+    const int from = static_cast<int>(i / count);
+    const size_t k = i % count, src = static_cast<size_t>(R.rank) * count + k;
+    const double x = rounded_input(from, src, 62, t);
+    const size_t block_begin = static_cast<size_t>(R.rank) * count + k / 128 * 128;
+    const double amax = range_magnitude(block_begin, std::min(static_cast<size_t>(R.rank + 1) * count, block_begin + 128) - 1, 62);
+    const double bound = from == R.rank ? 1e-30 : amax / 28.0 * 1.0001 + std::abs(x) * t.out_eps * 1.01 + 1e-30;
+    worst = std::max(worst, std::abs(hg.get(i) - x) / bound);
+  }
+  report(R, "group/all-reduce+a2a/ar-within-bound", e.finite && e.worst_ratio <= 1.0, e.worst_ratio,
+         fnv(har.bytes.data(), har.bytes.size()), true);
+  report(R, "group/all-reduce+a2a/a2a-within-bound", worst <= 1.0, worst, 0, false);
+  cudaFree(ar);
+  cudaFree(in);
+  cudaFree(a);
+  cudaFree(b);
 }
 
 // Pass-through through the engine is plain NCCL, bit for bit; ineligible calls stay exact.
@@ -670,6 +785,7 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
   auto run_gather_step_cases = [&](sched::Engine& eng) {
     run_all_reduce_cases(R, eng);
     run_all_gather_cases(R, eng);
+    run_all_to_all_cases(R, eng);
     run_group_case(R, eng);
     run_pipeline_case(R, eng);
     run_graph_case(R, eng);

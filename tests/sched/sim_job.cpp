@@ -26,10 +26,12 @@ quant::ElemType elem_type(DataType t) {
 }
 
 size_t in_elems(const Spec& s, int n) {
-  return s.collective == Collective::reduce_scatter ? s.count * static_cast<size_t>(n) : s.count;
+  const bool per_rank = s.collective == Collective::reduce_scatter || s.collective == Collective::all_to_all;
+  return per_rank ? s.count * static_cast<size_t>(n) : s.count;
 }
 size_t out_elems(const Spec& s, int n) {
-  return s.collective == Collective::all_gather ? s.count * static_cast<size_t>(n) : s.count;
+  const bool per_rank = s.collective == Collective::all_gather || s.collective == Collective::all_to_all;
+  return per_rank ? s.count * static_cast<size_t>(n) : s.count;
 }
 
 Bytes make_input(const Spec& s, int rank, int nranks) {
@@ -98,6 +100,18 @@ Bytes expected_output(const Spec& s, const std::vector<Bytes>& inputs, int rank,
         dequantize_into(quantize(inputs[static_cast<size_t>(j)].data(), t, count, f, 0), count,
                         out.data() + static_cast<size_t>(j) * count * es, t, f);
       return out;
+    case Collective::all_to_all: {
+      // Chunk j comes from rank j: the chunk rank j sends here (its chunk `rank`), quantized as a
+      // chunk of its own at its place in rank j's send buffer, decoded; this rank's own chunk exact.
+      const size_t first = static_cast<size_t>(rank) * count;
+      for (int j = 0; j < n; ++j) {
+        const char* chunk = inputs[static_cast<size_t>(j)].data() + first * es;
+        char* into = out.data() + static_cast<size_t>(j) * count * es;
+        if (j == rank) std::memcpy(into, chunk, count * es);
+        else dequantize_into(quantize(chunk, t, count, f, first), count, into, t, f);
+      }
+      return out;
+    }
     case Collective::reduce_scatter: {
       std::vector<Bytes> wires;
       std::vector<const void*> ptrs;
@@ -166,8 +180,25 @@ std::string check_bound(const Spec& s, const std::vector<Bytes>& inputs, const B
   const double post = s.op == ReduceOp::avg ? 1.0 / n : 1.0;
   const size_t elems = out_elems(s, n);
   const uint32_t B = f.block;
-  const size_t first = s.collective == Collective::reduce_scatter ? static_cast<size_t>(rank) * s.count : 0;
   auto value = [&](int j, size_t k) { return double(ref::load_elem(inputs[static_cast<size_t>(j)].data(), t, k)); };
+  if (s.collective == Collective::all_to_all) {
+    // Chunk j of the output is rank j's chunk `rank`, quantized once in blocks of its own (this
+    // rank's own chunk exact).
+    const size_t first = static_cast<size_t>(rank) * s.count;
+    for (size_t i = 0; i < elems; ++i) {
+      const int j = static_cast<int>(i / s.count);
+      const size_t k = i % s.count, block = k / B * B;
+      double amax = 0;
+      for (size_t e = block; e < std::min<size_t>(block + B, s.count); ++e) amax = std::max(amax, std::fabs(value(j, first + e)));
+      const double want = value(j, first + k), got = ref::load_elem(out.data(), t, i);
+      const double bound = j == rank ? 0 : q * amax + out_rounding * std::fabs(want) + 1e-30;
+      if (!(std::fabs(got - want) <= bound * 1.0001))
+        return fmt::format("element {} (from rank {}): {} vs {} (|err| {} > bound {})", i, j, got, want,
+                           std::fabs(got - want), bound);
+    }
+    return "";
+  }
+  const size_t first = s.collective == Collective::reduce_scatter ? static_cast<size_t>(rank) * s.count : 0;
   // Per block of the call's count: each rank's amax, their sum, and the amax of the exact sum.
   const size_t nb = (s.count + B - 1) / B;
   std::vector<double> sum_amax(nb, 0.0), amax_sum(nb, 0.0), exact(s.count, 0.0);
@@ -210,7 +241,7 @@ Config sim_config(size_t scratch) {
   Config c;
   c.scratch_max_bytes = scratch;
   c.coalesce_max_bytes = scratch / 4;
-  c.collective_enable = {true, true, true};
+  c.collective_enable.fill(true);
   for (auto& per : c.thresholds) per = {0, 0, 0};
   c.log_level = "warn";
   return c;
@@ -234,6 +265,9 @@ ncclResult_t issue(sched::Engine& eng, const Spec& s, bool forced, const void* i
     case Collective::all_gather:
       return forced ? sched::EngineProbe(eng).all_gather_forced(s.path, in, out, s.count, t, comm, stream)
                     : eng.all_gather(in, out, s.count, t, comm, stream);
+    case Collective::all_to_all:
+      return forced ? sched::EngineProbe(eng).all_to_all_forced(s.path, in, out, s.count, t, comm, stream)
+                    : eng.all_to_all(in, out, s.count, t, comm, stream);
   }
   return ncclInvalidArgument;
 }
@@ -314,7 +348,8 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
           char* base = static_cast<char*>(out);
           char* dst = base + static_cast<size_t>(i) * out_call;
           const char* src = static_cast<char*>(in) + static_cast<size_t>(i) * in_call;
-          if (cfg.in_place && spec.collective == Collective::all_reduce) src = dst;
+          if (cfg.in_place && (spec.collective == Collective::all_reduce || spec.collective == Collective::all_to_all))
+            src = dst;
           if (cfg.in_place && spec.collective == Collective::reduce_scatter) src = base, dst = base + mine;
           if (cfg.in_place && spec.collective == Collective::all_gather) src = base + mine;
           note(issue(eng, spec, cfg.forced, src, dst, comm, stream));
@@ -371,8 +406,8 @@ Outcome run(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs) 
 std::vector<Bytes> inputs_for(const Spec& s, int n, int calls) {
   Spec all = s;
   all.count = s.count * static_cast<size_t>(calls);
-  if (s.collective == Collective::reduce_scatter && calls > 1)
-    throw std::runtime_error("grouped reduce-scatter inputs are not one buffer");
+  if ((s.collective == Collective::reduce_scatter || s.collective == Collective::all_to_all) && calls > 1)
+    throw std::runtime_error("grouped reduce-scatter and all-to-all inputs are not one buffer");
   std::vector<Bytes> v;
   for (int r = 0; r < n; ++r) v.push_back(make_input(all, r, n));
   return v;
@@ -418,7 +453,9 @@ std::string check_clean(const Run& cfg, const Spec& spec, const std::vector<Byte
       while (i + es <= a.out.size() && std::memcmp(a.out.data() + i, expected.data() + i, es) == 0) i += es;
       return fmt::format("{}: rank {} differs from the reference algorithm at element {}", what, r, i / es);
     }
-    if (spec.collective != Collective::reduce_scatter && a.out != o.first[0].out)
+    // Every rank holds the same result but for the reduce-scatter and the all-to-all (each its own chunks).
+    const bool alike = spec.collective != Collective::reduce_scatter && spec.collective != Collective::all_to_all;
+    if (alike && a.out != o.first[0].out)
       return fmt::format("{}: rank {} differs from rank 0", what, r);
     if (std::string e = check_bound(whole, inputs, a.out, r, f); !e.empty())
       return fmt::format("{}: rank {}: {}", what, r, e);

@@ -34,7 +34,7 @@ struct Spec {
   Path path = Path::two_shot;  // forced path (FP8), or passthrough
   DataType dtype = DataType::bf16;
   ReduceOp op = ReduceOp::sum;
-  size_t count = 0;            // AR: count; RS: recvcount; AG: sendcount
+  size_t count = 0;            // AR: count; RS: recvcount; AG: sendcount; A2A: count per peer
   uint64_t seed = 1;
 };
 
@@ -52,7 +52,8 @@ size_t out_elems(const Spec& s, int nranks);
 Bytes make_input(const Spec& s, int rank, int nranks);
 
 // What rank `rank` must hold after the FP8 collective, computed directly with the reference codec
-// (no engine): one-shot, two-shot and ring all-reduce, reduce-scatter, all-gather. The ring depends
+// (no engine): one-shot, two-shot and ring all-reduce, reduce-scatter, all-gather, all-to-all (its own
+// chunk exact). The ring depends
 // on the stage cut, given as `stage_elems` (the others do not: every cut is block aligned).
 // `post`: the factor applied once (0: 1, or 1/ranks for avg, the ranks being inputs.size()).
 Bytes expected_output(const Spec& s, const std::vector<Bytes>& inputs, int rank, const quant::WireFormat& f,
@@ -90,8 +91,8 @@ struct Run {
   // issued their calls, as PyTorch's watchdog does on each rank (with a direct transport the peers'
   // lanes wait on flags that only their own abort releases).
   bool abort_all = false;
-  // NCCL's in-place calls (one call, or grouped all-reduces): all-reduce send == recv; reduce-scatter
-  // recv == send + rank * recvcount; all-gather send == recv + rank * sendcount.
+  // NCCL's in-place calls (one call, or grouped all-reduces): all-reduce and all-to-all send == recv;
+  // reduce-scatter recv == send + rank * recvcount; all-gather send == recv + rank * sendcount.
   bool in_place = false;
 };
 

@@ -66,6 +66,11 @@ std::vector<Scenario> scenarios() {
     v.push_back(s);
   }
   {
+    Scenario s{"all-to-all, pipelined", {Collective::all_to_all, Path::one_shot, DataType::bf16, ReduceOp::sum, 2000, 10}, {}};
+    s.run.config = piped(sim_config());
+    v.push_back(s);
+  }
+  {
     Scenario s{"three grouped all-reduces, coalesced", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 1500, 8}, {}};
     s.run.config = sim_config();
     s.run.config.algorithm = Algorithm::two_shot;

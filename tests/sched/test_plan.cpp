@@ -693,3 +693,112 @@ TEST_CASE("hierarchy guard: the fabric inside the hosts decides the default, and
   CHECK(hierarchy_guard_reason(calibrated, t).empty());
   CHECK(plan_on(calibrated, call, Fabric::net, t, true).path == Path::hierarchical);
 }
+
+TEST_CASE("all-to-all: off by default, float dtypes only, thresholds on the whole send buffer, one exchange") {
+  auto a2a = [](size_t count, int nranks, DataType dtype = DataType::bf16) {
+    CallShape c = ar(count, nranks, dtype);
+    c.collective = Collective::all_to_all;
+    return c;
+  };
+  // Off by default: these calls carry activations, not only gradients.
+  Config c;
+  CHECK_FALSE(c.collective_enable[static_cast<int>(Collective::all_to_all)]);
+  CHECK(static_eligibility(c, a2a(1 << 20, 4)) == PassReason::collective_disabled);
+  CHECK(plan_call(c, a2a(1 << 20, 4), Fabric::net).reason == PassReason::collective_disabled);
+  Config on;
+  on.collective_enable[static_cast<int>(Collective::all_to_all)] = true;
+  // No reduction: the op is meaningless (as for the all-gather); the dtype rules and the empty call hold.
+  CallShape any_op = a2a(1 << 20, 4);
+  any_op.op = ReduceOp::max;
+  CHECK(static_eligibility(on, any_op) == PassReason::none);
+  for (DataType t : {DataType::int8, DataType::uint8, DataType::int32, DataType::int64, DataType::f64,
+                     DataType::f8e4m3, DataType::f8e5m2})
+    CHECK(static_eligibility(on, a2a(1 << 20, 4, t)) == PassReason::dtype);
+  CHECK(static_eligibility(on, a2a(0, 4)) == PassReason::empty);
+  CHECK(static_eligibility(on, a2a(1 << 20, 1)) == PassReason::single_rank);
+  // The threshold compares the whole send buffer (count per peer x ranks), as nccl-tests reports it.
+  CHECK(threshold_bytes(a2a(1000, 4, DataType::f32)) == 4u * 1000 * 4);
+  for (int k = 0; k < kFabricCount; ++k)
+    CHECK(on.thresholds[static_cast<int>(Collective::all_to_all)][k] ==
+          on.thresholds[static_cast<int>(Collective::reduce_scatter)][k]);
+  CHECK(plan_call(on, a2a(256 * 1024, 4), Fabric::pcie).path == Path::one_shot);  // 2 MiB: the pcie default
+  CHECK(plan_call(on, a2a(256 * 1024 - 1, 4), Fabric::pcie).reason == PassReason::below_threshold);
+  CHECK(plan_call(on, a2a(256 * 1024, 4), Fabric::nvlink).reason == PassReason::below_threshold);
+  // One FP8 algorithm, reported as one_shot whatever `algorithm` says; no gather step.
+  for (Algorithm a : {Algorithm::two_shot, Algorithm::ring, Algorithm::one_shot}) {
+    Config forced = on;
+    forced.algorithm = a;
+    CHECK(plan_call(forced, a2a(4 * MiB, 8), Fabric::net).path == Path::one_shot);
+  }
+  CHECK_FALSE(has_gather_step(Collective::all_to_all, Path::one_shot));
+  CHECK(gather_method_for(on, Collective::all_to_all, Path::one_shot, 64 * MiB, 8, Fabric::net) ==
+        GatherMethod::allgather);  // the value for "none", as the reduce-scatter's
+}
+
+TEST_CASE("all-to-all: the cost model's plain and FP8 rounds, the stages per chunk, never a direct transport") {
+  const quant::WireFormat fmt = quant::WireFormat::from(Config{});
+  const CostModel net = default_cost_model(Fabric::net);
+  // One grouped send/recv round either way (NcclOp::all_to_all's figures); FP8 moves ~0.52 of the bytes.
+  CHECK(fixed_latency_us(net, Collective::all_to_all, Path::passthrough, 8) == net.latency_us(NcclOp::all_to_all));
+  CHECK(fixed_latency_us(net, Collective::all_to_all, Path::one_shot, 8) == net.latency_us(NcclOp::all_to_all));
+  const double plain = predicted_us(net, Collective::all_to_all, Path::passthrough, 64 * MiB, 8, fmt);
+  const double fp8 = predicted_us(net, Collective::all_to_all, Path::one_shot, 64 * MiB, 8, fmt);
+  CHECK(plain == doctest::Approx(net.latency_us(NcclOp::all_to_all) + 7.0 / 8 * 64 * MiB / (5.0 * 1e3)));
+  CHECK(fp8 < 0.6 * plain);
+  // Tiny calls: the launches cost more than the bytes saved.
+  CHECK(predicted_us(net, Collective::all_to_all, Path::one_shot, 4096, 8, fmt) >
+        predicted_us(net, Collective::all_to_all, Path::passthrough, 4096, 8, fmt));
+  // A calibrated model may send an above-threshold call back to plain NCCL, as for the others.
+  Config cal;
+  cal.collective_enable.fill(true);
+  for (auto& per : cal.thresholds) per.fill(0);
+  cal.cost_model[static_cast<int>(Fabric::net)].calibrated = true;
+  CallShape tiny = ar(64, 8);
+  tiny.collective = Collective::all_to_all;
+  CHECK(plan_call(cal, tiny, Fabric::net).reason == PassReason::cost_model);
+
+  // Over NCCL's transports only, whatever direct.transport says or the figures predict.
+  Config direct;
+  direct.direct_transport = DirectMode::host_memory;
+  for (Carrier k : {Carrier::peer_memory, Carrier::host_memory})
+    CHECK(carrier_for(direct, Collective::all_to_all, Path::one_shot, 64 * MiB, 4, Fabric::pcie, k) == Carrier::nccl);
+  CHECK(predicted_direct_us(default_cost_model(Fabric::pcie), Collective::all_to_all, Path::one_shot, 64 * MiB, 4,
+                            fmt, Carrier::host_memory) >= 1e30);
+
+  // Stage arithmetic: a stage is the same element range of every peer's chunk, each slot that range
+  // padded to whole blocks on its own, never across chunks: one slot sent and one received per peer.
+  CHECK(stage_scratch_bytes(Collective::all_to_all, Path::one_shot, 130, 4, fmt) == 2 * 4 * quant::chunk_bytes(130, fmt));
+  CHECK(quant::scales_bytes(130, fmt) == quant::scales_bytes(256, fmt));  // its own two blocks' scales
+  CHECK(stage_unit_elems(Collective::all_to_all, Path::one_shot, 4, fmt) == fmt.block);
+  CHECK(nccl_ops_per_stage(Collective::all_to_all, Path::one_shot, 4) == 1);
+  // A call larger than the scratch is staged, every stage but the last whole blocks of each chunk;
+  // one that fits is one stage.
+  Config small;
+  small.scratch_max_bytes = 64 << 10;
+  const ScratchLayout sl = scratch_layout(small);
+  const size_t count = 20000;  // per peer, bf16, 4 ranks: ~160 KiB of wire, more than the scratch
+  const size_t stage = stage_elems(small, sl, Collective::all_to_all, Path::one_shot, count, 2, 4, fmt, Fabric::pcie);
+  REQUIRE(stage > 0);
+  CHECK(stage < count);
+  CHECK(stage % fmt.block == 0);
+  CHECK(stage_scratch_bytes(Collective::all_to_all, Path::one_shot, stage, 4, fmt) <= sl.set_bytes);
+  CHECK(stage_elems(Config{}, scratch_layout(Config{}), Collective::all_to_all, Path::one_shot, count, 2, 4, fmt,
+                    Fabric::pcie) == count);
+}
+
+TEST_CASE("all-to-all across hosts: planned flat at every shape (NCCL's own is flat too), never hierarchical") {
+  Topology t;
+  t.hosts = 2;
+  t.ranks_per_host = t.max_ranks_per_host = 8;
+  t.intra = Fabric::pcie;
+  Config c;
+  c.collective_enable[static_cast<int>(Collective::all_to_all)] = true;
+  CallShape call = ar(1 * MiB, 16);  // 32 MiB of bf16 in the send buffer
+  call.collective = Collective::all_to_all;
+  for (bool ready : {true, false}) {
+    CHECK(plan_on(c, call, Fabric::net, t, ready).path == Path::one_shot);
+    t.intra = Fabric::nvlink;
+    CHECK(plan_on(c, call, Fabric::net, t, ready).path == Path::one_shot);
+    t.intra = Fabric::pcie;
+  }
+}

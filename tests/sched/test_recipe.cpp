@@ -323,3 +323,24 @@ TEST_CASE("recipe: a scope through a guard trip, its full-precision spell and it
   }
   CHECK(seen == std::vector<std::string>{"-MG--", "-----", "F--T-", "F----", "F----", "-MG-R", "-----"});
 }
+
+TEST_CASE("recipe: the all-to-all is measured, never guarded, never fed back, nothing applied before decoding") {
+  Config c;
+  c.guard_enable = true;
+  c.error_feedback = true;
+  c.telemetry_sample_every = 1;
+  CommFacts f;
+  f.agreed = f.fp8_ok = true;
+  Route route;
+  route.path = route.algorithm = Path::one_shot;
+  CallShape call{Collective::all_to_all, DataType::bf16, ReduceOp::sum, 4096, 4};  // the engine passes sum
+  CallContext ctx;
+  ctx.feedback_key = 3;
+  const Recipe r = recipe_for(c, f, call, route, ctx);
+  CHECK(r.watch.measured);
+  CHECK_FALSE(r.watch.guarded);  // each rank decodes only the chunks sent to it (sched/README.md)
+  CHECK_FALSE(r.feedback);
+  CHECK(r.post == 1.0f);
+  CHECK(r.direct.protocol == DirectProtocol::automatic);
+  CHECK_FALSE(guard_eligible(Collective::all_to_all, Path::one_shot, ScaleType::fp32));
+}

@@ -56,7 +56,8 @@ Outcome reference(const Config& config, const CommFacts& f, const CallShape& sha
     o.path = path;
     return o;
   }
-  if (path == Path::hierarchical && (!f.hierarchy_ready || shape.collective == Collective::all_gather))
+  if (path == Path::hierarchical && (!f.hierarchy_ready || shape.collective == Collective::all_gather ||
+                                     shape.collective == Collective::all_to_all))
     return fallback;
   if (!f.fp8_ok) return fallback;
 
@@ -242,7 +243,8 @@ TEST_CASE("route: one planner call takes every decision the engine took before, 
     comms.push_back({"2 hosts, uneven", spanning(config, 2, 4, false, true), 8});
     comms.push_back({"17 ranks", flat(config, 17, Fabric::net), 17});
     for (const Comm& comm : comms)
-      for (Collective coll : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather})
+      for (Collective coll : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
+                              Collective::all_to_all})
         for (const Kind& k : kinds)
           for (size_t count : counts)
             for (const auto& f : forced) {
@@ -369,4 +371,33 @@ TEST_CASE("route: the direct kinds a communicator tries at its creation, from wh
   Config off = c;
   off.direct_transport = DirectMode::off;
   CHECK(direct_carriers(off, Fabric::pcie, ranks(2), 16).empty());
+}
+
+TEST_CASE("route: the all-to-all goes over NCCL's transports, staged like the reduce-scatter, its hierarchical path forced falls back") {
+  Config c;
+  c.collective_enable.fill(true);
+  for (auto& per : c.thresholds) per.fill(0);
+  c.direct_transport = DirectMode::peer_memory;
+  CallShape s;
+  s.collective = Collective::all_to_all;
+  s.dtype = DataType::bf16;
+  s.count = 1 << 20;
+  s.nranks = 4;
+  const CommFacts windows = flat(c, 4, Fabric::nvlink, true, Carrier::peer_memory, 32 << 20);
+  const Route r = route_call(c, windows, s, std::nullopt);
+  CHECK(r.path == Path::one_shot);
+  CHECK(r.algorithm == Path::one_shot);
+  CHECK(r.carrier == Carrier::nccl);
+  CHECK(r.gather == GatherMethod::automatic);  // no gather step
+  CHECK(r.stage_elems == stage_elems(c, windows.scratch, Collective::all_to_all, Path::one_shot, s.count, 2, 4,
+                                     quant::WireFormat::from(c), Fabric::nvlink));
+  const Route forced = route_call(c, spanning(c, 2, 2, true), s, Path::hierarchical);
+  CHECK(forced.path == Path::fallback);
+  CHECK(forced.reason == PassReason::no_hierarchy);
+  // Other dtypes pass through before the registry's lookup, exactly (NCCL's own call).
+  CallShape ints = s;
+  ints.dtype = DataType::int32;
+  CHECK(pass_before_lookup(c, ints, std::nullopt) == PassReason::dtype);
+  Config off;
+  CHECK(pass_before_lookup(off, s, std::nullopt) == PassReason::collective_disabled);
 }

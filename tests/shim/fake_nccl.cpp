@@ -187,6 +187,15 @@ FAKE_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, siz
          sendcount, static_cast<int>(dtype), p(comm), p(stream));
   return ncclSuccess;
 }
+// NCCL 2.28 added ncclAlltoAll: the fake of an older NCCL (FAKE_NCCL_BEFORE_2_28) has none.
+#ifndef FAKE_NCCL_BEFORE_2_28
+FAKE_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t dtype,
+                                      ncclComm_t comm, cudaStream_t stream) {
+  record("ncclAlltoAll(send={}, recv={}, count={}, dtype={}, comm={}, stream={})", sendbuff, p(recvbuff), count,
+         static_cast<int>(dtype), p(comm), p(stream));
+  return ncclSuccess;
+}
+#endif
 FAKE_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t dtype,
                                        int root, ncclComm_t comm, cudaStream_t stream) {
   record("ncclBroadcast(send={}, recv={}, count={}, dtype={}, root={}, comm={}, stream={})", sendbuff,

@@ -53,6 +53,7 @@ inline Results run_all(const fp8wire::NcclApi& api) {
   r.emplace_back("ncclAllReduce", api.AllReduce(send, recv, 1001, ncclInt32, ncclMax, c1, stream()));
   r.emplace_back("ncclReduceScatter", api.ReduceScatter(send, recv, 250, ncclBfloat16, ncclAvg, c1, stream()));
   r.emplace_back("ncclAllGather", api.AllGather(send, recv, 333, ncclFloat16, c1, stream()));
+  r.emplace_back("ncclAlltoAll", api.AlltoAll(send, recv, 399, ncclBfloat16, c1, stream()));
   r.emplace_back("ncclBroadcast", api.Broadcast(send, recv, 444, ncclInt8, 1, c1, stream()));
   r.emplace_back("ncclBcast", api.Bcast(recv, 555, ncclUint64, 0, c1, stream()));
   r.emplace_back("ncclReduce", api.Reduce(send, recv, 666, ncclFloat64, ncclMax, 1, c1, stream()));
@@ -89,6 +90,8 @@ inline std::vector<std::string> expected_all(const std::string& cf) {
                   i(ncclBfloat16), i(ncclAvg), c1, st),
       fmt::format("ncclAllGather(send={}, recv={}, sendcount=333, dtype={}, comm={}, stream={})", s, v,
                   i(ncclFloat16), c1, st),
+      fmt::format("ncclAlltoAll(send={}, recv={}, count=399, dtype={}, comm={}, stream={})", s, v, i(ncclBfloat16),
+                  c1, st),
       fmt::format("ncclBroadcast(send={}, recv={}, count=444, dtype={}, root=1, comm={}, stream={})", s, v,
                   i(ncclInt8), c1, st),
       fmt::format("ncclBcast(buff={}, count=555, dtype={}, root=0, comm={}, stream={})", v, i(ncclUint64), c1, st),

@@ -206,6 +206,14 @@ int main(int argc, char** argv) {
     // Every call here is a pass-through: NCCL's transport carried all of them.
     std::printf("capi transports=%s carried=%llu nccl=%llu\n", names_of(transport_name, FP8WIRE_MAX_TRANSPORTS).c_str(),
                 calls_of(by_transport), static_cast<unsigned long long>(by_transport.calls[0]));
+    auto collective_name = reinterpret_cast<const char* (*)(int)>(dlsym(shim, "fp8wire_collective_name"));
+    std::string collectives;
+    for (int i = -1; collective_name && i <= FP8WIRE_MAX_COLLECTIVES; ++i) {
+      const char* n = collective_name(i);
+      collectives += n ? (*n ? n : "-") : "null";
+      collectives += i < FP8WIRE_MAX_COLLECTIVES ? "," : "";
+    }
+    std::printf("capi collectives=%s\n", collectives.c_str());
   } else if (script == "bench") {
     ncclComm_t comm = nullptr;
     api.CommInitRank(&comm, 2, probe::unique_id(1), 0);

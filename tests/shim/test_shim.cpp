@@ -85,6 +85,7 @@ Run run(const std::string& program, const std::vector<std::string>& args, std::v
 
 const std::string kShim = SHIM_PATH;
 const std::string kFake = FAKE_NCCL_PATH;
+const std::string kFakeBefore228 = FAKE_NCCL_BEFORE_2_28_PATH;  // the same without ncclAlltoAll
 
 Run probe_linked(const std::string& script, std::vector<std::string> env) {
   env.push_back("LD_PRELOAD=" + kShim);
@@ -128,7 +129,7 @@ std::vector<std::string> without_agreement(const std::vector<std::string>& log, 
 }
 
 // The calls of the "all" script (probe_script.hpp).
-constexpr size_t kAllCalls = 21;
+constexpr size_t kAllCalls = 22;
 
 // The probe ended normally after `calls` calls of its script, each returning `expected`.
 void check_every_call_returned(const Run& r, size_t calls, ncclResult_t expected) {
@@ -176,7 +177,9 @@ const std::vector<std::string> kEnabledNothingEligible = {
     "FP8WIRE_THRESHOLDS_ALL_REDUCE_NET=1TiB", "FP8WIRE_THRESHOLDS_REDUCE_SCATTER_NVLINK=1TiB",
     "FP8WIRE_THRESHOLDS_REDUCE_SCATTER_PCIE=1TiB", "FP8WIRE_THRESHOLDS_REDUCE_SCATTER_NET=1TiB",
     "FP8WIRE_THRESHOLDS_ALL_GATHER_NVLINK=1TiB", "FP8WIRE_THRESHOLDS_ALL_GATHER_PCIE=1TiB",
-    "FP8WIRE_THRESHOLDS_ALL_GATHER_NET=1TiB", "FP8WIRE_LOG_LEVEL=info"};
+    "FP8WIRE_THRESHOLDS_ALL_GATHER_NET=1TiB", "FP8WIRE_COLLECTIVES_ALL_TO_ALL=1",
+    "FP8WIRE_THRESHOLDS_ALL_TO_ALL_NVLINK=1TiB", "FP8WIRE_THRESHOLDS_ALL_TO_ALL_PCIE=1TiB",
+    "FP8WIRE_THRESHOLDS_ALL_TO_ALL_NET=1TiB", "FP8WIRE_LOG_LEVEL=info"};
 
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -261,6 +264,28 @@ TEST_CASE("no NCCL at all: every export returns ncclSystemError, nothing crashes
   CHECK(count_of(r.output, "no usable NCCL found") == 1);
   CHECK(count_of(r.output, "FP8WIRE_NCCL_LIBRARY") >= 1);  // the message says how to fix it
   CHECK(count_of(r.output, "fake not loaded") == 1);
+}
+
+TEST_CASE("an NCCL without ncclAlltoAll (before 2.28): that export returns ncclSystemError naming it, the rest forward") {
+  for (const char* enable : {"FP8WIRE_ENABLE=0", "FP8WIRE_ENABLE=1"}) {
+    CAPTURE(enable);
+    const Run r = run_probe("dlopen", "all", {enable, "FP8WIRE_LOG_LEVEL=info", "FP8WIRE_COLLECTIVES_ALL_TO_ALL=1",
+                                              "FP8WIRE_NCCL_LIBRARY=" + kFakeBefore228});
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    REQUIRE(r.rcs.size() == 22);
+    for (const auto& [name, rc] : r.rcs) {
+      CAPTURE(name);
+      CHECK(rc == (name == "ncclAlltoAll" ? ncclSystemError : ncclSuccess));
+    }
+    CHECK(count_of(r.output, "missing optional ncclAlltoAll\n") == 1);  // the resolution line
+    CHECK(count_of(r.output, "ncclAlltoAll: the real NCCL") == 1);
+    CHECK(count_of(r.output, "does not provide this function; returning ncclSystemError") == 1);
+    int exchanges = 0;
+    std::vector<std::string> expected = probe::expected_all(r.config_at);
+    std::erase_if(expected, [](const std::string& line) { return line.rfind("ncclAlltoAll(", 0) == 0; });
+    CHECK(without_agreement(r.fake_log, exchanges) == expected);
+  }
 }
 
 TEST_CASE("nccl.library naming libfp8wire.so itself is refused (no call may loop back into the shim)") {
@@ -368,6 +393,8 @@ TEST_CASE("C API: version, totals, step marks and flush are safe without a profi
     CHECK(count_of(r.output, "capi transports=null,nccl,peer_memory,host_memory,-,-,-,-,-,null carried=" + calls +
                                  " nccl=" + calls + "\n") == 1);
     CHECK((on ? calls != "0" : true));
+    // Every collective slot of the error totals by name, the all-to-all's included.
+    CHECK(count_of(r.output, "capi collectives=null,all_reduce,reduce_scatter,all_gather,all_to_all,null\n") == 1);
   }
 }
 
@@ -397,7 +424,7 @@ TEST_CASE("exported dynamic symbols: exactly the interposed NCCL functions and t
                   "`nm -D --defined-only " << kShim << "` failed (exit status " << nm_status
                                            << "): this check needs nm from binutils");
   const std::set<std::string> expected = {
-      "ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclBcast", "ncclReduce",
+      "ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclAlltoAll", "ncclBroadcast", "ncclBcast", "ncclReduce",
       "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd", "ncclGroupSimulateEnd", "ncclCommInitRank", "ncclCommInitRankConfig",
       "ncclCommInitAll", "ncclCommInitRankScalable", "ncclCommSplit", "ncclCommShrink", "ncclCommFinalize",
       "ncclCommDestroy", "ncclCommAbort", "ncclCommGetAsyncError", "fp8wire_version", "fp8wire_step_begin", "fp8wire_step_end",

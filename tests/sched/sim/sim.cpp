@@ -1280,6 +1280,9 @@ HostFacts sim_host_facts(int) {
   return f;
 }
 
+// The simulated ncclAlltoAll (at the end of this file).
+ncclResult_t n_all_to_all(const void* s, void* r, size_t count, ncclDataType_t t, ncclComm_t c, cudaStream_t st);
+
 }  // namespace
 
 void set_thread_rank(int rank) { t_rank = rank; }
@@ -1303,6 +1306,7 @@ World::World(Options options) : state_(new State) {
   n.AllGather = n_all_gather;
   n.AllReduce = n_all_reduce;
   n.ReduceScatter = n_reduce_scatter;
+  n.AlltoAll = n_all_to_all;
   n.CommAbort = n_comm_abort;
   n.CommDestroy = n_comm_destroy;
   n.CommSplit = n_comm_split;
@@ -1440,4 +1444,76 @@ bool World::deadlocked() const {
   return state_->deadlock;
 }
 
+}  // namespace fp8wire::sim
+
+namespace fp8wire::sim {
+namespace {
+
+// ncclAlltoAll, the application's own call passed through (not a fault site, as the plain all-reduce
+// is not): chunk j of every rank's send buffer lands in chunk `rank` of rank j's receive buffer. Every
+// rank must pass the same count (NCCL's contract), else a protocol error.
+struct AllToAllOp final : Op {
+  Handle* h = nullptr;
+  uint64_t seq = 0;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t chunk = 0;  // bytes per peer
+  bool posted = false;
+  bool step(World::State& w, Stream& s) override {
+    Comm& c = *h->comm;
+    const size_t n = c.members.size();
+    if (c.aborted) return true;
+    Collective& col = c.collectives[seq];
+    if (!posted) {
+      ++s.clock[static_cast<size_t>(s.lane)];
+      record_access(w, s.rank, s.lane, s.clock, send, n * chunk, false, what);
+      if (col.contrib.empty()) {
+        col.contrib.resize(n);
+        col.posted.assign(n, false);
+      }
+      const char* p = static_cast<const char*>(send);
+      col.contrib[static_cast<size_t>(h->rank)].assign(p, p + n * chunk);
+      col.posted[static_cast<size_t>(h->rank)] = true;
+      ++col.posted_count;
+      posted = true;
+    }
+    if (col.posted_count < static_cast<int>(n)) return false;
+    ++s.clock[static_cast<size_t>(s.lane)];
+    record_access(w, s.rank, s.lane, s.clock, recv, n * chunk, true, what);
+    char* out = static_cast<char*>(recv);
+    for (size_t j = 0; j < n; ++j) {
+      const std::vector<char>& from = col.contrib[j];
+      if (from.size() != n * chunk) {
+        w.protocol.push_back(fmt::format("rank {}: all-to-all of {} bytes per peer, comm rank {} sent {} in all", s.rank,
+                                         chunk, j, from.size()));
+        continue;
+      }
+      std::memcpy(out + j * chunk, from.data() + static_cast<size_t>(h->rank) * chunk, chunk);
+    }
+    if (++col.taken == static_cast<int>(n)) c.collectives.erase(seq);
+    return true;
+  }
+};
+
+ncclResult_t n_all_to_all(const void* send, void* recv, size_t count, ncclDataType_t t, ncclComm_t c, cudaStream_t s) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  Handle* h = handle_of(c);
+  if (const ncclResult_t r = check_handle(w, h); r != ncclSuccess) return r;
+  Stream* st = stream_of(w, s);
+  const size_t chunk = count * dtype_size(dtype_of(t));
+  issue(w, [&w, h, st, send, recv, chunk] {
+    auto o = std::make_unique<AllToAllOp>();
+    o->what = "all-to-all";
+    o->h = h;
+    o->seq = h->next_seq++;
+    o->send = send;
+    o->recv = recv;
+    o->chunk = chunk;
+    enqueue(w, *st, std::move(o));
+  });
+  return ncclSuccess;
+}
+
+}  // namespace
 }  // namespace fp8wire::sim

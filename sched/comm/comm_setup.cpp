@@ -91,6 +91,7 @@ struct Round {
 void prepare(Round& round, const Config& config, const LocalIdentity& me) {
   CommState& s = *round.s;
   const CudaApi& cuda = s.platform->cuda;
+  start_setup_clock(s, config);
   RankFacts& mine = round.mine;
   mine.version = me.version;
   mine.device = s.device;
@@ -111,7 +112,7 @@ void prepare(Round& round, const Config& config, const LocalIdentity& me) {
   round.all.resize(static_cast<size_t>(s.nranks));
   if (!get_exchange_buffer(s, round.all.size() * sizeof(RankFacts), &round.buffer)) {
     FP8WIRE_ERROR("comm {}: no memory for the 64-byte agreement exchange on device {}; this rank cannot take "
-                  "part and its peers wait in the exchange until the communicator is aborted", s.id, s.device);
+                  "part", s.id, s.device);
     round.result = ncclSystemError;
     return;
   }
@@ -139,12 +140,21 @@ void issue(Round& round) {
   }
 }
 
+// The set-up failed on this rank: its creation fails (sched/README.md, "The agreement": a rank never
+// goes on in another mode than its peers may have concluded). What an exchange may still write stays.
+void fail_setup(CommState& s, ncclResult_t why) {
+  s.setup = CommSetup::failed;
+  s.fail(why);
+  s.agreement = Agreement{};
+  s.agreement.reason = "the set-up's exchange failed";
+}
+
 void complete(Round& round, const Config& config) {
   CommState& s = *round.s;
   const CudaApi& cuda = s.platform->cuda;
   if (round.can_take_part) {
-    const ncclResult_t waited = wait_exchange(s, round.stream);
-    if (nccl_ok(round.result)) round.result = waited;
+    const ncclResult_t waited = wait_exchange(s, round.stream, "the agreement exchange");
+    if (nccl_ok(round.result) || !nccl_ok(waited)) round.result = waited;
   }
   const size_t bytes = round.all.size() * sizeof(RankFacts);
   if (nccl_ok(round.result)) {
@@ -152,32 +162,48 @@ void complete(Round& round, const Config& config) {
     else if (cuda.Memcpy(round.all.data(), round.buffer.data, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
       round.result = ncclUnhandledCudaError;
   }
-  if (round.own) cuda.StreamDestroy(round.own);
-  s.setup = CommSetup::agreed;
-  if (!nccl_ok(round.result)) {
+  if (round.own) cuda.StreamDestroy(round.own);  // CUDA frees it once its work is done
+  if (!round.can_take_part) {
+    // This rank never joined the exchange, so no peer can have completed it (theirs fail at the
+    // deadline): going on alone in pass-through meets no peer's FP8 call.
+    s.setup = CommSetup::agreed;
     s.agreement = Agreement{};
-    s.agreement.reason = "the agreement exchange failed";
-    FP8WIRE_ERROR("comm {}: the agreement exchange failed (NCCL {}); FP8 off for it", s.id,
-                  static_cast<int>(round.result));
-    // The exchange may still be in flight on the transfer lane: the lanes and scratch stay until the
-    // communicator is destroyed or aborted (a synchronize here could wait forever).
-    round.buffer.abandon();
+    s.agreement.reason = "this rank could not take part in the agreement exchange";
+    FP8WIRE_ERROR("comm {}: {} (NCCL {}): it passes through, and its peers' creation fails at the set-up's deadline",
+                  s.id, s.agreement.reason, static_cast<int>(round.result));
+    release_resources(s);
     return;
   }
+  if (!nccl_ok(round.result)) {
+    FP8WIRE_ERROR("comm {}: the agreement exchange failed (NCCL {}): the communicator's creation fails", s.id,
+                  static_cast<int>(round.result));
+    // The exchange may still be in flight on the transfer lane: the lanes and scratch stay until the
+    // communicator is aborted (a synchronize here could wait forever).
+    round.buffer.abandon();
+    fail_setup(s, round.result);
+    return;
+  }
+  s.setup = CommSetup::agreed;
   s.agreement = agree(config, round.all);
   log_agreement(s);
   if (!s.agreement.fp8_ok) {
     release_resources(s);  // a pass-through communicator keeps no memory
     return;
   }
+  ncclResult_t later = ncclSuccess;
   if (hierarchy_possible(config, s.agreement.topology)) {
     // Sub-communicators the planner would never use are not worth their set-up and memory.
     if (const std::string why = hierarchy_guard_reason(config, s.agreement.topology); !why.empty())
       FP8WIRE_INFO("comm {}: {}", s.id, why);
     else
-      split_hierarchy(s, s.agreement);
+      later = split_hierarchy(s, s.agreement);
   }
-  setup_direct(s, config, round.all, round.host.gpu_hash);
+  if (nccl_ok(later)) later = setup_direct(s, config, round.all, round.host.gpu_hash);
+  if (!nccl_ok(later)) {
+    FP8WIRE_ERROR("comm {}: a later round of the agreement failed (NCCL {}): the communicator's creation fails",
+                  s.id, static_cast<int>(later));
+    fail_setup(s, later);
+  }
 }
 
 }  // namespace

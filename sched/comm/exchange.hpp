@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "common/config.hpp"
 #include "sched/comm/comm_state.hpp"
 #include "sched/platform/cuda_api.hpp"
 
@@ -35,17 +36,23 @@ struct ExchangeBuffer {
 };
 bool get_exchange_buffer(CommState& s, size_t bytes, ExchangeBuffer* out);
 
+// Starts the set-up's one deadline (setup_timeout_s, none when 0): every exchange below gives up
+// once it has passed, counted from the start of the agreement, not per exchange.
+void start_setup_clock(CommState& s, const Config& config);
+
 // Waits for `stream` without blocking in the driver, so that an abort from another thread (which
-// sets `aborting` before calling NCCL's abort) or an asynchronous NCCL error releases the wait.
-ncclResult_t wait_exchange(CommState& s, cudaStream_t stream);
+// sets `aborting` before calling NCCL's abort), an asynchronous NCCL error or the set-up's deadline
+// releases the wait. `what` names the exchange for the log. On the deadline: ncclRemoteError, and the
+// exchange, which may still write, is left in flight (CommState::exchange_in_flight).
+ncclResult_t wait_exchange(CommState& s, cudaStream_t stream, const char* what);
 
 // An all-gather of `bytes` per rank through the scratch (FP8 is on, so there is one), for the rounds
 // that follow the agreement. Every rank calls it with the same size; the result is every rank's
-// bytes in rank order, or an error (then on every rank: the all-gather either ran everywhere or the
-// communicator is broken).
-ncclResult_t gather_bytes(CommState& s, const void* mine, size_t bytes, std::vector<char>& all);
+// bytes in rank order, or an error. An error means this rank cannot know what its peers concluded
+// (some may have all the bytes): the set-up must then fail, never go on without the feature.
+ncclResult_t gather_bytes(CommState& s, const void* mine, size_t bytes, std::vector<char>& all, const char* what);
 
-// Whether every rank answered yes (a 4-byte all-gather); false on any error too.
-bool all_agree(CommState& s, bool mine);
+// Whether every rank answered yes (a 4-byte all-gather), in `*all`; an error as gather_bytes.
+ncclResult_t all_agree(CommState& s, bool mine, bool* all, const char* what);
 
 }  // namespace fp8wire::sched

@@ -95,6 +95,7 @@ struct Collective {
 struct Comm {
   std::vector<int> members;  // world rank of each comm rank
   bool aborted = false;
+  const Comm* parent = nullptr;  // the communicator it was split from
   std::map<std::pair<int, int>, std::deque<std::vector<char>>> mail;  // (src, dst) comm ranks
   std::map<uint64_t, Collective> collectives;
   // ncclCommSplit rendezvous
@@ -161,6 +162,7 @@ struct World::State {
     int mappings = 0;
     int owner = 0;
     bool owner_holds = true;
+    bool host = false;  // a host window (Options::host_window_room)
   };
   std::map<uintptr_t, SimWindow> windows;
   // The last stream memory write of each flag word: its rank and that stream's clock. A wait it
@@ -859,16 +861,21 @@ void drop_mapping(World::State& w, Window& win) {
   win = Window{};
 }
 
-cudaError_t d_create(WindowKind, size_t bytes, uint64_t, Window* out, WindowHandle* handle) {
+cudaError_t d_create(WindowKind kind, size_t bytes, uint64_t, Window* out, WindowHandle* handle) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
-  if (fail_here(w, Site::window_create)) return cudaErrorMemoryAllocation;
+  if (fail_here(w, Site::window_create)) return cudaErrorUnknown;
   const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  if (kind == WindowKind::host && w.opt.host_window_room) {
+    size_t used = 0;
+    for (const auto& [base, win] : w.windows) used += win.host ? win.bytes : 0;
+    if (used + rounded > w.opt.host_window_room) return cudaErrorMemoryAllocation;
+  }
   void* p = std::aligned_alloc(256, rounded);
   if (!p) return cudaErrorMemoryAllocation;
   std::memset(p, 0, rounded);
   const uintptr_t base = reinterpret_cast<uintptr_t>(p);
-  w.windows[base] = {rounded, 1, me(), true};
+  w.windows[base] = {rounded, 1, me(), true, kind == WindowKind::host};
   R(w).mapped[base] = rounded;
   R(w).owned.insert(base);
   out->device = out->host = static_cast<char*>(p);
@@ -1103,6 +1110,7 @@ ncclResult_t n_comm_split(ncclComm_t parent, int color, int key, ncclComm_t* out
     for (auto& [col, list] : by_color) {
       std::sort(list.begin(), list.end());
       auto child = std::make_unique<Comm>();
+      child->parent = &c;
       for (auto& [k, r] : list) child->members.push_back(c.members[static_cast<size_t>(r)]);
       for (size_t i = 0; i < list.size(); ++i) {
         auto hh = std::make_unique<Handle>();
@@ -1397,6 +1405,14 @@ void World::abort_comm(ncclComm_t handle) {
   State& w = *state_;
   std::lock_guard lock(w.mu);
   abort_locked(w, *handle_of(handle)->comm);
+}
+
+void World::abort_splits(ncclComm_t handle) {
+  State& w = *state_;
+  std::lock_guard lock(w.mu);
+  const Comm* parent = handle_of(handle)->comm;
+  for (auto& c : w.comms)
+    if (c->parent == parent) abort_locked(w, *c);
 }
 
 void World::set_fault(Fault fault) {

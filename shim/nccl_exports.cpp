@@ -90,8 +90,8 @@ ncclResult_t create(const char* name, const void* caller, ncclComm_t* out, const
 // Before the real destroy: the engine frees the communicator's scratch and state (a destroy waits
 // for the communicator's work anyway; ncclCommAbort is handled apart, below). The engine's error (an
 // FP8 call released from a wait on a gone peer) is returned when NCCL's destroy succeeds. A
-// communicator still in use by a split of fp8wire's set-up that was given up is aborted by fp8wire
-// once NCCL returns from the split, not destroyed here.
+// communicator still in use by a host call of fp8wire's set-up that was given up (a launch that
+// waits for its peers, a split) is aborted by fp8wire once NCCL returns from it, not destroyed here.
 template <auto Member>
 ncclResult_t destroy(const char* name, const void* caller, ncclComm_t comm) noexcept {
   return intercept<Member, Route::when_engine>(

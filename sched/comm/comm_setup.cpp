@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "common/log.hpp"
@@ -14,6 +15,7 @@
 #include "sched/comm/rounds.hpp"
 #include "sched/plan/hierarchy.hpp"
 #include "sched/platform/device_guard.hpp"
+#include "sched/platform/platform.hpp"
 #include "sched/transport/direct_windows.hpp"
 
 namespace fp8wire::sched {
@@ -85,6 +87,7 @@ struct Round {
   cudaStream_t stream = nullptr;
   cudaStream_t own = nullptr;  // a stream made for the exchange, destroyed after it
   bool can_take_part = false;
+  bool launched = false;  // its all-gather is in NCCL's hands
   ncclResult_t result = ncclSuccess;
 };
 
@@ -128,15 +131,55 @@ void prepare(Round& round, const Config& config, const LocalIdentity& me) {
     round.result = ncclUnhandledCudaError;  // the all-gather is still issued: the peers are in it
 }
 
-void issue(Round& round) {
-  if (!round.can_take_part) return;
-  CommState& s = *round.s;
-  char* mine_at = round.buffer.data + static_cast<size_t>(s.rank) * sizeof(RankFacts);
-  const ncclResult_t r = s.platform->nccl->AllGather(mine_at, round.buffer.data, sizeof(RankFacts), ncclUint8,
-                                                     s.comm, round.stream);
-  if (!nccl_ok(r)) {
-    round.can_take_part = false;
-    if (nccl_ok(round.result)) round.result = r;
+// The launch of every round's all-gather (in one NCCL group where one thread created several) as a
+// host call of its own (exchange.hpp): NCCL's first collective on a communicator may connect to the
+// peers and wait for them inside its launch.
+void launch(std::vector<Round>& rounds) {
+  struct Launch {
+    ncclComm_t comm;
+    char* mine;
+    char* all;
+    cudaStream_t stream;
+    int device;
+  };
+  std::vector<Launch> launches;
+  std::vector<CommState*> comms;
+  std::vector<Round*> taking;
+  for (Round& r : rounds) {
+    if (!r.can_take_part) continue;
+    CommState& s = *r.s;
+    launches.push_back({s.comm, r.buffer.data + static_cast<size_t>(s.rank) * sizeof(RankFacts), r.buffer.data,
+                        r.stream, s.device});
+    comms.push_back(&s);
+    taking.push_back(&r);
+  }
+  if (taking.empty()) return;
+  const Platform& p = *comms[0]->platform;
+  auto results = std::make_shared<std::vector<ncclResult_t>>(launches.size(), ncclSuccess);
+  const ncclResult_t launched = call_with_deadline(
+      comms, "the agreement exchange's launch", [api = p.nccl, cuda = &p.cuda, launches, results] {
+        const bool grouped = launches.size() > 1;
+        if (grouped) api->GroupStart();
+        for (size_t i = 0; i < launches.size(); ++i) {
+          const Launch& l = launches[i];
+          DeviceGuard guard(*cuda, l.device);
+          (*results)[i] = api->AllGather(l.mine, l.all, sizeof(RankFacts), ncclUint8, l.comm, l.stream);
+        }
+        return grouped ? api->GroupEnd() : ncclSuccess;
+      });
+  for (size_t i = 0; i < taking.size(); ++i) {
+    Round& r = *taking[i];
+    if (comms[i]->host_call) {  // given up on inside NCCL: joined or not, nobody can tell
+      r.result = launched;
+      continue;
+    }
+    if (!nccl_ok((*results)[i])) {  // refused at once: this rank never joined
+      r.can_take_part = false;
+      if (nccl_ok(r.result)) r.result = (*results)[i];
+      continue;
+    }
+    if (!nccl_ok(launched) && nccl_ok(r.result)) r.result = launched;  // the group's end failed
+    r.launched = nccl_ok(launched);
   }
 }
 
@@ -152,7 +195,7 @@ void fail_setup(CommState& s, ncclResult_t why) {
 void complete(Round& round, const Config& config) {
   CommState& s = *round.s;
   const CudaApi& cuda = s.platform->cuda;
-  if (round.can_take_part) {
+  if (round.launched) {
     const ncclResult_t waited = wait_exchange(s, round.stream, "the agreement exchange");
     if (nccl_ok(round.result) || !nccl_ok(waited)) round.result = waited;
   }
@@ -211,7 +254,6 @@ void complete(Round& round, const Config& config) {
 void agree_at_creation(std::span<CommState* const> comms, const Config& config, const LocalIdentity& me) {
   if (comms.empty()) return;
   const CudaApi& cuda = comms[0]->platform->cuda;
-  const NcclApi& nccl = *comms[0]->platform->nccl;
   NvtxRange range("fp8wire agree");
   std::vector<Round> rounds(comms.size());
   for (size_t i = 0; i < comms.size(); ++i) {
@@ -219,18 +261,7 @@ void agree_at_creation(std::span<CommState* const> comms, const Config& config, 
     DeviceGuard guard(cuda, comms[i]->device);
     prepare(rounds[i], config, me);
   }
-  const bool grouped = rounds.size() > 1;
-  if (grouped) nccl.GroupStart();
-  for (Round& r : rounds) {
-    DeviceGuard guard(cuda, r.s->device);
-    issue(r);
-  }
-  if (grouped) {
-    const ncclResult_t end = nccl.GroupEnd();
-    if (!nccl_ok(end))
-      for (Round& r : rounds)
-        if (nccl_ok(r.result)) r.result = end;
-  }
+  launch(rounds);
   for (Round& r : rounds) {
     DeviceGuard guard(cuda, r.s->device);
     complete(r, config);

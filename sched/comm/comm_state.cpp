@@ -1,6 +1,7 @@
 #include "sched/comm/comm_state.hpp"
 
 #include "common/log.hpp"
+#include "sched/comm/exchange.hpp"
 #include "sched/comm/telemetry_monitor.hpp"
 #include "sched/platform/device_guard.hpp"
 #include "sched/platform/platform.hpp"
@@ -29,6 +30,14 @@ CommState::~CommState() {
 ncclResult_t release_resources(CommState& s) {
   CommResources& r = s.res;
   if (!r.produce && !r.transfer && !r.scratch && !r.fork && !s.direct) return ncclSuccess;  // touch no device it never used
+  if (host_call_running(s)) {
+    // NCCL still runs a launch or a split of its set-up that was given up on: it may yet enqueue on
+    // the lanes and write into the scratch.
+    FP8WIRE_WARN("comm {}: closed while NCCL still runs a call of its set-up: its lanes and scratch stay allocated",
+                 s.id);
+    r = CommResources{};
+    return ncclSuccess;
+  }
   const CudaApi& cuda = s.platform->cuda;
   DeviceGuard guard(cuda, s.device);
   if (s.exchange_in_flight && !s.aborting.load(std::memory_order_acquire)) {

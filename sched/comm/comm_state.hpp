@@ -29,7 +29,7 @@ struct Platform;  // sched/platform/platform.hpp
 namespace fp8wire::sched {
 
 class DirectWindows;     // sched/transport/direct_windows.hpp
-struct SplitJob;         // sched/comm/hierarchy_round.cpp
+struct HostCall;         // sched/comm/exchange.hpp
 class TelemetryMonitor;  // sched/comm/telemetry_monitor.hpp
 
 // Who a communicator is, as a call record names it.
@@ -92,8 +92,8 @@ struct CommState {
   CommResources res;
   NcclTransport transport;
   Hierarchy hierarchy;
-  // A split of the hierarchy round given up while inside NCCL (sched/comm/rounds.hpp); null otherwise.
-  std::shared_ptr<SplitJob> split;
+  // A blocking NCCL host call of its set-up given up while inside NCCL (sched/comm/exchange.hpp).
+  std::shared_ptr<HostCall> host_call;
   // Set up at the agreement when every rank is on this machine and every rank could map every
   // other's windows (sched/transport/direct_windows.hpp); null otherwise.
   std::unique_ptr<DirectWindows> direct;

@@ -1,8 +1,12 @@
 #include "sched/comm/exchange.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "common/log.hpp"
@@ -40,6 +44,90 @@ void start_setup_clock(CommState& s, const Config& config) {
     s.setup_deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                               std::chrono::duration<double>(config.setup_timeout_s));
 }
+
+struct HostCall {
+  const NcclApi* api = nullptr;
+  std::function<void()> undo;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool abandoned = false;
+  ncclResult_t result = ncclSuccess;
+  std::vector<ncclComm_t> release;  // communicators whose abort or destroy was asked meanwhile
+};
+
+namespace {
+std::atomic<int> g_host_calls{0};
+}  // namespace
+
+ncclResult_t call_with_deadline(std::span<CommState* const> comms, const char* what,
+                                std::function<ncclResult_t()> call, std::function<void()> undo) {
+  const Platform& p = *comms[0]->platform;
+  auto job = std::make_shared<HostCall>();
+  job->api = p.nccl;
+  job->undo = std::move(undo);
+  void* context = p.thread_context ? p.thread_context() : nullptr;
+  ++g_host_calls;
+  try {
+    std::thread([job, call = std::move(call), adopt = p.adopt_thread_context, context] {
+      if (adopt) adopt(context);
+      const ncclResult_t r = call();
+      {
+        std::lock_guard lock(job->mu);
+        job->done = true;
+        job->result = r;
+        if (job->abandoned) {
+          if (job->undo) job->undo();
+          for (ncclComm_t c : job->release)
+            if (job->api->CommAbort) job->api->CommAbort(c);
+        }
+      }
+      job->cv.notify_all();
+      --g_host_calls;
+    }).detach();
+  } catch (...) {
+    --g_host_calls;
+    throw;
+  }
+  std::unique_lock lock(job->mu);
+  ncclResult_t given_up = ncclSuccess;
+  while (!job->done) {
+    const auto now = std::chrono::steady_clock::now();
+    for (CommState* s : comms) {
+      if (s->aborting.load(std::memory_order_acquire)) given_up = ncclInvalidUsage;
+      else if (s->setup_deadline && now > *s->setup_deadline && nccl_ok(given_up)) given_up = ncclRemoteError;
+    }
+    if (!nccl_ok(given_up)) break;
+    job->cv.wait_for(lock, std::chrono::milliseconds(1));
+  }
+  if (job->done) return job->result;
+  job->abandoned = true;
+  for (CommState* s : comms) {
+    s->host_call = job;
+    s->exchange_in_flight = true;
+  }
+  FP8WIRE_ERROR("comm {}: {} {}: the communicator's creation fails", comms[0]->id, what,
+                given_up == ncclRemoteError ? "did not return from NCCL within the set-up's deadline (setup_timeout_s): "
+                                              "a peer was killed or stopped"
+                                            : "was given up for an abort");
+  return given_up;
+}
+
+bool defer_release(CommState& s) {
+  if (!s.host_call) return false;
+  std::lock_guard lock(s.host_call->mu);
+  if (s.host_call->done) return false;
+  s.host_call->release.push_back(s.comm);
+  return true;
+}
+
+bool host_call_running(CommState& s) {
+  if (!s.host_call) return false;
+  std::lock_guard lock(s.host_call->mu);
+  return !s.host_call->done;
+}
+
+int host_calls_in_flight() { return g_host_calls.load(); }
 
 ncclResult_t wait_exchange(CommState& s, cudaStream_t stream, const char* what) {
   const CudaApi& cuda = s.platform->cuda;
@@ -88,7 +176,12 @@ ncclResult_t gather_bytes(CommState& s, const void* mine, size_t bytes, std::vec
                          ? ncclSuccess
                          : ncclUnhandledCudaError;
   // Issued even when the copy failed: the peers are in it.
-  const ncclResult_t gathered = api.AllGather(mine_at, base, bytes, ncclUint8, s.comm, s.res.transfer);
+  CommState* const one[] = {&s};
+  const ncclResult_t gathered = call_with_deadline(one, what, [api = &api, cuda = &cuda, device = s.device, mine_at, base,
+                                                               bytes, comm = s.comm, stream = s.res.transfer] {
+    if (device >= 0) cuda->SetDevice(device);
+    return api->AllGather(mine_at, base, bytes, ncclUint8, comm, stream);
+  });
   if (nccl_ok(res)) res = gathered;
   if (nccl_ok(gathered)) {
     const ncclResult_t waited = wait_exchange(s, s.res.transfer, what);

@@ -21,13 +21,6 @@ namespace fp8wire::sched {
 // exchange with a deadline, not by NCCL's split, which has none), one that every rank has both.
 // Without the second nobody uses them (hierarchy_round.cpp).
 ncclResult_t split_hierarchy(CommState& s, const Agreement& a);
-// Whether a split of the hierarchy round that the set-up gave up on is still inside NCCL: it uses the
-// parent communicator, whose real abort or destroy is then left to the split's thread (done as soon as
-// NCCL returns). True: the caller must not call NCCL's abort or destroy of `s.comm` itself.
-bool defer_parent_release(CommState& s);
-// The split threads still inside NCCL, in this process (the CPU tier waits for none before its
-// simulated machine goes).
-int splits_in_flight();
 
 // Every rank on this machine: the direct windows, peer memory or host memory, tried in order; any
 // failure anywhere and every rank goes on over NCCL's transports (direct_round.cpp). `gpu`: this

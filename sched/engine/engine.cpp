@@ -14,7 +14,7 @@
 #include "common/status.hpp"
 #include "sched/engine/engine_impl.hpp"
 #include "sched/comm/comm_setup.hpp"
-#include "sched/comm/rounds.hpp"
+#include "sched/comm/exchange.hpp"
 #include "sched/platform/platform.hpp"
 #include "sched/transport/direct_windows.hpp"
 
@@ -117,7 +117,7 @@ ncclResult_t Engine::comm_destroyed(ncclComm_t comm, bool* deferred) {
   return guarded("comm_destroyed", [&] {
     CommRef state = impl_->registry.detach(comm);
     if (!state) return ncclSuccess;
-    if (defer_parent_release(*state)) {
+    if (defer_release(*state)) {
       if (deferred) *deferred = true;
       state->aborting.store(true, std::memory_order_release);  // its set-up failed: nothing to finish
     }
@@ -137,8 +137,8 @@ ncclResult_t Engine::comm_abort(ncclComm_t comm) {
     // A direct transport's lanes may wait on a peer that will never signal (NCCL's own kernels are
     // released by its abort; ours by this rank's host stores into its own flags).
     if (state && state->direct) state->direct->release_waits();
-    // A split of its set-up still inside NCCL uses it: the split's thread aborts it when NCCL returns.
-    deferred = state && defer_parent_release(*state);
+    // A host call of its set-up still inside NCCL uses it: that call's thread aborts it when NCCL returns.
+    deferred = state && defer_release(*state);
   });
   const ncclResult_t result =
       deferred ? ncclSuccess : impl_->api->CommAbort ? impl_->api->CommAbort(comm) : ncclInternalError;

@@ -56,8 +56,8 @@ class Engine {
   // Before the real ncclCommDestroy: unregisters it; its resources go with the last call using them.
   // ncclRemoteError when that release found an FP8 call still waiting on a direct peer that has gone
   // (the wait is released so that the lanes end, and that call's output is not valid). `deferred`
-  // (when given) says the real destroy must not be called: a split of its set-up, given up on, is
-  // still inside NCCL with it, and fp8wire aborts it once that returns.
+  // (when given) says the real destroy must not be called: a host call of its set-up, given up on,
+  // is still inside NCCL with it, and fp8wire aborts it once that returns.
   ncclResult_t comm_destroyed(ncclComm_t comm, bool* deferred = nullptr);
   // ncclCommAbort in place of the real one: unregisters the communicator and releases an agreement
   // waiting on it, runs the real abort, and only then releases its resources. The abort is what

@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +37,7 @@
 #include "sched/engine/engine_probe.hpp"
 #include "sched/platform/gpu_platform.hpp"
 #include "sched/platform/nccl_api_linked.hpp"
+#include "tests/sched/gpu_ranks.hpp"
 
 using namespace fp8wire;
 
@@ -141,24 +143,15 @@ int rank_main(const std::string& scenario, DirectMode mode, int rank, const nccl
 }  // namespace
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
-  std::string error;
-  if (auto env = rank_env_from_environment(error)) {
-    const std::string scenario = std::getenv("DIRECT_FAULT_SCENARIO");
-    const DirectMode mode = std::strcmp(std::getenv("DIRECT_FAULT_MODE"), "peer_memory") == 0 ? DirectMode::peer_memory
-                                                                                              : DirectMode::host_memory;
-    ncclUniqueId id{};
-    if (env->rank == 0) FP8WIRE_NCCL_OR(ncclGetUniqueId(&id), return 1);
-    if (!exchange_bootstrap_blob(*env, &id, sizeof(id), 60, error)) {
-      std::printf("FAIL: bootstrap: %s\n", error.c_str());
-      return 1;
-    }
-    return rank_main(scenario, mode, env->rank, id);
-  }
+  if (test::no_gpu()) return 77;
+  if (const std::optional<int> status = test::as_rank([](const RankEnv& env, const ncclUniqueId& id) {
+        const std::string scenario = std::getenv("DIRECT_FAULT_SCENARIO");
+        const DirectMode mode = std::strcmp(std::getenv("DIRECT_FAULT_MODE"), "peer_memory") == 0
+                                    ? DirectMode::peer_memory
+                                    : DirectMode::host_memory;
+        return rank_main(scenario, mode, env.rank, id);
+      }))
+    return *status;
   const std::vector<std::string> modes =
       argc > 1 ? std::vector<std::string>{argv[1]} : std::vector<std::string>{"host_memory", "peer_memory"};
   int failures = 0;

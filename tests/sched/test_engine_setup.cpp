@@ -25,7 +25,7 @@
 #include <fmt/ranges.h>
 
 #include "common/log.hpp"
-#include "sched/comm/rounds.hpp"
+#include "sched/comm/exchange.hpp"
 #include "sched/engine/accounting.hpp"
 #include "sched/engine/engine.hpp"
 #include "sched/engine/engine_probe.hpp"
@@ -75,14 +75,19 @@ bool stops_here(int rank = t_rank) {
   return true;
 }
 
-ncclResult_t w_all_gather(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
-  return stops_here() ? ncclSystemError : g_stop.base->nccl->AllGather(s, r, n, t, c, st);
-}
-// NCCL's split runs on a thread of its own (sched/comm/hierarchy_round.cpp): the rank is the parent's.
-ncclResult_t w_split(ncclComm_t parent, int color, int key, ncclComm_t* out, ncclConfig_t* config) {
+// The set-up's NCCL calls run on threads of their own (sched/comm/exchange.hpp, call_with_deadline):
+// the rank is the communicator's.
+int rank_of(ncclComm_t comm) {
   int rank = -1;
-  g_stop.base->nccl->CommUserRank(parent, &rank);
-  return stops_here(rank) ? ncclSystemError : g_stop.base->nccl->CommSplit(parent, color, key, out, config);
+  g_stop.base->nccl->CommUserRank(comm, &rank);
+  return rank;
+}
+
+ncclResult_t w_all_gather(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
+  return stops_here(rank_of(c)) ? ncclSystemError : g_stop.base->nccl->AllGather(s, r, n, t, c, st);
+}
+ncclResult_t w_split(ncclComm_t parent, int color, int key, ncclComm_t* out, ncclConfig_t* config) {
+  return stops_here(rank_of(parent)) ? ncclSystemError : g_stop.base->nccl->CommSplit(parent, color, key, out, config);
 }
 cudaError_t w_create(WindowKind kind, size_t bytes, uint64_t tag, Window* out, WindowHandle* handle) {
   return stops_here() ? cudaErrorUnknown : g_stop.base->direct.create(kind, bytes, tag, out, handle);
@@ -131,6 +136,7 @@ Config config_for(Kind kind, double timeout = kDeadline) {
 sim::Options machine_for(Kind kind, int n) {
   sim::Options m;
   m.nranks = n;
+  m.connect_at_first_collective = true;  // the agreement's launch waits for every peer, as NCCL's may
   if (kind == Kind::hierarchy) {
     m.nvlink = true;  // where the defaults take the hierarchical path
     for (int r = 0; r < n; ++r) m.hosts.push_back(static_cast<uint64_t>(100 + r / 2));
@@ -138,11 +144,13 @@ sim::Options machine_for(Kind kind, int n) {
   return m;
 }
 
-// A split given up on returns once its peers have ended; its thread must be gone before the machine.
-void wait_for_splits() {
+// A host call given up on (a launch that waits for its peers, a split) returns once its peers have
+// ended; its thread must be gone before the machine.
+void wait_for_host_calls() {
   const auto deadline = Clock::now() + std::chrono::seconds(30);
-  while (sched::splits_in_flight() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  CHECK(sched::splits_in_flight() == 0);
+  while (sched::host_calls_in_flight() > 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(sched::host_calls_in_flight() == 0);
 }
 
 struct SetupRun {
@@ -184,12 +192,14 @@ SetupRun run_setup(Kind kind, int n, int victim, int at, bool kill) {
       if (++returned == live) g_stop.release = true;
       while (returned.load() < live) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    if (out.results[ru] != ncclSuccess) eng.comm_abort(comms[ru]);  // as the shim does after a failed creation
+    // As the shim does after a failed creation; the victim ends its communicator either way (its
+    // peers' NCCL then sees it gone, and a launch of theirs that waits for it returns).
+    if (out.results[ru] != ncclSuccess || r == victim) eng.comm_abort(comms[ru]);
     else eng.comm_destroyed(comms[ru]);
     out.registered_after[ru] = sched::EngineProbe(eng).comm_info(comms[ru]).registered;
-    // Every rank stays until the splits given up on have returned (once the victim ended): the
-    // simulator tells a deadlock by every rank waiting, and a split's thread is none of them.
-    wait_for_splits();
+    // Every rank stays until the host calls given up on have returned (once the victim ended): the
+    // simulator tells a deadlock by every rank waiting, and such a call's thread is none of them.
+    wait_for_host_calls();
   });
   out.operations = g_stop.count.load();
   if (world.deadlocked()) out.problems += "deadlocked; ";
@@ -265,7 +275,7 @@ TEST_CASE("set-up: an abort from another thread releases a set-up waiting in a l
       while (!g_stop.stopped.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       for (int r = 0; r < n - 1; ++r) {
-        while (!engines[static_cast<size_t>(r)].load()) std::this_thread::yield();
+        while (!engines[static_cast<size_t>(r)].load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         sim::set_thread_rank(r);
         engines[static_cast<size_t>(r)].load()->comm_abort(comms[static_cast<size_t>(r)]);
       }
@@ -283,9 +293,9 @@ TEST_CASE("set-up: an abort from another thread releases a set-up waiting in a l
         eng.comm_abort(comms[3]);
       } else {
         if (++returned == n - 1) g_stop.release = true;
-        while (!aborted.load()) std::this_thread::yield();  // the watchdog is done with this engine
+        while (!aborted.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the watchdog is done with this engine
       }
-      wait_for_splits();  // (as in run_setup)
+      wait_for_host_calls();  // (as in run_setup)
     });
     watchdog.join();
     INFO(to_string(kind));
@@ -328,9 +338,10 @@ TEST_CASE("set-up: a communicator created in a group whose peer never answers fa
       calls[ru] = eng.all_reduce(in, out, 1024, ncclFloat32, ncclSum, comms[ru], s);
       asyncs[ru] = eng.comm_async_error(comms[ru]);
       if (++returned == n - 1) g_stop.release = true;
-      while (returned.load() < n - 1) std::this_thread::yield();
+      while (returned.load() < n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     eng.comm_abort(comms[ru]);
+    wait_for_host_calls();  // (as in run_setup)
     world.platform().cuda.Free(in);
     world.platform().cuda.Free(out);
     world.platform().cuda.StreamDestroy(s);
@@ -443,15 +454,15 @@ TEST_CASE("an asynchronous error of the hierarchical path's sub-communicators sh
       }
     before[ru] = eng.comm_async_error(comms[ru]);
     ++ready;
-    while (ready.load() < n) std::this_thread::yield();
+    while (ready.load() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     if (r == 0) {
       world.abort_splits(comms[0]);  // NCCL fails the host and rail communicators
       failed = true;
     }
-    while (!failed.load()) std::this_thread::yield();
+    while (!failed.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     after[ru] = eng.comm_async_error(comms[ru]);
     ++checked;
-    while (checked.load() < n) std::this_thread::yield();
+    while (checked.load() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     world.platform().cuda.Free(in);
     world.platform().cuda.Free(out);
     world.platform().cuda.StreamDestroy(s);

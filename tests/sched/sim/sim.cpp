@@ -104,6 +104,7 @@ struct Comm {
   int split_count = 0;
   uint64_t split_round = 0;
   std::vector<ncclComm_t> split_result;
+  int connected = 0;  // ranks that have made their first collective (Options::connect_at_first_collective)
 };
 
 struct Handle {
@@ -111,6 +112,7 @@ struct Handle {
   int rank = 0;          // rank in the communicator
   uint64_t next_seq = 0; // collectives issued
   bool destroyed = false;
+  bool connected = false;  // its first collective has been made (Options::connect_at_first_collective)
 };
 
 struct RankState {
@@ -1033,10 +1035,19 @@ ncclResult_t n_recv(void* buf, size_t count, ncclDataType_t t, int peer, ncclCom
 ncclResult_t collective(CollKind kind, const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
                         ncclComm_t c, cudaStream_t s, bool faultable) {
   World::State& w = W();
-  std::lock_guard lock(w.mu);
+  std::unique_lock lock(w.mu);
   Handle* h = handle_of(c);
   if (const ncclResult_t r = check_handle(w, h); r != ncclSuccess) return r;
   if (faultable && fail_here(w, Site::all_gather)) return ncclInternalError;
+  if (w.opt.connect_at_first_collective && !h->connected && R(w).group_depth == 0) {
+    Comm& comm = *h->comm;
+    h->connected = true;
+    ++comm.connected;
+    w.cv.notify_all();
+    const int n = static_cast<int>(comm.members.size());
+    if (!wait_until(w, lock, [&] { return comm.connected == n || comm.aborted; })) return ncclSystemError;
+    if (comm.aborted) return ncclRemoteError;
+  }
   Stream* st = stream_of(w, s);
   issue(w, [&w, h, st, kind, send, recv, count, t, op] {
     auto o = std::make_unique<CollectiveOp>();
@@ -1277,6 +1288,10 @@ HostFacts sim_host_facts(int) {
   return f;
 }
 
+// A thread the engine starts for a blocking call acts as the rank that started it.
+void* sim_thread_context() { return reinterpret_cast<void*>(static_cast<intptr_t>(t_rank) + 1); }
+void sim_adopt_thread_context(void* context) { t_rank = static_cast<int>(reinterpret_cast<intptr_t>(context)) - 1; }
+
 }  // namespace
 
 void set_thread_rank(int rank) { t_rank = rank; }
@@ -1347,6 +1362,8 @@ World::World(Options options) : state_(new State) {
   q.dequantize_reduce_mixed = c_reduce_mixed;
   q.mark_call_begin = c_mark_call_begin;
   p.host_facts = sim_host_facts;
+  p.thread_context = sim_thread_context;
+  p.adopt_thread_context = sim_adopt_thread_context;
   g_world = state_.get();
 }
 

@@ -81,6 +81,10 @@ struct Options {
   // size (0: unlimited): a host window that does not fit is refused with cudaErrorMemoryAllocation,
   // as the GPU's platform refuses one that /dev/shm has no room for.
   size_t host_window_room = 0;
+  // NCCL's first collective on a communicator connects to its peers inside its launch (runtime
+  // connection): a rank's first collective call on a communicator (outside a group) returns only once
+  // every rank has made its first, or the communicator is aborted (ncclRemoteError then).
+  bool connect_at_first_collective = false;
 };
 
 class World {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks of the direct transports at the end of a job (scripts/gpu/all.sh teardown; build in build/):
 #   1. tests/sched/direct_faults_gpu: a peer killed mid-collective or absent (an error or the abort's
-#      release, never a hang), a peer that exited or destroyed its communicator while nothing waits on
-#      it (no error), for both direct kinds;
+#      release, never a hang; a destroy instead of the abort returns an error), a peer that exited or
+#      destroyed its communicator while nothing waits on it (no error), for both direct kinds;
 #   2. tests/integration/test_teardown.py: a PyTorch job whose ranks finish and end at different times
 #      exits 0 under plain NCCL, fp8wire over NCCL and both direct kinds;
 #   3. the main job (scripts/main-job.sh) with the direct transport over host memory: it must exit 0,
@@ -10,7 +10,7 @@
 #   4. tests/sched/setup_faults_gpu: a peer killed or stopped at each point of a communicator's
 #      set-up (2 and 4 ranks, both direct kinds: every other rank's creation fails within the deadline),
 #      a job after a killed one (its /dev/shm leftovers swept, nothing left), a /dev/shm too small for
-#      the windows, a destroy while waiting on a gone peer (an error);
+#      the windows (every rank on NCCL alike);
 #   5. with TEARDOWN_REPEAT=N: the torch row "direct host memory: rank 1 ends first by destroy" (a hang
 #      was seen there once) and its neighbours N times each, under MPS and then time-sliced, counting
 #      the failures; a rank that stalls prints its state (tests/integration/test_teardown.py).

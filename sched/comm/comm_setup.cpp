@@ -205,7 +205,8 @@ void complete(Round& round, const Config& config) {
     else if (cuda.Memcpy(round.all.data(), round.buffer.data, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
       round.result = ncclUnhandledCudaError;
   }
-  if (round.own) cuda.StreamDestroy(round.own);  // CUDA frees it once its work is done
+  // CUDA frees it once its work is done; a launch given up on may still enqueue on it.
+  if (round.own && !s.host_call) cuda.StreamDestroy(round.own);
   if (!round.can_take_part) {
     // This rank never joined the exchange, so no peer can have completed it (theirs fail at the
     // deadline): going on alone in pass-through meets no peer's FP8 call.

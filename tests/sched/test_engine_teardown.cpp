@@ -263,6 +263,13 @@ std::string run_gone_mid_collective(DirectMode mode, Ending how, Lanes lanes, in
     if (!lost && failure.empty()) failure = "no error within 30 s while the collective waits on a gone peer";
     if (eng->comm_async_error(comms[0]) != ncclRemoteError && failure.empty())
       failure = "the communicator's asynchronous error is not ncclRemoteError";
+    // A stalled job's diagnosis names the gone peer (ended, or closed out of step) and the flag the
+    // lanes wait on (a release flag of rank 1's that this rank reclaimed: free[set][1] = 0).
+    if (const std::string state = eng->debug_state();
+        (state.find(how == Ending::process_end ? "rank 1 gone" : "rank 1 closed") == std::string::npos ||
+         state.find("][1]=0") == std::string::npos || state.find("busy") == std::string::npos) &&
+        failure.empty())
+      failure = "the state's diagnosis does not show the wait on rank 1: " + state;
     if (close == Ending::destroy) {
       const ncclResult_t destroyed = eng->comm_destroyed(comms[0]);
       p.nccl->CommDestroy(comms[0]);

@@ -498,6 +498,14 @@ std::vector<KeySpec> build_key_table() {
   t.push_back(choice_key<std::optional<Fabric>>(
       "fabric", [](auto& c) -> auto& { return c.fabric_override; },
       {{"auto", std::nullopt}, {"nvlink", Fabric::nvlink}, {"pcie", Fabric::pcie}, {"net", Fabric::net}}));
+  t.push_back({"setup_timeout_s", {}, "seconds, a finite number in [0, 86400] (0 = no deadline)",
+               [](Config& c, const RawValue& v) {
+                 auto d = as_double(v);
+                 if (!d || !std::isfinite(*d) || *d < 0 || *d > 86400) return false;
+                 c.setup_timeout_s = *d;
+                 return true;
+               },
+               [](const Config& c) { return fmt::format("{}", c.setup_timeout_s); }});
 
   for (int k = 0; k < kCollectiveCount; ++k)
     t.push_back(bool_key(fmt::format("collectives.{}", to_string(static_cast<Collective>(k))),
@@ -612,7 +620,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 1008 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 1016 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

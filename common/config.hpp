@@ -149,6 +149,13 @@ struct Config {
   Algorithm algorithm = Algorithm::automatic;  // algorithm  "auto" | "two_shot" | "one_shot" | "ring"
   std::optional<Fabric> fabric_override;       // fabric     "auto" | "nvlink" | "pcie" | "net"
   GatherMethod gather_transport = GatherMethod::automatic;  // gather_transport "auto" | "allgather" | "sendrecv"
+  // Seconds fp8wire's own exchanges at a communicator's creation may take in all (the agreement and
+  // its later rounds: sched/README.md, "The agreement"); past it the creation fails on every rank
+  // still waiting, with ncclRemoteError. 0: no deadline. The exchanges take milliseconds (seconds
+  // where NCCL connects its first all-gather over sockets among many ranks); 120 s is far above that
+  // on a loaded machine, and ends a set-up whose peer was killed or stopped well before PyTorch's
+  // 10-minute collective timeout would, as NCCL's and gloo's own bootstrap time-outs do.
+  double setup_timeout_s = 120;             // setup_timeout_s
   // Smallest caller buffer (bytes) at which a collective goes FP8, per collective and fabric.
   // thresholds.<all_reduce|reduce_scatter|all_gather|all_to_all>.<nvlink|pcie|net>
   // From the 2x H200 sweeps (docs/PERF.md, "2x H200"): over NVLink FP8 was 0.91-1.05x from 4 to

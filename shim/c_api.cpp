@@ -1,7 +1,9 @@
 // The public C API of libfp8wire.so (shim/fp8wire.h). Safe at any time, never fails the job.
 #include "shim/fp8wire.h"
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "common/cuda_devices.hpp"
 #include "common/log.hpp"
@@ -169,3 +171,19 @@ FP8WIRE_EXPORT int fp8wire_call_error(uint64_t seq, double* input_rel_error, dou
 }
 
 FP8WIRE_EXPORT void fp8wire_set_feedback_key(uint64_t key) { fp8wire::sched::Engine::set_feedback_key(key); }
+
+FP8WIRE_EXPORT size_t fp8wire_debug_state(char* buf, size_t size) {
+  try {
+    fp8wire::shim::Runtime* rt = fp8wire::shim::detail::g_runtime.load(std::memory_order_acquire);
+    const std::string text = rt && rt->engine ? rt->engine->debug_state() : std::string();
+    if (buf && size > 0) {
+      const size_t n = std::min(text.size(), size - 1);
+      std::memcpy(buf, text.data(), n);
+      buf[n] = 0;
+    }
+    return text.size();
+  } catch (...) {
+    if (buf && size > 0) buf[0] = 0;
+    return 0;
+  }
+}

@@ -114,6 +114,13 @@ int fp8wire_call_error(uint64_t seq, double* input_rel_error, double* requant_re
  * feedback. Harmless when error feedback is off or the library is not loaded. */
 void fp8wire_set_feedback_key(uint64_t key);
 
+/* For a stalled job's diagnosis: every communicator fp8wire holds in this process, one line each (its
+ * set-up, its error, its lanes busy or idle, the direct transport's flags that are not at rest and
+ * each peer's state, its last call), written into buf (at most size bytes, always NUL-terminated when
+ * size > 0). Returns the length of the whole text (more than size - 1: it was cut). Safe from any
+ * thread, also while another thread is stuck in a CUDA or NCCL call; "" before any communicator. */
+size_t fp8wire_debug_state(char* buf, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

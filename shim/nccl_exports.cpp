@@ -78,21 +78,30 @@ ncclResult_t create(const char* name, const void* caller, ncclComm_t* out, const
         const bool single_process = parent && rt.engine->comm_single_process(parent);
         const ncclResult_t result = call_real<Member>(rt, name, args...);
         if (out && nccl_ok(result))
-          comm_created(rt, *out, result, config, single_process);
+          if (const ncclResult_t setup = comm_created(rt, *out, result, config, single_process); !nccl_ok(setup)) {
+            *out = nullptr;  // aborted: as NCCL leaves it after a failed blocking creation
+            return setup;
+          }
         return result;
       },
       args...);
 }
 
 // Before the real destroy: the engine frees the communicator's scratch and state (a destroy waits
-// for the communicator's work anyway; ncclCommAbort is handled apart, below).
+// for the communicator's work anyway; ncclCommAbort is handled apart, below). The engine's error (an
+// FP8 call released from a wait on a gone peer) is returned when NCCL's destroy succeeds. A
+// communicator still in use by a host call of fp8wire's set-up that was given up (a launch that
+// waits for its peers, a split) is aborted by fp8wire once NCCL returns from it, not destroyed here.
 template <auto Member>
 ncclResult_t destroy(const char* name, const void* caller, ncclComm_t comm) noexcept {
   return intercept<Member, Route::when_engine>(
       name, caller,
       [&](Runtime& rt) {
-        comm_destroyed(rt, comm);
-        return call_real<Member>(rt, name, comm);
+        bool deferred = false;
+        const ncclResult_t ours = comm_destroyed(rt, comm, &deferred);
+        if (deferred) return ours;
+        const ncclResult_t real = call_real<Member>(rt, name, comm);
+        return nccl_ok(real) ? ours : real;
       },
       comm);
 }
@@ -256,19 +265,20 @@ FP8WIRE_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return shim::destroy<&NcclApi::CommDestroy>("ncclCommDestroy", FP8WIRE_CALLER, comm);
 }
 
-// The real answer, but for a communicator whose direct transport has an operation waiting on a peer
-// that has gone: NCCL cannot know (its own transports may be idle), so the error comes from fp8wire,
-// and PyTorch's watchdog, which polls this, aborts the communicator instead of waiting for its
-// timeout. A peer that has gone while nothing waits on it is no error (ranks end at different times).
+// The real answer, but where NCCL sees nothing wrong, what fp8wire knows (Engine::comm_async_error):
+// a direct transport's operation waiting on a peer that has gone (NCCL's own transports may be idle),
+// an error on the hierarchical path's sub-communicators (which the application never holds), an FP8
+// call or a set-up that failed. PyTorch's watchdog, which polls this, then aborts the communicator
+// instead of waiting for its timeout. A peer that has gone while nothing waits on it is no error
+// (ranks end at different times).
 FP8WIRE_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   return shim::intercept<&NcclApi::CommGetAsyncError, shim::Route::when_engine>(
       "ncclCommGetAsyncError", FP8WIRE_CALLER,
       [&](Runtime& rt) {
         const ncclResult_t result =
             shim::call_real<&NcclApi::CommGetAsyncError>(rt, "ncclCommGetAsyncError", comm, asyncError);
-        if (result == ncclSuccess && asyncError && *asyncError == ncclSuccess && rt.engine->comm_peer_lost(comm)) {
-          *asyncError = ncclRemoteError;
-        }
+        if (result == ncclSuccess && asyncError && *asyncError == ncclSuccess)
+          *asyncError = rt.engine->comm_async_error(comm);
         return result;
       },
       comm, asyncError);

@@ -131,10 +131,10 @@ Runtime& runtime_slow() {
 }
 }  // namespace detail
 
-void comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const ncclConfig_t* config,
-                  bool single_process) {
-  if (!comm) return;  // e.g. ncclCommSplit with NCCL_SPLIT_NOCOLOR
-  if (!nccl_ok(init_result)) return;
+ncclResult_t comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const ncclConfig_t* config,
+                          bool single_process) {
+  if (!comm) return ncclSuccess;  // e.g. ncclCommSplit with NCCL_SPLIT_NOCOLOR
+  if (!nccl_ok(init_result)) return ncclSuccess;
   const bool nonblocking = init_result == ncclInProgress || (config && config->blocking == 0);
   // The log shows the rank of the first communicator that can tell it (a non-blocking one may not
   // know yet).
@@ -144,21 +144,29 @@ void comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const 
       log_set_rank(rank);
   }
   try {
-    rt.engine->comm_created(comm, sched::CommCreation{nonblocking, single_process});
+    const ncclResult_t setup = rt.engine->comm_created(comm, sched::CommCreation{nonblocking, single_process});
+    if (nccl_ok(setup)) return ncclSuccess;
+    // Its peers may have concluded otherwise: the communicator must not be used. The abort also
+    // stops what fp8wire's exchange left in flight.
+    rt.engine->comm_abort(comm);
+    return setup;
   } catch (const std::exception& e) {
     FP8WIRE_ERROR("engine could not register communicator {} ({}); its calls pass through",
                   static_cast<const void*>(comm), e.what());
   } catch (...) {
     FP8WIRE_ERROR("engine could not register communicator {}; its calls pass through", static_cast<const void*>(comm));
   }
+  return ncclSuccess;
 }
 
-void comm_destroyed(Runtime& rt, ncclComm_t comm) {
+ncclResult_t comm_destroyed(Runtime& rt, ncclComm_t comm, bool* deferred) {
+  *deferred = false;
   try {
-    rt.engine->comm_destroyed(comm);
+    return rt.engine->comm_destroyed(comm, deferred);
   } catch (...) {
     FP8WIRE_ERROR("engine failed to release communicator {}", static_cast<const void*>(comm));
   }
+  return ncclInternalError;
 }
 
 // --- rare paths -----------------------------------------------------------------------------------

@@ -44,9 +44,13 @@ inline bool active() { return detail::g_active.load(std::memory_order_relaxed); 
 // is non-blocking (its ncclConfig_t says blocking = 0, or its init returned ncclInProgress) is
 // registered as pass-through: the agreement's blocking exchange would break its contract.
 // `single_process`: a communicator of ncclCommInitAll, whose ranks one thread drives (passes through).
-void comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const ncclConfig_t* config,
-                  bool single_process = false);
-void comm_destroyed(Runtime& rt, ncclComm_t comm);
+// An error when fp8wire's set-up of it failed (a peer killed or stopped during it, setup_timeout_s):
+// the communicator has then been aborted, and the creation must return that error.
+ncclResult_t comm_created(Runtime& rt, ncclComm_t comm, ncclResult_t init_result, const ncclConfig_t* config,
+                          bool single_process = false);
+// An error when closing it found an FP8 call waiting on a direct peer that has gone (its result is void).
+// `deferred`: NCCL's destroy must not be called (sched::Engine::comm_destroyed).
+ncclResult_t comm_destroyed(Runtime& rt, ncclComm_t comm, bool* deferred);
 
 // Logging helpers for the exports' rare paths.
 ncclResult_t report_no_nccl(const char* function);

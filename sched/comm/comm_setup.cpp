@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "common/log.hpp"
@@ -14,6 +15,7 @@
 #include "sched/comm/rounds.hpp"
 #include "sched/plan/hierarchy.hpp"
 #include "sched/platform/device_guard.hpp"
+#include "sched/platform/platform.hpp"
 #include "sched/transport/direct_windows.hpp"
 
 namespace fp8wire::sched {
@@ -85,12 +87,14 @@ struct Round {
   cudaStream_t stream = nullptr;
   cudaStream_t own = nullptr;  // a stream made for the exchange, destroyed after it
   bool can_take_part = false;
+  bool launched = false;  // its all-gather is in NCCL's hands
   ncclResult_t result = ncclSuccess;
 };
 
 void prepare(Round& round, const Config& config, const LocalIdentity& me) {
   CommState& s = *round.s;
   const CudaApi& cuda = s.platform->cuda;
+  start_setup_clock(s, config);
   RankFacts& mine = round.mine;
   mine.version = me.version;
   mine.device = s.device;
@@ -111,7 +115,7 @@ void prepare(Round& round, const Config& config, const LocalIdentity& me) {
   round.all.resize(static_cast<size_t>(s.nranks));
   if (!get_exchange_buffer(s, round.all.size() * sizeof(RankFacts), &round.buffer)) {
     FP8WIRE_ERROR("comm {}: no memory for the 64-byte agreement exchange on device {}; this rank cannot take "
-                  "part and its peers wait in the exchange until the communicator is aborted", s.id, s.device);
+                  "part", s.id, s.device);
     round.result = ncclSystemError;
     return;
   }
@@ -127,24 +131,73 @@ void prepare(Round& round, const Config& config, const LocalIdentity& me) {
     round.result = ncclUnhandledCudaError;  // the all-gather is still issued: the peers are in it
 }
 
-void issue(Round& round) {
-  if (!round.can_take_part) return;
-  CommState& s = *round.s;
-  char* mine_at = round.buffer.data + static_cast<size_t>(s.rank) * sizeof(RankFacts);
-  const ncclResult_t r = s.platform->nccl->AllGather(mine_at, round.buffer.data, sizeof(RankFacts), ncclUint8,
-                                                     s.comm, round.stream);
-  if (!nccl_ok(r)) {
-    round.can_take_part = false;
-    if (nccl_ok(round.result)) round.result = r;
+// The launch of every round's all-gather (in one NCCL group where one thread created several) as a
+// host call of its own (exchange.hpp): NCCL's first collective on a communicator may connect to the
+// peers and wait for them inside its launch.
+void launch(std::vector<Round>& rounds) {
+  struct Launch {
+    ncclComm_t comm;
+    char* mine;
+    char* all;
+    cudaStream_t stream;
+    int device;
+  };
+  std::vector<Launch> launches;
+  std::vector<CommState*> comms;
+  std::vector<Round*> taking;
+  for (Round& r : rounds) {
+    if (!r.can_take_part) continue;
+    CommState& s = *r.s;
+    launches.push_back({s.comm, r.buffer.data + static_cast<size_t>(s.rank) * sizeof(RankFacts), r.buffer.data,
+                        r.stream, s.device});
+    comms.push_back(&s);
+    taking.push_back(&r);
   }
+  if (taking.empty()) return;
+  const Platform& p = *comms[0]->platform;
+  auto results = std::make_shared<std::vector<ncclResult_t>>(launches.size(), ncclSuccess);
+  const ncclResult_t launched = call_with_deadline(
+      comms, "the agreement exchange's launch", [api = p.nccl, cuda = &p.cuda, launches, results] {
+        const bool grouped = launches.size() > 1;
+        if (grouped) api->GroupStart();
+        for (size_t i = 0; i < launches.size(); ++i) {
+          const Launch& l = launches[i];
+          DeviceGuard guard(*cuda, l.device);
+          (*results)[i] = api->AllGather(l.mine, l.all, sizeof(RankFacts), ncclUint8, l.comm, l.stream);
+        }
+        return grouped ? api->GroupEnd() : ncclSuccess;
+      });
+  for (size_t i = 0; i < taking.size(); ++i) {
+    Round& r = *taking[i];
+    if (comms[i]->host_call) {  // given up on inside NCCL: joined or not, nobody can tell
+      r.result = launched;
+      continue;
+    }
+    if (!nccl_ok((*results)[i])) {  // refused at once: this rank never joined
+      r.can_take_part = false;
+      if (nccl_ok(r.result)) r.result = (*results)[i];
+      continue;
+    }
+    if (!nccl_ok(launched) && nccl_ok(r.result)) r.result = launched;  // the group's end failed
+    r.launched = nccl_ok(launched);
+  }
+}
+
+// The set-up failed on this rank: its creation fails (sched/README.md, "The agreement": a rank never
+// goes on in another mode than its peers may have concluded). What an exchange may still write stays.
+void fail_setup(CommState& s, ncclResult_t why) {
+  s.setup = CommSetup::failed;
+  s.fail(why);
+  s.agreement = Agreement{};
+  s.agreement.reason = "the set-up's exchange failed";
 }
 
 void complete(Round& round, const Config& config) {
   CommState& s = *round.s;
   const CudaApi& cuda = s.platform->cuda;
-  if (round.can_take_part) {
-    const ncclResult_t waited = wait_exchange(s, round.stream);
-    if (nccl_ok(round.result)) round.result = waited;
+  if (round.launched) {
+    const ncclResult_t waited = wait_exchange(s, round.stream, "the agreement exchange");
+    if (nccl_ok(round.result) || !nccl_ok(waited)) round.result = waited;
   }
   const size_t bytes = round.all.size() * sizeof(RankFacts);
   if (nccl_ok(round.result)) {
@@ -152,32 +205,49 @@ void complete(Round& round, const Config& config) {
     else if (cuda.Memcpy(round.all.data(), round.buffer.data, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
       round.result = ncclUnhandledCudaError;
   }
-  if (round.own) cuda.StreamDestroy(round.own);
-  s.setup = CommSetup::agreed;
-  if (!nccl_ok(round.result)) {
+  // CUDA frees it once its work is done; a launch given up on may still enqueue on it.
+  if (round.own && !s.host_call) cuda.StreamDestroy(round.own);
+  if (!round.can_take_part) {
+    // This rank never joined the exchange, so no peer can have completed it (theirs fail at the
+    // deadline): going on alone in pass-through meets no peer's FP8 call.
+    s.setup = CommSetup::agreed;
     s.agreement = Agreement{};
-    s.agreement.reason = "the agreement exchange failed";
-    FP8WIRE_ERROR("comm {}: the agreement exchange failed (NCCL {}); FP8 off for it", s.id,
-                  static_cast<int>(round.result));
-    // The exchange may still be in flight on the transfer lane: the lanes and scratch stay until the
-    // communicator is destroyed or aborted (a synchronize here could wait forever).
-    round.buffer.abandon();
+    s.agreement.reason = "this rank could not take part in the agreement exchange";
+    FP8WIRE_ERROR("comm {}: {} (NCCL {}): it passes through, and its peers' creation fails at the set-up's deadline",
+                  s.id, s.agreement.reason, static_cast<int>(round.result));
+    release_resources(s);
     return;
   }
+  if (!nccl_ok(round.result)) {
+    FP8WIRE_ERROR("comm {}: the agreement exchange failed (NCCL {}): the communicator's creation fails", s.id,
+                  static_cast<int>(round.result));
+    // The exchange may still be in flight on the transfer lane: the lanes and scratch stay until the
+    // communicator is aborted (a synchronize here could wait forever).
+    round.buffer.abandon();
+    fail_setup(s, round.result);
+    return;
+  }
+  s.setup = CommSetup::agreed;
   s.agreement = agree(config, round.all);
   log_agreement(s);
   if (!s.agreement.fp8_ok) {
     release_resources(s);  // a pass-through communicator keeps no memory
     return;
   }
+  ncclResult_t later = ncclSuccess;
   if (hierarchy_possible(config, s.agreement.topology)) {
     // Sub-communicators the planner would never use are not worth their set-up and memory.
     if (const std::string why = hierarchy_guard_reason(config, s.agreement.topology); !why.empty())
       FP8WIRE_INFO("comm {}: {}", s.id, why);
     else
-      split_hierarchy(s, s.agreement);
+      later = split_hierarchy(s, s.agreement);
   }
-  setup_direct(s, config, round.all, round.host.gpu_hash);
+  if (nccl_ok(later)) later = setup_direct(s, config, round.all, round.host.gpu_hash);
+  if (!nccl_ok(later)) {
+    FP8WIRE_ERROR("comm {}: a later round of the agreement failed (NCCL {}): the communicator's creation fails",
+                  s.id, static_cast<int>(later));
+    fail_setup(s, later);
+  }
 }
 
 }  // namespace
@@ -185,7 +255,6 @@ void complete(Round& round, const Config& config) {
 void agree_at_creation(std::span<CommState* const> comms, const Config& config, const LocalIdentity& me) {
   if (comms.empty()) return;
   const CudaApi& cuda = comms[0]->platform->cuda;
-  const NcclApi& nccl = *comms[0]->platform->nccl;
   NvtxRange range("fp8wire agree");
   std::vector<Round> rounds(comms.size());
   for (size_t i = 0; i < comms.size(); ++i) {
@@ -193,18 +262,7 @@ void agree_at_creation(std::span<CommState* const> comms, const Config& config, 
     DeviceGuard guard(cuda, comms[i]->device);
     prepare(rounds[i], config, me);
   }
-  const bool grouped = rounds.size() > 1;
-  if (grouped) nccl.GroupStart();
-  for (Round& r : rounds) {
-    DeviceGuard guard(cuda, r.s->device);
-    issue(r);
-  }
-  if (grouped) {
-    const ncclResult_t end = nccl.GroupEnd();
-    if (!nccl_ok(end))
-      for (Round& r : rounds)
-        if (nccl_ok(r.result)) r.result = end;
-  }
+  launch(rounds);
   for (Round& r : rounds) {
     DeviceGuard guard(cuda, r.s->device);
     complete(r, config);

@@ -21,8 +21,10 @@ namespace fp8wire::sched {
 bool query_comm(CommState& s);
 // The agreement of the communicators one thread just created (usually one; several when one thread
 // drives several ranks, whose all-gathers are then issued in one NCCL group so none waits for
-// another). Blocking: the thread waits for the exchange, but gives up, without freeing anything in
-// use, once `aborting` is set or NCCL reports an error on the communicator; FP8 is then off on it.
+// another). Blocking: the thread waits for the exchanges, but gives up, without freeing anything in
+// use, once `aborting` is set, NCCL reports an error on the communicator or the set-up's deadline
+// (setup_timeout_s) passes; the communicator's set-up has then failed (CommSetup::failed, with the
+// error in `failed()`), and its creation must fail.
 void agree_at_creation(std::span<CommState* const> comms, const Config& config, const LocalIdentity& me);
 
 }  // namespace fp8wire::sched

@@ -10,8 +10,10 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,7 @@ struct Platform;  // sched/platform/platform.hpp
 namespace fp8wire::sched {
 
 class DirectWindows;     // sched/transport/direct_windows.hpp
+struct HostCall;         // sched/comm/exchange.hpp
 class TelemetryMonitor;  // sched/comm/telemetry_monitor.hpp
 
 // Who a communicator is, as a call record names it.
@@ -57,6 +60,7 @@ enum class CommSetup : uint8_t {
   pending,          // registered, the agreement has not run (created inside an application group)
   pass_through,     // never FP8: non-blocking, one process drives every rank, a single rank, ...
   agreed,           // the agreement ran; `agreement` says whether FP8 may run
+  failed,           // an exchange of its set-up failed (`failed()` says how): every call returns that error
 };
 
 struct CommState {
@@ -75,6 +79,11 @@ struct CommState {
 
   // --- the agreement's outcome: written once by its thread, read by every call after -------------
   CommSetup setup = CommSetup::pending;
+  // When the set-up's exchanges give up (setup_timeout_s from the agreement's start; none: no deadline).
+  std::optional<std::chrono::steady_clock::time_point> setup_deadline;
+  // An exchange of the set-up was given up while NCCL may still run it on the transfer lane: the lanes
+  // and the scratch it writes stay allocated unless the real abort has stopped it (release_resources).
+  bool exchange_in_flight = false;
   std::string pass_reason;  // why pass_through, for the log
   bool single_process = false;  // ncclCommInitAll or a split of it: one thread drives every rank
   Agreement agreement;
@@ -83,6 +92,8 @@ struct CommState {
   CommResources res;
   NcclTransport transport;
   Hierarchy hierarchy;
+  // A blocking NCCL host call of its set-up given up while inside NCCL (sched/comm/exchange.hpp).
+  std::shared_ptr<HostCall> host_call;
   // Set up at the agreement when every rank is on this machine and every rank could map every
   // other's windows (sched/transport/direct_windows.hpp); null otherwise.
   std::unique_ptr<DirectWindows> direct;
@@ -97,6 +108,7 @@ struct CommState {
   std::atomic<bool> dead{false};      // destroyed or aborted: queued calls return an error
   std::atomic<bool> aborting{false};  // an abort has begun: the agreement's wait gives up
   std::atomic<bool> reported_lost_peer{false};  // the direct transport's lost peer is logged once
+  std::atomic<bool> reported_sub_error{false};  // a sub-communicator's asynchronous error is logged once
 
   CommIdentity identity() const { return {id, nranks, rank}; }
   bool fp8_allowed() const { return setup == CommSetup::agreed && agreement.fp8_ok; }
@@ -115,7 +127,8 @@ struct CommState {
 using CommRef = std::shared_ptr<CommState>;
 
 // Frees the communicator's pipeline resources (streams synchronised first): at its end, or at the
-// agreement where FP8 cannot run. Safe on a partial set.
-void release_resources(CommState& s);
+// agreement where FP8 cannot run. Safe on a partial set. ncclRemoteError when an FP8 call still in
+// flight waited on a direct peer that has gone and had to be released (its result is void).
+ncclResult_t release_resources(CommState& s);
 
 }  // namespace fp8wire::sched

@@ -45,4 +45,11 @@ void Registry::clear() {
   for (auto& [comm, state] : all) state->dead.store(true, std::memory_order_release);
 }
 
+std::vector<CommRef> Registry::all() const {
+  std::lock_guard lock(mutex_);
+  std::vector<CommRef> out;
+  for (const auto& [comm, state] : comms_) out.push_back(state);
+  return out;
+}
+
 }  // namespace fp8wire::sched

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "sched/comm/comm_state.hpp"
 
@@ -27,6 +28,8 @@ class Registry {
   CommRef detach(ncclComm_t comm);
   // Everything registered, for the engine's destructor.
   void clear();
+  // A reference to everything registered (a diagnosis of every communicator's state).
+  std::vector<CommRef> all() const;
 
  private:
   const Platform* platform_;

@@ -8,10 +8,14 @@
 
 #include <exception>
 
+#include <fmt/format.h>
+
 #include "common/log.hpp"
 #include "common/status.hpp"
 #include "sched/engine/engine_impl.hpp"
 #include "sched/comm/comm_setup.hpp"
+#include "sched/comm/exchange.hpp"
+#include "sched/platform/platform.hpp"
 #include "sched/transport/direct_windows.hpp"
 
 namespace fp8wire::sched {
@@ -47,7 +51,7 @@ Engine::Impl::Impl(const Config& c, const Platform& p, LocalIdentity identity)
     : config(c), platform(&p), api(p.nccl), me(std::move(identity)),
       feedback_budget(static_cast<int64_t>(c.error_feedback_max_bytes)), registry(p, feedback_budget) {}
 
-void Engine::Impl::set_up(const std::vector<CommRef>& comms) {
+ncclResult_t Engine::Impl::set_up(const std::vector<CommRef>& comms) {
   std::vector<CommState*> ready;
   for (const CommRef& s : comms) {
     if (s->dead.load(std::memory_order_acquire) || s->setup != CommSetup::pending) continue;
@@ -65,6 +69,9 @@ void Engine::Impl::set_up(const std::vector<CommRef>& comms) {
     ready.push_back(s.get());
   }
   agree_at_creation(ready, config, me);
+  for (CommState* s : ready)
+    if (s->setup == CommSetup::failed) return s->failed();
+  return ncclSuccess;
 }
 
 Engine::Engine(const Config& config, const Platform& platform, LocalIdentity me)
@@ -72,9 +79,9 @@ Engine::Engine(const Config& config, const Platform& platform, LocalIdentity me)
 Engine::~Engine() { impl_->registry.clear(); }
 const Config& Engine::config() const { return impl_->config; }
 
-void Engine::comm_created(ncclComm_t comm, CommCreation how) {
-  guarded("comm_created", [&] {
-    if (!comm) return;  // e.g. ncclCommSplit with NCCL_SPLIT_NOCOLOR
+ncclResult_t Engine::comm_created(ncclComm_t comm, CommCreation how) {
+  return guarded("comm_created", [&]() -> ncclResult_t {
+    if (!comm) return ncclSuccess;  // e.g. ncclCommSplit with NCCL_SPLIT_NOCOLOR
     CommRef s = impl_->registry.add(comm);
     if (how.nonblocking || how.single_process) {
       // Non-blocking: a blocking exchange would break its contract, and its calls could return
@@ -85,14 +92,14 @@ void Engine::comm_created(ncclComm_t comm, CommCreation how) {
       s->pass_reason = how.nonblocking ? "non-blocking communicator" : "one process drives every rank";
       query_comm(*s);
       FP8WIRE_INFO("comm {}: {}: every call passes through", s->id, s->pass_reason);
-      return;
+      return ncclSuccess;
     }
     ThreadGroup& tg = thread_group();
     if (tg.group.inside()) {
       tg.setups.push_back(std::move(s));  // ready only at the group's end
-      return;
+      return ncclSuccess;
     }
-    impl_->set_up({s});
+    return impl_->set_up({s});
   });
 }
 
@@ -101,23 +108,38 @@ bool Engine::comm_single_process(ncclComm_t comm) const {
   return s && s->single_process;
 }
 
-void Engine::comm_destroyed(ncclComm_t comm) {
-  // The registry's reference goes now; the resources with the last call still holding one.
-  guarded("comm_destroyed", [&] { impl_->registry.detach(comm); });
+ncclResult_t Engine::comm_destroyed(ncclComm_t comm, bool* deferred) {
+  // The registry's reference goes now; the resources with it, or with the last call still holding
+  // one (whose end then cannot reach this destroy's result).
+  if (deferred) *deferred = false;
+  return guarded("comm_destroyed", [&] {
+    CommRef state = impl_->registry.detach(comm);
+    if (!state) return ncclSuccess;
+    if (defer_release(*state)) {
+      if (deferred) *deferred = true;
+      state->aborting.store(true, std::memory_order_release);  // its set-up failed: nothing to finish
+    }
+    if (state.use_count() > 1) return ncclSuccess;
+    return release_resources(*state);
+  });
 }
 
 ncclResult_t Engine::comm_abort(ncclComm_t comm) {
   // Detached first: once the real abort has freed the communicator, a new one may be created at the
   // same address and must not find this one's state.
   CommRef state;
+  bool deferred = false;
   guarded("comm_abort", [&] {
     state = impl_->registry.detach(comm);
     if (state) state->aborting.store(true, std::memory_order_release);
     // A direct transport's lanes may wait on a peer that will never signal (NCCL's own kernels are
     // released by its abort; ours by this rank's host stores into its own flags).
     if (state && state->direct) state->direct->release_waits();
+    // A host call of its set-up still inside NCCL uses it: that call's thread aborts it when NCCL returns.
+    deferred = state && defer_release(*state);
   });
-  const ncclResult_t result = impl_->api->CommAbort ? impl_->api->CommAbort(comm) : ncclInternalError;
+  const ncclResult_t result =
+      deferred ? ncclSuccess : impl_->api->CommAbort ? impl_->api->CommAbort(comm) : ncclInternalError;
   guarded("comm_abort", [&] { state.reset(); });
   return result;
 }
@@ -136,6 +158,63 @@ bool Engine::comm_peer_lost(ncclComm_t comm) const {
                    s->id, s->rank, peer);
   });
   return lost;
+}
+
+ncclResult_t Engine::comm_async_error(ncclComm_t comm) const {
+  ncclResult_t error = ncclSuccess;
+  guarded("comm_async_error", [&] {
+    const CommRef s = impl_->registry.find(comm);
+    if (!s) return;
+    if (error = s->failed(); error != ncclSuccess) return;  // its set-up, or an FP8 call, failed
+    if (comm_peer_lost(comm)) {
+      error = ncclRemoteError;
+      return;
+    }
+    // The hierarchical path's own communicators: NCCL reports their errors on them, which the
+    // application never holds.
+    const Hierarchy& h = s->hierarchy;
+    const NcclApi& api = *impl_->api;
+    if (!h.ready || !api.CommGetAsyncError) return;
+    for (ncclComm_t sub : {h.host, h.rail}) {
+      ncclResult_t e = ncclSuccess;
+      if (!sub || api.CommGetAsyncError(sub, &e) != ncclSuccess || nccl_ok(e)) continue;
+      if (!s->reported_sub_error.exchange(true, std::memory_order_relaxed))
+        FP8WIRE_ERROR("comm {}: the hierarchical path's {} sub-communicator reports NCCL error {}: reported as this "
+                      "communicator's asynchronous error", s->id, sub == h.host ? "host" : "rail", static_cast<int>(e));
+      error = e;
+      return;
+    }
+  });
+  return error;
+}
+
+std::string Engine::debug_state() const {
+  std::string out;
+  guarded("debug_state", [&] {
+    std::vector<CallRecord> records(Accounting::kCapacity);
+    records.resize(Accounting::instance().snapshot(records.data(), records.size(), 0));
+    for (const CommRef& s : impl_->registry.all()) {
+      static constexpr const char* kSetup[] = {"pending", "pass-through", "agreed", "set-up failed"};
+      out += fmt::format("comm {} rank {} of {}, device {}: {}{}, error {}{}", s->id, s->rank, s->nranks, s->device,
+                         kSetup[static_cast<int>(s->setup)], s->fp8_allowed() ? " with FP8" : "",
+                         static_cast<int>(s->failed()), s->aborting.load() ? ", aborting" : "");
+      const CudaApi& cuda = impl_->platform->cuda;
+      const cudaStream_t lanes[] = {s->res.produce, s->res.transfer, s->res.send, s->res.fetch};
+      static constexpr const char* kLanes[] = {"produce", "transfer", "send", "fetch"};
+      for (int i = 0; i < 4; ++i)
+        if (lanes[i])
+          out += fmt::format(", {} {}", kLanes[i], cuda.StreamQuery(lanes[i]) == cudaErrorNotReady ? "busy" : "idle");
+      if (s->direct) out += "; " + s->direct->describe();
+      for (auto r = records.rbegin(); r != records.rend(); ++r)
+        if (r->comm_id == s->id) {
+          out += fmt::format("; last call seq {} {} {} over {}, {} elements", r->seq, to_string(r->kind),
+                             to_string(r->path), to_string(r->transport), r->count);
+          break;
+        }
+      out += "\n";
+    }
+  });
+  return out;
 }
 
 ncclResult_t Engine::all_reduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
@@ -166,13 +245,15 @@ ncclResult_t Engine::group_end() {
     const bool outermost = tg.group.end();
     const ncclResult_t res = impl_->api->GroupEnd();
     if (!outermost) return res;
-    // Communicators created in the group exist now: agree on them before running its FP8 calls.
+    // Communicators created in the group exist now: agree on them before running its FP8 calls. A
+    // set-up that failed is the group's error (after its other calls ran: the peers run them too).
+    ncclResult_t setup = ncclSuccess;
     if (!tg.setups.empty()) {
       std::vector<CommRef> setups;
       setups.swap(tg.setups);
-      if (nccl_ok(res)) impl_->set_up(setups);
+      if (nccl_ok(res)) setup = impl_->set_up(setups);
     }
-    if (tg.npending == 0) return res;
+    if (tg.npending == 0) return nccl_ok(res) ? setup : res;
     if (!nccl_ok(res)) {
       // The application's own group failed: its communicators are out of step with their peers
       // already. Its queued FP8 calls are not started; their communicators fail from now on.
@@ -185,7 +266,8 @@ ncclResult_t Engine::group_end() {
       tg.npending = 0;
       return res;
     }
-    return impl_->flush(tg);
+    const ncclResult_t flushed = impl_->flush(tg);
+    return nccl_ok(flushed) ? setup : flushed;
   });
 }
 

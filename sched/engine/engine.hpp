@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "common/config.hpp"
 #include "sched/plan/agreement.hpp"
@@ -44,13 +45,20 @@ class Engine {
   // --- communicator lifecycle: called by the shim after the real call succeeded -----------------
   // Registers the communicator and runs its agreement (blocking: one all-gather of 64 bytes per rank
   // with every other rank of it). Inside an application group the communicator is only ready at the
-  // group's end, so its agreement runs there, for all communicators created in that group together.
-  void comm_created(ncclComm_t comm, CommCreation how = {});
+  // group's end, so its agreement runs there, for all communicators created in that group together
+  // (group_end then returns a set-up's failure). An error when an exchange of the set-up failed (a
+  // peer killed or stopped: setup_timeout_s; an abort; an NCCL error): the creation must then fail,
+  // and the communicator be aborted (comm_abort), which stops what the exchange left in flight.
+  ncclResult_t comm_created(ncclComm_t comm, CommCreation how = {});
   // Whether a registered communicator is driven by one thread for all its ranks (a split or shrink
   // of it is too).
   bool comm_single_process(ncclComm_t comm) const;
   // Before the real ncclCommDestroy: unregisters it; its resources go with the last call using them.
-  void comm_destroyed(ncclComm_t comm);
+  // ncclRemoteError when that release found an FP8 call still waiting on a direct peer that has gone
+  // (the wait is released so that the lanes end, and that call's output is not valid). `deferred`
+  // (when given) says the real destroy must not be called: a host call of its set-up, given up on,
+  // is still inside NCCL with it, and fp8wire aborts it once that returns.
+  ncclResult_t comm_destroyed(ncclComm_t comm, bool* deferred = nullptr);
   // ncclCommAbort in place of the real one: unregisters the communicator and releases an agreement
   // waiting on it, runs the real abort, and only then releases its resources. The abort is what
   // stops a collective that will never finish; freeing first would wait for it and hang the abort.
@@ -60,6 +68,15 @@ class Engine {
   // through ncclCommGetAsyncError as ncclRemoteError, so the application's watchdog aborts. A peer
   // gone while nothing waits on it is not reported.
   bool comm_peer_lost(ncclComm_t comm) const;
+  // What fp8wire knows of the communicator's health beyond NCCL's own answer, for the shim's
+  // ncclCommGetAsyncError (ncclSuccess: nothing): its set-up failed, an FP8 call on it failed, an
+  // operation waits on a gone direct peer (comm_peer_lost), or one of its own sub-communicators (the
+  // hierarchical path's host and rail) reports an asynchronous error.
+  ncclResult_t comm_async_error(ncclComm_t comm) const;
+  // Every registered communicator's state, one line each (its set-up, its failure, its lanes busy or
+  // idle, the direct windows' flags, its last call), for a stalled job's diagnosis: the C API's
+  // fp8wire_debug_state, which a test's watchdog or signal handler prints.
+  std::string debug_state() const;
 
   // --- collectives with an FP8 path ------------------------------------------------------------
   ncclResult_t all_reduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t dtype,

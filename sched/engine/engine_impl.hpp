@@ -81,7 +81,8 @@ struct Engine::Impl {
   Registry registry;
 
   // --- lifecycle (engine.cpp) ---
-  void set_up(const std::vector<CommRef>& comms);
+  // The agreement of communicators just created; the first set-up failure among them, if any.
+  ncclResult_t set_up(const std::vector<CommRef>& comms);
 
   // --- routing (submit.cpp) ---
   ncclResult_t submit(const Call& c, std::optional<Path> forced);

@@ -111,6 +111,9 @@ ncclResult_t Engine::Impl::submit(const Call& c, std::optional<Path> forced) {
     FP8WIRE_WARN_ONCE("a collective on a communicator fp8wire did not see created: it passes through");
     return run_plain(c, s.get(), Path::passthrough, seq, issue);
   }
+  // Its set-up failed (created in a group whose end returned the error): every rank may have
+  // concluded differently, so no call of it runs, FP8 or not, until the application aborts it.
+  if (s->setup == CommSetup::failed) return s->failed();
   const Route route = route_call(config, facts_of(*s), shape_of(c, s.get()), forced);
   // No FP8 algorithm planned: the real call. One planned whose stages do not fit the scratch still
   // goes to run_fp8 (which records the fallback), after the sticky-failure check like any FP8 call.

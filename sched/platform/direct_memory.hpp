@@ -39,10 +39,12 @@ struct Window {
 struct DirectMemoryApi {
   // Whether this process can take part at all (the driver's stream memory operations exist).
   bool (*available)() = nullptr;
-  // This process's window of `bytes` (zeroed), and the handle a peer opens it by. `tag` makes the
-  // shared-memory name unique per communicator and rank.
+  // This process's window of `bytes` (zeroed), and the handle a peer opens it by. `tag` names the
+  // communicator and rank (the GPU's shared-memory names are random instead). cudaErrorMemoryAllocation
+  // when its memory could not be reserved (for a host window: no room in /dev/shm, which the direct
+  // round tells the user how to fix), another error for any other failure.
   cudaError_t (*create)(WindowKind kind, size_t bytes, uint64_t tag, Window* out, WindowHandle* handle) = nullptr;
-  // A peer's window, mapped into this process.
+  // A peer's window, mapped into this process (an error when it is not what its handle says).
   cudaError_t (*open)(const WindowHandle& handle, Window* out) = nullptr;
   // Removes the name a host window is found by, once every peer has mapped it: then nothing is left
   // behind when a process dies (the memory goes with its last mapping).

@@ -29,6 +29,11 @@ struct Platform {
   CodecApi codec;
   DirectMemoryApi direct;  // windows of the direct transports (empty: none on this platform)
   HostFacts (*host_facts)(int device) = nullptr;
+  // What a thread the core starts for a blocking call (sched/comm/exchange.hpp) takes over from the
+  // thread that started it: the simulated machine's rank the caller acts as (null here: nothing; the
+  // GPU's calls set their device themselves).
+  void* (*thread_context)() = nullptr;
+  void (*adopt_thread_context)(void* context) = nullptr;
 };
 
 }  // namespace fp8wire

@@ -1,13 +1,12 @@
 // The GPU's windows for the direct transports (sched/platform/direct_memory.hpp) and its stream memory
 // operations (sched/platform/cuda_api.hpp).
-//   host windows    POSIX shared memory (shm_open + mmap), registered with cudaHostRegister as mapped
-//                   and portable memory, so every GPU of every process that maps it loads and stores it
-//                   over PCIe; unlinked once every peer has it mapped. The owner holds a write lock on
-//                   the object's first byte (fcntl) for the window's life; a peer tests it (F_GETLK) to
-//                   learn the owner has gone. The kernel drops a process's record locks when it ends,
-//                   however it ends, and they belong to the open object, not to a pid: the answer holds
-//                   for ranks in other PID namespaces and cannot be fooled by pid reuse. A child the
-//                   owner forks does not inherit the lock.
+//   host windows    POSIX shared memory (sched/transport/shared_memory.hpp: unguessable names, created
+//                   exclusively for this user alone, the space reserved at creation, the size checked
+//                   on attach, the owner's lock that a peer asks to learn the owner has gone), registered
+//                   with cudaHostRegister as mapped and portable memory, so every GPU of every process
+//                   that maps it loads and stores it over PCIe; unlinked once every peer has it mapped.
+//                   Before its first host window a process removes the names that killed jobs left in
+//                   /dev/shm (shm::sweep), and again when the file system has no room for a window.
 //   device windows  cudaMalloc'd memory exported with cudaIpcGetMemHandle, opened by the peers with
 //                   cudaIpcOpenMemHandle (peer access enabled on the way): NVLink or PCIe P2P, or the
 //                   same GPU when ranks share one.
@@ -21,19 +20,17 @@
 #include "sched/platform/gpu_platform.hpp"
 
 #include <cuda.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include <cuda_runtime.h>
 
+#include "common/config.hpp"
 #include "common/log.hpp"
+#include "sched/transport/shared_memory.hpp"
 
 namespace fp8wire {
 
@@ -92,50 +89,32 @@ struct Mapping {
   void* base = nullptr;   // host: the mmap'd address; device: the allocation or the opened pointer
   size_t bytes = 0;
   bool owner = false;
-  char name[48] = {};     // host: the shared-memory object's name while not yet unlinked
-  int fd = -1;            // host: the object, kept open for the owner's lock and the peers' test of it
+  shm::Segment segment;   // host: the shared-memory object (its name until unlinked, its lock)
 };
 
-// The owner's lock, on the first byte (fcntl record locks: see the top of the file). Closing any
-// descriptor of the object would drop it, so the process opens each object exactly once.
-flock first_byte(short type) {
-  flock l{};
-  l.l_type = type;
-  l.l_whence = SEEK_SET;
-  l.l_start = 0;
-  l.l_len = 1;
-  return l;
+// Once per process, before its first host window: what killed jobs left in /dev/shm goes.
+void sweep_leftovers() {
+  const shm::Swept swept = shm::sweep();
+  if (swept.objects)
+    FP8WIRE_INFO("direct transport: removed {} shared-memory object(s) of ended processes from {} ({})", swept.objects,
+                 shm::kDirectory, format_size(swept.bytes));
 }
 
-std::atomic<uint64_t> g_windows{0};
-
-cudaError_t map_host(const char* name, size_t bytes, bool create, Window* out, Mapping* m) {
-  const int fd = shm_open(name, create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR, 0600);
-  if (fd < 0) {
-    FP8WIRE_INFO("direct transport: shm_open {} failed: {}", name, std::strerror(errno));
-    return cudaErrorMemoryAllocation;
+// A host window, created (`name` null) or a peer's opened: the shared-memory object, then CUDA's
+// registration. cudaErrorMemoryAllocation when the file system had no room for it
+// (DirectMemoryApi::create), cudaErrorOperatingSystem for another failure of the object.
+cudaError_t map_host(const char* name, size_t bytes, Window* out, Mapping* m) {
+  static std::once_flag swept;
+  if (!name) std::call_once(swept, sweep_leftovers);
+  std::string error;
+  shm::Status status = name ? shm::open(name, bytes, &m->segment, &error) : shm::create(bytes, &m->segment, &error);
+  if (status == shm::Status::no_room && shm::sweep().objects > 0)  // room made by a leftover's removal
+    status = shm::create(bytes, &m->segment, &error);
+  if (status != shm::Status::ok) {
+    FP8WIRE_INFO("direct transport: {}", error);
+    return status == shm::Status::no_room ? cudaErrorMemoryAllocation : cudaErrorOperatingSystem;
   }
-  if (create && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    FP8WIRE_INFO("direct transport: sizing {} to {} bytes failed: {}", name, bytes, std::strerror(errno));
-    close(fd);
-    shm_unlink(name);
-    return cudaErrorMemoryAllocation;
-  }
-  if (create) {
-    flock l = first_byte(F_WRLCK);
-    if (fcntl(fd, F_SETLK, &l) != 0) {
-      FP8WIRE_INFO("direct transport: locking {} failed: {}", name, std::strerror(errno));
-      close(fd);
-      shm_unlink(name);
-      return cudaErrorMemoryAllocation;
-    }
-  }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    close(fd);
-    if (create) shm_unlink(name);
-    return cudaErrorMemoryAllocation;
-  }
+  void* p = m->segment.base;
   cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
   void* device = nullptr;
   if (err == cudaSuccess) err = cudaHostGetDevicePointer(&device, p, 0);
@@ -143,17 +122,13 @@ cudaError_t map_host(const char* name, size_t bytes, bool create, Window* out, M
     cudaGetLastError();
     cudaHostUnregister(p);
     cudaGetLastError();
-    munmap(p, bytes);
-    close(fd);
-    if (create) shm_unlink(name);
+    shm::close(m->segment);
     return err;
   }
-  m->fd = fd;
   m->kind = WindowKind::host;
   m->base = p;
   m->bytes = bytes;
-  m->owner = create;
-  std::snprintf(m->name, sizeof m->name, "%s", name);
+  m->owner = !name;
   out->host = static_cast<char*>(p);
   out->device = static_cast<char*>(device);
   out->bytes = bytes;
@@ -181,7 +156,8 @@ cudaError_t finish_window(cudaError_t err, std::unique_ptr<Mapping> m, Window* o
   return cudaSuccess;
 }
 
-cudaError_t create_window(WindowKind kind, size_t bytes, uint64_t tag, Window* out, WindowHandle* handle) {
+cudaError_t create_window(WindowKind kind, size_t bytes, uint64_t /*tag: the names are random*/, Window* out,
+                          WindowHandle* handle) {
   // Whole pages: what mmap maps and cudaHostRegister pins either way.
   if (kind == WindowKind::host) bytes = (bytes + 4095) / 4096 * 4096;
   auto m = std::make_unique<Mapping>();
@@ -190,13 +166,11 @@ cudaError_t create_window(WindowKind kind, size_t bytes, uint64_t tag, Window* o
   handle->kind = static_cast<uint32_t>(kind);
   handle->bytes = bytes;
   if (kind == WindowKind::host) {
-    char name[48];
-    std::snprintf(name, sizeof name, "/fp8wire-%d-%llx-%llu", static_cast<int>(getpid()),
-                  static_cast<unsigned long long>(tag), static_cast<unsigned long long>(g_windows.fetch_add(1)));
-    err = map_host(name, bytes, true, out, m.get());
+    err = map_host(nullptr, bytes, out, m.get());
     if (err == cudaSuccess) {
       std::memset(out->host, 0, bytes);
-      std::snprintf(handle->name, sizeof handle->name, "%s", name);
+      static_assert(sizeof handle->name == sizeof m->segment.name);
+      std::memcpy(handle->name, m->segment.name, sizeof handle->name);
     }
   } else {
     void* p = nullptr;
@@ -221,7 +195,7 @@ cudaError_t open_window(const WindowHandle& h, Window* out) {
   if (h.kind == static_cast<uint32_t>(WindowKind::host)) {
     char name[sizeof h.name + 1] = {};
     std::memcpy(name, h.name, sizeof h.name);
-    err = map_host(name, h.bytes, false, out, m.get());
+    err = map_host(name, h.bytes, out, m.get());
   } else if (h.kind == static_cast<uint32_t>(WindowKind::device)) {
     cudaIpcMemHandle_t ipc{};
     std::memcpy(&ipc, h.ipc, sizeof(ipc));
@@ -237,9 +211,7 @@ cudaError_t open_window(const WindowHandle& h, Window* out) {
 
 void unlink_window(Window& own) {
   auto* m = static_cast<Mapping*>(own.token);
-  if (!m || m->kind != WindowKind::host || !m->name[0]) return;
-  shm_unlink(m->name);
-  m->name[0] = 0;
+  if (m && m->kind == WindowKind::host) shm::unlink(m->segment);
 }
 
 void release_window(Window& w) {
@@ -247,9 +219,7 @@ void release_window(Window& w) {
   if (!m) return;
   if (m->kind == WindowKind::host) {
     cudaHostUnregister(m->base);
-    munmap(m->base, m->bytes);
-    if (m->owner && m->name[0]) shm_unlink(m->name);
-    if (m->fd >= 0) close(m->fd);  // the owner's lock goes with it
+    shm::close(m->segment);  // the owner's lock goes with it
   } else if (m->owner) {
     cudaFree(m->base);
   } else {
@@ -267,10 +237,7 @@ bool available() {
 
 bool owner_gone(const Window& peer) {
   const auto* m = static_cast<const Mapping*>(peer.token);
-  if (!m || m->kind != WindowKind::host || m->fd < 0) return false;  // no lock to ask: not known gone
-  flock l = first_byte(F_WRLCK);
-  if (fcntl(m->fd, F_GETLK, &l) != 0) return false;
-  return l.l_type == F_UNLCK;
+  return m && m->kind == WindowKind::host && shm::owner_gone(m->segment);
 }
 
 }  // namespace

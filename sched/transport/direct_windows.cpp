@@ -5,6 +5,8 @@
 #include <chrono>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "common/log.hpp"
 #include "common/status.hpp"
 
@@ -184,24 +186,58 @@ bool DirectWindows::wait_peers_done(const std::atomic<bool>& give_up) const {
   }
 }
 
-void DirectWindows::drain(const cudaStream_t* lanes, int count, const std::atomic<bool>& aborting) const {
+int DirectWindows::drain(const cudaStream_t* lanes, int count, const std::atomic<bool>& aborting) const {
   const CudaApi& c = platform_->cuda;
   auto pause = std::chrono::microseconds(1);
-  bool warned = false;
+  int released_on = -1;
+  bool released = false;
   for (;;) {
     bool idle = true;
     for (int i = 0; i < count; ++i)
       if (lanes[i] && c.StreamQuery(lanes[i]) == cudaErrorNotReady) idle = false;
-    if (idle) return;
-    const bool hopeless = aborting.load(std::memory_order_acquire) || waits_on_gone_peer() >= 0;
-    if (hopeless) {
-      if (!warned) FP8WIRE_WARN("direct transport, rank {}: releasing this rank's waits (abort, or a wait on a peer that has gone)", rank_);
-      warned = true;
+    if (idle) return released_on;
+    const bool abort = aborting.load(std::memory_order_acquire);
+    const int gone = abort ? -1 : waits_on_gone_peer();
+    if (abort || gone >= 0) {
+      if (!released) {
+        if (abort)
+          FP8WIRE_WARN("direct transport, rank {}: releasing this rank's waits (abort)", rank_);
+        else
+          FP8WIRE_ERROR("direct transport, rank {}: an FP8 call waits on rank {}, which has gone: its waits are "
+                        "released so that the lanes can end, and its result is not valid", rank_, gone);
+        released_on = gone;
+      }
+      released = true;
       release_waits();
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(500));
   }
+}
+
+std::string DirectWindows::describe() const {
+  std::string out = fmt::format("direct {} rank {} of {}, {} sets:", to_string(kind_), rank_, nranks_, sets_);
+  const DirectFlags* f = flags_host();
+  if (!f) return out + " no flag page";
+  auto load = [](const uint32_t& w) { return __atomic_load_n(&w, __ATOMIC_ACQUIRE); };
+  // Only what differs from the initial state (ready 0, free 1, handed 0, drained 1): a flag the lanes
+  // wait on, or a signal not yet taken.
+  std::string odd;
+  for (int s = 0; s < sets_; ++s)
+    for (int j = 0; j < nranks_; ++j) {
+      if (j == rank_) continue;
+      for (int p = 0; p < kDirectPhases; ++p)
+        if (load(f->ready[s][p][j]) != 0) odd += fmt::format(" ready[{}][{}][{}]={}", s, p, j, load(f->ready[s][p][j]));
+      if (load(f->free[s][j]) != 1) odd += fmt::format(" free[{}][{}]={}", s, j, load(f->free[s][j]));
+    }
+  out += odd.empty() ? " flags initial (no stage in flight)" : " flags" + odd;
+  for (int j = 0; j < nranks_; ++j) {
+    if (j == rank_) continue;
+    const DirectFlags* p = flags_host(j);
+    const bool closed = p && load(p->closed) == 1;
+    out += fmt::format("; rank {} {}", j, closed ? "closed" : peer_gone(j) ? "gone" : "holds its page");
+  }
+  return out;
 }
 
 }  // namespace fp8wire::sched

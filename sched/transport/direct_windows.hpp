@@ -56,6 +56,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "sched/platform/platform.hpp"
@@ -132,8 +133,13 @@ class DirectWindows {
   // without releasing may still have been reading, `give_up` says so first, or 30 s pass.
   bool wait_peers_done(const std::atomic<bool>& give_up) const;
   // Before the windows are freed: waits until `lanes` are idle. A lane stuck in a wait that can no
-  // longer be satisfied (it waits on a gone peer, or `aborting`) is released by release_waits.
-  void drain(const cudaStream_t* lanes, int count, const std::atomic<bool>& aborting) const;
+  // longer be satisfied (it waits on a gone peer, or `aborting`) is released by release_waits. The
+  // peer it released a wait on (-1: none, or an abort's release): the call that waited then completes
+  // on window data that peer never wrote, so its result is void and the caller must report an error.
+  int drain(const cudaStream_t* lanes, int count, const std::atomic<bool>& aborting) const;
+  // This rank's flags that are not in their initial state, and each peer's close mark and hold, as
+  // one line for a stalled job's diagnosis (Engine::debug_state).
+  std::string describe() const;
   // The orderly-close mark (DirectFlags::closed) in this rank's page; the destructor stores it too.
   void mark_closed() const;
   // When a peer may still read this rank's device window (it did not release it before an abort or

@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
 # GPU checks of the direct transports at the end of a job (scripts/gpu/all.sh teardown; build in build/):
 #   1. tests/sched/direct_faults_gpu: a peer killed mid-collective or absent (an error or the abort's
-#      release, never a hang), a peer that exited or destroyed its communicator while nothing waits on
-#      it (no error), for both direct kinds;
+#      release, never a hang; a destroy instead of the abort returns an error), a peer that exited or
+#      destroyed its communicator while nothing waits on it (no error), for both direct kinds;
 #   2. tests/integration/test_teardown.py: a PyTorch job whose ranks finish and end at different times
 #      exits 0 under plain NCCL, fp8wire over NCCL and both direct kinds;
 #   3. the main job (scripts/main-job.sh) with the direct transport over host memory: it must exit 0,
 #      and its comparison and exposure reports land in $OUT/main-job.
+#   4. tests/sched/setup_faults_gpu: a peer killed or stopped at each point of a communicator's
+#      set-up (2 and 4 ranks, both direct kinds: every other rank's creation fails within the deadline),
+#      a job after a killed one (its /dev/shm leftovers swept, nothing left), a /dev/shm too small for
+#      the windows (every rank on NCCL alike);
+#   5. with TEARDOWN_REPEAT=N: the torch row "direct host memory: rank 1 ends first by destroy" (a hang
+#      was seen there once) and its neighbours N times each, under MPS and then time-sliced, counting
+#      the failures; a rank that stalls prints its state (tests/integration/test_teardown.py).
 # Every part runs with the emulated ranks side by side under a private MPS daemon where the machine has
-# one (scripts/gpu/lib.sh); TEARDOWN_PARTS (default "faults torch mainjob") picks parts.
+# one (scripts/gpu/lib.sh); TEARDOWN_PARTS (default "faults setup torch mainjob", plus "repeat" when
+# TEARDOWN_REPEAT is set) picks parts.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 gpu_out teardown
-parts="${TEARDOWN_PARTS:-faults torch mainjob}"
+parts="${TEARDOWN_PARTS:-faults setup torch mainjob${TEARDOWN_REPEAT:+ repeat}}"
 has() { [[ " $parts " == *" $1 "* ]]; }
 gpu_mps_start
 
 if has faults; then
   gpu_step direct_faults 150 "$BUILD"/tests/sched/direct_faults_gpu
+fi
+if has setup; then
+  gpu_step setup_faults 900 "$BUILD"/tests/sched/setup_faults_gpu
 fi
 if has torch; then
   gpu_step torch_teardown 280 "$PY" tests/integration/test_teardown.py --shim "$BUILD"/shim/libfp8wire.so \
@@ -26,5 +37,14 @@ if has mainjob; then
   gpu_step mainjob_direct_host_memory 420 env SKIP_BUILD=1 STEPS="${TEARDOWN_STEPS:-20}" MAIN_OUT="$OUT/main-job" \
     FP8WIRE_DIRECT_TRANSPORT=host_memory FP8WIRE_DIRECT_ASSUME_ONE_HOST=1 bash scripts/main-job.sh
   tail -n 25 "$OUT/mainjob_direct_host_memory.log"
+fi
+if has repeat; then
+  n="${TEARDOWN_REPEAT:-10}"
+  # Four rows of about 15 s each, n times, under the private MPS daemon, then time-sliced (no daemon).
+  gpu_step torch_teardown_repeat_mps $((n * 4 * 40 + 60)) "$PY" tests/integration/test_teardown.py \
+    --shim "$BUILD"/shim/libfp8wire.so --out "$OUT/repeat_mps" --timeout 120 --repeat "$n"
+  gpu_step torch_teardown_repeat_time_sliced $((n * 4 * 40 + 60)) env -u CUDA_MPS_PIPE_DIRECTORY \
+    -u CUDA_MPS_LOG_DIRECTORY FP8WIRE_MPS=0 FP8WIRE_TESTBED_MODE=time-sliced "$PY" tests/integration/test_teardown.py \
+    --shim "$BUILD"/shim/libfp8wire.so --out "$OUT/repeat_time_sliced" --timeout 120 --repeat "$n"
 fi
 gpu_summary teardown

@@ -498,6 +498,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.guard_max_flushed = 0.03;
   c.guard_max_nonfinite = 1;
   c.audit_every = 50;
+  c.setup_timeout_s = 2.5;
   c.hierarchy_enable = false;
   c.hierarchy_ranks_per_host = 4;
   c.cost_model[2].hosts = 2;
@@ -577,6 +578,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.guard_max_flushed == c.guard_max_flushed);
   CHECK(p.guard_max_nonfinite == c.guard_max_nonfinite);
   CHECK(p.audit_every == c.audit_every);
+  CHECK(p.setup_timeout_s == c.setup_timeout_s);
   CHECK(p.hierarchy_enable == c.hierarchy_enable);
   CHECK(p.hierarchy_ranks_per_host == c.hierarchy_ranks_per_host);
   CHECK(p.cost_model[2].hosts == 2);
@@ -618,6 +620,23 @@ TEST_CASE("the defaults round-trip too, and every key has an environment variabl
   CHECK(contains(text, "pcie = \"1MiB\""));
   // A calibrated = false line written after the numbers keeps an uncalibrated model uncalibrated.
   CHECK_FALSE(r.config.cost_model[0].calibrated);
+}
+
+TEST_CASE("setup_timeout_s: 120 s by default, 0 for none, and a clear error for anything else") {
+  CHECK(Config{}.setup_timeout_s == 120);
+  const ConfigResult ok = load_config("", {"FP8WIRE_SETUP_TIMEOUT_S=0.5"});
+  REQUIRE(ok.ok());
+  CHECK(ok.config.setup_timeout_s == 0.5);
+  REQUIRE(load_config("", {"FP8WIRE_SETUP_TIMEOUT_S=0"}).ok());
+  CHECK(parse_config_toml("setup_timeout_s = 30\n", "t.toml").config.setup_timeout_s == 30);
+  for (const char* bad : {"FP8WIRE_SETUP_TIMEOUT_S=-1", "FP8WIRE_SETUP_TIMEOUT_S=inf", "FP8WIRE_SETUP_TIMEOUT_S=1e9",
+                          "FP8WIRE_SETUP_TIMEOUT_S=soon"}) {
+    const ConfigResult r = load_config("", {bad});
+    REQUIRE(r.errors.size() == 1);
+    CAPTURE(r.errors[0].message());
+    CHECK(r.errors[0].key == "setup_timeout_s");
+    CHECK(r.errors[0].message().find("seconds, a finite number in [0, 86400] (0 = no deadline)") != std::string::npos);
+  }
 }
 
 TEST_CASE("telemetry and guard keys: defaults, what each accepts, and a clear error otherwise") {

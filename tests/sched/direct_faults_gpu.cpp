@@ -6,6 +6,10 @@
 //            flags; its watchdog thread sees the peer gone (Engine::comm_peer_lost, what the shim's
 //            ncclCommGetAsyncError reports as ncclRemoteError) and aborts the communicator: rank 0's
 //            stream completes, nothing hangs;
+//   killed, destroyed   as killed, but rank 0, once its communicator reports the error
+//            (Engine::comm_async_error, what the shim's ncclCommGetAsyncError answers), destroys it
+//            instead of aborting: the destroy releases the wait and returns ncclRemoteError (the
+//            call's output is not valid), and the stream completes;
 //   absent   rank 1 stays alive but never issues the collective; rank 0's watchdog aborts after 2 s
 //            from another thread: its stream completes;
 //   exited / destroyed   the end of a normal job: rank 1 finishes its collectives and exits (without
@@ -25,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +41,7 @@
 #include "sched/engine/engine_probe.hpp"
 #include "sched/platform/gpu_platform.hpp"
 #include "sched/platform/nccl_api_linked.hpp"
+#include "tests/sched/gpu_ranks.hpp"
 
 using namespace fp8wire;
 
@@ -100,13 +106,29 @@ int rank_main(const std::string& scenario, DirectMode mode, int rank, const nccl
     return lost ? 1 : 0;
   }
   if (rank == 1) {
-    if (scenario == "killed") _exit(0);
+    if (scenario == "killed" || scenario == "killed_destroyed") _exit(0);
     std::this_thread::sleep_for(std::chrono::seconds(6));  // "absent": alive, never issues the call
     eng.comm_abort(comm);
     return 0;
   }
   const auto t0 = std::chrono::steady_clock::now();
   FP8WIRE_NCCL_OR(sched::EngineProbe(eng).all_reduce_forced(Path::two_shot, in, out, count, ncclBfloat16, ncclSum, comm, stream), return 1);
+  if (scenario == "killed_destroyed") {
+    ncclResult_t async = ncclSuccess;
+    while (seconds_since(t0) < 20 && (async = eng.comm_async_error(comm)) == ncclSuccess)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const ncclResult_t destroyed = eng.comm_destroyed(comm);
+    const cudaError_t synced = cudaStreamSynchronize(stream);
+    const bool ok = async == ncclRemoteError && destroyed == ncclRemoteError && synced == cudaSuccess;
+    std::printf("%s %s (%s): asynchronous error %d after %.2f s, destroy returned %d, stream %s\n",
+                ok ? "PASS" : "FAIL", scenario.c_str(), to_string(mode), static_cast<int>(async), seconds_since(t0),
+                static_cast<int>(destroyed), synced == cudaSuccess ? "completed" : "failed");
+    std::fflush(stdout);
+    ncclCommAbort(comm);  // NCCL's own state, whose peer is gone
+    cudaFree(in);
+    cudaFree(out);
+    return ok ? 0 : 1;
+  }
   // The application's watchdog, on another thread: PyTorch's polls ncclCommGetAsyncError (which the
   // shim answers with ncclRemoteError once a local peer of a direct transport is gone) and aborts.
   std::atomic<bool> aborted{false};
@@ -141,29 +163,20 @@ int rank_main(const std::string& scenario, DirectMode mode, int rank, const nccl
 }  // namespace
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no CUDA device\n");
-    return 77;
-  }
-  std::string error;
-  if (auto env = rank_env_from_environment(error)) {
-    const std::string scenario = std::getenv("DIRECT_FAULT_SCENARIO");
-    const DirectMode mode = std::strcmp(std::getenv("DIRECT_FAULT_MODE"), "peer_memory") == 0 ? DirectMode::peer_memory
-                                                                                              : DirectMode::host_memory;
-    ncclUniqueId id{};
-    if (env->rank == 0) FP8WIRE_NCCL_OR(ncclGetUniqueId(&id), return 1);
-    if (!exchange_bootstrap_blob(*env, &id, sizeof(id), 60, error)) {
-      std::printf("FAIL: bootstrap: %s\n", error.c_str());
-      return 1;
-    }
-    return rank_main(scenario, mode, env->rank, id);
-  }
+  if (test::no_gpu()) return 77;
+  if (const std::optional<int> status = test::as_rank([](const RankEnv& env, const ncclUniqueId& id) {
+        const std::string scenario = std::getenv("DIRECT_FAULT_SCENARIO");
+        const DirectMode mode = std::strcmp(std::getenv("DIRECT_FAULT_MODE"), "peer_memory") == 0
+                                    ? DirectMode::peer_memory
+                                    : DirectMode::host_memory;
+        return rank_main(scenario, mode, env.rank, id);
+      }))
+    return *status;
   const std::vector<std::string> modes =
       argc > 1 ? std::vector<std::string>{argv[1]} : std::vector<std::string>{"host_memory", "peer_memory"};
   int failures = 0;
   for (const std::string& mode : modes) {
-    for (const char* scenario : {"killed", "absent", "exited", "destroyed"}) {
+    for (const char* scenario : {"killed", "killed_destroyed", "absent", "exited", "destroyed"}) {
       LaunchSpec spec;
       spec.argv = {"/proc/self/exe"};
       spec.nranks = 2;

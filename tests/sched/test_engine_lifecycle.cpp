@@ -282,13 +282,18 @@ TEST_CASE("after a failure in a group, the rest of the group is not issued and i
   // The first codec launch of rank 0's group fails (after both agreements).
   std::vector<sched::CommInfo> info_b(2);
   std::atomic<bool> aborted{false};
+  std::atomic<int> agreed{0};
   world.run_ranks([&](int r) {
     const size_t i = static_cast<size_t>(r);
     Config c = sim_config();
     c.algorithm = Algorithm::two_shot;
     sched::Engine eng(c, world.platform());
-    eng.comm_created(a[i]);
-    eng.comm_created(b[i]);
+    CHECK(eng.comm_created(a[i]) == ncclSuccess);
+    CHECK(eng.comm_created(b[i]) == ncclSuccess);
+    // Both agreements are done everywhere before the fault's abort (an NCCL error during a rank's
+    // set-up fails that rank's creation).
+    ++agreed;
+    while (agreed.load() < 2) std::this_thread::yield();
     Buffers ba(world.platform(), inputs[i]), bb(world.platform(), inputs[i]);
     cudaStream_t s = new_stream(world.platform());
     if (r == 0) world.set_fault(sim::Fault{0, sim::Site::codec, world.calls_at(0, sim::Site::codec)});

@@ -6,7 +6,8 @@
 //     ncclCommGetAsyncError asks Engine::comm_peer_lost), nothing hangs, every window is freed;
 //   - a peer gone while this rank's collective waits on it (its process ended, or it closed its
 //     communicator out of step): the error is reported, and the application's abort then releases
-//     the waiting lanes: never a hang.
+//     the waiting lanes: never a hang; a destroy instead of the abort releases them too, and returns
+//     ncclRemoteError (that call's output is not valid), never success.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -107,7 +108,7 @@ std::string run_job(DirectMode mode, const std::vector<Ending>& endings, const s
     }
     switch (endings[ru]) {
       case Ending::destroy:
-        eng->comm_destroyed(comm);
+        if (eng->comm_destroyed(comm) != ncclSuccess && failure.empty()) failure = "its destroy returned an error";
         p.nccl->CommDestroy(comm);
         break;
       case Ending::shutdown:
@@ -206,7 +207,9 @@ namespace {
 enum class Lanes { copy_lanes, events };
 const char* to_string(Lanes l) { return l == Lanes::copy_lanes ? "copy lanes" : "lane events (captured)"; }
 
-std::string run_gone_mid_collective(DirectMode mode, Ending how, Lanes lanes, int queues) {
+// `close`: how rank 0 ends its communicator once the error shows: by an abort (what PyTorch's
+// watchdog does), or by a destroy (a shutdown that does not look at the error first).
+std::string run_gone_mid_collective(DirectMode mode, Ending how, Lanes lanes, int queues, Ending close = Ending::abort) {
   sim::Options machine;
   machine.nranks = 2;
   machine.hw_queues = queues;
@@ -256,7 +259,23 @@ std::string run_gone_mid_collective(DirectMode mode, Ending how, Lanes lanes, in
       if (!lost) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if (!lost && failure.empty()) failure = "no error within 30 s while the collective waits on a gone peer";
-    eng->comm_abort(comms[0]);
+    if (eng->comm_async_error(comms[0]) != ncclRemoteError && failure.empty())
+      failure = "the communicator's asynchronous error is not ncclRemoteError";
+    // A stalled job's diagnosis names the gone peer (ended, or closed out of step) and the flag the
+    // lanes wait on (a release flag of rank 1's that this rank reclaimed: free[set][1] = 0).
+    if (const std::string state = eng->debug_state();
+        (state.find(how == Ending::process_end ? "rank 1 gone" : "rank 1 closed") == std::string::npos ||
+         state.find("][1]=0") == std::string::npos || state.find("busy") == std::string::npos) &&
+        failure.empty())
+      failure = "the state's diagnosis does not show the wait on rank 1: " + state;
+    if (close == Ending::destroy) {
+      const ncclResult_t destroyed = eng->comm_destroyed(comms[0]);
+      p.nccl->CommDestroy(comms[0]);
+      if (destroyed != ncclRemoteError && failure.empty())
+        failure = fmt::format("the destroy returned {} where ncclRemoteError was expected", static_cast<int>(destroyed));
+    } else {
+      eng->comm_abort(comms[0]);
+    }
     if (p.cuda.StreamSynchronize(stream) != cudaSuccess && failure.empty()) failure = "the abort did not release the lanes";
     p.cuda.Free(in);
     p.cuda.Free(out);
@@ -282,5 +301,16 @@ TEST_CASE("teardown: a peer gone while a collective waits on it is an error, and
         for (int queues : {0, 1}) {
           INFO(to_string(mode), ", rank 1 gone by ", to_string(how), ", ", to_string(lanes), ", hardware queues ", queues);
           CHECK(run_gone_mid_collective(mode, how, lanes, queues) == "");
+        }
+}
+
+TEST_CASE("teardown: a destroy while a collective waits on a gone peer releases the wait and returns an error") {
+  log_set_level(LogLevel::off);
+  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory})
+    for (Ending how : {Ending::process_end, Ending::destroy})
+      for (Lanes lanes : {Lanes::copy_lanes, Lanes::events})
+        for (int queues : {0, 1}) {
+          INFO(to_string(mode), ", rank 1 gone by ", to_string(how), ", ", to_string(lanes), ", hardware queues ", queues);
+          CHECK(run_gone_mid_collective(mode, how, lanes, queues, Ending::destroy) == "");
         }
 }

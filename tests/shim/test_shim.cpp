@@ -430,7 +430,7 @@ TEST_CASE("exported dynamic symbols: exactly the interposed NCCL functions and t
       "ncclCommDestroy", "ncclCommAbort", "ncclCommGetAsyncError", "fp8wire_version", "fp8wire_step_begin", "fp8wire_step_end",
       "fp8wire_profiler_flush", "fp8wire_get_totals", "fp8wire_set_feedback_key", "fp8wire_active",
       "fp8wire_path_name", "fp8wire_path_is_fp8", "fp8wire_transport_name", "fp8wire_get_transport_totals",
-      "fp8wire_get_error_totals", "fp8wire_collective_name", "fp8wire_call_error"};
+      "fp8wire_get_error_totals", "fp8wire_collective_name", "fp8wire_call_error", "fp8wire_debug_state"};
   CHECK(exported == expected);
 }
 

@@ -95,6 +95,7 @@ struct Collective {
 struct Comm {
   std::vector<int> members;  // world rank of each comm rank
   bool aborted = false;
+  const Comm* parent = nullptr;  // the communicator it was split from
   std::map<std::pair<int, int>, std::deque<std::vector<char>>> mail;  // (src, dst) comm ranks
   std::map<uint64_t, Collective> collectives;
   // ncclCommSplit rendezvous
@@ -103,6 +104,7 @@ struct Comm {
   int split_count = 0;
   uint64_t split_round = 0;
   std::vector<ncclComm_t> split_result;
+  int connected = 0;  // ranks that have made their first collective (Options::connect_at_first_collective)
 };
 
 struct Handle {
@@ -110,6 +112,7 @@ struct Handle {
   int rank = 0;          // rank in the communicator
   uint64_t next_seq = 0; // collectives issued
   bool destroyed = false;
+  bool connected = false;  // its first collective has been made (Options::connect_at_first_collective)
 };
 
 struct RankState {
@@ -161,6 +164,7 @@ struct World::State {
     int mappings = 0;
     int owner = 0;
     bool owner_holds = true;
+    bool host = false;  // a host window (Options::host_window_room)
   };
   std::map<uintptr_t, SimWindow> windows;
   // The last stream memory write of each flag word: its rank and that stream's clock. A wait it
@@ -876,15 +880,20 @@ void drop_mapping(World::State& w, Window& win) {
   win = Window{};
 }
 
-cudaError_t d_create(WindowKind, size_t bytes, uint64_t, Window* out, WindowHandle* handle) {
+cudaError_t d_create(WindowKind kind, size_t bytes, uint64_t, Window* out, WindowHandle* handle) {
   World::State& w = W();
   std::lock_guard lock(w.mu);
-  if (fail_here(w, Site::window_create)) return cudaErrorMemoryAllocation;
+  if (fail_here(w, Site::window_create)) return cudaErrorUnknown;
+  if (kind == WindowKind::host && w.opt.host_window_room) {
+    size_t used = 0;
+    for (const auto& [base, win] : w.windows) used += win.host ? win.bytes : 0;
+    if (used + (std::max<size_t>(bytes, 1) + 255) / 256 * 256 > w.opt.host_window_room) return cudaErrorMemoryAllocation;
+  }
   size_t rounded = 0;
   void* p = aligned_block(bytes, 0, &rounded);
   if (!p) return cudaErrorMemoryAllocation;
   const uintptr_t base = reinterpret_cast<uintptr_t>(p);
-  w.windows[base] = {rounded, 1, me(), true};
+  w.windows[base] = {rounded, 1, me(), true, kind == WindowKind::host};
   R(w).mapped[base] = rounded;
   R(w).owned.insert(base);
   out->device = out->host = static_cast<char*>(p);
@@ -1041,10 +1050,19 @@ ncclResult_t n_recv(void* buf, size_t count, ncclDataType_t t, int peer, ncclCom
 ncclResult_t collective(CollKind kind, const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
                         ncclComm_t c, cudaStream_t s, bool faultable) {
   World::State& w = W();
-  std::lock_guard lock(w.mu);
+  std::unique_lock lock(w.mu);
   Handle* h = handle_of(c);
   if (const ncclResult_t r = check_handle(w, h); r != ncclSuccess) return r;
   if (faultable && fail_here(w, Site::all_gather)) return ncclInternalError;
+  if (w.opt.connect_at_first_collective && !h->connected && R(w).group_depth == 0) {
+    Comm& comm = *h->comm;
+    h->connected = true;
+    ++comm.connected;
+    w.cv.notify_all();
+    const int n = static_cast<int>(comm.members.size());
+    if (!wait_until(w, lock, [&] { return comm.connected == n || comm.aborted; })) return ncclSystemError;
+    if (comm.aborted) return ncclRemoteError;
+  }
   Stream* st = stream_of(w, s);
   issue(w, [&w, h, st, kind, send, recv, count, t, op] {
     auto o = std::make_unique<CollectiveOp>();
@@ -1118,6 +1136,7 @@ ncclResult_t n_comm_split(ncclComm_t parent, int color, int key, ncclComm_t* out
     for (auto& [col, list] : by_color) {
       std::sort(list.begin(), list.end());
       auto child = std::make_unique<Comm>();
+      child->parent = &c;
       for (auto& [k, r] : list) child->members.push_back(c.members[static_cast<size_t>(r)]);
       for (size_t i = 0; i < list.size(); ++i)
         c.split_result[static_cast<size_t>(list[i].second)] = new_handle(w, child.get(), static_cast<int>(i));
@@ -1282,6 +1301,9 @@ HostFacts sim_host_facts(int) {
 
 // The simulated ncclAlltoAll (at the end of this file).
 ncclResult_t n_all_to_all(const void* s, void* r, size_t count, ncclDataType_t t, ncclComm_t c, cudaStream_t st);
+// A thread the engine starts for a blocking call acts as the rank that started it.
+void* sim_thread_context() { return reinterpret_cast<void*>(static_cast<intptr_t>(t_rank) + 1); }
+void sim_adopt_thread_context(void* context) { t_rank = static_cast<int>(reinterpret_cast<intptr_t>(context)) - 1; }
 
 }  // namespace
 
@@ -1329,6 +1351,8 @@ World::World(Options options) : state_(new State) {
 #include "sched/platform/codec_functions.def"
 #undef FP8WIRE_CODEC_FN
   p.host_facts = sim_host_facts;
+  p.thread_context = sim_thread_context;
+  p.adopt_thread_context = sim_adopt_thread_context;
   g_world = state_.get();
 }
 
@@ -1381,6 +1405,14 @@ void World::abort_comm(ncclComm_t handle) {
   State& w = *state_;
   std::lock_guard lock(w.mu);
   abort_locked(w, *handle_of(handle)->comm);
+}
+
+void World::abort_splits(ncclComm_t handle) {
+  State& w = *state_;
+  std::lock_guard lock(w.mu);
+  const Comm* parent = handle_of(handle)->comm;
+  for (auto& c : w.comms)
+    if (c->parent == parent) abort_locked(w, *c);
 }
 
 void World::set_fault(Fault fault) {

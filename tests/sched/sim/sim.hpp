@@ -81,6 +81,14 @@ struct Options {
   // must keep to it, and one on the rank's own allocations alone must run uncapped (a protocol error
   // otherwise).
   uint32_t window_ctas = 0;
+  // Room for host windows on the machine, all ranks together, as a shared-memory file system of this
+  // size (0: unlimited): a host window that does not fit is refused with cudaErrorMemoryAllocation,
+  // as the GPU's platform refuses one that /dev/shm has no room for.
+  size_t host_window_room = 0;
+  // NCCL's first collective on a communicator connects to its peers inside its launch (runtime
+  // connection): a rank's first collective call on a communicator (outside a group) returns only once
+  // every rank has made its first, or the communicator is aborted (ncclRemoteError then).
+  bool connect_at_first_collective = false;
 };
 
 class World {
@@ -102,6 +110,9 @@ class World {
   // The application's watchdog: aborts the communicator of `handle` for every rank (their pending
   // operations complete without data, and ncclCommGetAsyncError reports ncclRemoteError).
   void abort_comm(ncclComm_t handle);
+  // NCCL reports an asynchronous error on every communicator split from the one of `handle` (a
+  // failure on fp8wire's own sub-communicators, which the application never holds).
+  void abort_splits(ncclComm_t handle);
 
   void set_fault(Fault fault);
   // How many calls at `site` `rank` has made so far.

@@ -211,6 +211,12 @@ bool configuration_valid() {
 
 int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bool with_shim,
             const std::string& comm_pattern, uint32_t report_every, size_t top) {
+  // What the user gave is checked before what was installed: a mistake of theirs is named first.
+  if (out_dir.empty()) {
+    fmt::print(stderr, "fp8wire-prof: --out: an empty path was given (expected a folder for the reports, e.g. out/prof)\n");
+    return 2;
+  }
+  if (with_shim && !configuration_valid()) return 2;
   const fs::path here = executable_dir();
   const auto prof_lib = first_existing({env_or("FP8WIRE_PROF_LIB"), here / "libfp8wire_prof.so",
                                         here / "../lib/libfp8wire_prof.so"});
@@ -236,17 +242,12 @@ int run_job(const std::vector<std::string>& command, const fs::path& out_dir, bo
                  fmt::join(tried, ", "));
       return 2;
     }
-    if (!configuration_valid()) return 2;
   }
   const auto cupti_dir = find_cupti_dir();
   if (!cupti_dir)
     fmt::print(stderr, "fp8wire-prof: warning: libcupti not found (set FP8WIRE_CUPTI_DIR); relying on the "
                        "library's run path\n");
 
-  if (out_dir.empty()) {
-    fmt::print(stderr, "fp8wire-prof: --out: an empty path was given (expected a folder for the reports, e.g. out/prof)\n");
-    return 2;
-  }
   fp8wire::OutputFolder folder;
   if (std::string error; !folder.create(out_dir, error)) {
     // Named without its option: the folder may come from fp8wire-prof --out or fp8wire run --profile.

@@ -1520,7 +1520,7 @@ struct AllToAllOp final : Op {
                                          chunk, j, from.size()));
         continue;
       }
-      std::memcpy(out + j * chunk, from.data() + static_cast<size_t>(h->rank) * chunk, chunk);
+      if (chunk) std::memcpy(out + j * chunk, from.data() + static_cast<size_t>(h->rank) * chunk, chunk);
     }
     if (++col.taken == static_cast<int>(n)) c.collectives.erase(seq);
     return true;

@@ -469,4 +469,12 @@ std::string first_failures(const std::vector<std::string>& failures) {
   return text;
 }
 
+std::string world_problems(const sim::World& world) {
+  std::string out;
+  if (world.deadlocked()) out += "deadlocked; ";
+  for (const std::string& e : world.protocol_errors()) out += e + "; ";
+  if (const size_t w = world.live_windows()) out += fmt::format("{} window(s) left; ", w);
+  return out;
+}
+
 }  // namespace fp8wire::simtest

@@ -119,5 +119,8 @@ std::string describe(const Spec& s, int nranks, const Config& c);
 // the collective gives every rank the same result, within the bound; "" when so.
 std::string check_clean(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs, const Outcome& o);
 std::string first_failures(const std::vector<std::string>& failures);
+// What a job left wrong on the simulated machine, each followed by "; ": a deadlock, the protocol
+// errors, direct-transport windows still live after every rank is gone; "" when none.
+std::string world_problems(const sim::World& world);
 
 }  // namespace fp8wire::simtest

@@ -135,10 +135,7 @@ std::string run_job(DirectMode mode, const std::vector<Ending>& endings, const s
   std::string out;
   for (int r = 0; r < n; ++r)
     if (!failures[static_cast<size_t>(r)].empty()) out += fmt::format("rank {}: {}; ", r, failures[static_cast<size_t>(r)]);
-  if (world.deadlocked()) out += "deadlocked; ";
-  for (const std::string& e : world.protocol_errors()) out += e + "; ";
-  if (const size_t w = world.live_windows()) out += fmt::format("{} window(s) left; ", w);
-  return out;
+  return out + world_problems(world);
 }
 
 std::string describe(DirectMode mode, const std::vector<Ending>& endings, const std::vector<int>& order) {
@@ -285,10 +282,7 @@ std::string run_gone_mid_collective(DirectMode mode, Ending how, Lanes lanes, in
   });
   sim::set_thread_rank(1);
   ended.reset();
-  if (world.deadlocked()) failure += "; deadlocked";
-  for (const std::string& e : world.protocol_errors()) failure += "; " + e;
-  if (const size_t w = world.live_windows()) failure += fmt::format("; {} window(s) left", w);
-  return failure;
+  return (failure.empty() ? "" : failure + "; ") + world_problems(world);
 }
 
 }  // namespace

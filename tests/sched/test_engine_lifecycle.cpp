@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -249,22 +250,45 @@ TEST_CASE("groups across communicators, issued in different orders on different 
   }
 }
 
-TEST_CASE("destroying a communicator while its call is queued in an open group: an error, not a use-after-free") {
-  log_set_level(LogLevel::off);
-  const Spec spec{Collective::all_reduce, Path::two_shot, DataType::f32, ReduceOp::sum, 3000, 3};
-  const auto inputs = inputs_for(spec, 2);
-  sim::World world(sim::Options{.nranks = 2});
+namespace {
+
+// One rank inside an open group in which it has queued one FP8 all-reduce on its communicator.
+struct Queued {
+  int rank;
+  sched::Engine& eng;
+  ncclComm_t comm;
+  Buffers& b;
+  cudaStream_t s;
+  int sends, gathers;  // its transport calls at those sites before the group
+};
+const Spec kQueued{Collective::all_reduce, Path::two_shot, DataType::f32, ReduceOp::sum, 3000, 3};
+
+// On both ranks of `world` (two): a communicator, one call of kQueued queued in an open group, then
+// `close` ends the group its way.
+void with_call_queued_in_group(sim::World& world, const std::function<void(const Queued&)>& close) {
+  const auto inputs = inputs_for(kQueued, 2);
   const auto comms = world.create_comm();
   world.run_ranks([&](int r) {
     const size_t i = static_cast<size_t>(r);
     sched::Engine eng(sim_config(), world.platform());
     eng.comm_created(comms[i]);
     Buffers b(world.platform(), inputs[i]);
-    cudaStream_t s = new_stream(world.platform());
+    const Queued q{r, eng, comms[i], b, new_stream(world.platform()), world.calls_at(r, sim::Site::send),
+                   world.calls_at(r, sim::Site::all_gather)};
     CHECK(eng.group_start() == ncclSuccess);
-    CHECK(all_reduce(eng, b, spec.count, spec.dtype, comms[i], s) == ncclSuccess);  // queued
-    eng.comm_destroyed(comms[i]);
-    CHECK(eng.group_end() == ncclInvalidUsage);
+    CHECK(all_reduce(eng, b, kQueued.count, kQueued.dtype, q.comm, q.s) == ncclSuccess);
+    close(q);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("destroying a communicator while its call is queued in an open group: an error, not a use-after-free") {
+  log_set_level(LogLevel::off);
+  sim::World world(sim::Options{.nranks = 2});
+  with_call_queued_in_group(world, [&](const Queued& q) {
+    q.eng.comm_destroyed(q.comm);
+    CHECK(q.eng.group_end() == ncclInvalidUsage);
     CHECK(world.synchronize_rank() == cudaSuccess);
   });
   CHECK_FALSE(world.deadlocked());
@@ -318,26 +342,15 @@ TEST_CASE("after a failure in a group, the rest of the group is not issued and i
 
 TEST_CASE("ncclGroupSimulateEnd drops the FP8 calls queued in the group") {
   log_set_level(LogLevel::off);
-  const Spec spec{Collective::all_reduce, Path::two_shot, DataType::f32, ReduceOp::sum, 3000, 3};
-  const auto inputs = inputs_for(spec, 2);
   sim::World world(sim::Options{.nranks = 2});
-  const auto comms = world.create_comm();
-  world.run_ranks([&](int r) {
-    const size_t i = static_cast<size_t>(r);
-    sched::Engine eng(sim_config(), world.platform());
-    eng.comm_created(comms[i]);
-    Buffers b(world.platform(), inputs[i]);
-    cudaStream_t s = new_stream(world.platform());
-    const int sends = world.calls_at(r, sim::Site::send), gathers = world.calls_at(r, sim::Site::all_gather);
-    CHECK(eng.group_start() == ncclSuccess);
-    CHECK(all_reduce(eng, b, spec.count, spec.dtype, comms[i], s) == ncclSuccess);
-    CHECK(eng.group_simulate_end(nullptr) == ncclSuccess);
-    CHECK(world.calls_at(r, sim::Site::send) == sends);  // nothing of an FP8 exchange was issued
-    CHECK(world.calls_at(r, sim::Site::all_gather) == gathers);
+  with_call_queued_in_group(world, [&](const Queued& q) {
+    CHECK(q.eng.group_simulate_end(nullptr) == ncclSuccess);
+    CHECK(world.calls_at(q.rank, sim::Site::send) == q.sends);  // nothing of an FP8 exchange was issued
+    CHECK(world.calls_at(q.rank, sim::Site::all_gather) == q.gathers);
     // The thread left the group: the next call runs at once.
-    CHECK(all_reduce(eng, b, spec.count, spec.dtype, comms[i], s) == ncclSuccess);
+    CHECK(all_reduce(q.eng, q.b, kQueued.count, kQueued.dtype, q.comm, q.s) == ncclSuccess);
     CHECK(world.synchronize_rank() == cudaSuccess);
-    eng.comm_destroyed(comms[i]);
+    q.eng.comm_destroyed(q.comm);
   });
   CHECK_FALSE(world.deadlocked());
 }

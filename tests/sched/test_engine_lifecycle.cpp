@@ -3,7 +3,7 @@
 // releasing an agreement that waits for a rank that never comes), groups across communicators in
 // different orders, destroy while a call is queued, ncclGroupSimulateEnd, pass-through-only
 // communicators, and error feedback keyed by identity, never by address.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -70,7 +70,6 @@ Path last_path() {
 }  // namespace
 
 TEST_CASE("a rank whose configuration failed takes part: every rank passes through and names it") {
-  log_set_level(LogLevel::off);
   const Spec spec{Collective::all_reduce, Path::two_shot, DataType::f32, ReduceOp::sum, 2000, 1};
   const auto inputs = inputs_for(spec, 3);
   sim::World world(sim::Options{.nranks = 3});
@@ -107,7 +106,6 @@ TEST_CASE("a rank whose configuration failed takes part: every rank passes throu
 }
 
 TEST_CASE("ranks with different configurations, or one disabled: FP8 off everywhere, no hang") {
-  log_set_level(LogLevel::off);
   for (int variant = 0; variant < 2; ++variant) {
     sim::World world(sim::Options{.nranks = 4});
     const auto comms = world.create_comm();
@@ -130,7 +128,6 @@ TEST_CASE("ranks with different configurations, or one disabled: FP8 off everywh
 }
 
 TEST_CASE("communicators created inside an application group are agreed at its end, together") {
-  log_set_level(LogLevel::off);
   sim::World world(sim::Options{.nranks = 2});
   const auto a = world.create_comm();
   const auto b = world.create_comm();
@@ -153,7 +150,6 @@ TEST_CASE("communicators created inside an application group are agreed at its e
 }
 
 TEST_CASE("two ranks of one communicator in one process: agreed in one group, then pass-through") {
-  log_set_level(LogLevel::off);
   // One thread drives both ranks (as nccl-tests -g 2 does): both handles created in one group.
   sim::World two(sim::Options{.nranks = 2, .hosts = {7, 7}});
   const auto c = two.create_comm();
@@ -179,7 +175,6 @@ TEST_CASE("two ranks of one communicator in one process: agreed in one group, th
 }
 
 TEST_CASE("an abort from another thread releases an agreement waiting for a rank that never comes") {
-  log_set_level(LogLevel::off);
   sim::World world(sim::Options{.nranks = 2});
   const auto comms = world.create_comm();
   std::atomic<sched::Engine*> rank0{nullptr};
@@ -205,7 +200,6 @@ TEST_CASE("an abort from another thread releases an agreement waiting for a rank
 }
 
 TEST_CASE("groups across communicators, issued in different orders on different ranks, never deadlock") {
-  log_set_level(LogLevel::off);
   const Spec spec{Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 9000, 2};
   const auto inputs = inputs_for(spec, 3);
   for (uint64_t seed : {1, 2, 3, 4, 5}) {
@@ -284,7 +278,6 @@ void with_call_queued_in_group(sim::World& world, const std::function<void(const
 }  // namespace
 
 TEST_CASE("destroying a communicator while its call is queued in an open group: an error, not a use-after-free") {
-  log_set_level(LogLevel::off);
   sim::World world(sim::Options{.nranks = 2});
   with_call_queued_in_group(world, [&](const Queued& q) {
     q.eng.comm_destroyed(q.comm);
@@ -297,7 +290,6 @@ TEST_CASE("destroying a communicator while its call is queued in an open group: 
 }
 
 TEST_CASE("after a failure in a group, the rest of the group is not issued and its communicators fail") {
-  log_set_level(LogLevel::off);
   const Spec spec{Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 3000, 3};
   const auto inputs = inputs_for(spec, 2);
   sim::World world(sim::Options{.nranks = 2});
@@ -341,7 +333,6 @@ TEST_CASE("after a failure in a group, the rest of the group is not issued and i
 }
 
 TEST_CASE("ncclGroupSimulateEnd drops the FP8 calls queued in the group") {
-  log_set_level(LogLevel::off);
   sim::World world(sim::Options{.nranks = 2});
   with_call_queued_in_group(world, [&](const Queued& q) {
     CHECK(q.eng.group_simulate_end(nullptr) == ncclSuccess);
@@ -356,7 +347,6 @@ TEST_CASE("ncclGroupSimulateEnd drops the FP8 calls queued in the group") {
 }
 
 TEST_CASE("non-blocking and single-process communicators pass through with no exchange") {
-  log_set_level(LogLevel::off);
   sim::World world(sim::Options{.nranks = 2});
   const auto comms = world.create_comm();
   world.run_ranks([&](int r) {
@@ -376,7 +366,6 @@ TEST_CASE("non-blocking and single-process communicators pass through with no ex
 }
 
 TEST_CASE("error feedback follows the identity the application gives, never the buffer address") {
-  log_set_level(LogLevel::off);
   const size_t count = 4096;
   // Two different tensors, X and Y, all-reduced from the same buffer (a caching allocator hands
   // the same address to both).
@@ -451,7 +440,6 @@ cudaError_t last_error_fn() { return cudaSuccess; }
 }  // namespace store_cuda
 
 TEST_CASE("error feedback: nothing allocated or freed under capture; a residual a graph holds outlives its key's new shape") {
-  log_set_level(LogLevel::off);
   CudaApi api;
   api.Malloc = store_cuda::malloc_fn;
   api.Free = store_cuda::free_fn;
@@ -486,4 +474,10 @@ TEST_CASE("error feedback: nothing allocated or freed under capture; a residual 
   CHECK(std::count(store_cuda::freed.begin(), store_cuda::freed.end(), static_cast<void*>(a)) == 1);
   CHECK(std::count(store_cuda::freed.begin(), store_cuda::freed.end(), static_cast<void*>(c)) == 1);
   CHECK(budget.load() == budget_bytes);
+}
+
+// The engine's log is off for every case: they provoke its errors on purpose.
+int main(int argc, char** argv) {
+  log_set_level(LogLevel::off);
+  return doctest::Context(argc, argv).run();
 }

@@ -78,6 +78,27 @@ struct RankResult {
 // is a candidate), all collectives on.
 Config sim_config(size_t scratch = 512 << 10);
 
+// One choice of the wire format's options (format, scale_type, rounding, block_size).
+struct FormatOption {
+  Fp8Format fp8;
+  ScaleType scale;
+  Rounding rounding;
+  uint32_t block;
+  void set_on(Config& c) const {
+    c.format = fp8;
+    c.scale_type = scale;
+    c.rounding = rounding;
+    c.block_size = block;
+  }
+};
+// The configuration's default first, then others that take every option's every value.
+inline constexpr FormatOption kFormatOptions[] = {{Fp8Format::e4m3, ScaleType::fp32, Rounding::nearest, 128},
+                                                  {Fp8Format::e5m2, ScaleType::fp32, Rounding::nearest, 128},
+                                                  {Fp8Format::e4m3, ScaleType::bf16, Rounding::nearest, 128},
+                                                  {Fp8Format::e4m3, ScaleType::e8m0, Rounding::nearest, 64},
+                                                  {Fp8Format::e4m3, ScaleType::fp32, Rounding::stochastic, 32},
+                                                  {Fp8Format::e5m2, ScaleType::e8m0, Rounding::stochastic, 256}};
+
 // How one run goes: the engine's config, the machine, a fault, a second call, an application group.
 struct Run {
   Config config = sim_config();

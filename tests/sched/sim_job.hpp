@@ -58,6 +58,9 @@ Bytes make_input(const Spec& s, int rank, int nranks);
 // `post`: the factor applied once (0: 1, or 1/ranks for avg, the ranks being inputs.size()).
 Bytes expected_output(const Spec& s, const std::vector<Bytes>& inputs, int rank, const quant::WireFormat& f,
                       size_t stage_elems, float post = 0);
+// What the simulated NCCL's own all-reduce (sum or avg) of `s` gives: the inputs summed in fp32 in rank
+// order, an average divided once, rounded once into the dtype (a call that passed through).
+Bytes plain_all_reduce(const Spec& s, const std::vector<Bytes>& inputs);
 // Largest |output - fp64 sum| allowed per element (sched/README.md "Accuracy"), and the check.
 std::string check_bound(const Spec& s, const std::vector<Bytes>& inputs, const Bytes& out, int rank,
                         const quant::WireFormat& f);

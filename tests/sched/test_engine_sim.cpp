@@ -23,7 +23,6 @@
 #include <fmt/format.h>
 
 #include "common/log.hpp"
-#include "quant/reference.hpp"
 #include "sched/engine/accounting.hpp"
 #include "sched/engine/engine.hpp"
 #include "sched/platform/nccl_types.hpp"
@@ -113,15 +112,11 @@ TEST_CASE("a call whose one stage does not fit the scratch passes through on eve
   const Outcome o = run(cfg, spec, inputs);
   CHECK(o.races.empty());
   CHECK(o.protocol.empty());
+  // Plain NCCL's sum on every rank, not FP8.
+  const Bytes want = plain_all_reduce(spec, inputs);
   for (const RankResult& a : o.first) {
     CHECK(a.result == ncclSuccess);
-    CHECK(a.out == o.first[0].out);
-    // Plain NCCL's sum, not FP8: within fp32 rounding of the exact sum.
-    for (size_t i = 0; i < spec.count; ++i) {
-      double exact = 0;
-      for (const Bytes& b : inputs) exact += quant::ref::load_elem(b.data(), quant::ElemType::f32, i);
-      CHECK(std::fabs(quant::ref::load_elem(a.out.data(), quant::ElemType::f32, i) - exact) <= 1e-5 * (std::fabs(exact) + 1));
-    }
+    CHECK(a.out == want);
   }
 }
 

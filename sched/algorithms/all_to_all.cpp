@@ -7,8 +7,6 @@
 // dequantizes each received slot into its place. A receiver sizes each slot from its own count, dtype
 // and the agreed format, as NCCL's contract makes the peers' counts equal: no sizes are exchanged.
 // Scratch per stage: the slots sent, then the slots received (sched/plan/stages.cpp).
-#include <array>
-
 #include "common/status.hpp"
 #include "sched/algorithms/algorithms.hpp"
 
@@ -55,16 +53,8 @@ ncclResult_t finish(StageOps& ops, const Fp8Args& a, const Stage& st) {
   char* received = st.set + static_cast<size_t>(n) * cb;
   const size_t own = static_cast<size_t>(r) * a.count + st.offset;
   if (src != dst) FP8WIRE_TRY(ops.copy(dst + own * es, src + own * es, st.length * es));
-  std::array<PeerSend, quant::kMaxReduceInputs> sends;
-  std::array<PeerRecv, quant::kMaxReduceInputs> recvs;
-  size_t k = 0;
-  for (int j = 0; j < n; ++j) {
-    if (j == r) continue;
-    sends[k] = {sent + static_cast<size_t>(j) * cb, cb, j};
-    recvs[k] = {received + static_cast<size_t>(j) * cb, cb, j};
-    ++k;
-  }
-  FP8WIRE_TRY(ops.exchange({sends.data(), k}, {recvs.data(), k}));
+  const PeerRound round(r, n, sent, cb, received, cb);
+  FP8WIRE_TRY(ops.exchange(round.sends(), round.recvs()));
   return for_peer_runs(ops, st, a.count, [&](int first, int last) {
     const size_t at = static_cast<size_t>(first) * a.count + st.offset;
     return ops.dequantize(received + static_cast<size_t>(first) * cb, quant::Segmented{st.length, cb},

@@ -26,16 +26,8 @@ ncclResult_t finish(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   char* sent = st.set;
   char* received = st.set + static_cast<size_t>(n) * cb;
-  std::array<PeerSend, quant::kMaxReduceInputs> sends;
-  std::array<PeerRecv, quant::kMaxReduceInputs> recvs;
-  size_t k = 0;
-  for (int j = 0; j < n; ++j) {
-    if (j == r) continue;
-    sends[k] = {sent + j * cb, cb, j};
-    recvs[k] = {received + j * cb, cb, j};
-    ++k;
-  }
-  FP8WIRE_TRY(ops.exchange({sends.data(), k}, {recvs.data(), k}));
+  const PeerRound round(r, n, sent, cb, received, cb);
+  FP8WIRE_TRY(ops.exchange(round.sends(), round.recvs()));
   std::array<const void*, quant::kMaxReduceInputs> inputs;
   for (int j = 0; j < n; ++j) inputs[j] = (j == r ? sent : received) + j * cb;
   quant::ReduceOutput out;

@@ -1,8 +1,5 @@
-#include <array>
-
 #include "common/log.hpp"
 #include "common/status.hpp"
-#include "quant/wire_format.hpp"
 #include "sched/transport/transport.hpp"
 
 namespace fp8wire::sched {
@@ -34,16 +31,8 @@ ncclResult_t NcclTransport::gather(char* base, size_t slot_bytes, GatherMethod h
                                        ncclUint8, comm_, stream));
     return ncclSuccess;
   }
-  std::array<PeerSend, quant::kMaxReduceInputs> sends;
-  std::array<PeerRecv, quant::kMaxReduceInputs> recvs;
-  size_t k = 0;
-  for (int j = 0; j < nranks_; ++j) {
-    if (j == rank_) continue;
-    sends[k] = {base + static_cast<size_t>(rank_) * slot_bytes, slot_bytes, j};
-    recvs[k] = {base + static_cast<size_t>(j) * slot_bytes, slot_bytes, j};
-    ++k;
-  }
-  return exchange({sends.data(), k}, {recvs.data(), k}, stream);
+  const PeerRound round(rank_, nranks_, base + static_cast<size_t>(rank_) * slot_bytes, 0, base, slot_bytes);
+  return exchange(round.sends(), round.recvs(), stream);
 }
 
 ncclResult_t NcclTransport::reduce_scatter_plain(const void* send, void* recv, size_t recvcount, ncclDataType_t dtype,

@@ -7,10 +7,12 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <array>
 #include <cstddef>
 #include <span>
 
 #include "common/config.hpp"
+#include "quant/wire_format.hpp"
 #include "sched/platform/nccl_api.hpp"
 #include "sched/plan/types.hpp"
 
@@ -25,6 +27,28 @@ struct PeerRecv {
   void* data = nullptr;
   size_t bytes = 0;
   int peer = 0;
+};
+
+// The lists of one round with every other rank (peer j, j != rank): `bytes` from
+// `send + j * send_stride` to peer j (a stride of 0 sends the same bytes to every peer), and `bytes`
+// from peer j into slot j of `recv` (`recv + j * bytes`).
+class PeerRound {
+ public:
+  PeerRound(int rank, int nranks, const char* send, size_t send_stride, char* recv, size_t bytes) {
+    for (int j = 0; j < nranks; ++j) {
+      if (j == rank) continue;
+      sends_[count_] = {send + static_cast<size_t>(j) * send_stride, bytes, j};
+      recvs_[count_] = {recv + static_cast<size_t>(j) * bytes, bytes, j};
+      ++count_;
+    }
+  }
+  std::span<const PeerSend> sends() const { return {sends_.data(), count_}; }
+  std::span<const PeerRecv> recvs() const { return {recvs_.data(), count_}; }
+
+ private:
+  std::array<PeerSend, quant::kMaxReduceInputs> sends_;
+  std::array<PeerRecv, quant::kMaxReduceInputs> recvs_;
+  size_t count_ = 0;
 };
 
 class Transport {

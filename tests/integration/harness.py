@@ -24,6 +24,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests", "pylib"))
 import emulated_launch  # noqa: E402
 import parity  # noqa: E402
+import verdict  # noqa: E402
 
 # Thresholds low enough that the small models' gradient collectives go FP8 (their layers are
 # 64 KiB .. 1 MiB), high enough that scalars (loss, norms) stay exact.
@@ -68,13 +69,7 @@ def preflight(name, args, needs=()):
                                "installs the carried wheels from .whl/)")
     if args.cpu:
         return None
-    have_gpu, why = emulated_launch.gpu_available()
-    if not have_gpu:
-        return skip(name, why)
-    if not os.path.isfile(args.shim):
-        print(f"FAIL {name}: {args.shim} not found (build it first: cmake --build build --target fp8wire)", flush=True)
-        return 1
-    return None
+    return verdict.preflight(name, args.shim)
 
 
 def report(name, checks, summary, out):

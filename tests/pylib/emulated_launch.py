@@ -269,6 +269,17 @@ class Launch:
         return [path for _, path in self.logs]
 
 
+def script_parser():
+    """The arguments of a test script that launches itself as its ranks (tests/sched): --worker (a
+    rank's result directory, as Launch passes it), --nproc, --shim and --out; the script adds its own."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--shim", default="build/shim/libfp8wire.so")
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    return ap
+
+
 def launch(script, nproc, extra_env=None, args=(), timeout_s=150, log_dir=None, tag="run"):
     """Runs `script --worker <result-dir> args...` as nproc ranks; returns (ok, [result dicts])."""
     return Launch(script, nproc, extra_env, args, timeout_s, log_dir, tag).wait()

@@ -1,4 +1,21 @@
-"""A test program's verdict from its checks: one PASS or FAIL line per check, the exit status last."""
+"""A test program's verdict: SKIPPED or FAIL before it runs where this machine cannot run it, else one
+PASS or FAIL line per check; the exit status last (ctest's: 0 pass, 1 fail, 77 skipped)."""
+import os
+
+import emulated_launch
+
+
+def preflight(name, shim):
+    """None when a GPU test under the shim can run here, else its exit status after saying why:
+    77 (SKIPPED: no torch or no CUDA device) or 1 (FAIL: the shim `shim` is not built)."""
+    have_gpu, why = emulated_launch.gpu_available()
+    if not have_gpu:
+        print(f"SKIPPED {name}: {why}", flush=True)
+        return 77
+    if not os.path.isfile(shim):
+        print(f"FAIL {name}: {shim} not found (build it first: cmake --build build --target fp8wire)", flush=True)
+        return 1
+    return None
 
 
 def report(prefix, checks):

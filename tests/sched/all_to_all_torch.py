@@ -15,12 +15,12 @@ Checks on every rank:
   * fp8wire.totals(): every float call carried in FP8 (path one_shot, "one exchange") and none of
     anything else, and its telemetry named "all_to_all/one_shot".
 Usage: all_to_all_torch.py [--nproc 2] [--shim build/shim/libfp8wire.so] [--out DIR]"""
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pylib"))
 import emulated_launch  # noqa: E402
+import verdict  # noqa: E402
 
 COUNTS = [1, 1000, 4099, 1 << 18]  # elements per peer
 DTYPES = ["bfloat16", "float16", "float32"]
@@ -92,22 +92,14 @@ def compare(plain, fp8, rank, world):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--shim", default="build/shim/libfp8wire.so")
-    ap.add_argument("--out", default=os.environ.get("OUT"))
-    args = ap.parse_args()
+    args = emulated_launch.script_parser().parse_args()
     if args.worker:
         worker(args.worker)
         return 0
-    have_gpu, why = emulated_launch.gpu_available()
-    if not have_gpu:
-        print(f"SKIPPED all_to_all_torch: {why}")
-        return 77
-    if not os.path.exists(args.shim):
-        print(f"FAIL all_to_all_torch: shim '{args.shim}' not found (build it first)")
-        return 1
+    title = f"all_to_all_torch n={args.nproc}"
+    stop = verdict.preflight(title, args.shim)
+    if stop is not None:
+        return stop
     import tempfile
 
     import torch
@@ -141,11 +133,7 @@ def main():
         errors = totals.get("errors", {}) if totals else {}
         checks.append(("fp8wire.totals().errors names all_to_all/one_shot",
                        errors.get("all_to_all/one_shot", {}).get("measured_calls", 0) > 0, f"{sorted(errors)}"))
-    failed = 0
-    for name, ok, detail in checks:
-        print(f"{'PASS' if ok else 'FAIL'} all_to_all_torch n={args.nproc}: {name} {detail}", flush=True)
-        failed += not ok
-    return 1 if failed else 0
+    return verdict.report(title, checks)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ gradient all-reduce goes FP8. Checks:
   * parameters bitwise identical across ranks at the end (both runs);
   * final evaluation loss within 1 % of the plain run.
 Usage: ddp_parity.py [--nproc 2] [--steps 200] [--shim build/shim/libfp8wire.so] [--out DIR]"""
-import argparse
 import hashlib
 import os
 import sys
@@ -59,23 +58,16 @@ def worker(result_dir, steps):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--nproc", type=int, default=2)
+    ap = emulated_launch.script_parser()
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--shim", default="build/shim/libfp8wire.so")
-    ap.add_argument("--out", default=os.environ.get("OUT"))
     args = ap.parse_args()
     if args.worker:
         worker(args.worker, args.steps)
         return 0
-    have_gpu, why = emulated_launch.gpu_available()
-    if not have_gpu:
-        print(f"SKIPPED ddp_parity: {why}")
-        return 77
-    if not os.path.exists(args.shim):
-        print(f"FAIL ddp_parity: shim '{args.shim}' not found (build it first)")
-        return 1
+    title = f"ddp_parity n={args.nproc}"
+    stop = verdict.preflight(title, args.shim)
+    if stop is not None:
+        return stop
     wargs = ["--steps", str(args.steps)]
     # Each run is bounded below sched.sh's outer timeout, so a hang still prints the ranks' log tails.
     ok_plain, plain = emulated_launch.launch(__file__, args.nproc, {}, wargs, timeout_s=55, log_dir=args.out,
@@ -97,7 +89,7 @@ def main():
         rel = abs(lf - lp) / abs(lp)
         checks.append(("final loss within 1% of plain NCCL", rel <= 0.01,
                        f"plain {lp:.6g} fp8 {lf:.6g} rel {rel * 100:.3f}%"))
-    return verdict.report(f"ddp_parity n={args.nproc}", checks)
+    return verdict.report(title, checks)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ Settings, and why:
     ncclCommDestroy after capturing NCCL work can hang (pytorch/pytorch#115388).
 Usage: graph_capture.py [--nproc 2] [--shim build/shim/libfp8wire.so] [--out DIR] [--step-timeout S]
 """
-import argparse
 import faulthandler
 import hashlib
 import os
@@ -168,29 +167,20 @@ def problem_of(ok, res, nproc):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--shim", default="build/shim/libfp8wire.so")
-    ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap = emulated_launch.script_parser()
     ap.add_argument("--step-timeout", type=float, default=30.0,
                     help="seconds one worker phase may take before it is declared stuck")
     args = ap.parse_args()
     if args.worker:
         worker(args.worker, args.step_timeout)
         return 0
-    if not os.path.exists(args.shim):
-        print(f"FAIL graph_capture: shim '{args.shim}' not found (build it first)")
-        return 1
     tag = f"graph_capture n={args.nproc}"
+    stop = verdict.preflight(tag, args.shim)
+    if stop is not None:
+        return stop
     common = {"NCCL_GRAPH_MIXING_SUPPORT": "0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
     # Whole-run bound: start-up plus every phase at its limit, below sched.sh's outer timeout.
     launch_timeout = 20 + args.step_timeout * 2
-
-    have_gpu, why = emulated_launch.gpu_available()
-    if not have_gpu:
-        print(f"SKIPPED {tag}: {why}")
-        return 77
     t = time.time()
     ok, res = emulated_launch.launch(__file__, args.nproc, dict(common),
                                      ["--step-timeout", str(args.step_timeout)], timeout_s=launch_timeout,
@@ -223,7 +213,7 @@ def main():
         checks.append(("replays within the FP8 error bound", all(r["checks"]["within_bound"] for r in res),
                        f"worst err/bound {max(r['worst'] for r in res):.3f}"))
         checks.append(("ranks bitwise identical", len({r["sha256"] for r in res}) == 1, ""))
-    return verdict.report(f"graph_capture n={args.nproc}", checks)
+    return verdict.report(tag, checks)
 
 
 if __name__ == "__main__":

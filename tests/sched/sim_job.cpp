@@ -166,6 +166,18 @@ Bytes expected_output(const Spec& s, const std::vector<Bytes>& inputs, int rank,
   return out;
 }
 
+Bytes plain_all_reduce(const Spec& s, const std::vector<Bytes>& inputs) {
+  const quant::ElemType t = elem_type(s.dtype);
+  Bytes out(s.count * quant::elem_size(t));
+  for (size_t i = 0; i < s.count; ++i) {
+    float acc = ref::load_elem(inputs[0].data(), t, i);
+    for (size_t j = 1; j < inputs.size(); ++j) acc += ref::load_elem(inputs[j].data(), t, i);
+    if (s.op == ReduceOp::avg) acc /= static_cast<float>(inputs.size());
+    ref::store_elem(out.data(), t, i, acc);
+  }
+  return out;
+}
+
 std::string check_bound(const Spec& s, const std::vector<Bytes>& inputs, const Bytes& out, int rank,
                         const quant::WireFormat& f) {
   const int n = static_cast<int>(inputs.size());
@@ -467,6 +479,14 @@ std::string first_failures(const std::vector<std::string>& failures) {
   std::string text = std::to_string(failures.size()) + " failure(s)";
   for (size_t i = 0; i < failures.size() && i < 8; ++i) text += "\n  " + failures[i];
   return text;
+}
+
+std::string world_problems(const sim::World& world) {
+  std::string out;
+  if (world.deadlocked()) out += "deadlocked; ";
+  for (const std::string& e : world.protocol_errors()) out += e + "; ";
+  if (const size_t w = world.live_windows()) out += fmt::format("{} window(s) left; ", w);
+  return out;
 }
 
 }  // namespace fp8wire::simtest

@@ -58,6 +58,9 @@ Bytes make_input(const Spec& s, int rank, int nranks);
 // `post`: the factor applied once (0: 1, or 1/ranks for avg, the ranks being inputs.size()).
 Bytes expected_output(const Spec& s, const std::vector<Bytes>& inputs, int rank, const quant::WireFormat& f,
                       size_t stage_elems, float post = 0);
+// What the simulated NCCL's own all-reduce (sum or avg) of `s` gives: the inputs summed in fp32 in rank
+// order, an average divided once, rounded once into the dtype (a call that passed through).
+Bytes plain_all_reduce(const Spec& s, const std::vector<Bytes>& inputs);
 // Largest |output - fp64 sum| allowed per element (sched/README.md "Accuracy"), and the check.
 std::string check_bound(const Spec& s, const std::vector<Bytes>& inputs, const Bytes& out, int rank,
                         const quant::WireFormat& f);
@@ -77,6 +80,27 @@ struct RankResult {
 // A config small enough for the simulator: scratch `scratch` bytes, thresholds 0 (every float sum
 // is a candidate), all collectives on.
 Config sim_config(size_t scratch = 512 << 10);
+
+// One choice of the wire format's options (format, scale_type, rounding, block_size).
+struct FormatOption {
+  Fp8Format fp8;
+  ScaleType scale;
+  Rounding rounding;
+  uint32_t block;
+  void set_on(Config& c) const {
+    c.format = fp8;
+    c.scale_type = scale;
+    c.rounding = rounding;
+    c.block_size = block;
+  }
+};
+// The configuration's default first, then others that take every option's every value.
+inline constexpr FormatOption kFormatOptions[] = {{Fp8Format::e4m3, ScaleType::fp32, Rounding::nearest, 128},
+                                                  {Fp8Format::e5m2, ScaleType::fp32, Rounding::nearest, 128},
+                                                  {Fp8Format::e4m3, ScaleType::bf16, Rounding::nearest, 128},
+                                                  {Fp8Format::e4m3, ScaleType::e8m0, Rounding::nearest, 64},
+                                                  {Fp8Format::e4m3, ScaleType::fp32, Rounding::stochastic, 32},
+                                                  {Fp8Format::e5m2, ScaleType::e8m0, Rounding::stochastic, 256}};
 
 // How one run goes: the engine's config, the machine, a fault, a second call, an application group.
 struct Run {
@@ -119,5 +143,8 @@ std::string describe(const Spec& s, int nranks, const Config& c);
 // the collective gives every rank the same result, within the bound; "" when so.
 std::string check_clean(const Run& cfg, const Spec& spec, const std::vector<Bytes>& inputs, const Outcome& o);
 std::string first_failures(const std::vector<std::string>& failures);
+// What a job left wrong on the simulated machine, each followed by "; ": a deadlock, the protocol
+// errors, direct-transport windows still live after every rank is gone; "" when none.
+std::string world_problems(const sim::World& world);
 
 }  // namespace fp8wire::simtest

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -112,29 +113,15 @@ TEST_CASE("the FP8 all-to-all: the reference bit for bit, its own chunk exact, i
 
 TEST_CASE("the FP8 all-to-all with every wire format option") {
   log_set_level(LogLevel::error);
-  struct Format {
-    Fp8Format fp8;
-    ScaleType scale;
-    Rounding rounding;
-    uint32_t block;
-  };
-  const Format formats[] = {{Fp8Format::e5m2, ScaleType::fp32, Rounding::nearest, 128},
-                            {Fp8Format::e4m3, ScaleType::bf16, Rounding::nearest, 128},
-                            {Fp8Format::e4m3, ScaleType::e8m0, Rounding::nearest, 64},
-                            {Fp8Format::e4m3, ScaleType::fp32, Rounding::stochastic, 32},
-                            {Fp8Format::e5m2, ScaleType::e8m0, Rounding::stochastic, 256}};
   std::vector<std::string> failures;
   size_t runs = 0;
-  for (const Format& fm : formats)
+  for (const FormatOption& fm : std::span(kFormatOptions).subspan(1))  // the default's: the cases above
     for (int n : {3, 4})
       for (size_t scratch : {size_t{512} << 10, size_t{16} << 10})
         for (size_t count : {size_t{1000}, size_t{2048}}) {
           Run cfg;
           cfg.config = sim_config(scratch);
-          cfg.config.format = fm.fp8;
-          cfg.config.scale_type = fm.scale;
-          cfg.config.rounding = fm.rounding;
-          cfg.config.block_size = fm.block;
+          fm.set_on(cfg.config);
           const Spec spec = a2a(DataType::bf16, count, 5);
           ++runs;
           if (std::string e = run_and_check(cfg, spec, inputs_for(spec, n)); !e.empty()) failures.push_back(e);

@@ -34,60 +34,34 @@ struct Scenario {
 
 std::vector<Scenario> scenarios() {
   std::vector<Scenario> v;
-  auto piped = [](Config c) {
-    c.scratch_max_bytes = 8 << 10;  // three or more stages for the counts below
-    c.coalesce_max_bytes = 64 << 10;
-    return c;
+  // A scenario whose call runs in three or more stages (the counts below over 8 KiB of scratch); the
+  // run returned is valid until the next scenario is added.
+  auto pipelined = [&v](const char* name, const Spec& spec) -> Run& {
+    v.push_back({name, spec, {}});
+    v.back().run.config.scratch_max_bytes = 8 << 10;
+    v.back().run.config.coalesce_max_bytes = 64 << 10;
+    return v.back().run;
   };
-  {
-    Scenario s{"two-shot all-reduce, 3 ranks, pipelined", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, {}};
-    s.run.config = piped(sim_config());
-    v.push_back(s);
-  }
-  {
-    Scenario s{"one-shot all-reduce, send/recv gather, pipelined", {Collective::all_reduce, Path::one_shot, DataType::f32, ReduceOp::sum, 5000, 4}, {}};
-    s.run.config = piped(sim_config());
-    s.run.config.gather_transport = GatherMethod::sendrecv;
-    v.push_back(s);
-  }
-  {
-    Scenario s{"ring all-reduce", {Collective::all_reduce, Path::ring, DataType::f16, ReduceOp::sum, 9000, 5}, {}};
-    s.run.config = piped(sim_config());
-    v.push_back(s);
-  }
-  {
-    Scenario s{"reduce-scatter, pipelined", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 2000, 6}, {}};
-    s.run.config = piped(sim_config());
-    v.push_back(s);
-  }
-  {
-    Scenario s{"all-gather, pipelined", {Collective::all_gather, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 7}, {}};
-    s.run.config = piped(sim_config());
-    v.push_back(s);
-  }
-  {
-    Scenario s{"all-to-all, pipelined", {Collective::all_to_all, Path::one_shot, DataType::bf16, ReduceOp::sum, 2000, 10}, {}};
-    s.run.config = piped(sim_config());
-    v.push_back(s);
-  }
+  pipelined("two-shot all-reduce, 3 ranks, pipelined", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3});
+  pipelined("one-shot all-reduce, send/recv gather, pipelined", {Collective::all_reduce, Path::one_shot, DataType::f32, ReduceOp::sum, 5000, 4})
+      .config.gather_transport = GatherMethod::sendrecv;
+  pipelined("ring all-reduce", {Collective::all_reduce, Path::ring, DataType::f16, ReduceOp::sum, 9000, 5});
+  pipelined("reduce-scatter, pipelined", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 2000, 6});
+  pipelined("all-gather, pipelined", {Collective::all_gather, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 7});
+  pipelined("all-to-all, pipelined", {Collective::all_to_all, Path::one_shot, DataType::bf16, ReduceOp::sum, 2000, 10});
   {
     Scenario s{"three grouped all-reduces, coalesced", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 1500, 8}, {}};
-    s.run.config = sim_config();
     s.run.config.algorithm = Algorithm::two_shot;
     s.run.forced = false;
     s.run.group = 3;
     v.push_back(s);
   }
-  {
-    Scenario s{"two-shot with error feedback", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 4000, 9}, {}};
-    s.run.config = piped(sim_config());
-    s.run.config.error_feedback = true;
-    // Every cudaMalloc failure here is the residual's (best effort, judged below); the telemetry's
-    // records, whose failure fails the call, have their faults in sched_engine_guard.
-    s.run.config.telemetry_sample_every = 0;
-    s.run.feedback_key = 77;
-    v.push_back(s);
-  }
+  Run& feedback = pipelined("two-shot with error feedback", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 4000, 9});
+  feedback.config.error_feedback = true;
+  // Every cudaMalloc failure here is the residual's (best effort, judged below); the telemetry's
+  // records, whose failure fails the call, have their faults in sched_engine_guard.
+  feedback.config.telemetry_sample_every = 0;
+  feedback.feedback_key = 77;
   return v;
 }
 

@@ -3,7 +3,7 @@
 // releasing an agreement that waits for a rank that never comes), groups across communicators in
 // different orders, destroy while a call is queued, ncclGroupSimulateEnd, pass-through-only
 // communicators, and error feedback keyed by identity, never by address.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,7 +70,6 @@ Path last_path() {
 }  // namespace
 
 TEST_CASE("a rank whose configuration failed takes part: every rank passes through and names it") {
-  log_set_level(LogLevel::off);
   const Spec spec{Collective::all_reduce, Path::two_shot, DataType::f32, ReduceOp::sum, 2000, 1};
   const auto inputs = inputs_for(spec, 3);
   sim::World world(sim::Options{.nranks = 3});
@@ -106,7 +106,6 @@ TEST_CASE("a rank whose configuration failed takes part: every rank passes throu
 }
 
 TEST_CASE("ranks with different configurations, or one disabled: FP8 off everywhere, no hang") {
-  log_set_level(LogLevel::off);
   for (int variant = 0; variant < 2; ++variant) {
     sim::World world(sim::Options{.nranks = 4});
     const auto comms = world.create_comm();
@@ -129,7 +128,6 @@ TEST_CASE("ranks with different configurations, or one disabled: FP8 off everywh
 }
 
 TEST_CASE("communicators created inside an application group are agreed at its end, together") {
-  log_set_level(LogLevel::off);
   sim::World world(sim::Options{.nranks = 2});
   const auto a = world.create_comm();
   const auto b = world.create_comm();
@@ -152,7 +150,6 @@ TEST_CASE("communicators created inside an application group are agreed at its e
 }
 
 TEST_CASE("two ranks of one communicator in one process: agreed in one group, then pass-through") {
-  log_set_level(LogLevel::off);
   // One thread drives both ranks (as nccl-tests -g 2 does): both handles created in one group.
   sim::World two(sim::Options{.nranks = 2, .hosts = {7, 7}});
   const auto c = two.create_comm();
@@ -178,7 +175,6 @@ TEST_CASE("two ranks of one communicator in one process: agreed in one group, th
 }
 
 TEST_CASE("an abort from another thread releases an agreement waiting for a rank that never comes") {
-  log_set_level(LogLevel::off);
   sim::World world(sim::Options{.nranks = 2});
   const auto comms = world.create_comm();
   std::atomic<sched::Engine*> rank0{nullptr};
@@ -204,7 +200,6 @@ TEST_CASE("an abort from another thread releases an agreement waiting for a rank
 }
 
 TEST_CASE("groups across communicators, issued in different orders on different ranks, never deadlock") {
-  log_set_level(LogLevel::off);
   const Spec spec{Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 9000, 2};
   const auto inputs = inputs_for(spec, 3);
   for (uint64_t seed : {1, 2, 3, 4, 5}) {
@@ -249,22 +244,44 @@ TEST_CASE("groups across communicators, issued in different orders on different 
   }
 }
 
-TEST_CASE("destroying a communicator while its call is queued in an open group: an error, not a use-after-free") {
-  log_set_level(LogLevel::off);
-  const Spec spec{Collective::all_reduce, Path::two_shot, DataType::f32, ReduceOp::sum, 3000, 3};
-  const auto inputs = inputs_for(spec, 2);
-  sim::World world(sim::Options{.nranks = 2});
+namespace {
+
+// One rank inside an open group in which it has queued one FP8 all-reduce on its communicator.
+struct Queued {
+  int rank;
+  sched::Engine& eng;
+  ncclComm_t comm;
+  Buffers& b;
+  cudaStream_t s;
+  int sends, gathers;  // its transport calls at those sites before the group
+};
+const Spec kQueued{Collective::all_reduce, Path::two_shot, DataType::f32, ReduceOp::sum, 3000, 3};
+
+// On both ranks of `world` (two): a communicator, one call of kQueued queued in an open group, then
+// `close` ends the group its way.
+void with_call_queued_in_group(sim::World& world, const std::function<void(const Queued&)>& close) {
+  const auto inputs = inputs_for(kQueued, 2);
   const auto comms = world.create_comm();
   world.run_ranks([&](int r) {
     const size_t i = static_cast<size_t>(r);
     sched::Engine eng(sim_config(), world.platform());
     eng.comm_created(comms[i]);
     Buffers b(world.platform(), inputs[i]);
-    cudaStream_t s = new_stream(world.platform());
+    const Queued q{r, eng, comms[i], b, new_stream(world.platform()), world.calls_at(r, sim::Site::send),
+                   world.calls_at(r, sim::Site::all_gather)};
     CHECK(eng.group_start() == ncclSuccess);
-    CHECK(all_reduce(eng, b, spec.count, spec.dtype, comms[i], s) == ncclSuccess);  // queued
-    eng.comm_destroyed(comms[i]);
-    CHECK(eng.group_end() == ncclInvalidUsage);
+    CHECK(all_reduce(eng, b, kQueued.count, kQueued.dtype, q.comm, q.s) == ncclSuccess);
+    close(q);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("destroying a communicator while its call is queued in an open group: an error, not a use-after-free") {
+  sim::World world(sim::Options{.nranks = 2});
+  with_call_queued_in_group(world, [&](const Queued& q) {
+    q.eng.comm_destroyed(q.comm);
+    CHECK(q.eng.group_end() == ncclInvalidUsage);
     CHECK(world.synchronize_rank() == cudaSuccess);
   });
   CHECK_FALSE(world.deadlocked());
@@ -273,7 +290,6 @@ TEST_CASE("destroying a communicator while its call is queued in an open group: 
 }
 
 TEST_CASE("after a failure in a group, the rest of the group is not issued and its communicators fail") {
-  log_set_level(LogLevel::off);
   const Spec spec{Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 3000, 3};
   const auto inputs = inputs_for(spec, 2);
   sim::World world(sim::Options{.nranks = 2});
@@ -317,33 +333,20 @@ TEST_CASE("after a failure in a group, the rest of the group is not issued and i
 }
 
 TEST_CASE("ncclGroupSimulateEnd drops the FP8 calls queued in the group") {
-  log_set_level(LogLevel::off);
-  const Spec spec{Collective::all_reduce, Path::two_shot, DataType::f32, ReduceOp::sum, 3000, 3};
-  const auto inputs = inputs_for(spec, 2);
   sim::World world(sim::Options{.nranks = 2});
-  const auto comms = world.create_comm();
-  world.run_ranks([&](int r) {
-    const size_t i = static_cast<size_t>(r);
-    sched::Engine eng(sim_config(), world.platform());
-    eng.comm_created(comms[i]);
-    Buffers b(world.platform(), inputs[i]);
-    cudaStream_t s = new_stream(world.platform());
-    const int sends = world.calls_at(r, sim::Site::send), gathers = world.calls_at(r, sim::Site::all_gather);
-    CHECK(eng.group_start() == ncclSuccess);
-    CHECK(all_reduce(eng, b, spec.count, spec.dtype, comms[i], s) == ncclSuccess);
-    CHECK(eng.group_simulate_end(nullptr) == ncclSuccess);
-    CHECK(world.calls_at(r, sim::Site::send) == sends);  // nothing of an FP8 exchange was issued
-    CHECK(world.calls_at(r, sim::Site::all_gather) == gathers);
+  with_call_queued_in_group(world, [&](const Queued& q) {
+    CHECK(q.eng.group_simulate_end(nullptr) == ncclSuccess);
+    CHECK(world.calls_at(q.rank, sim::Site::send) == q.sends);  // nothing of an FP8 exchange was issued
+    CHECK(world.calls_at(q.rank, sim::Site::all_gather) == q.gathers);
     // The thread left the group: the next call runs at once.
-    CHECK(all_reduce(eng, b, spec.count, spec.dtype, comms[i], s) == ncclSuccess);
+    CHECK(all_reduce(q.eng, q.b, kQueued.count, kQueued.dtype, q.comm, q.s) == ncclSuccess);
     CHECK(world.synchronize_rank() == cudaSuccess);
-    eng.comm_destroyed(comms[i]);
+    q.eng.comm_destroyed(q.comm);
   });
   CHECK_FALSE(world.deadlocked());
 }
 
 TEST_CASE("non-blocking and single-process communicators pass through with no exchange") {
-  log_set_level(LogLevel::off);
   sim::World world(sim::Options{.nranks = 2});
   const auto comms = world.create_comm();
   world.run_ranks([&](int r) {
@@ -363,7 +366,6 @@ TEST_CASE("non-blocking and single-process communicators pass through with no ex
 }
 
 TEST_CASE("error feedback follows the identity the application gives, never the buffer address") {
-  log_set_level(LogLevel::off);
   const size_t count = 4096;
   // Two different tensors, X and Y, all-reduced from the same buffer (a caching allocator hands
   // the same address to both).
@@ -438,7 +440,6 @@ cudaError_t last_error_fn() { return cudaSuccess; }
 }  // namespace store_cuda
 
 TEST_CASE("error feedback: nothing allocated or freed under capture; a residual a graph holds outlives its key's new shape") {
-  log_set_level(LogLevel::off);
   CudaApi api;
   api.Malloc = store_cuda::malloc_fn;
   api.Free = store_cuda::free_fn;
@@ -473,4 +474,10 @@ TEST_CASE("error feedback: nothing allocated or freed under capture; a residual 
   CHECK(std::count(store_cuda::freed.begin(), store_cuda::freed.end(), static_cast<void*>(a)) == 1);
   CHECK(std::count(store_cuda::freed.begin(), store_cuda::freed.end(), static_cast<void*>(c)) == 1);
   CHECK(budget.load() == budget_bytes);
+}
+
+// The engine's log is off for every case: they provoke its errors on purpose.
+int main(int argc, char** argv) {
+  log_set_level(LogLevel::off);
+  return doctest::Context(argc, argv).run();
 }

@@ -202,9 +202,7 @@ SetupRun run_setup(Kind kind, int n, int victim, int at, bool kill) {
     wait_for_host_calls();
   });
   out.operations = g_stop.count.load();
-  if (world.deadlocked()) out.problems += "deadlocked; ";
-  for (const std::string& e : world.protocol_errors()) out.problems += e + "; ";
-  if (const size_t w = world.live_windows()) out.problems += fmt::format("{} window(s) left; ", w);
+  out.problems += world_problems(world);
   g_stop.reset(nullptr, -1, -1, false);
   return out;
 }

@@ -135,10 +135,7 @@ std::string run_job(DirectMode mode, const std::vector<Ending>& endings, const s
   std::string out;
   for (int r = 0; r < n; ++r)
     if (!failures[static_cast<size_t>(r)].empty()) out += fmt::format("rank {}: {}; ", r, failures[static_cast<size_t>(r)]);
-  if (world.deadlocked()) out += "deadlocked; ";
-  for (const std::string& e : world.protocol_errors()) out += e + "; ";
-  if (const size_t w = world.live_windows()) out += fmt::format("{} window(s) left; ", w);
-  return out;
+  return out + world_problems(world);
 }
 
 std::string describe(DirectMode mode, const std::vector<Ending>& endings, const std::vector<int>& order) {
@@ -209,7 +206,7 @@ const char* to_string(Lanes l) { return l == Lanes::copy_lanes ? "copy lanes" : 
 
 // `close`: how rank 0 ends its communicator once the error shows: by an abort (what PyTorch's
 // watchdog does), or by a destroy (a shutdown that does not look at the error first).
-std::string run_gone_mid_collective(DirectMode mode, Ending how, Lanes lanes, int queues, Ending close = Ending::abort) {
+std::string run_gone_mid_collective(DirectMode mode, Ending how, Lanes lanes, int queues, Ending close) {
   sim::Options machine;
   machine.nranks = 2;
   machine.hw_queues = queues;
@@ -285,32 +282,28 @@ std::string run_gone_mid_collective(DirectMode mode, Ending how, Lanes lanes, in
   });
   sim::set_thread_rank(1);
   ended.reset();
-  if (world.deadlocked()) failure += "; deadlocked";
-  for (const std::string& e : world.protocol_errors()) failure += "; " + e;
-  if (const size_t w = world.live_windows()) failure += fmt::format("; {} window(s) left", w);
-  return failure;
+  return (failure.empty() ? "" : failure + "; ") + world_problems(world);
+}
+
+// Every (direct kind, way rank 1 went, lane hand-over, hardware queues) of run_gone_mid_collective,
+// rank 0 closing by `close`.
+void check_gone_mid_collective(Ending close) {
+  log_set_level(LogLevel::off);
+  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory})
+    for (Ending how : {Ending::process_end, Ending::destroy})
+      for (Lanes lanes : {Lanes::copy_lanes, Lanes::events})
+        for (int queues : {0, 1}) {
+          INFO(to_string(mode), ", rank 1 gone by ", to_string(how), ", ", to_string(lanes), ", hardware queues ", queues);
+          CHECK(run_gone_mid_collective(mode, how, lanes, queues, close) == "");
+        }
 }
 
 }  // namespace
 
 TEST_CASE("teardown: a peer gone while a collective waits on it is an error, and the abort releases the wait") {
-  log_set_level(LogLevel::off);
-  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory})
-    for (Ending how : {Ending::process_end, Ending::destroy})
-      for (Lanes lanes : {Lanes::copy_lanes, Lanes::events})
-        for (int queues : {0, 1}) {
-          INFO(to_string(mode), ", rank 1 gone by ", to_string(how), ", ", to_string(lanes), ", hardware queues ", queues);
-          CHECK(run_gone_mid_collective(mode, how, lanes, queues) == "");
-        }
+  check_gone_mid_collective(Ending::abort);
 }
 
 TEST_CASE("teardown: a destroy while a collective waits on a gone peer releases the wait and returns an error") {
-  log_set_level(LogLevel::off);
-  for (DirectMode mode : {DirectMode::host_memory, DirectMode::peer_memory})
-    for (Ending how : {Ending::process_end, Ending::destroy})
-      for (Lanes lanes : {Lanes::copy_lanes, Lanes::events})
-        for (int queues : {0, 1}) {
-          INFO(to_string(mode), ", rank 1 gone by ", to_string(how), ", ", to_string(lanes), ", hardware queues ", queues);
-          CHECK(run_gone_mid_collective(mode, how, lanes, queues, Ending::destroy) == "");
-        }
+  check_gone_mid_collective(Ending::destroy);
 }

@@ -100,22 +100,13 @@ Decisions reference(const Config& config, const CommFacts& f, const CallShape& c
 }
 
 Decisions of(const Recipe& r) {
+  const Watch& w = r.watch;
   Decisions d;
-  d.active = r.watch.active;
-  if (d.active) {
-    d.scope = r.watch.scope;
-    d.full_precision = r.watch.full_precision;
-    d.measured = r.watch.measured;
-    d.guarded = r.watch.guarded;
-    d.tripped = r.watch.tripped;
-    d.resumed = r.watch.resumed;
-    d.calls_after = r.watch.scope_after.calls;
-    d.full_until = r.watch.scope_after.full_until;
-    d.resume_at = r.watch.scope_after.resume_at;
-    d.decide_at = r.watch.decide_at;
-    d.audited = r.watch.audited;
-    d.audit_calls_after = r.watch.audit_calls_after;
-  }
+  if (w.active)
+    d = {.active = true, .scope = w.scope, .full_precision = w.full_precision, .measured = w.measured,
+         .guarded = w.guarded, .tripped = w.tripped, .resumed = w.resumed, .calls_after = w.scope_after.calls,
+         .full_until = w.scope_after.full_until, .resume_at = w.scope_after.resume_at, .decide_at = w.decide_at,
+         .audit_calls_after = w.audit_calls_after, .audited = w.audited};
   if (r.plain()) return d;
   d.post = r.post;
   d.feedback = r.feedback;
@@ -223,13 +214,8 @@ TEST_CASE("recipe: the engine's decisions of every call, field by field, from th
                     for (const ScopeState& scope : scopes()) {
                       for (uint64_t audit_calls : {uint64_t{0}, uint64_t{4}}) {
                         CallShape call{collective, DataType::bf16, op, 1000, 4};
-                        CallContext ctx;
-                        ctx.capturing = capturing;
-                        ctx.grouped = grouped;
-                        ctx.batch = batch;
-                        ctx.feedback_key = key;
-                        ctx.scope = scope;
-                        ctx.audit_calls = audit_calls;
+                        const CallContext ctx{.capturing = capturing, .grouped = grouped, .batch = batch,
+                                              .feedback_key = key, .scope = scope, .audit_calls = audit_calls};
                         const Decisions want = reference(config, f, call, route, ctx);
                         const Decisions got = of(recipe_for(config, f, call, route, ctx));
                         ++cases;

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -131,14 +132,19 @@ std::vector<std::string> without_agreement(const std::vector<std::string>& log, 
 // The calls of the "all" script (probe_script.hpp).
 constexpr size_t kAllCalls = 22;
 
-// The probe ended normally after `calls` calls of its script, each returning `expected`.
-void check_every_call_returned(const Run& r, size_t calls, ncclResult_t expected) {
+// The probe ended normally after `calls` calls of its script, each returning `expected(its name)`.
+void check_every_call_returned(const Run& r, size_t calls,
+                               const std::function<ncclResult_t(const std::string&)>& expected) {
   CHECK(r.exit_code == 0);
   REQUIRE(r.rcs.size() == calls);
   for (const auto& [name, rc] : r.rcs) {
     CAPTURE(name);
-    CHECK(rc == expected);
+    CHECK(rc == expected(name));
   }
+}
+// The same, every call returning `expected`.
+void check_every_call_returned(const Run& r, size_t calls, ncclResult_t expected) {
+  check_every_call_returned(r, calls, [expected](const std::string&) { return expected; });
 }
 
 // The engine is free to ask the fake questions (those are not recorded) but every application
@@ -272,12 +278,9 @@ TEST_CASE("an NCCL without ncclAlltoAll (before 2.28): that export returns ncclS
     const Run r = run_probe("dlopen", "all", {enable, "FP8WIRE_LOG_LEVEL=info", "FP8WIRE_COLLECTIVES_ALL_TO_ALL=1",
                                               "FP8WIRE_NCCL_LIBRARY=" + kFakeBefore228});
     INFO(r.output);
-    CHECK(r.exit_code == 0);
-    REQUIRE(r.rcs.size() == 22);
-    for (const auto& [name, rc] : r.rcs) {
-      CAPTURE(name);
-      CHECK(rc == (name == "ncclAlltoAll" ? ncclSystemError : ncclSuccess));
-    }
+    check_every_call_returned(r, kAllCalls, [](const std::string& name) {
+      return name == "ncclAlltoAll" ? ncclSystemError : ncclSuccess;
+    });
     CHECK(count_of(r.output, "missing optional ncclAlltoAll\n") == 1);  // the resolution line
     CHECK(count_of(r.output, "ncclAlltoAll: the real NCCL") == 1);
     CHECK(count_of(r.output, "does not provide this function; returning ncclSystemError") == 1);

@@ -444,41 +444,53 @@ void store_value(void* p, DataType t, size_t i, float v) {
   }
 }
 
-enum class CollKind { all_gather, all_reduce, reduce_scatter };
-struct CollectiveOp final : Op {
-  Handle* h;
-  CollKind kind;
-  uint64_t seq;
-  const void* send;
-  void* recv;
-  size_t count;  // elements per rank (all_gather: sendcount; reduce_scatter: recvcount)
-  DataType dtype;
-  ReduceOp op;
+// One rank's part of a call whose result needs every member's send buffer (the collectives, the
+// all-to-all): call `seq` of its communicator's slots.
+struct ExchangeOp : Op {
+  Handle* h = nullptr;
+  uint64_t seq = 0;
+  const void* send = nullptr;
+  void* recv = nullptr;
   bool posted = false;
-  bool step(World::State& w, Stream& s) override {
-    Comm& c = *h->comm;
-    const size_t n = c.members.size();
-    const size_t es = dtype_size(dtype);
-    const size_t in_elems = kind == CollKind::reduce_scatter ? count * n : count;
-    if (c.aborted) return true;
-    Collective& col = c.collectives[seq];
+  // Posts the rank's `send_bytes` at `send` into `col` the first time (its read of the send buffer);
+  // false until every one of the `n` members has posted. Then true, the write of `recv_bytes` at
+  // `recv` recorded: the caller writes its result from col.contrib.
+  bool all_posted(World::State& w, Stream& s, Collective& col, size_t n, size_t send_bytes, size_t recv_bytes) {
     if (!posted) {
       ++s.clock[static_cast<size_t>(s.lane)];
-      record_access(w, s.rank, s.lane, s.clock, send, in_elems * es, false, what);
+      record_access(w, s.rank, s.lane, s.clock, send, send_bytes, false, what);
       if (col.contrib.empty()) {
         col.contrib.resize(n);
         col.posted.assign(n, false);
       }
       const char* p = static_cast<const char*>(send);
-      col.contrib[static_cast<size_t>(h->rank)].assign(p, p + in_elems * es);
+      col.contrib[static_cast<size_t>(h->rank)].assign(p, p + send_bytes);
       col.posted[static_cast<size_t>(h->rank)] = true;
       ++col.posted_count;
       posted = true;
     }
     if (col.posted_count < static_cast<int>(n)) return false;
     ++s.clock[static_cast<size_t>(s.lane)];
+    record_access(w, s.rank, s.lane, s.clock, recv, recv_bytes, true, what);
+    return true;
+  }
+};
+
+enum class CollKind { all_gather, all_reduce, reduce_scatter };
+struct CollectiveOp final : ExchangeOp {
+  CollKind kind;
+  size_t count;  // elements per rank (all_gather: sendcount; reduce_scatter: recvcount)
+  DataType dtype;
+  ReduceOp op;
+  bool step(World::State& w, Stream& s) override {
+    Comm& c = *h->comm;
+    const size_t n = c.members.size();
+    const size_t es = dtype_size(dtype);
+    const size_t in_elems = kind == CollKind::reduce_scatter ? count * n : count;
     const size_t out_elems = kind == CollKind::all_gather ? count * n : count;
-    record_access(w, s.rank, s.lane, s.clock, recv, out_elems * es, true, what);
+    if (c.aborted) return true;
+    Collective& col = c.collectives[seq];
+    if (!all_posted(w, s, col, n, in_elems * es, out_elems * es)) return false;
     char* out = static_cast<char*>(recv);
     if (kind == CollKind::all_gather) {
       for (size_t j = 0; j < n; ++j) std::memcpy(out + j * count * es, col.contrib[j].data(), count * es);
@@ -1484,34 +1496,14 @@ namespace {
 // ncclAlltoAll, the application's own call passed through (not a fault site, as the plain all-reduce
 // is not): chunk j of every rank's send buffer lands in chunk `rank` of rank j's receive buffer. Every
 // rank must pass the same count (NCCL's contract), else a protocol error.
-struct AllToAllOp final : Op {
-  Handle* h = nullptr;
-  uint64_t seq = 0;
-  const void* send = nullptr;
-  void* recv = nullptr;
+struct AllToAllOp final : ExchangeOp {
   size_t chunk = 0;  // bytes per peer
-  bool posted = false;
   bool step(World::State& w, Stream& s) override {
     Comm& c = *h->comm;
     const size_t n = c.members.size();
     if (c.aborted) return true;
     Collective& col = c.collectives[seq];
-    if (!posted) {
-      ++s.clock[static_cast<size_t>(s.lane)];
-      record_access(w, s.rank, s.lane, s.clock, send, n * chunk, false, what);
-      if (col.contrib.empty()) {
-        col.contrib.resize(n);
-        col.posted.assign(n, false);
-      }
-      const char* p = static_cast<const char*>(send);
-      col.contrib[static_cast<size_t>(h->rank)].assign(p, p + n * chunk);
-      col.posted[static_cast<size_t>(h->rank)] = true;
-      ++col.posted_count;
-      posted = true;
-    }
-    if (col.posted_count < static_cast<int>(n)) return false;
-    ++s.clock[static_cast<size_t>(s.lane)];
-    record_access(w, s.rank, s.lane, s.clock, recv, n * chunk, true, what);
+    if (!all_posted(w, s, col, n, n * chunk, n * chunk)) return false;
     char* out = static_cast<char*>(recv);
     for (size_t j = 0; j < n; ++j) {
       const std::vector<char>& from = col.contrib[j];

@@ -7,7 +7,7 @@
 //   stopped  it stops itself (SIGSTOP) there, and a child it forked first resumes it well after the
 //            others' deadline; it must then fail its own creation too.
 // Every other rank's creation must fail with ncclRemoteError within the deadline (setup_timeout_s =
-// 10 here) and then be aborted, as the shim does; nothing hangs. Then, in the same GPU session:
+// 10 here) and then be aborted, as the shim does; nothing hangs. Then, in the same run:
 //   after a kill   a victim killed once its windows exist leaves their names in /dev/shm; the next
 //                  job sweeps them before its own windows, comes up with the direct transport, and
 //                  leaves no name of fp8wire's behind;

@@ -11,7 +11,7 @@
 #      set-up (2 and 4 ranks, both direct kinds: every other rank's creation fails within the deadline),
 #      a job after a killed one (its /dev/shm leftovers swept, nothing left), a /dev/shm too small for
 #      the windows (every rank on NCCL alike);
-#   5. with TEARDOWN_REPEAT=N: the torch row "direct host memory: rank 1 ends first by destroy" (a hang
+#   5. with TEARDOWN_REPEAT=N (and TEARDOWN_PARALLEL=k series at once): the torch row "direct host memory: rank 1 ends first by destroy" (a hang
 #      was seen there once) and its neighbours N times each, under MPS and then time-sliced, counting
 #      the failures; a rank that stalls prints its state (tests/integration/test_teardown.py).
 # Every part runs with the emulated ranks side by side under a private MPS daemon where the machine has
@@ -40,11 +40,23 @@ if has mainjob; then
 fi
 if has repeat; then
   n="${TEARDOWN_REPEAT:-10}"
+  k="${TEARDOWN_PARALLEL:-1}"
   # Four rows of about 15 s each, n times, under the private MPS daemon, then time-sliced (no daemon).
-  gpu_step torch_teardown_repeat_mps $((n * 4 * 40 + 60)) "$PY" tests/integration/test_teardown.py \
-    --shim "$BUILD"/shim/libfp8wire.so --out "$OUT/repeat_mps" --timeout 120 --repeat "$n"
-  gpu_step torch_teardown_repeat_time_sliced $((n * 4 * 40 + 60)) env -u CUDA_MPS_PIPE_DIRECTORY \
-    -u CUDA_MPS_LOG_DIRECTORY FP8WIRE_MPS=0 FP8WIRE_TESTBED_MODE=time-sliced "$PY" tests/integration/test_teardown.py \
-    --shim "$BUILD"/shim/libfp8wire.so --out "$OUT/repeat_time_sliced" --timeout 120 --repeat "$n"
+  # TEARDOWN_PARALLEL=k runs k such series at once (k jobs of 2 ranks sharing the GPU and the CPUs: more
+  # runs per minute, and a busier machine than any one job sees).
+  repeat_series() {  # repeat_series LABEL ENV...: k series side by side, one gpu_step each
+    local label="$1" i; shift
+    for (( i = 1; i <= k; i++ )); do
+      gpu_step "${label}_$i" $((n * 4 * 45 + 60)) env "$@" "$PY" tests/integration/test_teardown.py \
+        --shim "$BUILD"/shim/libfp8wire.so --out "$OUT/${label}_$i" --timeout 120 --repeat "$n" &
+    done
+    wait
+  }
+  repeat_series torch_teardown_repeat_mps FP8WIRE_TESTBED_MODE=mps
+  repeat_series torch_teardown_repeat_time_sliced -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY \
+    FP8WIRE_MPS=0 FP8WIRE_TESTBED_MODE=time-sliced
+  # gpu_step ran in subshells: its rows and verdicts are in the logs, counted here.
+  grep -h "repeated" "$OUT"/torch_teardown_repeat_*.log | sed 's/^/  /'
+  grep -qE "^FAIL" "$OUT"/torch_teardown_repeat_*.log && gpu_failed=1
 fi
 gpu_summary teardown

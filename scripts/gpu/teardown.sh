@@ -57,6 +57,6 @@ if has repeat; then
     FP8WIRE_MPS=0 FP8WIRE_TESTBED_MODE=time-sliced
   # gpu_step ran in subshells: its rows and verdicts are in the logs, counted here.
   grep -h "repeated" "$OUT"/torch_teardown_repeat_*.log | sed 's/^/  /'
-  grep -qE "^FAIL" "$OUT"/torch_teardown_repeat_*.log && gpu_failed=1
+  grep -qE "^FAIL" "$OUT"/torch_teardown_repeat_*.log && gpu_fail "a repeated teardown row failed (its log above)"
 fi
 gpu_summary teardown

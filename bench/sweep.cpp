@@ -115,6 +115,7 @@ struct Worker {
       case Collective::reduce_scatter: return sched::EngineProbe(engine).reduce_scatter_forced(path, send, recv, count, t, ncclSum, comm, stream);
       case Collective::all_gather: return sched::EngineProbe(engine).all_gather_forced(path, send, recv, count, t, comm, stream);
       case Collective::all_to_all: return sched::EngineProbe(engine).all_to_all_forced(path, send, recv, count, t, comm, stream);
+      case Collective::send_recv: break;  // not a sweep's collective (kCollectives)
     }
     return ncclInvalidArgument;
   }

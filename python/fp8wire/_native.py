@@ -31,7 +31,7 @@ class _TransportTotals(ctypes.Structure):
 
 
 # FP8WIRE_MAX_COLLECTIVES in shim/fp8wire.h.
-MAX_COLLECTIVES = 4
+MAX_COLLECTIVES = 8
 
 
 class _ErrorStats(ctypes.Structure):

@@ -13,13 +13,15 @@ const Fp8Algorithm& flat_algorithm(Collective collective, const Route& route) {
       case Collective::all_gather: return kDirectAllGather;
       case Collective::all_reduce:
         return route.path == Path::one_shot ? kDirectOneShotAllReduce : kDirectTwoShotAllReduce;
-      case Collective::all_to_all: break;  // no direct program: the route never gives it a window
+      case Collective::all_to_all:  // no direct program: the route never gives it a window
+      case Collective::send_recv: break;
     }
   }
   switch (collective) {
     case Collective::reduce_scatter: return kReduceScatterFp8;
     case Collective::all_gather: return kAllGatherFp8;
     case Collective::all_to_all: return kAllToAllFp8;
+    case Collective::send_recv: break;  // no stage program: sched/engine/point_to_point.cpp runs it
     case Collective::all_reduce:
       switch (route.path) {
         case Path::one_shot: return kOneShotAllReduce;

@@ -101,6 +101,10 @@ struct CommState {
   // --- what calls keep on it ----------------------------------------------------------------------
   FeedbackStore feedback;
   uint64_t logged_choices = 0;  // bit (collective * 16 + path * 2 + direct): first use of that route logged
+  bool logged_messages = false;  // the first FP8 point-to-point message on it logged
+  // Point-to-point messages so far, per peer: [0] sent to it, [1] received from it. A pair's two ends
+  // count the same messages (NCCL matches them in order), so a message's number is the same at both.
+  std::vector<uint64_t> messages[2];
   // Telemetry records and the guard's scopes; made at the first FP8 call when telemetry is on.
   std::unique_ptr<TelemetryMonitor> telemetry;
 

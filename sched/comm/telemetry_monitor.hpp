@@ -28,7 +28,7 @@
 namespace fp8wire::sched {
 
 // Figures of the measured calls, per collective and path, and what the guard did.
-inline constexpr int kErrorCollectives = 4;   // the C API's layout (FP8WIRE_MAX_COLLECTIVES)
+inline constexpr int kErrorCollectives = 8;   // the C API's layout (FP8WIRE_MAX_COLLECTIVES)
 static_assert(kCollectiveCount <= kErrorCollectives, "every collective needs its own slot in the C API's totals");
 struct ErrorTotals {
   uint64_t measured_calls[kErrorCollectives][kMaxPaths] = {};

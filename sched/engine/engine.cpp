@@ -26,12 +26,13 @@ uint64_t now_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-CallKind kind_of(Collective c) {
-  switch (c) {
+CallKind kind_of(const Call& c) {
+  switch (c.collective) {
     case Collective::all_reduce: return CallKind::all_reduce;
     case Collective::reduce_scatter: return CallKind::reduce_scatter;
     case Collective::all_gather: return CallKind::all_gather;
     case Collective::all_to_all: return CallKind::all_to_all;
+    case Collective::send_recv: return c.direction == PeerDirection::recv ? CallKind::recv : CallKind::send;
   }
   return CallKind::all_reduce;
 }
@@ -232,6 +233,17 @@ ncclResult_t Engine::all_to_all(const void* s, void* r, size_t n, ncclDataType_t
   return guarded("collective", [&] { return impl_->submit({Collective::all_to_all, s, r, n, t, ncclSum, c, st}, std::nullopt); });
 }
 
+ncclResult_t Engine::send(const void* s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+  return guarded("send", [&] {
+    return impl_->submit({Collective::send_recv, s, nullptr, n, t, ncclSum, c, st, PeerDirection::send, peer}, std::nullopt);
+  });
+}
+ncclResult_t Engine::recv(void* r, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+  return guarded("recv", [&] {
+    return impl_->submit({Collective::send_recv, nullptr, r, n, t, ncclSum, c, st, PeerDirection::recv, peer}, std::nullopt);
+  });
+}
+
 ncclResult_t Engine::group_start() {
   return guarded("group_start", [&] {
     thread_group().group.start();
@@ -245,6 +257,8 @@ ncclResult_t Engine::group_end() {
     const bool outermost = tg.group.end();
     const ncclResult_t res = impl_->api->GroupEnd();
     if (!outermost) return res;
+    // NCCL has issued the group's sends and receives now (or none, where its end failed).
+    const ncclResult_t messages = impl_->finish_messages(tg, res);
     // Communicators created in the group exist now: agree on them before running its FP8 calls. A
     // set-up that failed is the group's error (after its other calls ran: the peers run them too).
     ncclResult_t setup = ncclSuccess;
@@ -253,6 +267,7 @@ ncclResult_t Engine::group_end() {
       setups.swap(tg.setups);
       if (nccl_ok(res)) setup = impl_->set_up(setups);
     }
+    if (nccl_ok(res) && nccl_ok(setup) && !nccl_ok(messages)) setup = messages;
     if (tg.npending == 0) return nccl_ok(res) ? setup : res;
     if (!nccl_ok(res)) {
       // The application's own group failed: its communicators are out of step with their peers
@@ -277,6 +292,7 @@ ncclResult_t Engine::group_simulate_end(ncclSimInfo_t* sim_info) {
     // Left open, the engine's depth would stay above NCCL's: every later FP8 candidate of this
     // thread would be queued until some later GroupEnd, which would also run the simulated calls.
     if (tg.group.end()) {
+      impl_->finish_messages(tg, ncclInvalidUsage);  // their sends and receives never run
       for (size_t i = 0; i < tg.npending; ++i) tg.pending[i].state.reset();
       tg.npending = 0;
       tg.setups.clear();  // nothing was created: they stay pass-through

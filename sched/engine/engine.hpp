@@ -92,6 +92,15 @@ class Engine {
   ncclResult_t all_to_all(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t dtype,
                           ncclComm_t comm, cudaStream_t stream);
 
+  // --- point-to-point: the application's ncclSend / ncclRecv ----------------------------------------
+  // FP8 where collectives.send_recv and the threshold say so (both ends decide alike from the count,
+  // the dtype and the agreed configuration), else the real call. Inside an application group the
+  // real send or receive joins that group; a received message is decoded after its outermost end.
+  ncclResult_t send(const void* sendbuff, size_t count, ncclDataType_t dtype, int peer, ncclComm_t comm,
+                    cudaStream_t stream);
+  ncclResult_t recv(void* recvbuff, size_t count, ncclDataType_t dtype, int peer, ncclComm_t comm,
+                    cudaStream_t stream);
+
   // --- groups: FP8 calls issued inside the application's group run at its outermost GroupEnd -----
   ncclResult_t group_start();
   ncclResult_t group_end();

@@ -18,6 +18,7 @@
 #include "sched/engine/engine.hpp"
 #include "sched/platform/nccl_types.hpp"
 #include "sched/exec/pipeline.hpp"
+#include "sched/plan/recipe.hpp"
 #include "sched/plan/route.hpp"
 
 namespace fp8wire::sched {
@@ -46,6 +47,23 @@ struct Call {
   ncclRedOp_t op = ncclSum;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
+  // send_recv: which end of the message this rank is, and the other end's rank.
+  PeerDirection direction = PeerDirection::none;
+  int peer = -1;
+};
+
+// A point-to-point message whose wire buffer outlives its call: inside an application group NCCL
+// issues the real send or receive only at the outermost ncclGroupEnd, so a received message is
+// decoded, and every message's wire buffer released, after that (point_to_point.cpp).
+struct PendingMessage {
+  void* wire = nullptr;
+  cudaStream_t stream = nullptr;
+  void* decode_into = nullptr;  // a receive: the caller's buffer; a send: null
+  size_t count = 0;
+  quant::ElemType type = quant::ElemType::f32;
+  quant::WireFormat format;
+  ConvertPath convert_path = ConvertPath::automatic;
+  CommRef state;
 };
 
 // One FP8 call the application issued inside its group, routed at issue time, run at the group's end.
@@ -67,6 +85,7 @@ struct ThreadGroup {
   std::array<PendingShape, kMaxPending> shapes;
   size_t npending = 0;
   std::vector<CommRef> setups;  // communicators created inside the group: agreed at its end
+  std::vector<PendingMessage> messages;  // FP8 point-to-point messages issued inside the group
 };
 ThreadGroup& thread_group();
 
@@ -104,6 +123,13 @@ struct Engine::Impl {
                        uint64_t feedback_key, const Pending* items = nullptr, size_t batch = 1,
                        JoinList* joins = nullptr);
 
+  // --- point-to-point messages (point_to_point.cpp) ---
+  // One FP8 message of a send_recv call whose route is FP8: quantized, sent or received, decoded.
+  ncclResult_t run_message(const CommRef& s, const Call& c, const Route& route, uint64_t seq, uint64_t issue);
+  // After the outermost real ncclGroupEnd (its result `group_end`): the group's received messages
+  // decoded where it succeeded, every message's wire buffer released on its stream. The first error.
+  ncclResult_t finish_messages(ThreadGroup& tg, ncclResult_t group_end);
+
   // --- groups (group_queue.cpp) ---
   ncclResult_t queue(ThreadGroup& tg, const Call& c, const CommRef& s, const Route& route, uint64_t seq, uint64_t issue,
                      uint64_t feedback_key);
@@ -111,6 +137,6 @@ struct Engine::Impl {
 };
 
 uint64_t now_ns();
-CallKind kind_of(Collective c);
+CallKind kind_of(const Call& c);
 
 }  // namespace fp8wire::sched

@@ -95,7 +95,7 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
   CallRecord rec;
   rec.seq = seq;
   rec.comm_id = s.id;
-  rec.kind = kind_of(c.collective);
+  rec.kind = kind_of(c);
   rec.path = route.path;
   rec.gather = route.gather;
   rec.transport = route.carrier;

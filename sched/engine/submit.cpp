@@ -17,6 +17,7 @@ CallShape Engine::Impl::shape_of(const Call& c, const CommState* s) const {
   // Before the communicator is known, the widest world FP8 serves bounds reduce_scatter / all_gather
   // sizes (their thresholds count the whole buffer, x world size).
   shape.nranks = s ? s->nranks : quant::kMaxReduceInputs;
+  shape.to_self = s && c.collective == Collective::send_recv && c.peer == s->rank;
   return shape;
 }
 
@@ -45,6 +46,8 @@ namespace {
 // communicator's size (calls rejected before the registry lookup) the caller's bytes stand in.
 uint64_t plain_wire_bytes(const Call& c, const CommIdentity* s) {
   const uint64_t bytes = c.count * dtype_size(dtype_of(c.dtype));
+  if (c.collective == Collective::send_recv)  // a message: its bytes at the sending end, unless to itself
+    return c.direction == PeerDirection::send && !(s && c.peer == s->rank) ? bytes : 0;
   if (!s || s->nranks <= 1) return s ? 0 : bytes;
   const uint64_t n = static_cast<uint64_t>(s->nranks);
   if (c.collective == Collective::all_reduce) return 2 * (n - 1) * bytes / n;
@@ -65,6 +68,9 @@ ncclResult_t Engine::Impl::issue_plain(const Call& c) {
         return ncclSystemError;
       }
       return api->AlltoAll(c.send, c.recv, c.count, c.dtype, c.comm, c.stream);
+    case Collective::send_recv:
+      return c.direction == PeerDirection::send ? api->Send(c.send, c.count, c.dtype, c.peer, c.comm, c.stream)
+                                                : api->Recv(c.recv, c.count, c.dtype, c.peer, c.comm, c.stream);
   }
   return ncclInvalidArgument;
 }
@@ -73,7 +79,7 @@ ncclResult_t Engine::Impl::run_plain(const Call& c, const CommIdentity* s, Path 
   CallRecord r;
   r.seq = seq;
   r.comm_id = s ? s->id : 0;
-  r.kind = kind_of(c.collective);
+  r.kind = kind_of(c);
   r.path = path;
   r.dtype = c.dtype;
   r.op = c.op;
@@ -118,6 +124,7 @@ ncclResult_t Engine::Impl::submit(const Call& c, std::optional<Path> forced) {
   // No FP8 algorithm planned: the real call. One planned whose stages do not fit the scratch still
   // goes to run_fp8 (which records the fallback), after the sticky-failure check like any FP8 call.
   if (!is_fp8(route.algorithm)) return run_plain(c, s.get(), route.path, seq, issue);
+  if (c.collective == Collective::send_recv) return run_message(s, c, route, seq, issue);
   if (const ncclResult_t failed = s->failed(); failed != ncclSuccess) {
     FP8WIRE_WARN_ONCE("an FP8 collective on a communicator whose earlier FP8 collective failed returns that "
                       "error (NCCL {}): the communicator must be aborted or destroyed", static_cast<int>(failed));

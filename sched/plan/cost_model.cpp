@@ -116,6 +116,7 @@ double fixed_latency_us(const CostModel& m, Collective collective, Path path, in
     case Collective::reduce_scatter: return is_fp8(path) ? a2a : rs;  // FP8: a2a + local reduce
     case Collective::all_gather: return ag;                           // FP8: all-gather of FP8 chunks
     case Collective::all_to_all: return a2a;                          // plain or FP8: one send/recv round
+    case Collective::send_recv: return a2a;                           // one message of such a round
   }
   return m.op_latency_us;
 }
@@ -165,6 +166,11 @@ double predicted_us(const CostModel& m, Collective collective, Path path, uint64
       // (the peers before this rank's chunk and after it) and the copy.
       if (!is_fp8(path)) return op(NcclOp::all_to_all, part * s);
       return op(NcclOp::all_to_all, part * w) + (2.0 * part + 1.0 / n) * s / codec + 5 * launch;
+    case Collective::send_recv:
+      // One message, priced as one chunk of such a round; the FP8 one is quantized by its sender
+      // and decoded by its receiver, one launch each.
+      if (!is_fp8(path)) return op(NcclOp::all_to_all, s);
+      return op(NcclOp::all_to_all, w) + 2.0 * s / codec + 2 * launch;
   }
   return 1e30;  // a path this model cannot price is never the cheapest
 }
@@ -202,7 +208,8 @@ DirectCost direct_cost_parts(const CostModel& m, Collective collective, Path pat
       codec_us = (s / n + s) / codec;
       launches = n + 1;
       break;
-    case Collective::all_to_all: break;  // no direct program (predicted_direct_us: never the cheaper)
+    case Collective::all_to_all:  // no direct program (predicted_direct_us: never the cheaper)
+    case Collective::send_recv: break;
   }
   d.other_us = codec_us + launches * m.kernel_launch_us;
   return d;
@@ -211,7 +218,7 @@ DirectCost direct_cost_parts(const CostModel& m, Collective collective, Path pat
 double predicted_direct_us(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes, int nranks,
                            const quant::WireFormat& format, Carrier kind) {
   if (m.direct_bandwidth_gbps <= 0 || !is_fp8(path) || path == Path::ring || path == Path::hierarchical ||
-      collective == Collective::all_to_all)
+      collective == Collective::all_to_all || collective == Collective::send_recv)
     return 1e30;
   const DirectCost d = direct_cost_parts(m, collective, path, caller_bytes, nranks, format, kind);
   return d.barriers * m.direct_latency_us + d.link_bytes / (m.direct_bandwidth_gbps * 1e3) + d.other_us;
@@ -219,9 +226,10 @@ double predicted_direct_us(const CostModel& m, Collective collective, Path path,
 
 Carrier carrier_for(const Config& config, Collective collective, Path path, uint64_t caller_bytes,
                             int nranks, Fabric fabric, Carrier available) {
-  // The all-to-all has no direct program yet: over NCCL's transports whatever direct.transport says.
+  // The all-to-all and point-to-point messages have no direct program yet: over NCCL's transports
+  // whatever direct.transport says.
   if (available == Carrier::nccl || !is_fp8(path) || path == Path::ring || path == Path::hierarchical ||
-      collective == Collective::all_to_all)
+      collective == Collective::all_to_all || collective == Collective::send_recv)
     return Carrier::nccl;
   if (config.direct_transport == DirectMode::off) return Carrier::nccl;
   if (config.direct_transport != DirectMode::automatic) return available;  // set up as configured

@@ -52,8 +52,10 @@ Plan plan_on(const Config& config, const CallShape& call, Fabric flat_fabric, co
              bool hierarchy_ready) {
   // One host, or one rank per host (nothing to reduce inside a host): the flat paths as they are.
   // The all-to-all everywhere: NCCL's own sends every chunk straight to its rank too (no ring to
-  // compare with), so the flat FP8 one moves fewer bytes between hosts at any shape.
-  if (t.hosts <= 1 || t.max_ranks_per_host <= 1 || call.collective == Collective::all_to_all)
+  // compare with), so the flat FP8 one moves fewer bytes between hosts at any shape; a point-to-point
+  // message likewise goes straight to its peer.
+  if (t.hosts <= 1 || t.max_ranks_per_host <= 1 || call.collective == Collective::all_to_all ||
+      call.collective == Collective::send_recv)
     return plan_call(config, call, flat_fabric);
   const PassReason reason = static_eligibility(config, call);
   if (reason != PassReason::none) return {Path::passthrough, reason};

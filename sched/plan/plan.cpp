@@ -13,6 +13,7 @@ const char* to_string(PassReason r) {
     case PassReason::op: return "op";
     case PassReason::single_rank: return "single_rank";
     case PassReason::empty: return "empty";
+    case PassReason::own_rank: return "own_rank";
     case PassReason::too_many_ranks: return "too_many_ranks";
     case PassReason::below_threshold: return "below_threshold";
     case PassReason::cost_model: return "cost_model";
@@ -29,7 +30,8 @@ const char* to_string(PassReason r) {
 
 uint64_t threshold_bytes(const CallShape& call) {
   const uint64_t bytes = static_cast<uint64_t>(call.count) * dtype_size(call.dtype);
-  return call.collective == Collective::all_reduce ? bytes : bytes * static_cast<uint64_t>(call.nranks);
+  const bool one_buffer = call.collective == Collective::all_reduce || call.collective == Collective::send_recv;
+  return one_buffer ? bytes : bytes * static_cast<uint64_t>(call.nranks);
 }
 
 PassReason static_eligibility(const Config& config, const CallShape& call) {
@@ -47,6 +49,7 @@ PassReason shape_eligibility(const CallShape& call) {
   if (reduces && call.op != ReduceOp::sum && call.op != ReduceOp::avg) return PassReason::op;
   if (call.nranks <= 1) return PassReason::single_rank;
   if (call.count == 0) return PassReason::empty;
+  if (call.collective == Collective::send_recv) return call.to_self ? PassReason::own_rank : PassReason::none;
   if (call.nranks > quant::kMaxReduceInputs) return PassReason::too_many_ranks;
   return PassReason::none;
 }

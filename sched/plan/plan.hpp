@@ -23,6 +23,7 @@ enum class PassReason : uint8_t {
   op,                   // not sum / avg (max, min, prod, premulsum and custom ops)
   single_rank,          // 1-rank communicator: nothing to communicate
   empty,                // zero elements
+  own_rank,             // a message a rank sends to itself: it never leaves the GPU, so it stays exact
   too_many_ranks,       // more ranks than one fused reduce takes (quant::kMaxReduceInputs)
   below_threshold,      // caller buffer smaller than thresholds.<collective>.<fabric>
   cost_model,           // the calibrated cost model says plain NCCL is faster
@@ -43,7 +44,8 @@ inline Fabric fabric_without_agreement(const Config& config) { return config.fab
 
 // Bytes of the caller's full buffer, the quantity thresholds are compared with. For reduce_scatter
 // it is the send buffer (nranks * recvcount elements), for all_gather the receive buffer (nranks *
-// sendcount), for all_to_all the send buffer (nranks * count), as nccl-tests reports sizes.
+// sendcount), for all_to_all the send buffer (nranks * count), as nccl-tests reports sizes; for
+// send_recv the one message.
 uint64_t threshold_bytes(const CallShape& call);
 
 // Rules that need no fabric (the cheap checks, done before any per-communicator state is touched).

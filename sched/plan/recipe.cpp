@@ -76,6 +76,12 @@ Recipe recipe_for(const Config& config, const CommFacts& comm, const CallShape& 
   r.route = route;
   r.format = quant::WireFormat::from(config);
   r.convert_path = config.convert_path;
+  if (call.collective == Collective::send_recv) {
+    // A message: its wire format and its pair. Telemetry, the guard and the audit watch the
+    // collectives only: a message has one sender, so its guard would need the pair's own votes.
+    r.peer = context.peer;
+    return r;
+  }
   r.watch = watch_for(config, call, route, context);
   if (r.watch.full_precision) return r;
   r.direct = direct_recipe(config, comm, call, route, context.capturing);

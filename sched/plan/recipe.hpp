@@ -104,6 +104,7 @@ struct CallContext {
   uint64_t feedback_key = 0;  // fp8wire_set_feedback_key's key for the call (0: none)
   ScopeState scope;           // the guard's state of the call's scope before it (the monitor's)
   uint64_t audit_calls = 0;   // the communicator's auditable calls before it
+  PeerCall peer;              // a point-to-point call: its end, its peer, the pair's message number
 };
 
 // The recipe of a call whose route is `route` (route_call, or route_fp8 for a coalesced batch).

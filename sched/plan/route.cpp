@@ -44,6 +44,14 @@ Route route_call(const Config& config, const CommFacts& comm, const CallShape& c
   if (path == Path::hierarchical && (!comm.hierarchy_ready || !hierarchical_program))
     return pass(Path::fallback, PassReason::no_hierarchy);
   if (!comm.fp8_ok) return pass(Path::fallback, PassReason::agreement);
+  // A message is quantized, sent and decoded whole on the caller's stream, its wire buffer its own
+  // (sched/engine/point_to_point.cpp): no stage, no scratch of the communicator's, no window.
+  if (call.collective == Collective::send_recv) {
+    Route r;
+    r.path = r.algorithm = path;
+    r.stage_elems = call.count;
+    return r;
+  }
   return route_fp8(config, comm, call, path);
 }
 

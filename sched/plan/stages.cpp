@@ -43,6 +43,7 @@ size_t stage_scratch_bytes(Collective collective, Path path, size_t n, int nrank
     // One slot per peer sent and one received, each the stage's part of that peer's chunk padded to
     // whole blocks on its own (the own slots stay unused: that chunk is copied, never quantized).
     case Collective::all_to_all: return 2 * ranks * quant::chunk_bytes(n, f);
+    case Collective::send_recv: return 0;  // a message's wire buffer is its own, not the communicator's
   }
   return 0;
 }
@@ -139,7 +140,8 @@ size_t direct_set_bytes(Collective collective, Path path, size_t len, int nranks
       return quant::chunk_bytes(len, f);
     case Collective::reduce_scatter: return ranks * quant::chunk_bytes(len, f);
     case Collective::all_gather: return quant::chunk_bytes(len, f);
-    case Collective::all_to_all: return 0;  // no direct program: carrier_for never picks one
+    case Collective::all_to_all:  // no direct program: carrier_for never picks one
+    case Collective::send_recv: return 0;
   }
   return 0;
 }

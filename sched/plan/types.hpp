@@ -75,7 +75,8 @@ inline Path only_fp8_path(Collective c) {
   switch (c) {
     case Collective::reduce_scatter: return Path::two_shot;
     case Collective::all_gather:
-    case Collective::all_to_all: return Path::one_shot;
+    case Collective::all_to_all:
+    case Collective::send_recv: return Path::one_shot;
     case Collective::all_reduce: break;
   }
   return Path::passthrough;
@@ -87,7 +88,8 @@ inline Path only_fp8_path(Collective c) {
 // send/recv round (every rank a different chunk to every peer: nothing to gather); plain NCCL has none.
 inline bool has_gather_step(Collective collective, Path path) {
   if (!is_fp8(path)) return false;
-  return collective != Collective::reduce_scatter && collective != Collective::all_to_all;
+  return collective != Collective::reduce_scatter && collective != Collective::all_to_all &&
+         collective != Collective::send_recv;
 }
 
 // What carried an FP8 call's data: NCCL's transports (send/recv, all-gather), or a direct transport's
@@ -105,13 +107,15 @@ inline const char* to_string(Carrier t) {
 
 namespace sched {
 // What the planner sees of one call. `count` is the element count the application passed
-// (all_reduce: count; reduce_scatter: recvcount; all_gather: sendcount; all_to_all: count per peer).
+// (all_reduce: count; reduce_scatter: recvcount; all_gather: sendcount; all_to_all: count per peer;
+// send_recv: the message's count, the same at both ends by NCCL's contract).
 struct CallShape {
   Collective collective = Collective::all_reduce;
   DataType dtype = DataType::f32;
   ReduceOp op = ReduceOp::sum;
   size_t count = 0;
   int nranks = 1;
+  bool to_self = false;  // send_recv: the peer is the rank itself (both ends of the message are this rank)
 };
 }  // namespace sched
 

@@ -21,6 +21,12 @@ struct CudaApi {
   // Null where the driver offers none (the driver's, not the runtime's: the direct platform fills them).
   cudaError_t (*StreamWaitValue32)(cudaStream_t, void* addr, uint32_t value) = nullptr;
   cudaError_t (*StreamWriteValue32)(cudaStream_t, void* addr, uint32_t value) = nullptr;
+  // Stream-ordered memory for what outlives one call's scratch (a point-to-point message's wire
+  // buffer): usable from its place in `stream`'s order until FreeAsync's. On the GPU from a pool of
+  // fp8wire's own that keeps its memory between calls (the application's default pool is not
+  // touched), and under graph capture a graph allocation.
+  cudaError_t (*MallocAsync)(void** out, size_t bytes, cudaStream_t stream) = nullptr;
+  cudaError_t (*FreeAsync)(void* p, cudaStream_t stream) = nullptr;
 };
 
 }  // namespace fp8wire

@@ -2,9 +2,12 @@
 
 #include <unistd.h>
 
+#include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <string>
 
 #include <cuda_runtime.h>
@@ -57,6 +60,49 @@ uint64_t gpu_hash(int device) {
   return sched::fnv1a(prop.uuid.bytes, sizeof(prop.uuid.bytes));
 }
 
+// fp8wire's own stream-ordered pool of a device, made at its first use and kept for the process's
+// life. It keeps the memory it has handed out (release threshold: all of it), so a job's messages reuse
+// the same blocks step after step instead of mapping memory at every call; it holds at most what the
+// messages in flight at once ever needed. The application's default pool is left as it set it.
+cudaError_t message_pool(int device, cudaMemPool_t* out) {
+  static std::mutex mu;
+  static std::array<cudaMemPool_t, 256> pools{};
+  if (device < 0 || device >= static_cast<int>(pools.size())) return cudaErrorInvalidDevice;
+  std::lock_guard lock(mu);
+  cudaMemPool_t& pool = pools[static_cast<size_t>(device)];
+  if (!pool) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaMemPool_t made = nullptr;
+    if (const cudaError_t err = cudaMemPoolCreate(&made, &props); err != cudaSuccess) return err;
+    uint64_t keep = UINT64_MAX;
+    if (const cudaError_t err = cudaMemPoolSetAttribute(made, cudaMemPoolAttrReleaseThreshold, &keep); err != cudaSuccess) {
+      cudaMemPoolDestroy(made);
+      return err;
+    }
+    pool = made;
+  }
+  *out = pool;
+  return cudaSuccess;
+}
+
+// A block of the stream's device from fp8wire's pool; under capture a graph allocation (the graph's
+// own pool, freed by the graph's free node), which is what capture supports.
+cudaError_t malloc_stream_ordered(void** out, size_t bytes, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (const cudaError_t err = cudaStreamIsCapturing(stream, &capture); err != cudaSuccess) return err;
+  if (capture != cudaStreamCaptureStatusNone) return cudaMallocAsync(out, bytes, stream);
+  int device = -1;
+  if (const cudaError_t err = cudaStreamGetDevice(stream, &device); err != cudaSuccess) return err;
+  cudaMemPool_t pool = nullptr;
+  if (const cudaError_t err = message_pool(device, &pool); err != cudaSuccess) return err;
+  return cudaMallocFromPoolAsync(out, bytes, pool, stream);
+}
+
+cudaError_t free_stream_ordered(void* p, cudaStream_t stream) { return cudaFreeAsync(p, stream); }
+
 }  // namespace
 
 HostFacts gpu_host_facts(int device) {
@@ -78,6 +124,8 @@ Platform gpu_platform(const NcclApi& nccl) {
 #define FP8WIRE_CODEC_FN(name) p.codec.name = quant::name;
 #include "sched/platform/codec_functions.def"
 #undef FP8WIRE_CODEC_FN
+  p.cuda.MallocAsync = malloc_stream_ordered;
+  p.cuda.FreeAsync = free_stream_ordered;
   p.host_facts = gpu_host_facts;
   fill_direct_platform(p);
   return p;

@@ -9,6 +9,9 @@
 #      capture run first; SKIPPED when plain NCCL cannot capture on this testbed; per-phase watchdog).
 #   4. tests/sched/all_to_all_torch.py: dist.all_to_all_single (equal splits: ncclAlltoAll) with and
 #      without the shim and FP8WIRE_COLLECTIVES_ALL_TO_ALL=1: one quantization's bound, own chunk exact.
+#   5. tests/sched/send_recv_torch.py: uneven dist.all_to_all_single, batch_isend_irecv and dist.send /
+#      dist.recv (ncclSend / ncclRecv) with and without the shim and FP8WIRE_COLLECTIVES_SEND_RECV=1: one
+#      quantization's bound, own chunk and int32 exact, fp8 output deterministic.
 # Env: SCHED_RANKS (default "2 3": DDP runs), SCHED_GRAPH_RANKS (default "2 3"), SCHED_MULTIRANK_RANKS
 # (default: SCHED_RANKS and 4, comma-separated), SCHED_MULTIRANK_LIMIT (s, default 280), SCHED_BIG (1: the
 # 256 MiB case; 0: 64 MiB). Logs under $OUT.
@@ -36,6 +39,9 @@ for n in $ranks; do
 done
 for n in $ranks; do
   gpu_step "all_to_all_torch_n$n" 200 "$PY" tests/sched/all_to_all_torch.py --nproc "$n" --out "$OUT"
+done
+for n in $ranks; do
+  gpu_step "send_recv_torch_n$n" 200 "$PY" tests/sched/send_recv_torch.py --nproc "$n" --out "$OUT"
 done
 for n in $graph_ranks; do
   # graph_capture.py bounds itself (per-phase watchdog, two launches of <= 80 s); the outer timeout

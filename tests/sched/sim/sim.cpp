@@ -127,6 +127,10 @@ struct RankState {
   std::array<int, kSiteCount> calls{};
   int group_depth = 0;
   std::vector<std::function<void()>> grouped;  // enqueues deferred to the group's end
+  // The group's sends, enqueued at its end before everything else: NCCL runs a group's operations
+  // together, so a receive issued before the send it needs (a rank's message to itself, on one
+  // stream) completes; here a send never waits, so the sends going first is that.
+  std::vector<std::function<void()>> grouped_sends;
   bool group_failed = false;
   std::vector<std::deque<const Op*>> hw_queues;  // Options::hw_queues: each queue's ops in issue order
 };
@@ -175,6 +179,9 @@ struct World::State {
     Clock clock{};
   };
   std::map<const void*, FlagWrite> flag_writes;
+  // Stream-ordered blocks already freed: no longer any rank's allocation (a later access is reported),
+  // their memory kept until the world ends so that such an access reads stale bytes instead of crashing.
+  std::vector<void*> freed_in_order;
 };
 
 namespace {
@@ -741,6 +748,42 @@ cudaError_t Free(void* p) {
   return release(w, p);
 }
 
+// Stream-ordered memory (CudaApi::MallocAsync): handed out at once, as a pool hands out a block whose
+// earlier use is complete; freed when its stream reaches the free, which writes the whole block: an
+// access not ordered before the free is a race, one after it lies outside any live allocation.
+cudaError_t MallocAsync(void** out, size_t bytes, cudaStream_t) { return allocate_at(Site::malloc, out, bytes); }
+
+struct FreeOp final : Op {
+  void* p = nullptr;
+  size_t bytes = 0;
+  bool step(World::State& w, Stream& s) override {
+    ++s.clock[static_cast<size_t>(s.lane)];
+    record_access(w, s.rank, s.lane, s.clock, p, bytes, true, what);
+    RankState& r = w.ranks[static_cast<size_t>(s.rank)];
+    r.allocs.erase(reinterpret_cast<uintptr_t>(p));
+    r.live -= bytes;
+    w.freed_in_order.push_back(p);
+    return true;
+  }
+};
+
+cudaError_t FreeAsync(void* p, cudaStream_t s) {
+  World::State& w = W();
+  std::lock_guard lock(w.mu);
+  RankState& r = R(w);
+  auto it = r.allocs.find(reinterpret_cast<uintptr_t>(p));
+  if (it == r.allocs.end()) {
+    protocol_error(w, "stream-ordered free of memory this rank did not allocate (or freed twice)");
+    return cudaErrorInvalidValue;
+  }
+  auto op = std::make_unique<FreeOp>();
+  op->what = "stream-ordered free";
+  op->p = p;
+  op->bytes = it->second;
+  enqueue(w, *stream_of(w, s), std::move(op));
+  return cudaSuccess;
+}
+
 cudaError_t HostAlloc(void** out, size_t bytes, unsigned int) { return allocate_at(Site::host_alloc, out, bytes); }
 
 cudaError_t FreeHost(void* p) {
@@ -970,10 +1013,10 @@ ncclComm_t new_handle(World::State& w, Comm* comm, int rank) {
   return reinterpret_cast<ncclComm_t>(w.handles.back().get());
 }
 
-// Inside a group, enqueueing waits for the group's end.
-void issue(World::State& w, std::function<void()> thunk) {
+// Inside a group, enqueueing waits for the group's end (a send's before the others').
+void issue(World::State& w, std::function<void()> thunk, bool send = false) {
   RankState& r = R(w);
-  if (r.group_depth > 0) r.grouped.push_back(std::move(thunk));
+  if (r.group_depth > 0) (send ? r.grouped_sends : r.grouped).push_back(std::move(thunk));
   else thunk();
 }
 
@@ -1009,9 +1052,11 @@ ncclResult_t n_group_end() {
   RankState& r = R(w);
   if (r.group_depth == 0) return ncclInvalidUsage;
   if (--r.group_depth > 0) return ncclSuccess;
-  std::vector<std::function<void()>> thunks;
+  std::vector<std::function<void()>> thunks, sends;
   thunks.swap(r.grouped);
+  sends.swap(r.grouped_sends);
   if (fail_here(w, Site::group_end)) return ncclInternalError;  // the group's operations never launch
+  for (auto& t : sends) t();
   for (auto& t : thunks) t();
   return ncclSuccess;
 }
@@ -1021,7 +1066,10 @@ ncclResult_t n_group_simulate_end(ncclSimInfo_t*) {
   std::lock_guard lock(w.mu);
   RankState& r = R(w);
   if (r.group_depth == 0) return ncclInvalidUsage;
-  if (--r.group_depth == 0) r.grouped.clear();
+  if (--r.group_depth == 0) {
+    r.grouped.clear();
+    r.grouped_sends.clear();
+  }
   return ncclSuccess;
 }
 
@@ -1035,7 +1083,8 @@ ncclResult_t point_to_point(Site site, const char* what, Buffer buf, size_t coun
   Handle* h = handle_of(c);
   if (const ncclResult_t r = check_handle(w, h); r != ncclSuccess) return r;
   if (fail_here(w, site)) return ncclInternalError;
-  if (peer < 0 || peer >= static_cast<int>(h->comm->members.size()) || peer == h->rank) return ncclInvalidArgument;
+  // A rank may send to itself, as NCCL allows (PyTorch's uneven all-to-all sends the rank's own chunk so).
+  if (peer < 0 || peer >= static_cast<int>(h->comm->members.size())) return ncclInvalidArgument;
   Stream* st = stream_of(w, s);
   const size_t bytes = count * dtype_size(dtype_of(t));
   issue(w, [&w, h, st, what, peer, buf, bytes] {
@@ -1046,7 +1095,7 @@ ncclResult_t point_to_point(Site site, const char* what, Buffer buf, size_t coun
     op->data = buf;
     op->bytes = bytes;
     enqueue(w, *st, std::move(op));
-  });
+  }, site == Site::send);
   return ncclSuccess;
 }
 
@@ -1351,6 +1400,8 @@ World::World(Options options) : state_(new State) {
 #undef FP8WIRE_CUDA_FN
   p.cuda.StreamWaitValue32 = s_wait_value;
   p.cuda.StreamWriteValue32 = s_write_value;
+  p.cuda.MallocAsync = cuda_runtime::MallocAsync;
+  p.cuda.FreeAsync = cuda_runtime::FreeAsync;
   DirectMemoryApi& d = p.direct;
   d.available = d_available;
   d.create = d_create;
@@ -1373,6 +1424,7 @@ World::~World() {
   for (RankState& r : w.ranks)
     for (auto& [p, size] : r.allocs) std::free(reinterpret_cast<void*>(p));
   for (auto& [p, entry] : w.windows) std::free(reinterpret_cast<void*>(p));
+  for (void* p : w.freed_in_order) std::free(p);
   g_world = nullptr;
 }
 

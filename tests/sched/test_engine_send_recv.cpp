@@ -1,0 +1,358 @@
+// The application's own point-to-point messages (ncclSend / ncclRecv) over the simulated machine
+// (tests/sched/sim/sim.hpp), through the engine unchanged:
+//   - an uneven all-to-all as PyTorch issues it (one group: a send and a receive per peer, the rank's
+//     own chunk to itself, zero-length chunks, counts not a multiple of the block), each rank walking
+//     its peers in another order: every message from another rank bit for bit its reference (quantized
+//     as one message, decoded), the own chunk exact; 2 to 5 ranks, every float dtype; other dtypes exact;
+//   - a ring whose ranks issue their receive and their send in opposite orders, in a group, then one
+//     message at a time outside any group (pipeline stages), then in one group with an FP8 all-reduce;
+//   - the switch off (the default) and messages below the threshold: exact, at both ends alike;
+//   - the records: one per message at each end, FP8 or not, the wire bytes at the sender;
+//   - every wire buffer released once its stream has passed it (no race, nothing touched after its
+//     free, nothing left allocated), also when a launch fails: the call's error, the peer released by
+//     the application's abort.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/log.hpp"
+#include "quant/reference.hpp"
+#include "sched/engine/accounting.hpp"
+#include "sched/engine/engine.hpp"
+#include "sched/platform/nccl_types.hpp"
+#include "tests/sched/sim_job.hpp"
+
+using namespace fp8wire;
+using namespace fp8wire::simtest;
+
+namespace {
+
+ncclDataType_t nccl_of(DataType t) {
+  switch (t) {
+    case DataType::f32: return ncclFloat32;
+    case DataType::f16: return ncclFloat16;
+    case DataType::bf16: return ncclBfloat16;
+    case DataType::int32: return ncclInt32;
+    default: return ncclUint8;
+  }
+}
+
+// What one rank's body sees: its engine, communicator, stream, and device memory it asks for (freed
+// by the harness once everything is checked).
+struct RankCtx {
+  sched::Engine& eng;
+  ncclComm_t comm;
+  cudaStream_t stream;
+  int rank, n;
+  const Platform& p;
+  std::vector<void*> buffers;
+  void* alloc(size_t bytes) {
+    void* b = nullptr;
+    p.cuda.Malloc(&b, bytes ? bytes : 1);
+    buffers.push_back(b);
+    return b;
+  }
+};
+
+struct WorldRun {
+  std::vector<ncclResult_t> results;
+  std::string problems;  // races, protocol errors, a deadlock, memory left: "" when none
+};
+
+// Runs `body` on every rank of a fresh machine of `n` ranks (one communicator over all). A rank whose
+// body fails aborts the communicator once, as an application's watchdog does. `after(rank)` reads the
+// results once the rank's stream is done.
+WorldRun run_world(int n, const Config& config, const std::function<ncclResult_t(RankCtx&)>& body,
+                   const std::function<void(RankCtx&)>& after = {}, sim::Fault fault = {}) {
+  sim::Options machine;
+  machine.nranks = n;
+  sim::World world(machine);
+  world.set_fault(fault);
+  const Platform& p = world.platform();
+  const std::vector<ncclComm_t> comms = world.create_comm();
+  WorldRun out;
+  out.results.assign(static_cast<size_t>(n), ncclSuccess);
+  std::atomic<bool> aborted{false};
+  std::vector<std::string> leaks(static_cast<size_t>(n));
+  world.run_ranks([&](int r) {
+    ncclComm_t comm = comms[static_cast<size_t>(r)];
+    {
+      sched::Engine eng(config, p);
+      eng.comm_created(comm);
+      cudaStream_t stream = nullptr;
+      p.cuda.StreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      RankCtx ctx{eng, comm, stream, r, n, p, {}};
+      const ncclResult_t res = body(ctx);
+      out.results[static_cast<size_t>(r)] = res;
+      if (res != ncclSuccess && !aborted.exchange(true)) world.abort_comm(comm);
+      world.synchronize_rank();
+      if (after && res == ncclSuccess) after(ctx);
+      eng.comm_destroyed(comm);
+      for (void* b : ctx.buffers) p.cuda.Free(b);
+      p.cuda.StreamDestroy(stream);
+    }
+    if (const size_t live = world.live_bytes(r)) leaks[static_cast<size_t>(r)] = fmt::format("rank {}: {} bytes left; ", r, live);
+  });
+  out.problems = world_problems(world);
+  for (const std::string& e : world.races()) out.problems += e + "; ";
+  for (const std::string& l : leaks) out.problems += l;
+  return out;
+}
+
+// Message bytes, varied per (sender, receiver) and per rank: magnitudes per block, mixed signs.
+Bytes message(DataType t, size_t count, int from, int to) {
+  Spec s{Collective::all_reduce, Path::passthrough, t, ReduceOp::sum, count, 1000u + static_cast<uint64_t>(from * 31 + to)};
+  if (t == DataType::int32) {
+    Bytes b(count * 4);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<char>((i * 131 + static_cast<size_t>(from * 7 + to)) % 251);
+    return b;
+  }
+  return make_input(s, from, 1);
+}
+
+// What the receiver of an FP8 message holds: the message quantized as one message and decoded.
+Bytes through_fp8(const Bytes& in, DataType t, size_t count, const Config& config) {
+  const quant::WireFormat f = quant::WireFormat::from(config);
+  const quant::ElemType type = elem_type(t);
+  const quant::Segmented layout = quant::Segmented::single(count, f);
+  std::vector<char> wire(quant::chunk_bytes(count, f) + 16);
+  Bytes out(in.size());
+  REQUIRE(quant::ref::quantize(in.data(), type, count, wire.data(), layout, f, 0, nullptr) == nullptr);
+  REQUIRE(quant::ref::dequantize(wire.data(), layout, count, out.data(), type, f, nullptr) == nullptr);
+  return out;
+}
+
+// The uneven split of an all-to-all: elements rank `from` sends rank `to` (zero for some pairs).
+size_t split(int from, int to, int n, size_t base) {
+  static constexpr size_t kShapes[] = {1000, 0, 4097, 129, 1, 2500, 128, 33};
+  return (base + kShapes[static_cast<size_t>(from * n + to + from) % 8]) % 5000;
+}
+
+// Records of kind send or recv made since `seq` on rank `rank`, by path.
+struct MessageRecords {
+  size_t fp8 = 0, plain = 0, wire_sent = 0;
+};
+MessageRecords message_records(uint64_t seq, int rank) {
+  std::vector<CallRecord> records(8192);
+  const size_t got = Accounting::instance().snapshot(records.data(), records.size(), seq);
+  MessageRecords m;
+  for (size_t i = 0; i < got; ++i) {
+    const CallRecord& r = records[i];
+    if ((r.kind != CallKind::send && r.kind != CallKind::recv) || r.rank != rank) continue;
+    if (is_fp8(r.path)) ++m.fp8;
+    else ++m.plain;
+    if (r.kind == CallKind::send) m.wire_sent += r.wire_bytes;
+  }
+  return m;
+}
+
+Config p2p_config(bool on = true) {
+  Config c = sim_config();
+  c.collective_enable[static_cast<int>(Collective::send_recv)] = on;
+  return c;
+}
+
+// An uneven all-to-all of `t` as PyTorch issues it; "" when every rank got its reference.
+std::string uneven_all_to_all(int n, DataType t, size_t base, const Config& config, bool expect_fp8) {
+  std::vector<std::vector<Bytes>> got(static_cast<size_t>(n));
+  const uint64_t seq = Accounting::instance().last_seq();
+  const WorldRun w = run_world(
+      n, config,
+      [&](RankCtx& c) -> ncclResult_t {
+        const size_t es = dtype_size(t);
+        std::vector<void*> in(static_cast<size_t>(n)), out(static_cast<size_t>(n));
+        for (int j = 0; j < n; ++j) {
+          const Bytes m = message(t, split(c.rank, j, n, base), c.rank, j);
+          in[static_cast<size_t>(j)] = c.alloc(m.size());
+          std::memcpy(in[static_cast<size_t>(j)], m.data(), m.size());
+          out[static_cast<size_t>(j)] = c.alloc(split(j, c.rank, n, base) * es);
+        }
+        ncclResult_t first = c.eng.group_start();
+        // Each rank walks its peers in its own order: even ranks upwards from themselves, odd ones
+        // downwards, receive and send swapped.
+        for (int k = 0; k < n; ++k) {
+          const int j = c.rank % 2 ? (c.rank - k + n) % n : (c.rank + k) % n;
+          const size_t sc = split(c.rank, j, n, base), rc = split(j, c.rank, n, base);
+          auto send = [&] { return sc ? c.eng.send(in[static_cast<size_t>(j)], sc, nccl_of(t), j, c.comm, c.stream) : ncclSuccess; };
+          auto recv = [&] { return rc ? c.eng.recv(out[static_cast<size_t>(j)], rc, nccl_of(t), j, c.comm, c.stream) : ncclSuccess; };
+          const ncclResult_t a = c.rank % 2 ? recv() : send();
+          const ncclResult_t b = c.rank % 2 ? send() : recv();
+          if (first == ncclSuccess) first = a != ncclSuccess ? a : b;
+        }
+        const ncclResult_t end = c.eng.group_end();
+        return first != ncclSuccess ? first : end;
+      },
+      [&](RankCtx& c) {
+        const size_t es = dtype_size(t);
+        // The receive buffers are the ones allocated second of each pair.
+        for (int j = 0; j < n; ++j) {
+          const char* o = static_cast<const char*>(c.buffers[static_cast<size_t>(2 * j + 1)]);
+          got[static_cast<size_t>(c.rank)].emplace_back(o, o + split(j, c.rank, n, base) * es);
+        }
+      });
+  const std::string what = fmt::format("uneven all-to-all n={} dtype={} base={}", n, static_cast<int>(t), base);
+  if (!w.problems.empty()) return what + ": " + w.problems;
+  size_t fp8_messages = 0;
+  for (int r = 0; r < n; ++r) {
+    if (w.results[static_cast<size_t>(r)] != ncclSuccess)
+      return fmt::format("{}: rank {} returned {}", what, r, static_cast<int>(w.results[static_cast<size_t>(r)]));
+    for (int j = 0; j < n; ++j) {
+      const size_t count = split(j, r, n, base);
+      const Bytes sent = message(t, count, j, r);
+      const bool fp8 = expect_fp8 && j != r && count > 0 && t != DataType::int32;
+      fp8_messages += fp8 ? 2 : 0;  // a record at each end
+      const Bytes want = fp8 ? through_fp8(sent, t, count, config) : sent;
+      if (got[static_cast<size_t>(r)][static_cast<size_t>(j)] != want)
+        return fmt::format("{}: rank {}'s message from rank {} ({} elements) is not {}", what, r, j, count,
+                           fp8 ? "its FP8 reference" : "exactly what was sent");
+    }
+  }
+  size_t fp8_records = 0;
+  for (int r = 0; r < n; ++r) fp8_records += message_records(seq, r).fp8;
+  if (fp8_records != fp8_messages)
+    return fmt::format("{}: {} FP8 message records, {} expected", what, fp8_records, fp8_messages);
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("an uneven all-to-all of FP8 messages: each its reference bit for bit, the own chunk exact, any peer order") {
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  size_t runs = 0;
+  const std::vector<int> worlds = kSanitizerTier ? std::vector<int>{2, 3} : std::vector<int>{2, 3, 4, 5};
+  for (int n : worlds)
+    for (DataType t : {DataType::f32, DataType::f16, DataType::bf16, DataType::int32})
+      for (size_t base : {size_t{0}, size_t{777}}) {
+        ++runs;
+        if (std::string e = uneven_all_to_all(n, t, base, p2p_config(), true); !e.empty()) failures.push_back(e);
+      }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+  MESSAGE(runs << " uneven all-to-alls");
+}
+
+TEST_CASE("FP8 messages with every wire format option") {
+  log_set_level(LogLevel::error);
+  std::vector<std::string> failures;
+  for (const FormatOption& fm : std::span(kFormatOptions).subspan(1)) {
+    Config c = p2p_config();
+    fm.set_on(c);
+    if (std::string e = uneven_all_to_all(3, DataType::bf16, 11, c, true); !e.empty()) failures.push_back(e);
+  }
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+}
+
+TEST_CASE("messages pass through exactly at both ends: the switch off (the default), below the threshold") {
+  log_set_level(LogLevel::error);
+  CHECK(!Config{}.collective_enable[static_cast<int>(Collective::send_recv)]);
+  CHECK(uneven_all_to_all(3, DataType::bf16, 0, p2p_config(false), false) == "");
+  Config high = p2p_config();
+  for (uint64_t& t : high.thresholds[static_cast<int>(Collective::send_recv)]) t = 1 << 20;  // every message below
+  CHECK(uneven_all_to_all(3, DataType::f32, 0, high, false) == "");
+}
+
+TEST_CASE("a ring: receive and send issued in opposite orders, in a group, outside any group, beside an FP8 all-reduce") {
+  log_set_level(LogLevel::error);
+  const Config config = p2p_config();
+  for (int n : {2, 3, 4}) {
+    for (int mode = 0; mode < 3; ++mode) {  // 0: one group; 1: no group (pipeline stages); 2: a group with an all-reduce
+      CAPTURE(n);
+      CAPTURE(mode);
+      const size_t count = 3000 + static_cast<size_t>(n) * 7;
+      std::vector<Bytes> got(static_cast<size_t>(n)), reduced(static_cast<size_t>(n));
+      const Spec ar{Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 4096, 3};
+      const std::vector<Bytes> ar_in = inputs_for(ar, n);
+      const uint64_t seq = Accounting::instance().last_seq();
+      const WorldRun w = run_world(
+          n, config,
+          [&](RankCtx& c) -> ncclResult_t {
+            const int next = (c.rank + 1) % n, prev = (c.rank + n - 1) % n;
+            const Bytes m = message(DataType::bf16, count, c.rank, next);
+            void* in = c.alloc(m.size());
+            void* out = c.alloc(m.size());
+            std::memcpy(in, m.data(), m.size());
+            void* ar_buf = c.alloc(ar_in[0].size());
+            std::memcpy(ar_buf, ar_in[static_cast<size_t>(c.rank)].data(), ar_in[0].size());
+            auto send = [&] { return c.eng.send(in, count, ncclBfloat16, next, c.comm, c.stream); };
+            auto recv = [&] { return c.eng.recv(out, count, ncclBfloat16, prev, c.comm, c.stream); };
+            ncclResult_t res = ncclSuccess;
+            auto note = [&res](ncclResult_t r) {
+              if (res == ncclSuccess) res = r;
+            };
+            if (mode == 1) {
+              // One message at a time, as a pipeline's stages: rank 0 sends first, every other rank
+              // receives first, so the ring unwinds.
+              if (c.rank == 0) {
+                note(send());
+                note(recv());
+              } else {
+                note(recv());
+                note(send());
+              }
+              return res;
+            }
+            note(c.eng.group_start());
+            if (mode == 2) note(c.eng.all_reduce(ar_buf, ar_buf, 4096, ncclBfloat16, ncclSum, c.comm, c.stream));
+            if (c.rank % 2) {
+              note(recv());
+              note(send());
+            } else {
+              note(send());
+              note(recv());
+            }
+            note(c.eng.group_end());
+            return res;
+          },
+          [&](RankCtx& c) {
+            const char* o = static_cast<const char*>(c.buffers[1]);
+            got[static_cast<size_t>(c.rank)].assign(o, o + count * 2);
+            const char* a = static_cast<const char*>(c.buffers[2]);
+            reduced[static_cast<size_t>(c.rank)].assign(a, a + ar_in[0].size());
+          });
+      REQUIRE_MESSAGE(w.problems.empty(), w.problems);
+      for (int r = 0; r < n; ++r) {
+        CHECK(w.results[static_cast<size_t>(r)] == ncclSuccess);
+        const int prev = (r + n - 1) % n;
+        CHECK(got[static_cast<size_t>(r)] ==
+              through_fp8(message(DataType::bf16, count, prev, r), DataType::bf16, count, config));
+        if (mode == 2) CHECK(reduced[static_cast<size_t>(r)] == reduced[0]);  // ranks agree bitwise
+        const MessageRecords m = message_records(seq, r);
+        CHECK(m.fp8 == 2);
+        CHECK(m.wire_sent == quant::chunk_bytes(count, quant::WireFormat::from(config)));
+      }
+    }
+  }
+}
+
+TEST_CASE("a failed launch: the sender's call fails, the communicator with it, and the abort releases the receiver") {
+  log_set_level(LogLevel::off);
+  const Config config = p2p_config();
+  // Rank 0's first codec launch is its message's quantize.
+  sim::Fault fault;
+  fault.rank = 0;
+  fault.site = sim::Site::codec;
+  fault.index = 0;
+  std::vector<ncclResult_t> async(2, ncclSuccess);
+  const WorldRun w = run_world(
+      2, config,
+      [&](RankCtx& c) -> ncclResult_t {
+        void* buf = c.alloc(4096 * 4);
+        std::memset(buf, 0, 4096 * 4);
+        const ncclResult_t first = c.rank == 0 ? c.eng.send(buf, 4096, ncclFloat32, 1, c.comm, c.stream)
+                                               : c.eng.recv(buf, 4096, ncclFloat32, 0, c.comm, c.stream);
+        if (first != ncclSuccess) return first;
+        // A later message on the failed communicator returns the same error at once.
+        return c.rank == 0 ? c.eng.send(buf, 4096, ncclFloat32, 1, c.comm, c.stream) : ncclSuccess;
+      },
+      {}, fault);
+  CHECK(w.problems.empty());
+  CHECK(w.results[0] == ncclUnhandledCudaError);
+  CHECK(w.results[1] == ncclSuccess);  // its receive was issued; the abort completed it without data
+}

@@ -140,16 +140,7 @@ CallCounts call_counts(Collective c, uint64_t full_bytes, DType t, int nranks) {
   return {0, 0, 0};
 }
 
-const char* collective_name(Collective c) {
-  switch (c) {
-    case Collective::all_reduce: return "all_reduce";
-    case Collective::reduce_scatter: return "reduce_scatter";
-    case Collective::all_gather: return "all_gather";
-    case Collective::all_to_all: return "all_to_all";
-    case Collective::send_recv: return "send_recv";
-  }
-  return "?";
-}
+const char* collective_name(Collective c) { return to_string(c); }
 
 const char* fabric_name(Fabric f) {
   switch (f) {

@@ -105,18 +105,8 @@ def main():
     import torch
 
     out = args.out or tempfile.mkdtemp(prefix="fp8wire_a2a_")
-    dirs = {}
-    runs = {"plain": {}, "fp8": {"LD_PRELOAD": os.path.abspath(args.shim), "FP8WIRE_COLLECTIVES_ALL_TO_ALL": "1",
-                                 "FP8WIRE_THRESHOLDS_ALL_TO_ALL_NVLINK": "0", "FP8WIRE_THRESHOLDS_ALL_TO_ALL_PCIE": "0",
-                                 "FP8WIRE_THRESHOLDS_ALL_TO_ALL_NET": "0", "FP8WIRE_LOG_LEVEL": "info"}}
-    results, checks = {}, []
-    for name, env in runs.items():
-        tag = f"a2a_{name}_n{args.nproc}"
-        dirs[name] = os.path.join(out, tag)  # each rank's outputs (rank<r>.pt) beside its result
-        ok, res = emulated_launch.Launch(__file__, args.nproc, env, [], timeout_s=90, log_dir=out, tag=tag,
-                                         result_dir=dirs[name]).wait()
-        checks.append((f"{name} run completed", ok and len(res) == args.nproc, ""))
-        results[name] = res
+    # Each rank's outputs (rank<r>.pt) land in its run's folder, beside its result.
+    results, checks, dirs = emulated_launch.plain_and_fp8(__file__, args.nproc, args.shim, "all_to_all", out, "a2a")
     if all(ok for _, ok, _ in checks):
         float_calls = len(DTYPES) * len(COUNTS)
         for r in range(args.nproc):

@@ -251,18 +251,9 @@ def main():
     import torch
 
     out = args.out or tempfile.mkdtemp(prefix="fp8wire_p2p_")
-    dirs = {}
-    runs = {"plain": {}, "fp8": {"LD_PRELOAD": os.path.abspath(args.shim), "FP8WIRE_COLLECTIVES_SEND_RECV": "1",
-                                 "FP8WIRE_THRESHOLDS_SEND_RECV_NVLINK": "0", "FP8WIRE_THRESHOLDS_SEND_RECV_PCIE": "0",
-                                 "FP8WIRE_THRESHOLDS_SEND_RECV_NET": "0", "FP8WIRE_LOG_LEVEL": "info"}}
-    results, checks = {}, []
-    for name, env in runs.items():
-        tag = f"p2p_{name}_n{args.nproc}"
-        dirs[name] = os.path.join(out, tag)  # each rank's outputs (rank<r>.pt) beside its result
-        ok, res = emulated_launch.Launch(__file__, args.nproc, env, [], timeout_s=90, log_dir=out, tag=tag,
-                                         result_dir=dirs[name]).wait()
-        checks.append((f"{name} run completed", ok and len(res) == args.nproc, ""))
-        results[name] = {r["rank"]: r for r in res}
+    # Each rank's outputs (rank<r>.pt) land in its run's folder, beside its result.
+    runs, checks, dirs = emulated_launch.plain_and_fp8(__file__, args.nproc, args.shim, "send_recv", out, "p2p")
+    results = {name: {r["rank"]: r for r in res} for name, res in runs.items()}
     if all(ok for _, ok, _ in checks):
         titles = {"a2a": "uneven all_to_all_single (bf16, fp32): within one quantization, own chunk and plain run "
                          "exact",

@@ -181,7 +181,7 @@ std::string uneven_all_to_all(int n, DataType t, size_t base, const Config& conf
         for (int j = 0; j < n; ++j) {
           const Bytes m = message(t, split(c.rank, j, n, base), c.rank, j);
           in[static_cast<size_t>(j)] = c.alloc(m.size());
-          std::memcpy(in[static_cast<size_t>(j)], m.data(), m.size());
+          if (!m.empty()) std::memcpy(in[static_cast<size_t>(j)], m.data(), m.size());
           out[static_cast<size_t>(j)] = c.alloc(split(j, c.rank, n, base) * es);
         }
         ncclResult_t first = c.eng.group_start();

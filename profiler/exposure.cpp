@@ -204,6 +204,7 @@ StepReport compute_step(const StepInput& in, StepTimeline* timeline) {
     if (call.issue_ns >= window.begin && call.issue_ns < window.end) {
       r.app_bytes += call.app_bytes;
       r.wire_bytes += call.wire_bytes;
+      r.plain_wire_bytes += call.plain_wire_bytes;
     }
   }
 
@@ -235,6 +236,7 @@ StepReport compute_step(const StepInput& in, StepTimeline* timeline) {
       if (call.range != kNoName) cr.range = name_of(call.range);
       cr.app_bytes = call.app_bytes;
       cr.wire_bytes = call.wire_bytes;
+      cr.plain_wire_bytes = call.plain_wire_bytes;
     } else {
       const std::string_view collective = nccl_collective_of(cr.kernel);
       cr.name = collective.empty() ? cr.kernel : std::string(collective);

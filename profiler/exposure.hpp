@@ -77,6 +77,7 @@ struct CallInfo {
   uint32_t range = kNoName;  // application's NVTX range at issue time
   uint64_t app_bytes = 0;
   uint64_t wire_bytes = 0;
+  uint64_t plain_wire_bytes = 0;  // what NCCL's own algorithm would send for the same call
   uint32_t coalesced_calls = 1;
   uint32_t transport = kNoName;  // "nccl", "host_memory", "peer_memory": what carried the bytes
 };
@@ -97,6 +98,7 @@ struct CollectiveReport {
   std::string transport;     // what carried an FP8 call's bytes ("" without the shim)
   uint64_t app_bytes = 0;
   uint64_t wire_bytes = 0;
+  uint64_t plain_wire_bytes = 0;
   uint32_t kernels = 0;
   int64_t begin_ns = 0;
   double duration_ms = 0;    // |S_k ∩ W|
@@ -124,6 +126,7 @@ struct StepReport {
   double overlap_pct = 100;
   uint64_t app_bytes = 0;      // from the shim's records; 0 without the shim
   uint64_t wire_bytes = 0;
+  uint64_t plain_wire_bytes = 0;  // what plain NCCL sends for the same calls (CallRecord)
   uint64_t calls = 0;          // collectives in the step
   uint64_t compute_kernels = 0;
   uint64_t comm_kernels = 0;

@@ -251,7 +251,7 @@ class Profiler {
     uint64_t steps = 0;
     double step_ms = 0, compute_ms = 0, comm_ms = 0, exposed_comm_ms = 0, exposed_wait_ms = 0, exposed_memcpy_ms = 0,
            idle_ms = 0;
-    uint64_t app_bytes = 0, wire_bytes = 0;
+    uint64_t app_bytes = 0, wire_bytes = 0, plain_wire_bytes = 0;
   } totals_;
   uint64_t cupti_dropped_per_context_ = 0;  // drops reported with a context's buffers
   uint64_t incomplete_records_ = 0;         // kernel/memory records without a valid start and end
@@ -649,6 +649,7 @@ void Profiler::drain_events_locked() {
     c.range = collector_.range_name(e.range_hash);
     c.app_bytes = e.record.app_bytes;
     c.wire_bytes = e.record.wire_bytes;
+    c.plain_wire_bytes = e.record.plain_wire_bytes;
     c.coalesced_calls = e.record.coalesced_calls;
     c.transport = collector_.names().intern(to_string(e.record.transport));
     collector_.add_call(c);
@@ -708,6 +709,7 @@ void Profiler::report_locked(std::vector<Collector::Finalized>&& steps) {
     totals_.idle_ms += r.idle_ms;
     totals_.app_bytes += r.app_bytes;
     totals_.wire_bytes += r.wire_bytes;
+    totals_.plain_wire_bytes += r.plain_wire_bytes;
     recent_.push_back(r);
     const size_t keep = std::max<size_t>(config_.profiler_report_every, 20);
     while (recent_.size() > keep) recent_.pop_front();
@@ -751,6 +753,7 @@ void Profiler::write_summary_locked() {
                          {"mean_idle_ms", totals_.idle_ms / n},
                          {"app_bytes", totals_.app_bytes},
                          {"wire_bytes", totals_.wire_bytes},
+                         {"plain_wire_bytes", totals_.plain_wire_bytes},
                          {"counters", to_json(c)},
                          {"dropped_nvtx_events", nvtx_events_.dropped()},
                          {"dropped_call_events", call_events_.dropped()},

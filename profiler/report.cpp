@@ -25,8 +25,8 @@ json to_json(const CollectiveReport& c) {
   return json{{"seq", c.seq},           {"ordinal", c.ordinal},       {"name", c.name},
               {"kernel", c.kernel},     {"range", c.range},           {"dtype", c.dtype},
               {"path", c.path},         {"transport", c.transport},   {"app_bytes", c.app_bytes},
-              {"wire_bytes", c.wire_bytes}, {"kernels", c.kernels},   {"begin_ns", c.begin_ns},
-              {"duration_ms", c.duration_ms}, {"exposed_ms", c.exposed_ms},
+              {"wire_bytes", c.wire_bytes}, {"plain_wire_bytes", c.plain_wire_bytes}, {"kernels", c.kernels},
+              {"begin_ns", c.begin_ns}, {"duration_ms", c.duration_ms}, {"exposed_ms", c.exposed_ms},
               {"exposed_data_ms", c.exposed_data_ms}, {"exposed_wait_ms", c.exposed_wait_ms},
               {"rel_error", c.rel_error}};
 }
@@ -50,6 +50,7 @@ json to_json(const StepReport& r) {
               {"overlap_pct", r.overlap_pct},
               {"app_bytes", r.app_bytes},
               {"wire_bytes", r.wire_bytes},
+              {"plain_wire_bytes", r.plain_wire_bytes},
               {"calls", r.calls},
               {"compute_kernels", r.compute_kernels},
               {"comm_kernels", r.comm_kernels},
@@ -125,6 +126,7 @@ bool step_report_from_json(const json& j, StepReport& r, std::string& error) {
                   read_field(j, "exposed_memcpy_ms", r.exposed_memcpy_ms, error) &&
                   read_field(j, "idle_ms", r.idle_ms, error) && read_field(j, "overlap_pct", r.overlap_pct, error) &&
                   read_field(j, "app_bytes", r.app_bytes, error) && read_field(j, "wire_bytes", r.wire_bytes, error) &&
+                  read_field(j, "plain_wire_bytes", r.plain_wire_bytes, error) &&
                   read_field(j, "calls", r.calls, error) &&
                   read_field(j, "compute_kernels", r.compute_kernels, error) &&
                   read_field(j, "comm_kernels", r.comm_kernels, error) &&
@@ -145,7 +147,9 @@ bool step_report_from_json(const json& j, StepReport& r, std::string& error) {
                       read_field(t, "range", c.range, why) && read_field(t, "dtype", c.dtype, why) &&
                       read_field(t, "path", c.path, why) && read_field(t, "transport", c.transport, why) &&
                       read_field(t, "app_bytes", c.app_bytes, why) &&
-                      read_field(t, "wire_bytes", c.wire_bytes, why) && read_field(t, "kernels", c.kernels, why) &&
+                      read_field(t, "wire_bytes", c.wire_bytes, why) &&
+                      read_field(t, "plain_wire_bytes", c.plain_wire_bytes, why) &&
+                      read_field(t, "kernels", c.kernels, why) &&
                       read_field(t, "begin_ns", c.begin_ns, why) && read_field(t, "duration_ms", c.duration_ms, why) &&
                       read_field(t, "exposed_ms", c.exposed_ms, why) &&
                       read_field(t, "exposed_data_ms", c.exposed_data_ms, why) &&
@@ -295,7 +299,7 @@ struct Accumulator {
 
 struct StepAccumulator {
   Accumulator step_ms, compute_ms, comm_ms, exposed_comm_ms, exposed_wait_ms, exposed_memcpy_ms, idle_ms, overlap_pct;
-  uint64_t app_bytes = 0, wire_bytes = 0, calls = 0;
+  uint64_t app_bytes = 0, wire_bytes = 0, plain_wire_bytes = 0, calls = 0;
   int ranks = 0;
 };
 
@@ -318,6 +322,7 @@ MergedReport merge_ranks(const std::vector<StepReport>& reports, size_t top_n) {
     a.overlap_pct.add(r.overlap_pct);
     a.app_bytes += r.app_bytes;
     a.wire_bytes += r.wire_bytes;
+    a.plain_wire_bytes += r.plain_wire_bytes;
     a.calls += r.calls;
     ++a.ranks;
     ranks.insert(r.rank);
@@ -328,7 +333,7 @@ MergedReport merge_ranks(const std::vector<StepReport>& reports, size_t top_n) {
   // The mean row averages each per-step statistic over steps (mean of maxima, mean of means).
   constexpr int kFields = 8;
   Accumulator mean_fields[kFields][2];
-  uint64_t app = 0, wire = 0, calls = 0;
+  uint64_t app = 0, wire = 0, plain_wire = 0, calls = 0;
   for (const auto& [step, a] : by_step) {
     MergedStep s;
     s.step = step;
@@ -343,6 +348,7 @@ MergedReport merge_ranks(const std::vector<StepReport>& reports, size_t top_n) {
     s.overlap_pct = a.overlap_pct.stat();
     s.app_bytes = a.app_bytes;
     s.wire_bytes = a.wire_bytes;
+    s.plain_wire_bytes = a.plain_wire_bytes;
     s.calls = a.calls;
     const Stat* fields[kFields] = {&s.step_ms, &s.compute_ms, &s.comm_ms, &s.exposed_comm_ms,
                                    &s.exposed_wait_ms, &s.exposed_memcpy_ms, &s.idle_ms, &s.overlap_pct};
@@ -352,6 +358,7 @@ MergedReport merge_ranks(const std::vector<StepReport>& reports, size_t top_n) {
     }
     app += s.app_bytes;
     wire += s.wire_bytes;
+    plain_wire += s.plain_wire_bytes;
     calls += s.calls;
     m.steps.push_back(s);
   }
@@ -367,6 +374,7 @@ MergedReport merge_ranks(const std::vector<StepReport>& reports, size_t top_n) {
     const uint64_t n = m.steps.size();
     m.mean.app_bytes = app / n;
     m.mean.wire_bytes = wire / n;
+    m.mean.plain_wire_bytes = plain_wire / n;
     m.mean.calls = calls / n;
   }
 
@@ -393,6 +401,7 @@ json to_json(const MergedReport& m) {
                 {"overlap_pct", stat_json(s.overlap_pct)},
                 {"app_bytes", s.app_bytes},
                 {"wire_bytes", s.wire_bytes},
+                {"plain_wire_bytes", s.plain_wire_bytes},
                 {"calls", s.calls}};
   };
   json steps = json::array();
@@ -419,10 +428,10 @@ std::string bytes_text(uint64_t b) {
 std::string row(const std::string& label, const MergedStep& s) {
   return fmt::format(
       "{:>6} {:>5} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>7.1f} {:>9} "
-      "{:>9}\n",
+      "{:>9} {:>9}\n",
       label, s.ranks, s.step_ms.max, s.step_ms.mean, s.compute_ms.mean, s.comm_ms.mean, s.exposed_comm_ms.max,
       s.exposed_comm_ms.mean, s.exposed_wait_ms.mean, s.exposed_memcpy_ms.mean, s.idle_ms.mean, s.overlap_pct.mean,
-      bytes_text(s.app_bytes), bytes_text(s.wire_bytes));
+      bytes_text(s.app_bytes), bytes_text(s.wire_bytes), bytes_text(s.plain_wire_bytes));
 }
 }  // namespace
 
@@ -430,9 +439,10 @@ std::string format_table(const MergedReport& m, size_t max_rows) {
   std::string out = fmt::format("fp8wire exposure report: {} rank(s), {} step(s); ms unless noted\n",
                                 m.ranks, m.steps.size());
   // expo.wait: the part of expo.avg spent inside collectives with none of their kernels running.
-  out += fmt::format("{:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}\n", "step",
-                     "ranks", "step.max", "step.avg", "compute", "comm", "expo.max", "expo.avg", "expo.wait",
-                     "memcpy", "idle", "ovl%", "app", "wire");
+  // nccl.wire: what NCCL's own algorithms send for the same calls (computed), beside what went on the wire.
+  out += fmt::format("{:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9}\n",
+                     "step", "ranks", "step.max", "step.avg", "compute", "comm", "expo.max", "expo.avg", "expo.wait",
+                     "memcpy", "idle", "ovl%", "app", "wire", "nccl.wire");
   for (size_t i = 0; i < m.steps.size(); ++i) {
     if (i == max_rows && m.steps.size() > max_rows) {
       out += fmt::format("{:>6} ({} more steps)\n", "...", m.steps.size() - max_rows);

@@ -58,6 +58,7 @@ struct MergedStep {
   Stat step_ms, compute_ms, comm_ms, exposed_comm_ms, exposed_wait_ms, exposed_memcpy_ms, idle_ms, overlap_pct;
   uint64_t app_bytes = 0;   // summed over ranks
   uint64_t wire_bytes = 0;
+  uint64_t plain_wire_bytes = 0;
   uint64_t calls = 0;       // summed over ranks
 };
 

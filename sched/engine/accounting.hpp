@@ -43,6 +43,9 @@ struct CallRecord {
   uint64_t count = 0;          // elements, as the application passed them
   uint64_t app_bytes = 0;      // bytes of the caller's buffer (count * dtype size; per rank)
   uint64_t wire_bytes = 0;     // bytes this rank sent on the wire for this call
+  // Bytes NCCL's own algorithm sends from this rank for the same call (a coalesced batch: summed
+  // over its calls), whichever path carried it: plain NCCL's wire bytes, the baseline of wire_bytes.
+  uint64_t plain_wire_bytes = 0;
   uint32_t coalesced_calls = 1;// >1 when several grouped calls were packed into this one
   // FP8 paths with a gather step: how the quantized slots were gathered (allgather or sendrecv);
   // automatic for pass-through, fallback and the FP8 reduce-scatter.

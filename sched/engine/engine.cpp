@@ -37,6 +37,16 @@ CallKind kind_of(const Call& c) {
   return CallKind::all_reduce;
 }
 
+uint64_t plain_wire_bytes(const Call& c, const CommIdentity* who) {
+  const uint64_t bytes = c.count * dtype_size(dtype_of(c.dtype));
+  if (c.collective == Collective::send_recv)  // a message: its bytes at the sending end, unless to itself
+    return c.direction == PeerDirection::send && !(who && c.peer == who->rank) ? bytes : 0;
+  if (!who || who->nranks <= 1) return who ? 0 : bytes;
+  const uint64_t n = static_cast<uint64_t>(who->nranks);
+  if (c.collective == Collective::all_reduce) return 2 * (n - 1) * bytes / n;
+  return (n - 1) * bytes;  // reduce_scatter: recvcount per peer; all_gather: sendcount; all_to_all: count
+}
+
 namespace {
 // Allocated at a thread's first group call and freed when the thread ends (threads of a job come and go).
 thread_local std::unique_ptr<ThreadGroup> tl_group;

@@ -138,5 +138,9 @@ struct Engine::Impl {
 
 uint64_t now_ns();
 CallKind kind_of(const Call& c);
+// What NCCL's own algorithm sends from this rank for the call (CallRecord::plain_wire_bytes): the
+// nccl-tests bus-bandwidth factors of its ring algorithms. Without the communicator's identity (a
+// call rejected before the registry lookup) the caller's bytes stand in.
+uint64_t plain_wire_bytes(const Call& c, const CommIdentity* who);
 
 }  // namespace fp8wire::sched

@@ -108,10 +108,16 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
   quant::ElemType type = quant::ElemType::f32;
   elem_type_of(dtype_of(c.dtype), &type);
   const size_t es = quant::elem_size(type);
+  const CommIdentity who = s.identity();
+  rec.plain_wire_bytes = plain_wire_bytes(c, &who);
   if (batch > 1) {
     rec.coalesced_calls = static_cast<uint32_t>(batch);
     rec.count = 0;
-    for (size_t i = 0; i < batch; ++i) rec.count += items[i].call.count;
+    rec.plain_wire_bytes = 0;
+    for (size_t i = 0; i < batch; ++i) {
+      rec.count += items[i].call.count;
+      rec.plain_wire_bytes += plain_wire_bytes(items[i].call, &who);
+    }
   }
   rec.app_bytes = rec.count * es;
   CallHookScope hooks(rec);
@@ -146,6 +152,7 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
     rec.path = Path::fallback;
     rec.gather = GatherMethod::automatic;
     rec.transport = Carrier::nccl;
+    rec.wire_bytes = rec.plain_wire_bytes;
     if (batch > 1) {
       for (size_t i = 0; i < batch && res == ncclSuccess; ++i) res = issue_plain(items[i].call);
     } else {

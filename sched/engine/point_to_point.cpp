@@ -69,6 +69,8 @@ ncclResult_t Engine::Impl::run_message(const CommRef& sref, const Call& c, const
   quant::ElemType type = quant::ElemType::f32;
   elem_type_of(dtype_of(c.dtype), &type);
   rec.app_bytes = c.count * quant::elem_size(type);
+  const CommIdentity who = s.identity();
+  rec.plain_wire_bytes = plain_wire_bytes(c, &who);
   CallHookScope hooks(rec);
   NvtxRange range(sending ? "fp8wire send" : "fp8wire recv");
 

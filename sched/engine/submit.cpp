@@ -41,20 +41,6 @@ CommFacts Engine::Impl::facts_of(const CommState& s) {
   return f;
 }
 
-namespace {
-// What this rank sends in NCCL's ring algorithms (nccl-tests' bus-bandwidth factors). Without the
-// communicator's size (calls rejected before the registry lookup) the caller's bytes stand in.
-uint64_t plain_wire_bytes(const Call& c, const CommIdentity* s) {
-  const uint64_t bytes = c.count * dtype_size(dtype_of(c.dtype));
-  if (c.collective == Collective::send_recv)  // a message: its bytes at the sending end, unless to itself
-    return c.direction == PeerDirection::send && !(s && c.peer == s->rank) ? bytes : 0;
-  if (!s || s->nranks <= 1) return s ? 0 : bytes;
-  const uint64_t n = static_cast<uint64_t>(s->nranks);
-  if (c.collective == Collective::all_reduce) return 2 * (n - 1) * bytes / n;
-  return (n - 1) * bytes;  // reduce_scatter: recvcount per peer; all_gather: sendcount; all_to_all: count
-}
-}  // namespace
-
 ncclResult_t Engine::Impl::issue_plain(const Call& c) {
   switch (c.collective) {
     case Collective::all_reduce: return api->AllReduce(c.send, c.recv, c.count, c.dtype, c.op, c.comm, c.stream);
@@ -87,10 +73,11 @@ ncclResult_t Engine::Impl::run_plain(const Call& c, const CommIdentity* s, Path 
   r.rank = s ? s->rank : 0;
   r.count = c.count;
   r.app_bytes = c.count * dtype_size(dtype_of(c.dtype));
+  r.plain_wire_bytes = plain_wire_bytes(c, s);
+  r.wire_bytes = r.plain_wire_bytes;  // NCCL's own algorithm carries it
   r.issue_ns = issue;
   CallHookScope hooks(r);
   const ncclResult_t res = issue_plain(c);
-  r.wire_bytes = plain_wire_bytes(c, s);
   hooks.end();
   Accounting::instance().record(r);
   return res;

@@ -159,9 +159,12 @@ TEST_CASE("per-collective attribution: shim calls group their kernels and carry 
   std::vector<Activity> acts = {kernel(0, 50, ActivityClass::compute), kernel(10, 12, ActivityClass::communication, q, 5),
                                 kernel(12, 30, ActivityClass::communication, nccl, 5),
                                 kernel(60, 75, ActivityClass::communication, nccl, 6)};
+  // Caller bytes, wire bytes, and what NCCL's ring would send at 4 ranks (2(N-1)/N of the buffer).
   std::vector<CallInfo> calls(2);
-  calls[0] = {5, 9 * kMs, names.intern("all_reduce"), names.intern("bf16"), names.intern("two_shot"), range, 4 << 20, 2 << 20, 1};
-  calls[1] = {6, 55 * kMs, names.intern("all_reduce"), names.intern("bf16"), names.intern("two_shot"), kNoName, 64 << 20, 33 << 20, 3};
+  calls[0] = {5, 9 * kMs, names.intern("all_reduce"), names.intern("bf16"), names.intern("two_shot"), range,
+              4 << 20, 2 << 20, 6 << 20, 1};
+  calls[1] = {6, 55 * kMs, names.intern("all_reduce"), names.intern("bf16"), names.intern("two_shot"), kNoName,
+              64 << 20, 33 << 20, 96 << 20, 3};
   StepInput in;
   in.window = {1, {0, 100 * kMs}};
   in.activities = acts;
@@ -172,6 +175,7 @@ TEST_CASE("per-collective attribution: shim calls group their kernels and carry 
   CHECK(r.calls == 2);
   CHECK(r.app_bytes == (4u << 20) + (64u << 20));
   CHECK(r.wire_bytes == (2u << 20) + (33u << 20));
+  CHECK(r.plain_wire_bytes == (6u << 20) + (96u << 20));
   REQUIRE(r.top.size() == 1);  // top_n
   const CollectiveReport& c = r.top[0];
   CHECK(c.seq == 6);
@@ -181,6 +185,8 @@ TEST_CASE("per-collective attribution: shim calls group their kernels and carry 
   CHECK(c.dtype == "bf16");
   CHECK(c.path == "two_shot");
   CHECK(c.app_bytes == 64u << 20);
+  CHECK(c.wire_bytes == 33u << 20);
+  CHECK(c.plain_wire_bytes == 96u << 20);
   in.top_n = 10;
   const StepReport all = compute_step(in);
   REQUIRE(all.top.size() == 2);
@@ -295,6 +301,7 @@ TEST_CASE("collector: NVTX range and shim call are joined to kernels by correlat
   call.issue_ns = 91 * kMs;
   call.app_bytes = 1000;
   call.wire_bytes = 520;
+  call.plain_wire_bytes = 1500;
   call.kind = col.names().intern("all_reduce");
   col.add_call(call);
   // Names are posted by the NVTX handlers before the launches, but drained with the same lag.
@@ -317,6 +324,7 @@ TEST_CASE("collector: NVTX range and shim call are joined to kernels by correlat
   CHECK(r.top[2].exposed_ms == doctest::Approx(0));
   CHECK(r.app_bytes == 1000);
   CHECK(r.wire_bytes == 520);
+  CHECK(r.plain_wire_bytes == 1500);
 }
 
 TEST_CASE("collector: the correlation table stays bounded") {
@@ -399,11 +407,15 @@ TEST_CASE("reports: JSON round trip, merge (max and mean over ranks), table, rea
   a.exposed_comm_ms = 10;
   a.compute_ms = 80;
   a.app_bytes = 1000;
+  a.wire_bytes = 520;
+  a.plain_wire_bytes = 1500;  // an all-reduce at 4 ranks: 2(N-1)/N of the caller's bytes
   CollectiveReport c;
   c.seq = 42;
   c.name = "all_reduce";
   c.range = "merged_allreduce";
   c.exposed_ms = 9;
+  c.wire_bytes = 520;
+  c.plain_wire_bytes = 1500;
   a.top.push_back(c);
   StepReport b = a;
   b.rank = 1;
@@ -419,6 +431,19 @@ TEST_CASE("reports: JSON round trip, merge (max and mean over ranks), table, rea
   CHECK(back.top[0].seq == 42);
   CHECK(back.top[0].range == "merged_allreduce");
   CHECK(back.top[0].rel_error == -1);  // not measured
+  CHECK(back.wire_bytes == 520);
+  CHECK(back.plain_wire_bytes == 1500);
+  CHECK(back.top[0].plain_wire_bytes == 1500);
+  // Reports written before plain_wire_bytes read as 0 (nothing known of plain NCCL's bytes).
+  {
+    json old = to_json(a);
+    old.erase("plain_wire_bytes");
+    old["top"][0].erase("plain_wire_bytes");
+    StepReport again;
+    REQUIRE(step_report_from_json(old, again, why));
+    CHECK(again.plain_wire_bytes == 0);
+    CHECK(again.top[0].plain_wire_bytes == 0);
+  }
   // A measured call's error (telemetry) travels with it; reports written before the field read as -1.
   {
     StepReport measured = a;
@@ -443,11 +468,21 @@ TEST_CASE("reports: JSON round trip, merge (max and mean over ranks), table, rea
   CHECK(m.steps[0].exposed_comm_ms.max == 20);
   CHECK(m.steps[0].exposed_comm_ms.mean == 15);
   CHECK(m.steps[0].app_bytes == 2000);
+  CHECK(m.steps[0].wire_bytes == 1040);
+  CHECK(m.steps[0].plain_wire_bytes == 3000);  // summed over ranks, as the caller's and the wire bytes
+  CHECK(m.mean.plain_wire_bytes == 3000);
   REQUIRE(m.top.size() == 2);
   CHECK(m.top[0].rank == 1);
+  const json merged = to_json(m);
+  CHECK(merged["steps"][0]["plain_wire_bytes"] == 3000);
+  CHECK(merged["mean"]["plain_wire_bytes"] == 3000);
+  CHECK(merged["top"][0]["plain_wire_bytes"] == 1500);
   const std::string table = format_table(m);
   CHECK(table.find("merged_allreduce") != std::string::npos);
   CHECK(table.find("mean") != std::string::npos);
+  // The step rows end with the caller's bytes, the wire bytes and plain NCCL's wire bytes.
+  CHECK(table.find("nccl.wire") != std::string::npos);
+  CHECK(table.find("2.0K      1.0K      2.9K\n") != std::string::npos);
 
   const std::string path = "test_prof_host_reports.jsonl";
   {

@@ -158,6 +158,7 @@ TEST_CASE_FIXTURE(RegisteredEngine, "ineligible calls pass through, once, with n
     // stand in for the wire bytes.
     CHECK(r.nranks == 0);
     CHECK(r.wire_bytes == kBig * 4);
+    CHECK(r.plain_wire_bytes == r.wire_bytes);
   }
   SUBCASE("max / min / prod") {
     for (ncclRedOp_t op : {ncclMax, ncclMin, ncclProd})
@@ -167,6 +168,12 @@ TEST_CASE_FIXTURE(RegisteredEngine, "ineligible calls pass through, once, with n
   SUBCASE("below every fabric's threshold") {
     CHECK(eng.all_reduce(kBuf, kBuf, 1000, ncclBfloat16, ncclSum, kFourRanks, nullptr) == ncclSuccess);
     CHECK(eng.reduce_scatter(kBuf, kBuf, 1000, ncclFloat32, ncclAvg, kFourRanks, nullptr) == ncclSuccess);
+    // Below the threshold the record names the world size: NCCL's ring sends N-1 chunks of recvcount.
+    const CallRecord r = last_record();
+    CHECK(r.kind == CallKind::reduce_scatter);
+    CHECK(r.nranks == 4);
+    CHECK(r.plain_wire_bytes == 3 * 1000 * 4);
+    CHECK(r.wire_bytes == r.plain_wire_bytes);
   }
   SUBCASE("1-rank communicator, and one that cannot answer yet") {
     CHECK(eng.all_reduce(kBuf, kBuf, kBig, ncclBfloat16, ncclSum, kOneRank, nullptr) == ncclSuccess);
@@ -184,6 +191,7 @@ TEST_CASE_FIXTURE(RegisteredEngine, "ineligible calls pass through, once, with n
     CHECK(r.path == Path::passthrough);
     CHECK(r.nranks == 4);
     CHECK(r.wire_bytes == 2 * 3 * kBig * 2 / 4);  // ring all-reduce: 2(N-1)/N of the buffer
+    CHECK(r.plain_wire_bytes == r.wire_bytes);        // NCCL's own algorithm carried it
   }
   for (const std::string& c : g_calls) CHECK(c != "GroupStart");  // nothing of an FP8 exchange
   CHECK(!g_calls.empty());

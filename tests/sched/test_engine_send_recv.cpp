@@ -145,8 +145,9 @@ size_t split(int from, int to, int n, size_t base) {
 }
 
 // Records of kind send or recv made since `seq` on rank `rank`, by path.
+// plain_sent / plain_received: what NCCL's own send and receive would move (CallRecord::plain_wire_bytes).
 struct MessageRecords {
-  size_t fp8 = 0, plain = 0, wire_sent = 0;
+  size_t fp8 = 0, plain = 0, wire_sent = 0, plain_sent = 0, plain_received = 0;
 };
 MessageRecords message_records(uint64_t seq, int rank) {
   std::vector<CallRecord> records(8192);
@@ -157,7 +158,12 @@ MessageRecords message_records(uint64_t seq, int rank) {
     if ((r.kind != CallKind::send && r.kind != CallKind::recv) || r.rank != rank) continue;
     if (is_fp8(r.path)) ++m.fp8;
     else ++m.plain;
-    if (r.kind == CallKind::send) m.wire_sent += r.wire_bytes;
+    if (r.kind == CallKind::send) {
+      m.wire_sent += r.wire_bytes;
+      m.plain_sent += r.plain_wire_bytes;
+    } else {
+      m.plain_received += r.plain_wire_bytes;
+    }
   }
   return m;
 }
@@ -348,6 +354,8 @@ TEST_CASE("a ring: receive and send issued in opposite orders, in a group, outsi
         const MessageRecords m = message_records(seq, r);
         CHECK(m.fp8 == 2);
         CHECK(m.wire_sent == quant::chunk_bytes(count, quant::WireFormat::from(config)));
+        CHECK(m.plain_sent == count * 2);  // the bf16 message at its sending end
+        CHECK(m.plain_received == 0);
       }
     }
   }

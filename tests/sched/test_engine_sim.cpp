@@ -152,3 +152,90 @@ TEST_CASE("FP8 calls of one group on one communicator, not coalesced: each the r
   CHECK(pipelined >= runs / 2);
   MESSAGE(runs << " groups of three all-reduces (" << pipelined << " pipelined) on one communicator: bit-exact, alike, no race");
 }
+
+namespace {
+
+// Every rank's record of `kind` made since `seq` on an `n`-rank communicator (the simulated ranks
+// share the process's accounting).
+std::vector<CallRecord> records_since(uint64_t seq, int n, CallKind kind) {
+  std::vector<CallRecord> all(4096);
+  all.resize(Accounting::instance().snapshot(all.data(), all.size(), seq));
+  std::vector<CallRecord> out;
+  for (const CallRecord& r : all)
+    if (r.nranks == n && r.kind == kind) out.push_back(r);
+  return out;
+}
+
+// Runs `spec` on `n` ranks; the records of its calls, once every rank's call succeeded.
+std::vector<CallRecord> records_of_run(const Run& cfg, const Spec& spec, int n, CallKind kind) {
+  const uint64_t seq = Accounting::instance().last_seq();
+  const Outcome o = run(cfg, spec, inputs_for(spec, n, std::max(cfg.group, 1)));
+  for (const RankResult& a : o.first) CHECK(a.result == ncclSuccess);
+  return records_since(seq, n, kind);
+}
+
+}  // namespace
+
+TEST_CASE("call records: what NCCL's own algorithm sends for the same call, whichever path carried it") {
+  log_set_level(LogLevel::error);
+  SUBCASE("FP8 all-reduce at 2 and 4 ranks: 2(N-1)/N of the buffer, more than FP8 sends") {
+    for (int n : {2, 4}) {
+      const Spec spec{Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 6144, 5};
+      const uint64_t plain = 2 * static_cast<uint64_t>(n - 1) * spec.count * 2 / static_cast<uint64_t>(n);
+      const std::vector<CallRecord> recs = records_of_run(Run{}, spec, n, CallKind::all_reduce);
+      REQUIRE(recs.size() == static_cast<size_t>(n));
+      for (const CallRecord& r : recs) {
+        CHECK(r.path == Path::two_shot);
+        CHECK(r.app_bytes == spec.count * 2);
+        CHECK(r.plain_wire_bytes == plain);
+        CHECK(r.wire_bytes > 0);
+        CHECK(r.wire_bytes < plain);
+      }
+      // Only at 2 ranks does NCCL's ring send what the caller asked for.
+      CHECK((plain == spec.count * 2) == (n == 2));
+    }
+  }
+  SUBCASE("FP8 reduce-scatter: N-1 chunks of recvcount") {
+    const Spec spec{Collective::reduce_scatter, Path::two_shot, DataType::f32, ReduceOp::sum, 1024, 7};
+    const std::vector<CallRecord> recs = records_of_run(Run{}, spec, 4, CallKind::reduce_scatter);
+    REQUIRE(recs.size() == 4);
+    for (const CallRecord& r : recs) {
+      CHECK(is_fp8(r.path));
+      CHECK(r.plain_wire_bytes == 3 * 1024 * 4);
+      CHECK(r.wire_bytes < r.plain_wire_bytes);
+    }
+  }
+  SUBCASE("pass-through and fallback: NCCL's algorithm carries the call, so the two agree") {
+    const Spec passed{Collective::all_reduce, Path::passthrough, DataType::f32, ReduceOp::sum, 1000, 3};
+    for (const CallRecord& r : records_of_run(Run{}, passed, 4, CallKind::all_reduce)) {
+      CHECK(r.path == Path::passthrough);
+      CHECK(r.plain_wire_bytes == 2 * 3 * 1000 * 4 / 4);
+      CHECK(r.wire_bytes == r.plain_wire_bytes);
+    }
+    Run small;
+    small.config = sim_config(1 << 10);  // not one stage fits: the FP8 route falls back to NCCL
+    const Spec fell{Collective::all_reduce, Path::two_shot, DataType::f32, ReduceOp::sum, 10000, 3};
+    const std::vector<CallRecord> recs = records_of_run(small, fell, 4, CallKind::all_reduce);
+    REQUIRE(recs.size() == 4);
+    for (const CallRecord& r : recs) {
+      CHECK(r.path == Path::fallback);
+      CHECK(r.plain_wire_bytes == 2 * 3 * 10000 * 4 / 4);
+      CHECK(r.wire_bytes == r.plain_wire_bytes);
+    }
+  }
+  SUBCASE("three grouped all-reduces coalesced into one FP8 call: the sum over its calls") {
+    Run cfg;
+    cfg.config.algorithm = Algorithm::two_shot;
+    cfg.forced = false;
+    cfg.group = 3;
+    const Spec spec{Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 1536, 9};
+    const std::vector<CallRecord> recs = records_of_run(cfg, spec, 4, CallKind::all_reduce);
+    REQUIRE(recs.size() == 4);
+    for (const CallRecord& r : recs) {
+      CHECK(r.coalesced_calls == 3);
+      CHECK(r.count == 3 * spec.count);
+      CHECK(r.plain_wire_bytes == 3 * (2 * 3 * spec.count * 2 / 4));
+      CHECK(r.wire_bytes < r.plain_wire_bytes);
+    }
+  }
+}

@@ -6,6 +6,12 @@ allocator warm-up), and prints medians per step: step time, exposed communicatio
 union, compute, overlap, bytes asked for and bytes on the wire; then the trainer's own step time and
 the loss parity of the two runs (scripts/loss_parity.py). Plain python3.
 
+Bytes come from libfp8wire.so's call records, so a baseline run without it has none. Its wire bytes
+are then what NCCL's own algorithms send for the fp8wire run's calls (report.json's
+plain_wire_bytes: 2(N-1)/N of the buffer per rank for an all-reduce, N-1 chunks for a
+reduce-scatter or all-gather), marked as computed: wire bytes against wire bytes, so the ratio
+holds at any rank count, where the bytes asked for equal NCCL's wire bytes only at 2 ranks.
+
     scripts/compare_runs.py out/main-job/baseline out/main-job/fp8wire [--skip 5]
 Exit status: 0, or 1 when the loss parity fails its bounds, 2 on unusable input.
 """
@@ -54,6 +60,16 @@ def bytes_mib(steps, key):
     return value / 2**20 if value > 0 else float("nan")
 
 
+def nccl_wire_mib(baseline_steps, candidate_steps):
+    """The NCCL column's wire MiB per step and whether it is computed: the baseline's own records when
+    it ran under libfp8wire.so, else the fp8wire run's plain_wire_bytes, what NCCL's algorithms send
+    for the same calls (NaN from a report that predates the field)."""
+    measured = bytes_mib(baseline_steps, "wire_bytes")
+    if measured == measured:
+        return measured, False
+    return bytes_mib(candidate_steps, "plain_wire_bytes"), True
+
+
 def cell(fmt, value):
     return "-" if value != value else fmt.format(value)
 
@@ -78,27 +94,37 @@ def main():
                              f"(report {len(report.get('steps', []))}, log {len(log)})")
         runs.append((folder, report, steps, log_path, log))
 
+    base, cand = runs[0], runs[1]
+
+    def per_run(fn):
+        return fn(base[2], base[4]), fn(cand[2], cand[4])
+
+    nccl_wire, computed = nccl_wire_mib(base[2], cand[2])
+    computed = computed and nccl_wire == nccl_wire  # marked only where a figure stands
+    wire_row = "MiB on the wire / step (all ranks)"
     rows = [
-        ("profiled step ms (max over ranks)", lambda st, lg: median_of(st, "step_ms"), "{:.1f}"),
-        ("exposed comm ms / step", lambda st, lg: median_of(st, "exposed_comm_ms"), "{:.1f}"),
-        ("comm ms / step (union)", lambda st, lg: median_of(st, "comm_ms"), "{:.1f}"),
-        ("compute ms / step (union)", lambda st, lg: median_of(st, "compute_ms"), "{:.1f}"),
-        ("overlap % (mean over ranks)", lambda st, lg: median_of(st, "overlap_pct", "mean"), "{:.1f}"),
+        ("profiled step ms (max over ranks)", per_run(lambda st, lg: median_of(st, "step_ms")), "{:.1f}"),
+        ("exposed comm ms / step", per_run(lambda st, lg: median_of(st, "exposed_comm_ms")), "{:.1f}"),
+        ("comm ms / step (union)", per_run(lambda st, lg: median_of(st, "comm_ms")), "{:.1f}"),
+        ("compute ms / step (union)", per_run(lambda st, lg: median_of(st, "compute_ms")), "{:.1f}"),
+        ("overlap % (mean over ranks)", per_run(lambda st, lg: median_of(st, "overlap_pct", "mean")), "{:.1f}"),
         # report.json: per step, bytes summed over ranks, from libfp8wire.so's call records (so 0
-        # in a run without the shim: shown as '-').
-        ("MiB asked for / step (all ranks)", lambda st, lg: bytes_mib(st, "app_bytes"), "{:.1f}"),
-        ("MiB on the wire / step (all ranks)", lambda st, lg: bytes_mib(st, "wire_bytes"), "{:.1f}"),
-        ("trainer step ms (rank 0)", lambda st, lg: statistics.median(r["step_ms"] for r in lg), "{:.1f}"),
-        ("samples/s (all ranks)", lambda st, lg: statistics.median(r["samples_per_s"] for r in lg), "{:.2f}"),
+        # in a run without the shim: shown as '-', except the wire bytes NCCL's algorithms send).
+        ("MiB asked for / step (all ranks)", per_run(lambda st, lg: bytes_mib(st, "app_bytes")), "{:.1f}"),
+        (wire_row, (nccl_wire, bytes_mib(cand[2], "wire_bytes")), "{:.1f}"),
+        ("trainer step ms (rank 0)", per_run(lambda st, lg: statistics.median(r["step_ms"] for r in lg)), "{:.1f}"),
+        ("samples/s (all ranks)", per_run(lambda st, lg: statistics.median(r["samples_per_s"] for r in lg)), "{:.2f}"),
     ]
     name_w = max(len(r[0]) for r in rows)
     print(f"steps compared: from step {args.skip}; medians over steps")
     print(f"{'':{name_w}}  {'NCCL (bf16)':>12}  {'fp8wire':>12}  {'ratio':>7}")
-    for label, fn, fmt in rows:
-        a = fn(runs[0][2], runs[0][4])
-        b = fn(runs[1][2], runs[1][4])
+    for label, (a, b), fmt in rows:
         ratio = f"{b / a:.3f}" if a and a == a and b == b else "-"
-        print(f"{label:{name_w}}  {cell(fmt, a):>12}  {cell(fmt, b):>12}  {ratio:>7}")
+        mark = "*" if computed and label == wire_row else ""
+        print(f"{label:{name_w}}  {cell(fmt, a) + mark:>12}  {cell(fmt, b):>12}  {ratio:>7}")
+    if computed:
+        print("* computed, not measured: what NCCL's own algorithms send for the fp8wire run's calls (its\n"
+              "  report's plain_wire_bytes); the baseline ran without libfp8wire.so, so it has no call records")
 
     here = os.path.dirname(os.path.abspath(__file__))
     print("\nloss parity (same seed and data):")

@@ -275,12 +275,14 @@ ncclResult_t TelemetryMonitor::begin(const Watch& w, Collective collective, Path
   call->scope = w.scope;
   // What the recipe changed. A fold on another thread since settle() may have read a decision that is
   // not due yet: it stays.
-  ScopeState& scope = scopes_[w.scope];
-  scope.calls = w.scope_after.calls;
-  scope.full_until = w.scope_after.full_until;
-  scope.resume_at = w.scope_after.resume_at;
-  if (w.decision_read) scope.has_decision = false;
-  audit_.calls = w.audit_calls_after;
+  if (w.scoped) {
+    ScopeState& scope = scopes_[w.scope];
+    scope.calls = w.scope_after.calls;
+    scope.full_until = w.scope_after.full_until;
+    scope.resume_at = w.scope_after.resume_at;
+    if (w.decision_read) scope.has_decision = false;
+    audit_.calls = w.audit_calls_after;
+  }
   const int c = collective_index(collective);
   Store& st = store();
   if (w.tripped) {

@@ -81,8 +81,9 @@ class TelemetryMonitor {
   ncclResult_t settle(uint64_t scope, bool capturing, ScopeState* out);
   // The communicator's auditable calls so far (the recipe's input).
   uint64_t audit_calls();
-  // After the recipe: keeps the scope's new count and full-precision spell and the audit's count,
-  // counts what the guard did, and takes a record for a measured call (an error when it gets none).
+  // After the recipe: keeps the scope's new count and full-precision spell and the audit's count (a
+  // collective's: Watch::scoped), counts what the guard did, and takes a record for a measured call
+  // (an error when it gets none).
   ncclResult_t begin(const Watch& watch, Collective collective, Path path, uint64_t seq, Call* call);
   // Where a measured call's record lives (for MeasuredProgram).
   quant::CallTelemetry* device_record(int slot) const { return device_ + slot; }

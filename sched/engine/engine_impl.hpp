@@ -126,6 +126,9 @@ struct Engine::Impl {
   // --- point-to-point messages (point_to_point.cpp) ---
   // One FP8 message of a send_recv call whose route is FP8: quantized, sent or received, decoded.
   ncclResult_t run_message(const CommRef& s, const Call& c, const Route& route, uint64_t seq, uint64_t issue);
+  // The sending end's quantize of message `m`, measured or audited where its recipe says so.
+  ncclResult_t quantize_message(CommState& s, const Call& c, const Recipe& recipe, const PendingMessage& m,
+                                uint64_t seq);
   // After the outermost real ncclGroupEnd (its result `group_end`): the group's received messages
   // decoded where it succeeded, every message's wire buffer released on its stream. The first error.
   ncclResult_t finish_messages(ThreadGroup& tg, ncclResult_t group_end);

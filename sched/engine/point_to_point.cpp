@@ -17,6 +17,7 @@
 #include "common/log.hpp"
 #include "common/nvtx.hpp"
 #include "common/status.hpp"
+#include "sched/comm/telemetry_monitor.hpp"
 #include "sched/engine/engine_impl.hpp"
 #include "sched/plan/recipe.hpp"
 
@@ -45,6 +46,53 @@ ncclResult_t finish_message(const Platform& p, const PendingMessage& m, bool dec
 }
 
 }  // namespace
+
+// The sending end's quantize, with its watch (sched/plan/recipe.cpp, message_watch): a measured
+// message's record zeroed before the quantize and read back after it; an audited one's wire decoded
+// beside a copy of the caller's data, both read back and compared once the stream has passed them.
+ncclResult_t Engine::Impl::quantize_message(CommState& s, const Call& c, const Recipe& recipe,
+                                            const PendingMessage& m, uint64_t seq) {
+  const Platform& p = *platform;
+  const Watch& w = recipe.watch;
+  const quant::Segmented layout = quant::Segmented::single(c.count, recipe.format);
+  const size_t bytes = c.count * quant::elem_size(m.type);
+  TelemetryMonitor::Call measured;
+  if (w.active) {
+    if (!s.telemetry) s.telemetry = std::make_unique<TelemetryMonitor>(*s.platform, s.id, s.rank);
+    FP8WIRE_TRY(s.telemetry->begin(w, c.collective, recipe.route.path, seq, &measured));
+  }
+  quant::LaunchOptions opt;
+  opt.path = recipe.convert_path;
+  opt.telemetry = measured.options;
+  ncclResult_t res = ncclSuccess;
+  if (measured.slot >= 0)
+    res = cuda_step(p, p.cuda.MemsetAsync(s.telemetry->device_record(measured.slot), 0, sizeof(quant::CallTelemetry),
+                                          c.stream), s.id, "zeroing a message's telemetry record");
+  if (nccl_ok(res))
+    res = cuda_step(p, p.codec.quantize(c.send, m.type, c.count, m.wire, layout, recipe.format, c.stream, opt), s.id,
+                    "quantizing a message");
+  bool recorded = false;
+  if (nccl_ok(res) && measured.slot >= 0) {
+    cudaError_t err = p.cuda.MemcpyAsync(s.telemetry->host_record(measured.slot),
+                                         s.telemetry->device_record(measured.slot), sizeof(quant::CallTelemetry),
+                                         cudaMemcpyDeviceToHost, c.stream);
+    if (err == cudaSuccess) err = p.cuda.EventRecord(s.telemetry->event(measured.slot), c.stream);
+    res = cuda_step(p, err, s.id, "reading a message's telemetry record back");
+    recorded = nccl_ok(res);
+  }
+  if (s.telemetry) s.telemetry->end(measured, recorded);
+  if (!nccl_ok(res) || !w.audited) return res;
+  void *decoded = nullptr, *exact = nullptr;
+  FP8WIRE_TRY(s.telemetry->audit_buffers(bytes, bytes, &decoded, &exact));
+  quant::LaunchOptions plain;
+  plain.path = recipe.convert_path;
+  FP8WIRE_TRY(cuda_step(p, p.cuda.MemcpyAsync(exact, c.send, bytes, cudaMemcpyDeviceToDevice, c.stream), s.id,
+                        "copying an audited message"));
+  FP8WIRE_TRY(cuda_step(p, p.codec.dequantize(m.wire, layout, c.count, decoded, m.type, recipe.format, c.stream, plain),
+                        s.id, "decoding an audited message"));
+  return s.telemetry->audit_read_back(c.stream, decoded, bytes, dtype_of(c.dtype), c.collective, recipe.route.path,
+                                      seq);
+}
 
 ncclResult_t Engine::Impl::run_message(const CommRef& sref, const Call& c, const Route& route, uint64_t seq,
                                        uint64_t issue) {
@@ -92,14 +140,7 @@ ncclResult_t Engine::Impl::run_message(const CommRef& sref, const Call& c, const
   m.state = sref;
   ncclResult_t res = cuda_step(*platform, platform->cuda.MallocAsync(&m.wire, wire_bytes, c.stream), s.id,
                                "allocating a message's wire buffer");
-  if (nccl_ok(res) && sending) {
-    quant::LaunchOptions opt;
-    opt.path = recipe.convert_path;
-    res = cuda_step(*platform, platform->codec.quantize(c.send, type, c.count, m.wire,
-                                                        quant::Segmented::single(c.count, recipe.format),
-                                                        recipe.format, c.stream, opt),
-                    s.id, "quantizing a message");
-  }
+  if (nccl_ok(res) && sending) res = quantize_message(s, c, recipe, m, seq);
   bool issued = false;
   if (nccl_ok(res)) {
     res = sending ? api->Send(m.wire, wire_bytes, ncclUint8, c.peer, c.comm, c.stream)

@@ -68,6 +68,25 @@ Watch watch_for(const Config& config, const CallShape& call, const Route& route,
   return w;
 }
 
+// A message's watch, at its sending end only: every telemetry.sample_every-th message of the pair is
+// measured, every audit.every-th audited. The receiver's result is the decode of the wire, bit for
+// bit, so the sender's own decode of it beside the caller's data is the message's true error, with
+// no second message. Both are rank-local (no peer reads them), so neither moves a count the
+// communicator's ranks keep alike. Never guarded: both ends would have to switch at the same message,
+// and the receiver holds the sender's vote only once the application's group around the message has
+// ended, which may be after the message that was to read it (sched/README.md, "Point-to-point").
+Watch message_watch(const Config& config, const CallContext& context) {
+  Watch w;
+  w.guard = GuardSettings::from(config);
+  w.scoped = false;
+  if (context.peer.direction != PeerDirection::send || context.capturing) return w;
+  const uint64_t n = context.peer.pair_seq;
+  w.measured = w.guard.sample_every > 0 && n % w.guard.sample_every == 0;
+  w.audited = config.audit_every > 0 && n % config.audit_every == 0;
+  w.active = w.measured || w.audited;
+  return w;
+}
+
 }  // namespace
 
 Recipe recipe_for(const Config& config, const CommFacts& comm, const CallShape& call, const Route& route,
@@ -77,9 +96,9 @@ Recipe recipe_for(const Config& config, const CommFacts& comm, const CallShape& 
   r.format = quant::WireFormat::from(config);
   r.convert_path = config.convert_path;
   if (call.collective == Collective::send_recv) {
-    // A message: its wire format and its pair. Telemetry, the guard and the audit watch the
-    // collectives only: a message has one sender, so its guard would need the pair's own votes.
+    // A message: its wire format, its pair, and what its sending end measures.
     r.peer = context.peer;
+    r.watch = message_watch(config, context);
     return r;
   }
   r.watch = watch_for(config, call, route, context);

@@ -60,6 +60,9 @@ struct DirectRecipe {
 // Telemetry, the guard and the audit on this call (sched/plan/guard.hpp, sched/README.md).
 struct Watch {
   bool active = false;          // telemetry or the audit is on: the communicator's monitor sees the call
+  // The call counts in its guard scope and in the communicator's audit count, which every rank keeps
+  // alike: every collective; never a message, which only its two ends see.
+  bool scoped = true;
   uint64_t scope = 0;           // the guard's scope: the call's feedback key, or 0 (the communicator)
   GuardSettings guard;          // telemetry.*, guard.*
   bool decision_read = false;   // this call read the scope's pending decision (it was due)

@@ -9,6 +9,9 @@
 //   - the switch off (the default), messages below the threshold and a non-blocking communicator:
 //     exact, at both ends alike; under graph capture the same route as outside it;
 //   - the records: one per message at each end, FP8 or not, the wire bytes at the sender;
+//   - telemetry and the audit at the sending end (its figures and the true error of the message's
+//     round trip through the wire format, as the reference gives them), never a switch of the guard,
+//     and the communicator's own counts (audit, guard) left alike on ranks that sent nothing;
 //   - every wire buffer released once its stream has passed it (no race, nothing touched after its
 //     free, nothing left allocated), also when a launch fails: the call's error, the peer released by
 //     the application's abort.
@@ -24,8 +27,10 @@
 #include <fmt/format.h>
 
 #include "common/log.hpp"
+#include "quant/fp8_math.hpp"
 #include "quant/reference.hpp"
 #include "sched/engine/accounting.hpp"
+#include "sched/comm/telemetry_monitor.hpp"
 #include "sched/engine/engine.hpp"
 #include "sched/platform/nccl_types.hpp"
 #include "tests/sched/sim_job.hpp"
@@ -136,6 +141,17 @@ Bytes through_fp8(const Bytes& in, DataType t, size_t count, const Config& confi
   REQUIRE(quant::ref::quantize(in.data(), type, count, wire.data(), layout, f, 0, nullptr) == nullptr);
   REQUIRE(quant::ref::dequantize(wire.data(), layout, count, out.data(), type, f, nullptr) == nullptr);
   return out;
+}
+
+// Element i of a float buffer of dtype `t`, widened.
+double read_elem(const Bytes& b, DataType t, size_t i) {
+  uint16_t h;
+  float f;
+  switch (t) {
+    case DataType::bf16: std::memcpy(&h, b.data() + 2 * i, 2); return quant::math::bf16_to_f32(h);
+    case DataType::f16: std::memcpy(&h, b.data() + 2 * i, 2); return quant::math::f16_to_f32(h);
+    default: std::memcpy(&f, b.data() + 4 * i, 4); return f;
+  }
 }
 
 // The uneven split of an all-to-all: elements rank `from` sends rank `to` (zero for some pairs).
@@ -387,4 +403,92 @@ TEST_CASE("a failed launch: the sender's call fails, the communicator with it, a
   // Its receive was issued and the abort completed it without data, or the abort came first and the
   // receive returned the communicator's error.
   CHECK((w.results[1] == ncclSuccess || w.results[1] == ncclRemoteError));
+}
+
+TEST_CASE("telemetry and the audit watch each FP8 message at its sending end; the guard never switches one") {
+  log_set_level(LogLevel::error);
+  Config config = p2p_config();
+  config.telemetry_sample_every = 1;
+  config.audit_every = 1;  // every message's wire also decoded at its sender and compared with its data
+  config.guard_enable = true;
+  config.guard_max_rel_error = 0;  // every measured message would vote, were messages guarded
+  const int n = 3;
+  const DataType t = DataType::bf16;
+  const size_t base = 0;
+  sched::reset_error_totals();
+  // Every message FP8, its reference bit for bit: measuring and auditing change nothing it carries.
+  CHECK(uneven_all_to_all(n, t, base, config, true) == "");
+  CHECK(uneven_all_to_all(n, t, base, config, true) == "");  // not switched the second time either
+  const sched::ErrorTotals totals = sched::error_totals();
+  const size_t slot = static_cast<size_t>(Collective::send_recv), one = static_cast<size_t>(Path::one_shot);
+  // What the reference says: one measurement and one audit per FP8 message sent, the audit's error
+  // that of the message's own round trip through the wire format.
+  uint64_t messages = 0, elements = 0;
+  double sq_error = 0, sq_exact = 0;
+  for (int from = 0; from < n; ++from)
+    for (int to = 0; to < n; ++to) {
+      const size_t count = split(from, to, n, base);
+      if (from == to || count == 0) continue;
+      const Bytes sent = message(t, count, from, to);
+      const Bytes got = through_fp8(sent, t, count, config);
+      for (size_t i = 0; i < count; ++i) {
+        const double x = read_elem(sent, t, i), y = read_elem(got, t, i);
+        sq_error += (y - x) * (y - x);
+        sq_exact += x * x;
+      }
+      ++messages;
+      elements += count;
+    }
+  CHECK(totals.measured_calls[slot][one] == 2 * messages);
+  CHECK(totals.input[slot][one].elements == 2 * elements);
+  CHECK(totals.input[slot][one].sq_error > 0);
+  CHECK(totals.requant[slot][one].elements == 0);
+  CHECK(totals.audited_calls[slot][one] == 2 * messages);
+  CHECK(totals.audit_nonfinite[slot][one] == 0);
+  CHECK(totals.audit_sq_error[slot][one] == doctest::Approx(2 * sq_error).epsilon(1e-9));
+  CHECK(totals.audit_sq_exact[slot][one] == doctest::Approx(2 * sq_exact).epsilon(1e-9));
+  CHECK(totals.guard_trips[slot] == 0);
+  CHECK(totals.guard_full_calls[slot] == 0);
+}
+
+TEST_CASE("messages between two ranks leave the communicator's audit and guard counts alike on every rank") {
+  log_set_level(LogLevel::error);
+  Config config = p2p_config();
+  config.telemetry_sample_every = 1;
+  config.audit_every = 2;  // all-reduces 0 and 2 audited: an extra NCCL all-reduce on every rank
+  config.guard_enable = true;
+  config.guard_decide_after = 1;
+  const int n = 3;
+  const Spec ar{Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 4096, 9};
+  const std::vector<Bytes> ar_in = inputs_for(ar, n);
+  std::vector<Bytes> reduced(static_cast<size_t>(n));
+  const WorldRun w = run_world(
+      n, config,
+      [&](RankCtx& c) -> ncclResult_t {
+        void* buf = c.alloc(ar_in[0].size());
+        void* msg = c.alloc(5000 * 4);
+        std::memset(msg, 0x3c, 5000 * 4);
+        for (int k = 0; k < 4; ++k) {
+          std::memcpy(buf, ar_in[static_cast<size_t>(c.rank)].data(), ar_in[0].size());
+          // Rank 0 sends rank 1 one message before every other all-reduce: only those two see it.
+          if (k % 2 == 0 && c.rank < 2) {
+            const ncclResult_t m = c.rank == 0 ? c.eng.send(msg, 5000, ncclFloat32, 1, c.comm, c.stream)
+                                               : c.eng.recv(msg, 5000, ncclFloat32, 0, c.comm, c.stream);
+            if (m != ncclSuccess) return m;
+          }
+          if (const ncclResult_t r = c.eng.all_reduce(buf, buf, 4096, ncclBfloat16, ncclSum, c.comm, c.stream);
+              r != ncclSuccess)
+            return r;
+        }
+        return ncclSuccess;
+      },
+      [&](RankCtx& c) {
+        const char* a = static_cast<const char*>(c.buffers[0]);
+        reduced[static_cast<size_t>(c.rank)].assign(a, a + ar_in[0].size());
+      });
+  REQUIRE_MESSAGE(w.problems.empty(), w.problems);  // a count apart would leave an audit's NCCL call unmatched
+  for (int r = 0; r < n; ++r) {
+    CHECK(w.results[static_cast<size_t>(r)] == ncclSuccess);
+    CHECK(reduced[static_cast<size_t>(r)] == reduced[0]);
+  }
 }

@@ -330,3 +330,38 @@ TEST_CASE("recipe: the all-to-all is measured, never guarded, never fed back, no
   CHECK(r.direct.protocol == DirectProtocol::automatic);
   CHECK_FALSE(guard_eligible(Collective::all_to_all, Path::one_shot, ScaleType::fp32));
 }
+
+TEST_CASE("recipe: a message is watched at its sending end only, by the pair's own count, never guarded or scoped") {
+  Config c;
+  c.guard_enable = true;
+  c.telemetry_sample_every = 2;
+  c.audit_every = 3;
+  CommFacts f;
+  f.agreed = f.fp8_ok = true;
+  Route route;
+  route.path = route.algorithm = Path::one_shot;
+  const CallShape call{Collective::send_recv, DataType::bf16, ReduceOp::sum, 4096, 2};
+  std::vector<std::string> sent, received;
+  for (uint64_t k = 0; k < 6; ++k)
+    for (PeerDirection end : {PeerDirection::send, PeerDirection::recv}) {
+      CallContext ctx;
+      ctx.peer = PeerCall{end, 1, k};
+      ctx.audit_calls = 1;  // the communicator's own count: a message neither reads nor moves it
+      const Recipe r = recipe_for(c, f, call, route, ctx);
+      CHECK(r.peer.pair_seq == k);
+      CHECK_FALSE(r.watch.scoped);
+      CHECK_FALSE(r.watch.guarded);
+      CHECK_FALSE(r.watch.full_precision);
+      CHECK_FALSE(r.plain());
+      (end == PeerDirection::send ? sent : received)
+          .push_back(fmt::format("{}{}{}", r.watch.active ? "A" : "-", r.watch.measured ? "M" : "-",
+                                 r.watch.audited ? "U" : "-"));
+    }
+  CHECK(sent == std::vector<std::string>{"AMU", "---", "AM-", "A-U", "AM-", "---"});
+  CHECK(received == std::vector<std::string>(6, "---"));
+  // Under capture nothing is measured or audited (the record could not be read back per replay).
+  CallContext captured;
+  captured.capturing = true;
+  captured.peer = PeerCall{PeerDirection::send, 1, 0};
+  CHECK_FALSE(recipe_for(c, f, call, route, captured).watch.active);
+}

@@ -76,6 +76,8 @@ ncclResult_t release_resources(CommState& s) {
   // short): wait for them before freeing what they read.
   for (cudaStream_t lane : {r.produce, r.transfer, r.send, r.fetch})
     if (lane) cuda.StreamSynchronize(lane);
+  for (CommState::AbandonedWindow& a : s.abandoned_windows) (a.own ? s.platform->direct.destroy : s.platform->direct.close)(a.window);
+  s.abandoned_windows.clear();
   if (r.scratch) cuda.Free(r.scratch);
   for (cudaEvent_t e : {r.fork, r.tail, r.produce_end, r.last, r.capture_produce_end, r.capture_transfer_end,
                         r.to_copy_lane, r.to_kernel_lane, r.send_end})

@@ -20,6 +20,7 @@
 #include "sched/comm/error_feedback.hpp"
 #include "sched/comm/resources.hpp"
 #include "sched/plan/agreement.hpp"
+#include "sched/platform/direct_memory.hpp"
 #include "sched/transport/transport.hpp"
 
 namespace fp8wire {
@@ -97,6 +98,14 @@ struct CommState {
   // Set up at the agreement when every rank is on this machine and every rank could map every
   // other's windows (sched/transport/direct_windows.hpp); null otherwise.
   std::unique_ptr<DirectWindows> direct;
+  // The windows of a direct-transport attempt whose exchange was given up on while it ran on the
+  // transfer lane (the own ones' names already gone): released after the lanes, once the real abort
+  // has stopped that exchange (release_resources); releasing one sooner could wait for it forever.
+  struct AbandonedWindow {
+    Window window;
+    bool own = false;  // destroyed (this rank's) or closed (a peer's)
+  };
+  std::vector<AbandonedWindow> abandoned_windows;
 
   // --- what calls keep on it ----------------------------------------------------------------------
   FeedbackStore feedback;

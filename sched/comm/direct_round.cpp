@@ -66,13 +66,27 @@ bool warn_no_room(const CommState& s, const Config& config, std::span<const Dire
   return true;
 }
 
-// Undoes what one attempt made: this rank's windows destroyed, the peers' closed.
-void undo(const DirectMemoryApi& m, int rank, std::vector<DirectPeer>& peers) {
+// Undoes what one attempt made: this rank's windows destroyed, the peers' closed. After an exchange
+// given up on while it runs on the transfer lane (NCCL waiting there for a rank that was killed or
+// stopped), unregistering host memory or freeing device memory would wait for it, forever: the own
+// windows' names go at once (nothing stays in /dev/shm) and every window waits for the lanes
+// (CommState::abandoned_windows, released once the real abort has stopped that exchange).
+void undo(CommState& s, std::vector<DirectPeer>& peers) {
+  const DirectMemoryApi& m = s.platform->direct;
+  const bool lane_busy = s.exchange_in_flight && !host_call_running(s);
   for (size_t r = 0; r < peers.size(); ++r) {
     DirectPeer& p = peers[r];
-    const bool mine = static_cast<int>(r) == rank;
-    for (Window* w : {&p.data, &p.flags})
-      if (w->token) (mine ? m.destroy : m.close)(*w);
+    const bool mine = static_cast<int>(r) == s.rank;
+    for (Window* w : {&p.data, &p.flags}) {
+      if (!w->token) continue;
+      if (!lane_busy) {
+        (mine ? m.destroy : m.close)(*w);
+        continue;
+      }
+      if (mine && m.unlink) m.unlink(*w);
+      s.abandoned_windows.push_back({*w, mine});
+      *w = Window{};
+    }
   }
 }
 
@@ -105,7 +119,7 @@ ncclResult_t try_direct(CommState& s, const Config& config, Carrier kind, uint64
   std::vector<char> all;
   if (const ncclResult_t r = gather_bytes(s, &offer, sizeof(offer), all, "the direct transport's offers");
       r != ncclSuccess) {
-    undo(m, s.rank, peers);
+    undo(s, peers);
     return r;
   }
   std::vector<DirectOffer> offers(n);
@@ -126,7 +140,7 @@ ncclResult_t try_direct(CommState& s, const Config& config, Carrier kind, uint64
   s.platform->cuda.GetLastError();
   bool all_opened = false;
   if (const ncclResult_t r = all_agree(s, opened, &all_opened, "the direct transport's confirmation"); r != ncclSuccess) {
-    undo(m, s.rank, peers);
+    undo(s, peers);
     return r;
   }
   if (all_opened) {
@@ -140,7 +154,7 @@ ncclResult_t try_direct(CommState& s, const Config& config, Carrier kind, uint64
     *ready = true;
     return ncclSuccess;
   }
-  undo(m, s.rank, peers);
+  undo(s, peers);
   FP8WIRE_INFO("comm {}: direct transport {} not possible on every rank", s.id, to_string(kind));
   return ncclSuccess;
 }

@@ -982,7 +982,10 @@ cudaError_t d_open(const WindowHandle& h, Window* out) {
 void d_unlink(Window&) {}
 void d_release(Window& win) {
   World::State& w = W();
-  std::lock_guard lock(w.mu);
+  std::unique_lock lock(w.mu);
+  // Unregistering host memory (cudaHostUnregister) and freeing device memory (cudaFree) synchronise
+  // the device, as Free does: a release while the rank's work waits on a peer that never comes hangs.
+  drain_rank(w, lock, me());
   drop_mapping(w, win);
 }
 bool d_owner_gone(const Window& peer) {

@@ -184,6 +184,18 @@ std::vector<ScopeState> scopes() {
   return out;
 }
 
+// An agreed FP8 communicator's facts, and an FP8 route on `path` over NCCL.
+CommFacts fp8_facts() {
+  CommFacts f;
+  f.agreed = f.fp8_ok = true;
+  return f;
+}
+Route fp8_route(Path path) {
+  Route route;
+  route.path = route.algorithm = path;
+  return route;
+}
+
 }  // namespace
 
 TEST_CASE("recipe: the engine's decisions of every call, field by field, from the configuration, the facts, the call and the scope's state") {
@@ -284,10 +296,8 @@ TEST_CASE("recipe: a scope through a guard trip, its full-precision spell and it
   c.telemetry_sample_every = 4;
   c.guard_decide_after = 2;
   c.guard_retry_after = 3;
-  CommFacts f;
-  f.agreed = f.fp8_ok = true;
-  Route route;
-  route.path = route.algorithm = Path::two_shot;
+  const CommFacts f = fp8_facts();
+  const Route route = fp8_route(Path::two_shot);
   CallShape call{Collective::all_reduce, DataType::bf16, ReduceOp::sum, 4096, 2};
   CallContext ctx;
   ctx.feedback_key = 9;
@@ -315,10 +325,8 @@ TEST_CASE("recipe: the all-to-all is measured, never guarded, never fed back, no
   c.guard_enable = true;
   c.error_feedback = true;
   c.telemetry_sample_every = 1;
-  CommFacts f;
-  f.agreed = f.fp8_ok = true;
-  Route route;
-  route.path = route.algorithm = Path::one_shot;
+  const CommFacts f = fp8_facts();
+  const Route route = fp8_route(Path::one_shot);
   CallShape call{Collective::all_to_all, DataType::bf16, ReduceOp::sum, 4096, 4};  // the engine passes sum
   CallContext ctx;
   ctx.feedback_key = 3;
@@ -336,10 +344,8 @@ TEST_CASE("recipe: a message is watched at its sending end only, by the pair's o
   c.guard_enable = true;
   c.telemetry_sample_every = 2;
   c.audit_every = 3;
-  CommFacts f;
-  f.agreed = f.fp8_ok = true;
-  Route route;
-  route.path = route.algorithm = Path::one_shot;
+  const CommFacts f = fp8_facts();
+  const Route route = fp8_route(Path::one_shot);
   const CallShape call{Collective::send_recv, DataType::bf16, ReduceOp::sum, 4096, 2};
   std::vector<std::string> sent, received;
   for (uint64_t k = 0; k < 6; ++k)

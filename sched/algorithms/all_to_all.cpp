@@ -36,6 +36,11 @@ ncclResult_t produce(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   const size_t es = ops.elem_size();
   const auto* src = static_cast<const char*>(a.src);
+  // Guarded (one stage of whole blocks: sched/plan/guard.hpp): one launch over every chunk, the
+  // rank's own too (its slot is never sent), so its last thread block casts the rank's vote over the
+  // whole call onto every peer's slot.
+  if (ops.guarded())
+    return ops.quantize(src, a.count * static_cast<size_t>(ops.nranks()), st.set, quant::Segmented{st.length, cb}, 0);
   return for_peer_runs(ops, st, a.count, [&](int first, int last) {
     const size_t at = static_cast<size_t>(first) * a.count + st.offset;
     return ops.quantize(src + at * es, st.length * static_cast<size_t>(last - first),

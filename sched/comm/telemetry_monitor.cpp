@@ -199,7 +199,10 @@ void TelemetryMonitor::fold(int slot) {
     if (scope.pending == slot) {
       scope.pending = -1;
       scope.has_decision = true;
-      scope.decision = r.decision != 0;
+      // With the rank's own vote: every guarded path's decoded flags hold it already (its chunks
+      // come back to it, or through their shards' owners) but the all-to-all's, whose own chunk
+      // never leaves the rank.
+      scope.decision = r.decision != 0 || r.vote != 0;
       if (scope.decision)
         FP8WIRE_WARN("comm {} rank {}: seq {} {} {}: the guard votes crossed a bound (this rank: {}; {}; "
                      "requantized: {}); the {} goes to full precision at its call {} (guard.decide_after; later if that call is captured)",

@@ -52,6 +52,8 @@ class StageOps {
     recipe_ = recipe;
   }
   const DirectWindows* direct() const { return direct_; }
+  // The call's quantizations carry the guard's votes (Watch::guarded).
+  bool guarded() const { return launch_.telemetry.guard; }
   LaneHandover handover() const { return direct_ ? recipe_.handover : LaneHandover::before_finish; }
   bool paced_sends() const { return direct_ && recipe_.paced_sends; }
   // The stage's hand-over from the produce lane, placed as late as it may be: the current lane waits

@@ -15,10 +15,15 @@ GuardSettings GuardSettings::from(const Config& c) {
   return g;
 }
 
-bool guard_eligible(Collective collective, Path path, ScaleType scale) {
-  if (!quant::guard_flag_supported(scale)) return false;
-  if (collective == Collective::all_gather) return true;
-  return collective == Collective::all_reduce && (path == Path::one_shot || path == Path::two_shot);
+bool guard_eligible(const CallShape& call, const Route& route, const quant::WireFormat& format) {
+  if (!quant::guard_flag_supported(format.scale)) return false;
+  switch (call.collective) {
+    case Collective::all_gather: return true;
+    case Collective::all_reduce: return route.path == Path::one_shot || route.path == Path::two_shot;
+    case Collective::all_to_all:
+      return call.count > 0 && call.count % format.block == 0 && stage_count(call.count, route.stage_elems) == 1;
+    default: return false;
+  }
 }
 
 CallChoice choose(ScopeState& scope, const GuardSettings& g, bool eligible, bool capturing) {

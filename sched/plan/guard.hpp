@@ -18,6 +18,8 @@
 
 #include "common/config.hpp"
 #include "quant/telemetry.hpp"
+#include "quant/wire_format.hpp"
+#include "sched/plan/route.hpp"
 #include "sched/plan/types.hpp"
 
 namespace fp8wire::sched {
@@ -54,11 +56,16 @@ struct CallChoice {
 inline uint64_t guard_scope(size_t batch, uint64_t feedback_key) { return batch > 1 ? 0 : feedback_key; }
 
 // Whether the flags of a call reach every rank as the same set of votes: the one-shot and two-shot
-// all-reduce (over NCCL or a direct transport, coalesced or not) and the all-gather, with a scale
-// that has a spare bit. Not the reduce-scatter or the all-to-all (rank r sees only the chunks sent to
-// it, voted before their senders' other chunks were measured), the ring or the hierarchical path
-// (votes stay inside a rail): those are measured only.
-bool guard_eligible(Collective collective, Path path, ScaleType scale);
+// all-reduce (over NCCL or a direct transport, coalesced or not), the all-gather, and the all-to-all
+// of one stage of whole blocks, with a scale that has a spare bit. The all-to-all's rank then
+// quantizes every chunk in one launch, its own too, whose last thread block casts the rank's vote over
+// all of it onto every peer's chunk, so every rank receives every other's whole vote and holds its
+// own: the same set everywhere. Not a pipelined or ragged all-to-all (its launches cover a part of
+// the peers each, so a receiver would read a vote over whatever its sender had quantized by then),
+// the reduce-scatter (rank r holds only the chunks sent to it, voted before their senders' later
+// chunks were measured), the ring or the hierarchical path (votes stay inside a rail): those are
+// measured only.
+bool guard_eligible(const CallShape& call, const Route& route, const quant::WireFormat& format);
 
 // What the scope's next call does; advances its count. Under capture nothing is measured (the record
 // could not be read back per replay). While a guarded call's votes are still to be read, later

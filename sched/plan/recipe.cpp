@@ -38,7 +38,8 @@ DirectRecipe direct_recipe(const Config& config, const CommFacts& comm, const Ca
 // The guard's and the audit's part (sched/plan/guard.hpp): the scope's pending decision read where it
 // is due (never under capture: another rank may not have the record yet; both apply it at the scope's
 // first call outside capture), then the scope's choice for this call.
-Watch watch_for(const Config& config, const CallShape& call, const Route& route, const CallContext& context) {
+Watch watch_for(const Config& config, const CallShape& call, const Route& route, const quant::WireFormat& format,
+                const CallContext& context) {
   Watch w;
   w.guard = GuardSettings::from(config);
   w.active = w.guard.sample_every > 0 || config.audit_every > 0;
@@ -51,7 +52,7 @@ Watch watch_for(const Config& config, const CallShape& call, const Route& route,
     scope.has_decision = false;
     w.tripped = apply_decision(scope, scope.decision, w.guard.retry_after);
   }
-  const bool eligible = guard_eligible(call.collective, route.path, config.scale_type);
+  const bool eligible = guard_eligible(call, route, format);
   const CallChoice choice = choose(scope, w.guard, eligible, context.capturing);
   w.full_precision = choice.full_precision;
   w.measured = choice.measure;
@@ -101,7 +102,7 @@ Recipe recipe_for(const Config& config, const CommFacts& comm, const CallShape& 
     r.watch = message_watch(config, context);
     return r;
   }
-  r.watch = watch_for(config, call, route, context);
+  r.watch = watch_for(config, call, route, r.format, context);
   if (r.watch.full_precision) return r;
   r.direct = direct_recipe(config, comm, call, route, context.capturing);
   r.post = call.op == ReduceOp::avg ? 1.0f / static_cast<float>(call.nranks) : 1.0f;

@@ -261,7 +261,7 @@ TEST_CASE("all-to-alls in an application group with the other collectives: each 
   }
 }
 
-TEST_CASE("telemetry and the audit measure the all-to-all under its own collective; the guard never switches it") {
+TEST_CASE("telemetry and the audit measure the all-to-all under its own collective; the guard never switches a partial-block one") {
   log_set_level(LogLevel::error);
   Run cfg;
   cfg.config = sim_config();

@@ -304,6 +304,40 @@ TEST_CASE("guard: every breakage of e4m3 switches every rank at the same call, u
   CHECK_MESSAGE(failures.empty(), first_failures(failures));
 }
 
+TEST_CASE("guard: an all-to-all of one stage of whole blocks switches every rank at the same call; pipelined or ragged ones are measured only") {
+  std::vector<std::string> failures;
+  int runs = 0;
+  for (int n : {2, 3, 4})
+    for (Breakage b : {Breakage::nan_block, Breakage::inf, Breakage::outlier, Breakage::underflow})
+      // 1024: one stage of whole blocks (guarded); 1000: partial blocks; 16384 in 64 KiB of scratch:
+      // pipelined (both measured only, never switched).
+      for (size_t count : {size_t(1024), size_t(1000), size_t(16384)}) {
+        // The breakage lands in the bad rank's own chunk for some (rank 0's, for the all-NaN block):
+        // that chunk never leaves it, and its vote still reaches every peer.
+        const int bad_rank = (n - 1 + static_cast<int>(b)) % n;
+        const Sequence q = sequence(Collective::all_to_all, Path::one_shot, count, b, bad_rank);
+        Config c = guard_config();
+        if (count > 1024) {
+          c.scratch_max_bytes = 64 << 10;
+          c.coalesce_max_bytes = 16 << 10;
+        }
+        sim::Options m;
+        m.nranks = n;
+        const auto inputs = inputs_of(q, n);
+        const SeqOutcome plain = plain_run(c, m, q, inputs);
+        for (uint64_t seed : {1ull, 2ull}) {
+          m.schedule_seed = seed;
+          const SeqOutcome o = run_sequence(c, m, q, inputs);
+          ++runs;
+          const std::string e = check(c, q, inputs, o, plain, expected_paths(q, c.guard_retry_after, count == 1024));
+          if (!e.empty())
+            failures.push_back(fmt::format("all_to_all n={} count={} {} seed {}: {}", n, count, label(b), seed, e));
+        }
+      }
+  MESSAGE(runs << " runs");
+  CHECK_MESSAGE(failures.empty(), first_failures(failures));
+}
+
 TEST_CASE("guard: the votes read guard.decide_after calls later: every rank switches at that call, under every interleaving") {
   // Every call measured; a guarded call's votes are read 3 calls later, and the calls between are
   // measured only (one decision in flight): calls 0, 3, 6, 9 carry votes. Call 3 breaks, so calls
@@ -559,12 +593,21 @@ TEST_CASE("guard: the choice of a scope's calls, as a pure function") {
   busy.pending = -1;
   busy.has_decision = true;
   CHECK_FALSE(sched::choose(busy, g, true, false).guard);
-  CHECK(sched::guard_eligible(Collective::all_reduce, Path::two_shot, ScaleType::fp32));
-  CHECK(sched::guard_eligible(Collective::all_gather, Path::two_shot, ScaleType::bf16));
-  CHECK_FALSE(sched::guard_eligible(Collective::all_reduce, Path::two_shot, ScaleType::e8m0));
-  CHECK_FALSE(sched::guard_eligible(Collective::reduce_scatter, Path::two_shot, ScaleType::fp32));
-  CHECK_FALSE(sched::guard_eligible(Collective::all_reduce, Path::ring, ScaleType::fp32));
-  CHECK_FALSE(sched::guard_eligible(Collective::all_reduce, Path::hierarchical, ScaleType::fp32));
+  auto eligible = [](Collective c, Path p, ScaleType scale) {
+    sched::Route route;
+    route.path = route.algorithm = p;
+    route.stage_elems = 4096;
+    quant::WireFormat format;
+    format.scale = scale;
+    return sched::guard_eligible(sched::CallShape{c, DataType::bf16, ReduceOp::sum, 4096, 4}, route, format);
+  };
+  CHECK(eligible(Collective::all_reduce, Path::two_shot, ScaleType::fp32));
+  CHECK(eligible(Collective::all_gather, Path::two_shot, ScaleType::bf16));
+  CHECK(eligible(Collective::all_to_all, Path::one_shot, ScaleType::fp32));
+  CHECK_FALSE(eligible(Collective::all_reduce, Path::two_shot, ScaleType::e8m0));
+  CHECK_FALSE(eligible(Collective::reduce_scatter, Path::two_shot, ScaleType::fp32));
+  CHECK_FALSE(eligible(Collective::all_reduce, Path::ring, ScaleType::fp32));
+  CHECK_FALSE(eligible(Collective::all_reduce, Path::hierarchical, ScaleType::fp32));
 }
 
 TEST_CASE("audit: every Nth call also runs in full precision on a copy; the FP8 result's true error is reported") {

@@ -60,7 +60,7 @@ Decisions reference(const Config& config, const CommFacts& f, const CallShape& c
       scope.has_decision = false;
       d.tripped = apply_decision(scope, scope.decision, g.retry_after);
     }
-    const bool eligible = guard_eligible(call.collective, route.path, config.scale_type);
+    const bool eligible = guard_eligible(call, route, quant::WireFormat::from(config));
     const CallChoice choice = choose(scope, g, eligible, ctx.capturing);
     d.full_precision = choice.full_precision;
     d.decide_at = this_call + g.decide_after;
@@ -320,23 +320,37 @@ TEST_CASE("recipe: a scope through a guard trip, its full-precision spell and it
   CHECK(seen == std::vector<std::string>{"-MG--", "-----", "F--T-", "F----", "F----", "-MG-R", "-----"});
 }
 
-TEST_CASE("recipe: the all-to-all is measured, never guarded, never fed back, nothing applied before decoding") {
+TEST_CASE("recipe: the all-to-all is guarded in one stage of whole blocks only, never fed back, nothing applied before decoding") {
   Config c;
   c.guard_enable = true;
   c.error_feedback = true;
   c.telemetry_sample_every = 1;
   const CommFacts f = fp8_facts();
-  const Route route = fp8_route(Path::one_shot);
+  Route route = fp8_route(Path::one_shot);
+  route.stage_elems = 4096;
   CallShape call{Collective::all_to_all, DataType::bf16, ReduceOp::sum, 4096, 4};  // the engine passes sum
   CallContext ctx;
   ctx.feedback_key = 3;
   const Recipe r = recipe_for(c, f, call, route, ctx);
   CHECK(r.watch.measured);
-  CHECK_FALSE(r.watch.guarded);  // each rank decodes only the chunks sent to it (sched/README.md)
+  CHECK(r.watch.guarded);  // one launch over every chunk casts the whole vote onto each (sched/plan/guard.hpp)
   CHECK_FALSE(r.feedback);
   CHECK(r.post == 1.0f);
   CHECK(r.direct.protocol == DirectProtocol::automatic);
-  CHECK_FALSE(guard_eligible(Collective::all_to_all, Path::one_shot, ScaleType::fp32));
+  // Measured only: pipelined (a stage's launches cover one peer each), a count of partial blocks
+  // (likewise), a scale without a spare bit.
+  Route pipelined = route;
+  pipelined.stage_elems = 2048;
+  CHECK_FALSE(recipe_for(c, f, call, pipelined, ctx).watch.guarded);
+  CallShape ragged = call;
+  ragged.count = 4000;
+  route.stage_elems = 4000;
+  CHECK_FALSE(recipe_for(c, f, ragged, route, ctx).watch.guarded);
+  Config e8m0 = c;
+  e8m0.scale_type = ScaleType::e8m0;
+  route.stage_elems = 4096;
+  CHECK(recipe_for(e8m0, f, call, route, ctx).watch.measured);
+  CHECK_FALSE(recipe_for(e8m0, f, call, route, ctx).watch.guarded);
 }
 
 TEST_CASE("recipe: a message is watched at its sending end only, by the pair's own count, never guarded or scoped") {

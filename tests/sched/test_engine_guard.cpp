@@ -263,6 +263,32 @@ SeqOutcome plain_run(const Config& c, sim::Options m, const Sequence& q, const s
   return run_sequence(c, m, p, in);
 }
 
+
+// A breakage sequence (the bad rank chosen by the breakage) under `seeds` schedules, `small_scratch`
+// pipelining it in 64 KiB: each run's failure, if any, into `failures` (with `trips`, every rank must
+// switch at the same call; without, none may switch).
+void breakage_runs(Collective coll, Path path, int n, Breakage b, size_t count, bool small_scratch, bool trips,
+                   int seeds, int* runs, std::vector<std::string>& failures) {
+  const Sequence q = sequence(coll, path, count, b, (n - 1 + static_cast<int>(b)) % n);
+  Config c = guard_config();
+  if (small_scratch) {
+    c.scratch_max_bytes = 64 << 10;
+    c.coalesce_max_bytes = 16 << 10;
+  }
+  sim::Options m;
+  m.nranks = n;
+  const auto inputs = inputs_of(q, n);
+  const SeqOutcome plain = plain_run(c, m, q, inputs);
+  for (int seed = 1; seed <= seeds; ++seed) {
+    m.schedule_seed = static_cast<uint64_t>(seed);
+    const SeqOutcome o = run_sequence(c, m, q, inputs);
+    ++*runs;
+    if (const std::string e = check(c, q, inputs, o, plain, expected_paths(q, c.guard_retry_after, trips)); !e.empty())
+      failures.push_back(fmt::format("{} {} n={} count={} {} seed {}: {}", to_string(coll), to_string(path), n, count,
+                                     label(b), seed, e));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("guard: every breakage of e4m3 switches every rank at the same call, under every interleaving") {
@@ -277,28 +303,8 @@ TEST_CASE("guard: every breakage of e4m3 switches every rank at the same call, u
   for (int n : {2, 3, 4})
     for (const auto& v : variants)
       for (Breakage b : {Breakage::nan_block, Breakage::inf, Breakage::outlier, Breakage::underflow})
-        for (size_t count : {size_t(1000), size_t(6000)}) {  // 6000 x 4 B x n: pipelined in 64 KiB scratch
-          const int bad_rank = (n - 1 + static_cast<int>(b)) % n;
-          const Sequence q = sequence(v.c, v.p, count, b, bad_rank);
-          Config c = guard_config();
-          if (count > 1000) {
-            c.scratch_max_bytes = 64 << 10;
-            c.coalesce_max_bytes = 16 << 10;
-          }
-          sim::Options m;
-          m.nranks = n;
-          const auto inputs = inputs_of(q, n);
-          const SeqOutcome plain = plain_run(c, m, q, inputs);
-          for (uint64_t seed : {1ull, 2ull, 3ull}) {
-            m.schedule_seed = seed;
-            const SeqOutcome o = run_sequence(c, m, q, inputs);
-            ++runs;
-            const std::string e = check(c, q, inputs, o, plain, expected_paths(q, c.guard_retry_after, true));
-            if (!e.empty())
-              failures.push_back(fmt::format("{} {} n={} count={} {} seed {}: {}", to_string(v.c), to_string(v.p), n,
-                                             count, label(b), seed, e));
-          }
-        }
+        for (size_t count : {size_t(1000), size_t(6000)})  // 6000 x 4 B x n: pipelined in 64 KiB scratch
+          breakage_runs(v.c, v.p, n, b, count, count > 1000, true, 3, &runs, failures);
   MESSAGE(runs << " runs");
   CAPTURE(failures.size());
   CHECK_MESSAGE(failures.empty(), first_failures(failures));
@@ -310,30 +316,12 @@ TEST_CASE("guard: an all-to-all of one stage of whole blocks switches every rank
   for (int n : {2, 3, 4})
     for (Breakage b : {Breakage::nan_block, Breakage::inf, Breakage::outlier, Breakage::underflow})
       // 1024: one stage of whole blocks (guarded); 1000: partial blocks; 16384 in 64 KiB of scratch:
-      // pipelined (both measured only, never switched).
-      for (size_t count : {size_t(1024), size_t(1000), size_t(16384)}) {
-        // The breakage lands in the bad rank's own chunk for some (rank 0's, for the all-NaN block):
-        // that chunk never leaves it, and its vote still reaches every peer.
-        const int bad_rank = (n - 1 + static_cast<int>(b)) % n;
-        const Sequence q = sequence(Collective::all_to_all, Path::one_shot, count, b, bad_rank);
-        Config c = guard_config();
-        if (count > 1024) {
-          c.scratch_max_bytes = 64 << 10;
-          c.coalesce_max_bytes = 16 << 10;
-        }
-        sim::Options m;
-        m.nranks = n;
-        const auto inputs = inputs_of(q, n);
-        const SeqOutcome plain = plain_run(c, m, q, inputs);
-        for (uint64_t seed : {1ull, 2ull}) {
-          m.schedule_seed = seed;
-          const SeqOutcome o = run_sequence(c, m, q, inputs);
-          ++runs;
-          const std::string e = check(c, q, inputs, o, plain, expected_paths(q, c.guard_retry_after, count == 1024));
-          if (!e.empty())
-            failures.push_back(fmt::format("all_to_all n={} count={} {} seed {}: {}", n, count, label(b), seed, e));
-        }
-      }
+      // pipelined (both measured only, never switched). The breakage lands in the bad rank's own
+      // chunk for some (rank 0's, for the all-NaN block): that chunk never leaves it, and its vote
+      // still reaches every peer.
+      for (size_t count : {size_t(1024), size_t(1000), size_t(16384)})
+        breakage_runs(Collective::all_to_all, Path::one_shot, n, b, count, count > 1024, count == 1024, 2, &runs,
+                      failures);
   MESSAGE(runs << " runs");
   CHECK_MESSAGE(failures.empty(), first_failures(failures));
 }

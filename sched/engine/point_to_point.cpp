@@ -84,11 +84,12 @@ ncclResult_t Engine::Impl::quantize_message(CommState& s, const Call& c, const R
   if (!nccl_ok(res) || !w.audited) return res;
   void *decoded = nullptr, *exact = nullptr;
   FP8WIRE_TRY(s.telemetry->audit_buffers(bytes, bytes, &decoded, &exact));
-  quant::LaunchOptions plain;
-  plain.path = recipe.convert_path;
+  quant::LaunchOptions unmeasured;  // the audit's decode measures nothing
+  unmeasured.path = recipe.convert_path;
   FP8WIRE_TRY(cuda_step(p, p.cuda.MemcpyAsync(exact, c.send, bytes, cudaMemcpyDeviceToDevice, c.stream), s.id,
                         "copying an audited message"));
-  FP8WIRE_TRY(cuda_step(p, p.codec.dequantize(m.wire, layout, c.count, decoded, m.type, recipe.format, c.stream, plain),
+  FP8WIRE_TRY(cuda_step(p, p.codec.dequantize(m.wire, layout, c.count, decoded, m.type, recipe.format, c.stream,
+                                            unmeasured),
                         s.id, "decoding an audited message"));
   return s.telemetry->audit_read_back(c.stream, decoded, bytes, dtype_of(c.dtype), c.collective, recipe.route.path,
                                       seq);

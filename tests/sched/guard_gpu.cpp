@@ -1,5 +1,6 @@
 // GPU tier of the guard: N ranks on GPU 0 (emulated hosts, as multirank_collectives) drive
-// sched::Engine through a linked NCCL. Synthetic gradients that break e4m3 on one rank (an outlier
+// sched::Engine through a linked NCCL, over the two-shot and one-shot all-reduce and the all-to-all
+// (one stage of whole blocks). Synthetic gradients that break e4m3 on one rank (an outlier
 // 1e5x larger inside every block, an all-NaN block, one Inf, values below e4m3's range after scaling)
 // trip the guard at the call that carries them; every rank then runs the next guard.retry_after calls
 // in full precision, bit for bit what plain NCCL gives, and goes back to FP8 after. Prints the
@@ -73,7 +74,18 @@ std::vector<float> input(int rank, int call, int breakage, int bad_rank) {
   return x;
 }
 
-Config guard_config(Path) {
+// The guarded calls: the all-reduce's two paths and the all-to-all (kCount / n elements per peer).
+struct GuardedCall {
+  Collective collective;
+  Path path;
+  const char* name;
+};
+constexpr GuardedCall kGuarded[] = {{Collective::all_reduce, Path::two_shot, "two_shot"},
+                                    {Collective::all_reduce, Path::one_shot, "one_shot"},
+                                    {Collective::all_to_all, Path::one_shot, "all_to_all"}};
+constexpr int kGuardedCalls = sizeof(kGuarded) / sizeof(kGuarded[0]);
+
+Config guard_config() {
   Config c;
   for (auto& per : c.thresholds) per = {0, 0, 0};
   c.collective_enable.fill(true);
@@ -110,9 +122,11 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
   FP8WIRE_CUDA_OR(cudaMalloc(&fp8, kCount * sizeof(float)), _exit(3));
   FP8WIRE_CUDA_OR(cudaMalloc(&plain, kCount * sizeof(float)), _exit(3));
   const int bad_rank = n - 1;
-  for (Path path : {Path::two_shot, Path::one_shot}) {
+  for (const GuardedCall& g : kGuarded) {
+    const Path path = g.path;
+    const bool a2a = g.collective == Collective::all_to_all;
     for (int b = 0; b < kBreakages; ++b) {
-      sched::Engine eng(guard_config(path), platform);
+      sched::Engine eng(guard_config(), platform);
       eng.comm_created(comm);
       const uint64_t seq_before = Accounting::instance().last_seq();
       const sched::ErrorTotals before = sched::error_totals();
@@ -122,9 +136,14 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
       for (int call = 0; call < kCalls; ++call) {
         const std::vector<float> x = input(rank, call, b, bad_rank);
         FP8WIRE_CUDA_OR(cudaMemcpy(in, x.data(), kCount * sizeof(float), cudaMemcpyHostToDevice), _exit(3));
-        if (sched::EngineProbe(eng).all_reduce_forced(path, in, fp8, kCount, ncclFloat32, ncclSum, comm, stream) != ncclSuccess) _exit(6);
+        const size_t per_peer = kCount / static_cast<size_t>(n);
+        const ncclResult_t fp8_res =
+            a2a ? sched::EngineProbe(eng).all_to_all_forced(path, in, fp8, per_peer, ncclFloat32, comm, stream)
+                : sched::EngineProbe(eng).all_reduce_forced(path, in, fp8, kCount, ncclFloat32, ncclSum, comm, stream);
+        if (fp8_res != ncclSuccess) _exit(6);
         // Plain NCCL on the same input (its own call, not through the engine).
-        FP8WIRE_NCCL_OR(ncclAllReduce(in, plain, kCount, ncclFloat32, ncclSum, comm, stream), _exit(4));
+        if (a2a) FP8WIRE_NCCL_OR(ncclAlltoAll(in, plain, per_peer, ncclFloat32, comm, stream), _exit(4));
+        else FP8WIRE_NCCL_OR(ncclAllReduce(in, plain, kCount, ncclFloat32, ncclSum, comm, stream), _exit(4));
         FP8WIRE_CUDA_OR(cudaStreamSynchronize(stream), _exit(3));
         std::vector<float> a(kCount), p(kCount);
         FP8WIRE_CUDA_OR(cudaMemcpy(a.data(), fp8, kCount * sizeof(float), cudaMemcpyDeviceToHost), _exit(3));
@@ -141,7 +160,7 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
       for (size_t i = 0; i < got; ++i)
         if (records[i].rank == rank && records[i].nranks == n && records[i].path != Path::passthrough)
           paths += std::string(to_string(records[i].path)) + ",";
-      const int c = static_cast<int>(Collective::all_reduce), p = static_cast<int>(path);
+      const int c = static_cast<int>(g.collective), p = static_cast<int>(path);
       const quant::ErrorStats& in_after = after_bad.input[c][p];
       const quant::ErrorStats& in_before = before.input[c][p];
       const double sq_e = in_after.sq_error - in_before.sq_error, sq_i = in_after.sq_input - in_before.sq_input;
@@ -153,7 +172,7 @@ int rank_main(int rank, int n, const ncclUniqueId& id, const std::string& out_pa
       const bool ok = switched && bitwise[2] && bitwise[3] && end.guard_trips[c] - before.guard_trips[c] == 1;
       // name status rel_error(bad call, this rank's input, cumulative of calls 0-1) flushed nonfinite
       // guard paths fp8_vs_plain(bad call) bitwise(2,3)
-      std::fprintf(out, "%s/%s %s %.3e %llu %llu %.3e %s %.3e %d%d\n", to_string(path), label(b), ok ? "PASS" : "FAIL",
+      std::fprintf(out, "%s/%s %s %.3e %llu %llu %.3e %s %.3e %d%d\n", g.name, label(b), ok ? "PASS" : "FAIL",
                    sq_i > 0 ? std::sqrt(sq_e / sq_i) : 0.0, in_after.flushed - in_before.flushed,
                    in_after.nonfinite - in_before.nonfinite, audit_x > 0 ? std::sqrt(audit_e / audit_x) : 0.0,
                    paths.c_str(), bad_call_rel, bitwise[2], bitwise[3]);
@@ -228,8 +247,9 @@ int main(int argc, char** argv) {
                     status.c_str(), rel, flushed, nonfinite, audit, paths.c_str(), diff,
                     bits == "11" ? "bitwise" : "DIFFER");
       }
-      if (lines != 2 * kBreakages) {
-        std::fprintf(stderr, "FAIL: world size %d rank %d reported %d cases, expected %d\n", n, r, lines, 2 * kBreakages);
+      if (lines != kGuardedCalls * kBreakages) {
+        std::fprintf(stderr, "FAIL: world size %d rank %d reported %d cases, expected %d\n", n, r, lines,
+                     kGuardedCalls * kBreakages);
         ++failures;
       }
       unlink((prefix + std::to_string(r)).c_str());

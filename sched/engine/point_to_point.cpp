@@ -59,6 +59,7 @@ ncclResult_t Engine::Impl::quantize_message(CommState& s, const Call& c, const R
   TelemetryMonitor::Call measured;
   if (w.active) {
     if (!s.telemetry) s.telemetry = std::make_unique<TelemetryMonitor>(*s.platform, s.id, s.rank);
+    s.telemetry->fold_completed();  // a communicator of messages only has no collective to fold them
     FP8WIRE_TRY(s.telemetry->begin(w, c.collective, recipe.route.path, seq, &measured));
   }
   quant::LaunchOptions opt;

@@ -12,6 +12,10 @@
 #   5. tests/sched/send_recv_torch.py: uneven dist.all_to_all_single, batch_isend_irecv and dist.send /
 #      dist.recv (ncclSend / ncclRecv) with and without the shim and FP8WIRE_COLLECTIVES_SEND_RECV=1: one
 #      quantization's bound, own chunk and int32 exact, fp8 output deterministic.
+#   6. tests/sched/moe_parity.py / pipeline_parity.py: an expert-parallel MoE layer (dispatch and combine by
+#      uneven all_to_all_single; also with the combine kept exact) and a two-stage pipeline (dist.send /
+#      dist.recv of activations and their gradients), 300 steps each with and without the shim: loss
+#      curves as the main job judges them (scripts/loss_parity.py), final evaluation loss within 2 %.
 # Env: SCHED_RANKS (default "2 3": DDP runs), SCHED_GRAPH_RANKS (default "2 3"), SCHED_MULTIRANK_RANKS
 # (default: SCHED_RANKS and 4, comma-separated), SCHED_MULTIRANK_LIMIT (s, default 280), SCHED_BIG (1: the
 # 256 MiB case; 0: 64 MiB). Logs under $OUT.
@@ -42,6 +46,13 @@ for n in $ranks; do
 done
 for n in $ranks; do
   gpu_step "send_recv_torch_n$n" 200 "$PY" tests/sched/send_recv_torch.py --nproc "$n" --out "$OUT"
+done
+for n in $ranks; do
+  gpu_step "moe_parity_n$n" 480 "$PY" tests/sched/moe_parity.py --nproc "$n" --out "$OUT"
+done
+for n in $ranks; do
+  (( n % 2 )) && continue  # two stages per pipeline
+  gpu_step "pipeline_parity_n$n" 330 "$PY" tests/sched/pipeline_parity.py --nproc "$n" --out "$OUT"
 done
 for n in $graph_ranks; do
   # graph_capture.py bounds itself (per-phase watchdog, two launches of <= 80 s); the outer timeout

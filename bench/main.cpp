@@ -58,7 +58,7 @@ std::string parse_sweep(const SweepArgs& a, fb::SweepOptions& o) {
   } else {
     for (const auto& s : fb::split_list(a.collectives)) {
       const auto c = fb::parse_collective(s);
-      if (!c) return fmt::format("--collectives '{}': expected all_reduce, reduce_scatter, all_gather, all_to_all or all", s);
+      if (!c) return fmt::format("--collectives '{}': expected all_reduce, reduce_scatter, all_gather, all_to_all, send_recv or all", s);
       o.collectives.push_back(*c);
     }
   }
@@ -312,7 +312,7 @@ int main(int argc, char** argv) {
   fb::SweepOptions sweep;
   SweepArgs sa;
   auto* s = app.add_subcommand("sweep", "time plain NCCL against fp8wire's paths over a range of sizes");
-  s->add_option("--collectives", sa.collectives, "all_reduce,reduce_scatter,all_gather,all_to_all or all")->capture_default_str();
+  s->add_option("--collectives", sa.collectives, "all_reduce,reduce_scatter,all_gather,all_to_all,send_recv or all")->capture_default_str();
   s->add_option("--dtypes", sa.dtypes, "bf16,fp16,fp32")->capture_default_str();
   s->add_option("--paths", sa.paths, "FP8 paths to time besides passthrough: two_shot,one_shot,ring")
       ->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

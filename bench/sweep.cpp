@@ -115,9 +115,27 @@ struct Worker {
       case Collective::reduce_scatter: return sched::EngineProbe(engine).reduce_scatter_forced(path, send, recv, count, t, ncclSum, comm, stream);
       case Collective::all_gather: return sched::EngineProbe(engine).all_gather_forced(path, send, recv, count, t, comm, stream);
       case Collective::all_to_all: return sched::EngineProbe(engine).all_to_all_forced(path, send, recv, count, t, comm, stream);
-      case Collective::send_recv: break;  // not a sweep's collective (kCollectives)
+      case Collective::send_recv: return message_round(engine, path, send, recv, count, t);
     }
     return ncclInvalidArgument;
+  }
+
+  // One round of messages as sendrecv_perf times it: `count` elements to the next rank and from the
+  // previous one, in one group. FP8 through the engine's send and receive (the benchmark's
+  // configuration turns messages on at every size); pass-through is NCCL's own pair of calls.
+  ncclResult_t message_round(sched::Engine& engine, Path path, const void* send, void* recv, uint64_t count,
+                             ncclDataType_t t) {
+    const int n = env.world_size;
+    const int next = (env.rank + 1) % n, prev = (env.rank + n - 1) % n;
+    const bool plain = path == Path::passthrough;
+    ncclResult_t res = plain ? api.GroupStart() : engine.group_start();
+    if (res != ncclSuccess) return res;
+    res = plain ? api.Send(send, count, t, next, comm, stream) : engine.send(send, count, t, next, comm, stream);
+    if (res == ncclSuccess)
+      res = plain ? api.Recv(recv, count, t, prev, comm, stream) : engine.recv(recv, count, t, prev, comm, stream);
+    // The group is closed whatever happened inside it, and its first error wins.
+    const ncclResult_t end = plain ? api.GroupEnd() : engine.group_end();
+    return res != ncclSuccess ? res : end;
   }
 
   // All-gathers one RankReport per rank; rank 0 gets them in rank order.
@@ -191,6 +209,12 @@ struct Worker {
       mine.recorded_calls = calls;
       const int fb = static_cast<int>(Path::fallback);
       mine.fallback_calls = after.calls[fb] - before.calls[fb];
+      // A message the planner passed through (below a threshold, or a calibrated cost model's
+      // choice) is plain NCCL under an FP8 label, as a fallback is.
+      if (c == Collective::send_recv && path != Path::passthrough) {
+        const int plain = static_cast<int>(Path::passthrough);
+        mine.fallback_calls += after.calls[plain] - before.calls[plain];
+      }
       for (int g = 0; g < 3; ++g) mine.gather_calls[g] = after.gather_calls[g] - before.gather_calls[g];
       mine.direct_calls = after.direct_calls - before.direct_calls;
       // Per application call: sched may record a pipelined call as several records.
@@ -237,7 +261,7 @@ struct Worker {
     for (const auto& r : all)
       if (path != Path::passthrough && r.fallback_calls > 0 && point.supported) {
         point.supported = false;
-        point.error = fmt::format("sched fell back to plain NCCL on {} of {} calls (see the fp8wire log)",
+        point.error = fmt::format("{} of {} calls ran as plain NCCL (a fallback or a pass-through; see the fp8wire log)",
                                   r.fallback_calls, r.recorded_calls);
       }
     if (!point.supported) return 0;
@@ -298,8 +322,9 @@ struct Worker {
       point.check.pass = point.check.mismatches == 0 && point.check.nonfinite == 0;
       // Data-parallel replicas must stay in sync: an FP8 all-reduce leaves identical bytes everywhere.
       point.check.bitwise_required = c == Collective::all_reduce && path != Path::passthrough;
-      // Reduce-scatter and all-to-all outputs differ per rank; identity is meaningful for the others only.
-      if (c != Collective::reduce_scatter && c != Collective::all_to_all)
+      // Reduce-scatter, all-to-all and message outputs differ per rank; identity is meaningful for the
+      // others only.
+      if (c != Collective::reduce_scatter && c != Collective::all_to_all && c != Collective::send_recv)
         for (const auto& r : all) point.check.bitwise_identical &= (r.hash == all[0].hash);
       if (point.check.bitwise_required && !point.check.bitwise_identical) point.check.pass = false;
     }
@@ -509,6 +534,8 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   // all-gather and all-to-all are off by default) must not turn a forced path into a fallback.
   w.config.enable = true;
   w.config.collective_enable.fill(true);
+  // Messages have no forced entry point: the planner routes them, so FP8 needs their threshold at 0.
+  w.config.thresholds[static_cast<int>(Collective::send_recv)].fill(0);
 
   // Rank 0 times the codec before anyone has a communicator: on emulated ranks the others would
   // otherwise spin in their first collective on the same GPU and slow the kernels down.
@@ -633,7 +660,9 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     for (size_t i = 0; i < w.variants.size(); ++i) {
       const Worker::Variant& var = w.variants[i];
       if (var.direct) {
-        if (path != Path::ring && path != Path::hierarchical) v.push_back(i);
+        // The all-to-all and messages have no direct program: NCCL's transports carry them.
+        const bool direct_program = c != Collective::all_to_all && c != Collective::send_recv;
+        if (direct_program && path != Path::ring && path != Path::hierarchical) v.push_back(i);
       } else if (fp8_over_nccl && (has_gather_step(c, path) || i == 0)) {
         v.push_back(i);
       }

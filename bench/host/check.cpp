@@ -140,8 +140,11 @@ uint64_t fnv1a(const void* data, size_t bytes) {
 LocalCheck check_output(const CheckSpec& spec, const void* output) {
   LocalCheck result;
   const uint64_t n = spec.nranks;
-  // All-gather and all-to-all: n chunks of count, chunk j from rank j.
+  // All-gather and all-to-all: n chunks of count, chunk j from rank j. A message: one chunk, from the
+  // previous rank (the sweep's round sends to the next one).
   const bool chunks = spec.collective == Collective::all_gather || spec.collective == Collective::all_to_all;
+  const bool message = spec.collective == Collective::send_recv;
+  const int message_source = static_cast<int>((static_cast<uint64_t>(spec.rank) + n - 1) % std::max<uint64_t>(n, 1));
   const uint64_t out_elems = chunks ? spec.count * n : spec.count;
   result.hash = fnv1a(output, out_elems * dtype_size(spec.dtype));
   const double bound = error_bound(spec);
@@ -171,7 +174,7 @@ LocalCheck check_output(const CheckSpec& spec, const void* output) {
                                    : spec.count;
   // Per-block sums of amax, memoised: every block is read once per contributing rank.
   const uint64_t nblocks = (input_elems + block - 1) / block;
-  const size_t sources = chunks ? static_cast<size_t>(spec.nranks) : 1;
+  const size_t sources = chunks || message ? static_cast<size_t>(spec.nranks) : 1;
   std::vector<double> block_ref(nblocks * sources, -1.0);
   auto block_sum = [&](int source_rank, uint64_t b) -> double {
     double& slot = block_ref[(source_rank < 0 ? 0 : static_cast<size_t>(source_rank)) * nblocks + b];
@@ -196,8 +199,8 @@ LocalCheck check_output(const CheckSpec& spec, const void* output) {
     const uint64_t i = input_index(j);
     double expected;
     int source = -1;
-    if (chunks) {
-      source = static_cast<int>(j / spec.count);
+    if (chunks || message) {
+      source = message ? message_source : static_cast<int>(j / spec.count);
       expected = input_value(source, spec.buffer, i);
     } else {
       const int e = exponent_of(spec.buffer, i);

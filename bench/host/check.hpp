@@ -8,11 +8,11 @@
 //
 // FP8 results are checked against a stated bound relative to the block's reference magnitude
 // R = sum over ranks of the block's amax (all-reduce, reduce-scatter) or the sender's block amax
-// (all-gather, all-to-all), taking the largest R of the block and its two neighbours so a path that
+// (all-gather, all-to-all, a message: the previous rank's), taking the largest R of the block and its two neighbours so a path that
 // cuts blocks at other offsets is still judged fairly:
 //     |out - expected| <= (q * u * s + 2^-7) * R
 // where q = quantizations on the path (all-reduce two_shot 2, one_shot 1, ring n; reduce-scatter
-// two_shot/one_shot 1, ring n-1; all-gather 1; all-to-all 1), u = half an FP8 ulp relative to the
+// two_shot/one_shot 1, ring n-1; all-gather 1; all-to-all 1; a message 1), u = half an FP8 ulp relative to the
 // value (2^-4 e4m3, 2^-3 e5m2), s = 2 for power-of-two (e8m0) scales, 1 otherwise, and 2^-7 covers
 // the final rounding to the caller's dtype. An all-to-all rank's own chunk must be exact. Any NaN or
 // Inf in an output is a failure (the inputs are finite).
@@ -45,7 +45,8 @@ struct CheckSpec {
   int nranks = 1;
   int rank = 0;
   int buffer = 0;
-  uint64_t count = 0;           // count argument of the call (recvcount for RS, sendcount for AG, per peer for A2A)
+  uint64_t count = 0;           // count argument of the call (recvcount for RS, sendcount for AG, per peer for A2A,
+                                // the message for send/recv: from rank - 1, as the sweep's round sends)
   uint32_t block = 128;
   Fp8Format fp8 = Fp8Format::e4m3;
   ScaleType scale = ScaleType::fp32;

@@ -105,6 +105,7 @@ std::optional<Collective> parse_collective(std::string_view text) {
   if (s == "reduce_scatter" || s == "reducescatter" || s == "rs") return Collective::reduce_scatter;
   if (s == "all_gather" || s == "allgather" || s == "ag") return Collective::all_gather;
   if (s == "all_to_all" || s == "alltoall" || s == "a2a") return Collective::all_to_all;
+  if (s == "send_recv" || s == "sendrecv" || s == "p2p") return Collective::send_recv;
   return std::nullopt;
 }
 
@@ -119,6 +120,7 @@ std::optional<Fabric> parse_fabric(std::string_view text) {
 double busbw_factor(Collective c, int nranks) {
   if (nranks <= 1) return 0.0;  // nothing crosses a link
   const double n = nranks;
+  if (c == Collective::send_recv) return 1.0;  // sendrecv_perf: each rank's message crosses whole
   return c == Collective::all_reduce ? 2.0 * (n - 1) / n : (n - 1) / n;  // alltoall_perf: (n-1)/n too
 }
 

@@ -31,14 +31,16 @@ std::optional<DType> parse_dtype(std::string_view);  // "bf16" | "fp16"/"f16" | 
 
 // Every collective a sweep can time, in the order `--collectives all` times them.
 inline constexpr Collective kCollectives[] = {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
-                                              Collective::all_to_all};
-std::optional<Collective> parse_collective(std::string_view);  // "all_reduce"/"allreduce"/"ar", ..., "all_to_all"/"a2a"
+                                              Collective::all_to_all, Collective::send_recv};
+// "all_reduce"/"allreduce"/"ar", ..., "all_to_all"/"a2a", "send_recv"/"sendrecv"/"p2p"
+std::optional<Collective> parse_collective(std::string_view);
 std::optional<Fabric> parse_fabric(std::string_view);          // "nvlink" | "pcie" | "net"
 
 // Bus-bandwidth factor of nccl-tests (its doc/PERFORMANCE.md): busbw = algbw * factor, where algbw =
 // bytes / time and bytes is the full-buffer size nccl-tests reports (all-reduce: the buffer;
 // reduce-scatter: the input, n x the output; all-gather: the output, n x the input; all-to-all: the
-// send buffer, n chunks, its factor (n-1)/n as alltoall_perf's).
+// send buffer, n chunks, its factor (n-1)/n as alltoall_perf's; send/recv: one message, factor 1 as
+// sendrecv_perf's).
 double busbw_factor(Collective c, int nranks);
 // GB/s (1e9 bytes per second) from bytes and microseconds.
 double algbw_gbps(uint64_t bytes, double time_us);

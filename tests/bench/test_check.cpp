@@ -142,6 +142,30 @@ TEST_CASE("all-to-all check: chunk j from rank j's slice for this rank, the own 
   CHECK(quantizations(Collective::all_to_all, Path::passthrough, n) == 0);
 }
 
+TEST_CASE("message check: the previous rank's input, exact in plain NCCL, within one quantization in FP8") {
+  const int n = 3;
+  const uint64_t count = 1000;  // not a multiple of the block
+  CheckSpec spec;
+  spec.collective = Collective::send_recv;
+  spec.dtype = DType::bf16;
+  spec.nranks = n;
+  spec.rank = 0;  // receives from rank 2
+  spec.buffer = 1;
+  spec.count = count;
+  std::vector<uint16_t> out(count);
+  for (uint64_t j = 0; j < count; ++j) out[j] = float_to_bf16(input_value(2, 1, j));
+  CHECK(error_bound(spec) == 0);
+  CHECK(check_output(spec, out.data()).mismatches == 0);
+  out[17] ^= 1;  // plain NCCL: one ulp off is a mismatch
+  CHECK(check_output(spec, out.data()).mismatches == 1);
+  spec.path = Path::one_shot;
+  CHECK(quantizations(Collective::send_recv, Path::one_shot, n) == 1);
+  CHECK(check_output(spec, out.data()).mismatches == 0);  // FP8: within the bound
+  // The sum over ranks (an all-reduce's answer) or the own input is not this message.
+  spec.rank = 2;
+  CHECK(check_output(spec, out.data()).mismatches > 0);
+}
+
 TEST_CASE("quantization counts per path") {
   CHECK(quantizations(Collective::all_reduce, Path::passthrough, 8) == 0);
   CHECK(quantizations(Collective::all_reduce, Path::two_shot, 8) == 2);

@@ -20,6 +20,7 @@ TEST_CASE("profile round trip through parse_config_toml") {
   net.thresholds[0] = ThresholdEntry{4u << 20, ""};
   net.thresholds[1] = ThresholdEntry{2u << 20, ""};
   net.thresholds[3] = ThresholdEntry{3u << 20, "bf16: 1.40x"};  // all_to_all
+  net.thresholds[4] = ThresholdEntry{5u << 20, "bf16: 1.20x"};  // send_recv
 
   const std::string toml = render_profile_toml({pcie, net});
   const ConfigResult r = parse_config_toml(toml, "profile.toml");
@@ -33,6 +34,8 @@ TEST_CASE("profile round trip through parse_config_toml") {
   CHECK(c.thresholds[1][static_cast<int>(Fabric::net)] == (2u << 20));
   CHECK(c.thresholds[static_cast<int>(Collective::all_to_all)][static_cast<int>(Fabric::net)] == (3u << 20));
   CHECK(toml.find("[thresholds.all_to_all]\nnet = 3145728") != std::string::npos);
+  CHECK(c.thresholds[static_cast<int>(Collective::send_recv)][static_cast<int>(Fabric::net)] == (5u << 20));
+  CHECK(toml.find("[thresholds.send_recv]\nnet = 5242880") != std::string::npos);
   // Keys the profile does not name keep their defaults.
   CHECK(c.thresholds[0][static_cast<int>(Fabric::nvlink)] == defaults.thresholds[0][static_cast<int>(Fabric::nvlink)]);
   CHECK(c.thresholds[1][static_cast<int>(Fabric::pcie)] == defaults.thresholds[1][static_cast<int>(Fabric::pcie)]);

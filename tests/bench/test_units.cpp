@@ -58,6 +58,7 @@ TEST_CASE("busbw factors are the nccl-tests ones") {
   CHECK(busbw_factor(Collective::all_gather, 8) == doctest::Approx(0.875));
   CHECK(busbw_factor(Collective::all_gather, 1) == 0.0);
   CHECK(busbw_factor(Collective::all_to_all, 4) == doctest::Approx(0.75));  // alltoall_perf's (n-1)/n
+  CHECK(busbw_factor(Collective::send_recv, 4) == doctest::Approx(1.0));    // sendrecv_perf's
   // 1e9 bytes in 1000 us = 1e12 B/s = 1000 GB/s.
   CHECK(algbw_gbps(1000000000ull, 1000.0) == doctest::Approx(1000.0));
   CHECK(algbw_gbps(1 << 20, 0) == 0.0);
@@ -88,6 +89,8 @@ TEST_CASE("names parse and print") {
   CHECK(parse_collective("allreduce") == Collective::all_reduce);
   CHECK(parse_collective("rs") == Collective::reduce_scatter);
   CHECK(parse_collective("alltoall") == Collective::all_to_all);
+  CHECK(parse_collective("sendrecv") == Collective::send_recv);
+  CHECK(parse_collective("p2p") == Collective::send_recv);
   CHECK(parse_collective(collective_name(Collective::all_to_all)) == Collective::all_to_all);
   CHECK_FALSE(parse_collective("alltoallv").has_value());
   for (Collective c : kCollectives) CHECK(parse_collective(collective_name(c)) == c);
@@ -120,6 +123,7 @@ TEST_CASE("paths per collective: all-reduce keeps every request; RS, AG and A2A 
   CHECK(paths_for(Collective::all_gather, {Path::ring}) == std::vector<Path>{Path::passthrough, Path::one_shot});
   CHECK(paths_for(Collective::all_gather, {Path::passthrough}) == std::vector<Path>{Path::passthrough});
   CHECK(paths_for(Collective::all_to_all, all) == std::vector<Path>{Path::passthrough, Path::one_shot});
+  CHECK(paths_for(Collective::send_recv, all) == std::vector<Path>{Path::passthrough, Path::one_shot});
 }
 
 TEST_CASE("--gather-transport: auto forces nothing, one transport, or both in turn") {

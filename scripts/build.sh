@@ -19,11 +19,7 @@ if [[ -n "$nccl_root" && -f "$nccl_root/include/nccl.h" ]]; then
 fi
 extra="${FP8WIRE_EXTRA_INCLUDE:-$FP8WIRE_ROOT/.carry/include}"
 [[ -d "$extra" ]] && args+=("-DFP8WIRE_EXTRA_INCLUDE=$extra")
-arch="${CMAKE_CUDA_ARCHITECTURES:-}"
-if [[ -z "$arch" ]] && command -v nvidia-smi >/dev/null 2>&1; then
-  cc="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')"
-  [[ -n "$cc" ]] && arch="$cc"
-fi
+arch="${CMAKE_CUDA_ARCHITECTURES:-$(gpu_cuda_arch)}"
 [[ -n "$arch" ]] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$arch")
 cmake "${args[@]}"
 keep=()

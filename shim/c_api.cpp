@@ -18,6 +18,7 @@ namespace {
 
 static_assert(FP8WIRE_MAX_PATHS == fp8wire::kMaxPaths);
 static_assert(FP8WIRE_MAX_TRANSPORTS == fp8wire::kMaxTransports);
+static_assert(FP8WIRE_MAX_CALL_KINDS == fp8wire::kMaxCallKinds);
 static_assert(FP8WIRE_MAX_COLLECTIVES == fp8wire::sched::kErrorCollectives);
 static_assert(sizeof(fp8wire_error_stats) == sizeof(fp8wire::quant::ErrorStats));
 static_assert(sizeof(fp8wire_error_totals) == sizeof(fp8wire::sched::ErrorTotals));
@@ -134,6 +135,37 @@ FP8WIRE_EXPORT void fp8wire_get_transport_totals(fp8wire_transport_totals* out) 
     const fp8wire::AccountingTotals totals = fp8wire::Accounting::instance().totals();
     copy_counts(o, totals.transport_calls, totals.transport_app_bytes, totals.transport_wire_bytes);
   });
+}
+
+FP8WIRE_EXPORT const char* fp8wire_call_kind_name(int i) {
+  return name_in<fp8wire::CallKind>(i, FP8WIRE_MAX_CALL_KINDS);
+}
+
+FP8WIRE_EXPORT void fp8wire_get_kind_totals(fp8wire_kind_totals* out) {
+  if (!out) return;
+  try {
+    // The caller's layout may be older (smaller) or newer (larger) than this one: fill the common part.
+    const size_t caller = static_cast<size_t>(out->size);
+    fp8wire_kind_totals o{};
+    o.size = sizeof(o);
+    const fp8wire::AccountingTotals t = fp8wire::Accounting::instance().totals();
+    static_assert(sizeof(o.calls) == sizeof(t.kind_calls) && sizeof(o.app_bytes) == sizeof(t.kind_app_bytes) &&
+                  sizeof(o.wire_bytes) == sizeof(t.kind_wire_bytes) &&
+                  sizeof(o.plain_wire_bytes) == sizeof(t.kind_plain_wire_bytes));
+    std::memcpy(o.calls, t.kind_calls, sizeof(o.calls));
+    std::memcpy(o.app_bytes, t.kind_app_bytes, sizeof(o.app_bytes));
+    std::memcpy(o.wire_bytes, t.kind_wire_bytes, sizeof(o.wire_bytes));
+    std::memcpy(o.plain_wire_bytes, t.kind_plain_wire_bytes, sizeof(o.plain_wire_bytes));
+    if (caller < sizeof(o.size)) {
+      FP8WIRE_WARN_ONCE("fp8wire_get_kind_totals: size {} is too small (set it to sizeof(fp8wire_kind_totals), {})",
+                        caller, sizeof(o));
+      return;
+    }
+    std::memcpy(out, &o, std::min(caller, sizeof(o)));
+    out->size = sizeof(o);
+  } catch (...) {
+    FP8WIRE_ERROR("fp8wire_get_kind_totals: internal error; nothing written");
+  }
 }
 
 FP8WIRE_EXPORT void fp8wire_get_error_totals(fp8wire_error_totals* out) {

@@ -67,6 +67,29 @@ typedef struct fp8wire_transport_totals {
 } fp8wire_transport_totals;
 void fp8wire_get_transport_totals(fp8wire_transport_totals* out);
 
+/* Call-kind slots of the per-call-kind totals: the NCCL function the application called. */
+#define FP8WIRE_MAX_CALL_KINDS 16
+
+/* Name of call-kind slot i ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
+ * "send", "recv", "all_to_all"), "" for an unused slot; NULL when i is outside
+ * [0, FP8WIRE_MAX_CALL_KINDS). Report by name, not by index. */
+const char* fp8wire_call_kind_name(int i);
+
+/* Totals since start (or the last reset) by the NCCL function the application called: its calls by
+ * path slot, its caller bytes, the bytes this rank sent on the wire, and the bytes NCCL's own
+ * algorithm sends for the same calls (the baseline of wire_bytes). A send and a receive count at
+ * their own end (a receive sends nothing). The layout is versioned by size: set `size` to
+ * sizeof(fp8wire_kind_totals) before the call; the library fills what both layouts hold (fields are
+ * only ever added at the end) and writes its own size back. */
+typedef struct fp8wire_kind_totals {
+  uint64_t size;
+  uint64_t calls[FP8WIRE_MAX_CALL_KINDS][FP8WIRE_MAX_PATHS];
+  uint64_t app_bytes[FP8WIRE_MAX_CALL_KINDS];
+  uint64_t wire_bytes[FP8WIRE_MAX_CALL_KINDS];
+  uint64_t plain_wire_bytes[FP8WIRE_MAX_CALL_KINDS];
+} fp8wire_kind_totals;
+void fp8wire_get_kind_totals(fp8wire_kind_totals* out);
+
 /* Telemetry (telemetry.sample_every): what the measured FP8 calls' quantizations did, by collective
  * slot and path slot, and what the guard (guard.enable) did. sq_error = sum (x - dequant(quant(x)))^2
  * and sq_input = sum x^2 over the finite blocks; the relative error is sqrt(sq_error / sq_input).

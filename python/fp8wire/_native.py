@@ -32,6 +32,15 @@ class _TransportTotals(ctypes.Structure):
 
 # FP8WIRE_MAX_COLLECTIVES in shim/fp8wire.h.
 MAX_COLLECTIVES = 8
+# FP8WIRE_MAX_CALL_KINDS: slots of the totals by the NCCL function called.
+MAX_CALL_KINDS = 16
+
+
+class _KindTotals(ctypes.Structure):
+    # Versioned by `size` (fp8wire_kind_totals): the library fills what both layouts hold.
+    _fields_ = [("size", ctypes.c_uint64), ("calls", (ctypes.c_uint64 * MAX_PATHS) * MAX_CALL_KINDS),
+                ("app_bytes", ctypes.c_uint64 * MAX_CALL_KINDS), ("wire_bytes", ctypes.c_uint64 * MAX_CALL_KINDS),
+                ("plain_wire_bytes", ctypes.c_uint64 * MAX_CALL_KINDS)]
 
 
 class _ErrorStats(ctypes.Structure):
@@ -168,6 +177,11 @@ class Totals:
     # What the guard did, per collective: trips (switches to full precision), full-precision calls,
     # returns to FP8.
     guard: Dict[str, Dict[str, int]] = field(default_factory=dict)
+    # By the NCCL function the application called ("all_reduce", "send", "recv", "all_to_all", ...),
+    # the kinds with calls only: "calls" by path name, "fp8_calls", "app_bytes", "wire_bytes" and
+    # "plain_wire_bytes" (what NCCL's own algorithm sends for the same calls). Empty for a library
+    # without fp8wire_get_kind_totals.
+    by_kind: Dict[str, dict] = field(default_factory=dict)
 
     @property
     def direct_calls(self) -> int:
@@ -192,7 +206,8 @@ class Totals:
                 "transport_calls": dict(self.transport_calls), "transport_app_bytes": dict(self.transport_app_bytes),
                 "transport_wire_bytes": dict(self.transport_wire_bytes), "direct_calls": self.direct_calls,
                 "errors": {k: dict(v) for k, v in self.errors.items()},
-                "guard": {k: dict(v) for k, v in self.guard.items()}}
+                "guard": {k: dict(v) for k, v in self.guard.items()},
+                "by_kind": {k: dict(v, calls=dict(v["calls"])) for k, v in self.by_kind.items()}}
 
 
 def _stats_dict(s: "_ErrorStats") -> dict:
@@ -231,6 +246,27 @@ def _error_totals(names: Dict[int, str]):
     return errors, guard
 
 
+def _kind_totals(names: Dict[int, str], fp8: Callable[[str], bool]) -> Dict[str, dict]:
+    """Totals.by_kind from fp8wire_get_kind_totals, or {} for a library without it."""
+    get = _symbol("fp8wire_get_kind_totals", None, [ctypes.POINTER(_KindTotals)])
+    kname = _symbol("fp8wire_call_kind_name", ctypes.c_char_p, [ctypes.c_int])
+    if get is None or kname is None:
+        return {}
+    raw = _KindTotals()
+    raw.size = ctypes.sizeof(_KindTotals)
+    get(ctypes.byref(raw))
+    out = {}
+    for k in range(MAX_CALL_KINDS):
+        kn = kname(k)
+        calls = {pn: int(raw.calls[k][i]) for i, pn in names.items() if raw.calls[k][i]}
+        if not kn or not calls:
+            continue
+        out[kn.decode()] = {"calls": calls, "fp8_calls": sum(n for pn, n in calls.items() if fp8(pn)),
+                            "app_bytes": int(raw.app_bytes[k]), "wire_bytes": int(raw.wire_bytes[k]),
+                            "plain_wire_bytes": int(raw.plain_wire_bytes[k])}
+    return out
+
+
 def totals() -> Totals:
     """fp8wire_get_totals(), keyed by the library's own path names."""
     get = _symbol("fp8wire_get_totals", None, [ctypes.POINTER(_Totals)])
@@ -258,6 +294,7 @@ def totals() -> Totals:
             t.transport_app_bytes[name] = int(raw_t.app_bytes[i])
             t.transport_wire_bytes[name] = int(raw_t.wire_bytes[i])
     t.errors, t.guard = _error_totals(names)
+    t.by_kind = _kind_totals(names, lambda p: p in t.fp8_paths if t.fp8_paths is not None else p not in UNCARRIED_PATHS)
     return t
 
 

@@ -28,6 +28,10 @@ struct Ring {
   std::atomic<uint64_t> transport_calls[kMaxTransports] = {};
   std::atomic<uint64_t> transport_app_bytes[kMaxTransports] = {};
   std::atomic<uint64_t> transport_wire_bytes[kMaxTransports] = {};
+  std::atomic<uint64_t> kind_calls[kMaxCallKinds][kMaxPaths] = {};
+  std::atomic<uint64_t> kind_app_bytes[kMaxCallKinds] = {};
+  std::atomic<uint64_t> kind_wire_bytes[kMaxCallKinds] = {};
+  std::atomic<uint64_t> kind_plain_wire_bytes[kMaxCallKinds] = {};
 };
 
 Ring& ring() {
@@ -59,6 +63,12 @@ void Accounting::record(const CallRecord& r) {
     g.transport_calls[t].fetch_add(1, std::memory_order_relaxed);
     g.transport_app_bytes[t].fetch_add(r.app_bytes, std::memory_order_relaxed);
     g.transport_wire_bytes[t].fetch_add(r.wire_bytes, std::memory_order_relaxed);
+  }
+  if (const int k = static_cast<int>(r.kind); k < kMaxCallKinds) {
+    g.kind_calls[k][p].fetch_add(1, std::memory_order_relaxed);
+    g.kind_app_bytes[k].fetch_add(r.app_bytes, std::memory_order_relaxed);
+    g.kind_wire_bytes[k].fetch_add(r.wire_bytes, std::memory_order_relaxed);
+    g.kind_plain_wire_bytes[k].fetch_add(r.plain_wire_bytes, std::memory_order_relaxed);
   }
 
   const uint64_t index = g.written.fetch_add(1, std::memory_order_relaxed);
@@ -114,6 +124,12 @@ AccountingTotals Accounting::totals() const {
     calls += t.calls[i], app += t.app_bytes[i], wire += t.wire_bytes[i];
   }
   for (int i = 0; i < 3; ++i) t.gather_calls[i] = g.gather_calls[i].load(std::memory_order_relaxed);
+  for (int k = 0; k < kMaxCallKinds; ++k) {
+    for (int p = 0; p < kMaxPaths; ++p) t.kind_calls[k][p] = g.kind_calls[k][p].load(std::memory_order_relaxed);
+    t.kind_app_bytes[k] = g.kind_app_bytes[k].load(std::memory_order_relaxed);
+    t.kind_wire_bytes[k] = g.kind_wire_bytes[k].load(std::memory_order_relaxed);
+    t.kind_plain_wire_bytes[k] = g.kind_plain_wire_bytes[k].load(std::memory_order_relaxed);
+  }
   auto rest = [](uint64_t all, const uint64_t* rows) {
     uint64_t direct = 0;
     for (int i = 0; i < kMaxTransports; ++i) direct += rows[i];
@@ -139,6 +155,12 @@ void Accounting::reset() {
     g.transport_calls[i].store(0);
     g.transport_app_bytes[i].store(0);
     g.transport_wire_bytes[i].store(0);
+  }
+  for (int k = 0; k < kMaxCallKinds; ++k) {
+    for (auto& c : g.kind_calls[k]) c.store(0);
+    g.kind_app_bytes[k].store(0);
+    g.kind_wire_bytes[k].store(0);
+    g.kind_plain_wire_bytes[k].store(0);
   }
   g.dropped.store(0);
   g.read_horizon.store(seq_.load());

@@ -86,7 +86,9 @@ class CallHookScope {
   bool ended_ = false;
 };
 
-// Slots per transport (Carrier), room likewise.
+// Slots per call kind (CallKind) and per transport (Carrier), room likewise.
+inline constexpr int kMaxCallKinds = 16;
+static_assert(static_cast<int>(CallKind::all_to_all) < kMaxCallKinds);
 inline constexpr int kMaxTransports = 8;
 static_assert(static_cast<int>(Carrier::host_memory) < kMaxTransports);
 struct AccountingTotals {
@@ -100,6 +102,12 @@ struct AccountingTotals {
   uint64_t transport_calls[kMaxTransports] = {};
   uint64_t transport_app_bytes[kMaxTransports] = {};
   uint64_t transport_wire_bytes[kMaxTransports] = {};
+  // Every call by the NCCL function the application called (CallRecord::kind): its calls by path,
+  // and its caller bytes, wire bytes and the bytes NCCL's own algorithm sends for the same calls.
+  uint64_t kind_calls[kMaxCallKinds][kMaxPaths] = {};
+  uint64_t kind_app_bytes[kMaxCallKinds] = {};
+  uint64_t kind_wire_bytes[kMaxCallKinds] = {};
+  uint64_t kind_plain_wire_bytes[kMaxCallKinds] = {};
   uint64_t dropped_records = 0;
 };
 

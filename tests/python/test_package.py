@@ -183,7 +183,7 @@ class InProcess(unittest.TestCase):
         self.assertFalse(t.loaded)
         self.assertEqual((t.fp8_calls, t.total_calls, t.calls), (0, 0, {}))
         self.assertEqual((t.direct_calls, t.transport_calls, fp8wire.transport_names()), (0, {}, {}))
-        self.assertEqual((t.errors, t.guard), ({}, {}))
+        self.assertEqual((t.errors, t.guard, t.by_kind), ({}, {}, {}))
         with fp8wire.step(3):
             pass
         fp8wire.profiler_flush()
@@ -199,7 +199,7 @@ class InProcess(unittest.TestCase):
                               "fp8_paths": sorted(fp8wire.fp8_paths()),
                               "transports": fp8wire.transport_names(), "by_transport": t.transport_calls,
                               "direct": t.direct_calls, "errors": t.errors, "guard": t.guard,
-                              "dict": sorted(t.to_dict())}))
+                              "by_kind": t.by_kind, "dict": sorted(t.to_dict())}))
         """)
         r = fp8wire_cli("run", "--", sys.executable, "-c", code)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -220,11 +220,61 @@ class InProcess(unittest.TestCase):
         self.assertEqual(sorted(got["by_transport"]), sorted(got["transports"].values()))
         self.assertEqual(got["direct"], 0)
         # Telemetry through fp8wire_get_error_totals: nothing measured in a job without collectives.
-        self.assertEqual((got["errors"], got["guard"]), ({}, {}))
+        self.assertEqual((got["errors"], got["guard"], got["by_kind"]), ({}, {}, {}))
         self.assertIn("errors", got["dict"])
+        self.assertIn("by_kind", got["dict"])
         r = fp8wire_cli("run", "--", sys.executable, "-c", "import fp8wire; print(fp8wire.active())",
                         env=env_without_library(FP8WIRE_ENABLE="0"))
         self.assertEqual(r.stdout.strip(), "False", r.stderr)
+
+
+def fake_nccl():
+    """The build tree's fake NCCL (tests/shim), or None when this is not run from a build tree."""
+    shim = os.environ.get("FP8WIRE_SHIM_LIB")
+    fake = Path(shim).resolve().parents[1] / "tests" / "shim" / "fake_nccl" / "libnccl.so.2" if shim else None
+    return fake if fake is not None and fake.is_file() else None
+
+
+class TotalsByKind(unittest.TestCase):
+    """fp8wire.totals().by_kind: every call by the NCCL function the job called, through the library
+    preloaded over the build tree's fake NCCL."""
+
+    def test_calls_bytes_and_plain_nccl_bytes_per_function(self):
+        fake = fake_nccl()
+        if fake is None:
+            self.skipTest("the build tree's fake NCCL (tests/shim) is not here")
+        code = textwrap.dedent(f"""
+            import ctypes, json, fp8wire
+            ctypes.CDLL({str(fake)!r}, mode=ctypes.RTLD_GLOBAL)
+            nccl = ctypes.CDLL(None)  # the preloaded library's entry points first
+
+            class UniqueId(ctypes.Structure):
+                _fields_ = [("internal", ctypes.c_char * 128)]
+
+            comm, p = ctypes.c_void_p(), ctypes.c_void_p
+            nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
+            nccl.ncclAllReduce.argtypes = [p, p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, p, p]
+            nccl.ncclSend.argtypes = [p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, p, p]
+            rc = [nccl.ncclCommInitRank(ctypes.byref(comm), 2, UniqueId(), 0)]
+            float32, bf16 = 7, 9
+            for _ in range(2):
+                rc.append(nccl.ncclAllReduce(0x1000, 0x100000, 1000, float32, 0, comm, None))
+            rc.append(nccl.ncclSend(0x1000, 500, bf16, 1, comm, None))
+            print(json.dumps({{"rc": rc, "by_kind": fp8wire.totals().by_kind}}))
+        """)
+        r = fp8wire_cli("run", "--", sys.executable, "-c", code, env=env_without_library())
+        self.assertEqual(r.returncode, 0, r.stderr)
+        import json
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        self.assertEqual(got["rc"], [0, 0, 0, 0], r.stderr)
+        by_kind = got["by_kind"]
+        # Below every threshold, so plain NCCL's calls: counted by function, nothing in FP8.
+        self.assertEqual(sorted(by_kind), ["all_reduce", "send"])
+        ar, send = by_kind["all_reduce"], by_kind["send"]
+        self.assertEqual((sum(ar["calls"].values()), ar["fp8_calls"], ar["app_bytes"]), (2, 0, 8000))
+        # NCCL's ring moves 2(n-1)/n of the buffer at 2 ranks; a message its own bytes.
+        self.assertEqual(ar["plain_wire_bytes"], 8000)
+        self.assertEqual((sum(send["calls"].values()), send["app_bytes"], send["plain_wire_bytes"]), (1, 1000, 1000))
 
 
 def cuda_driver_present() -> bool:
@@ -250,9 +300,8 @@ class Active(unittest.TestCase):
         self.assertEqual(self.active_in_job(""), "False")
 
     def test_nccl_loaded_needs_a_gpu_driver(self):
-        shim = os.environ.get("FP8WIRE_SHIM_LIB")
-        fake = Path(shim).resolve().parents[1] / "tests" / "shim" / "fake_nccl" / "libnccl.so.2" if shim else None
-        if fake is None or not fake.is_file():
+        fake = fake_nccl()
+        if fake is None:
             self.skipTest("the build tree's fake NCCL (tests/shim) is not here")
         got = self.active_in_job(f"import ctypes; ctypes.CDLL({str(fake)!r}, mode=ctypes.RTLD_GLOBAL)")
         self.assertEqual(got, str(cuda_driver_present()))

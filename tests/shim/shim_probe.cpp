@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -214,6 +215,25 @@ int main(int argc, char** argv) {
       collectives += i < FP8WIRE_MAX_COLLECTIVES ? "," : "";
     }
     std::printf("capi collectives=%s\n", collectives.c_str());
+    // Totals by the NCCL function called, in this layout and in an older, smaller one (calls only).
+    auto kind_name = reinterpret_cast<const char* (*)(int)>(dlsym(shim, "fp8wire_call_kind_name"));
+    auto kind_totals = reinterpret_cast<void (*)(fp8wire_kind_totals*)>(dlsym(shim, "fp8wire_get_kind_totals"));
+    if (kind_name && kind_totals) {
+      fp8wire_kind_totals k{};
+      k.size = sizeof(k);
+      kind_totals(&k);
+      fp8wire_kind_totals older;
+      std::memset(&older, 0xab, sizeof(older));
+      older.size = offsetof(fp8wire_kind_totals, app_bytes);
+      kind_totals(&older);
+      unsigned long long all_reduce = 0, older_all_reduce = 0;
+      for (int p = 0; p < FP8WIRE_MAX_PATHS; ++p) all_reduce += k.calls[0][p], older_all_reduce += older.calls[0][p];
+      std::printf("capi kinds=%s all_reduce_calls=%llu app_bytes=%llu plain_wire_bytes=%llu size_ok=%d "
+                  "older_calls=%llu older_tail_untouched=%d\n",
+                  names_of(kind_name, FP8WIRE_MAX_CALL_KINDS).c_str(), all_reduce,
+                  static_cast<unsigned long long>(k.app_bytes[0]), static_cast<unsigned long long>(k.plain_wire_bytes[0]),
+                  k.size == sizeof(k) ? 1 : 0, older_all_reduce, older.app_bytes[0] == 0xababababababababull ? 1 : 0);
+    }
   } else if (script == "bench") {
     ncclComm_t comm = nullptr;
     api.CommInitRank(&comm, 2, probe::unique_id(1), 0);

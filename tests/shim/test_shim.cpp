@@ -398,6 +398,13 @@ TEST_CASE("C API: version, totals, step marks and flush are safe without a profi
     CHECK((on ? calls != "0" : true));
     // Every collective slot of the error totals by name, the all-to-all's included.
     CHECK(count_of(r.output, "capi collectives=null,all_reduce,reduce_scatter,all_gather,all_to_all,send_recv,-,-,-,null\n") == 1);
+    // By the NCCL function called: the one all-reduce of 1000 floats at 2 ranks, 4000 B of caller data
+    // and 4000 B on NCCL's ring (2(n-1)/n of the buffer); an older, smaller layout gets its part only.
+    const unsigned long long n = std::stoull(calls);
+    CHECK(count_of(r.output, "capi kinds=null,all_reduce,reduce_scatter,all_gather,broadcast,reduce,send,recv,all_to_all,"
+                             "-,-,-,-,-,-,-,-,null all_reduce_calls=" + calls + " app_bytes=" + std::to_string(4000 * n) +
+                                 " plain_wire_bytes=" + std::to_string(4000 * n) + " size_ok=1 older_calls=" + calls +
+                                 " older_tail_untouched=1\n") == 1);
   }
 }
 
@@ -433,7 +440,8 @@ TEST_CASE("exported dynamic symbols: exactly the interposed NCCL functions and t
       "ncclCommDestroy", "ncclCommAbort", "ncclCommGetAsyncError", "fp8wire_version", "fp8wire_step_begin", "fp8wire_step_end",
       "fp8wire_profiler_flush", "fp8wire_get_totals", "fp8wire_set_feedback_key", "fp8wire_active",
       "fp8wire_path_name", "fp8wire_path_is_fp8", "fp8wire_transport_name", "fp8wire_get_transport_totals",
-      "fp8wire_get_error_totals", "fp8wire_collective_name", "fp8wire_call_error", "fp8wire_debug_state"};
+      "fp8wire_get_error_totals", "fp8wire_collective_name", "fp8wire_call_error", "fp8wire_debug_state",
+      "fp8wire_call_kind_name", "fp8wire_get_kind_totals"};
   CHECK(exported == expected);
 }
 

@@ -285,19 +285,28 @@ def launch(script, nproc, extra_env=None, args=(), timeout_s=150, log_dir=None, 
     return Launch(script, nproc, extra_env, args, timeout_s, log_dir, tag).wait()
 
 
-def plain_and_fp8(script, nproc, shim, collective, out, prefix, timeout_s=90):
-    """Runs `script`'s worker twice on nproc ranks: plain (no LD_PRELOAD), then under the shim with
-    collectives.<collective> on and its thresholds 0 (FP8 at every size). Returns (results, checks,
-    dirs): each run's per-rank results, one "<run> run completed" check per run, each run's folder
-    (its ranks' files beside their results)."""
+def fp8_env(shim, collective):
+    """The environment of a run under the shim with collectives.<collective> on and its thresholds 0
+    (FP8 at every size)."""
     key = collective.upper()
-    fp8 = {"LD_PRELOAD": os.path.abspath(shim), f"FP8WIRE_COLLECTIVES_{key}": "1", "FP8WIRE_LOG_LEVEL": "info"}
-    fp8.update({f"FP8WIRE_THRESHOLDS_{key}_{fabric}": "0" for fabric in ("NVLINK", "PCIE", "NET")})
+    env = {"LD_PRELOAD": os.path.abspath(shim), f"FP8WIRE_COLLECTIVES_{key}": "1", "FP8WIRE_LOG_LEVEL": "info"}
+    env.update({f"FP8WIRE_THRESHOLDS_{key}_{fabric}": "0" for fabric in ("NVLINK", "PCIE", "NET")})
+    return env
+
+
+def plain_and_fp8(script, nproc, shim, collective, out, prefix, timeout_s=90, args=(), more_runs=()):
+    """Runs `script`'s worker (with `args`) twice on nproc ranks: plain (no LD_PRELOAD), then under
+    the shim with collectives.<collective> on and its thresholds 0 (FP8 at every size); then each of
+    `more_runs`, (name, environment, extra worker arguments). Returns (results, checks, dirs): each
+    run's per-rank results, one "<run> run completed" check per run, each run's folder (its ranks'
+    files beside their results)."""
     results, checks, dirs = {}, [], {}
-    for name, env in (("plain", {}), ("fp8", fp8)):
+    runs = (("plain", {}, ()), ("fp8", fp8_env(shim, collective), ())) + tuple(more_runs)
+    for name, env, extra in runs:
         tag = f"{prefix}_{name}_n{nproc}"
         dirs[name] = os.path.join(out, tag)
-        ok, res = Launch(script, nproc, env, [], timeout_s=timeout_s, log_dir=out, tag=tag, result_dir=dirs[name]).wait()
+        ok, res = Launch(script, nproc, env, [*args, *extra], timeout_s=timeout_s, log_dir=out, tag=tag,
+                         result_dir=dirs[name]).wait()
         checks.append((f"{name} run completed", ok and len(res) == nproc, ""))
         results[name] = res
     return results, checks, dirs

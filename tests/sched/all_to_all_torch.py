@@ -92,14 +92,9 @@ def compare(plain, fp8, rank, world):
 
 
 def main():
-    args = emulated_launch.script_parser().parse_args()
-    if args.worker:
-        worker(args.worker)
-        return 0
-    title = f"all_to_all_torch n={args.nproc}"
-    stop = verdict.preflight(title, args.shim)
-    if stop is not None:
-        return stop
+    args, title, status = verdict.start(emulated_launch.script_parser(), "all_to_all_torch", lambda a: worker(a.worker))
+    if status is not None:
+        return status
     import tempfile
 
     import torch

@@ -60,14 +60,9 @@ def worker(result_dir, steps):
 def main():
     ap = emulated_launch.script_parser()
     ap.add_argument("--steps", type=int, default=200)
-    args = ap.parse_args()
-    if args.worker:
-        worker(args.worker, args.steps)
-        return 0
-    title = f"ddp_parity n={args.nproc}"
-    stop = verdict.preflight(title, args.shim)
-    if stop is not None:
-        return stop
+    args, title, status = verdict.start(ap, "ddp_parity", lambda a: worker(a.worker, a.steps))
+    if status is not None:
+        return status
     wargs = ["--steps", str(args.steps)]
     # Each run is bounded below sched.sh's outer timeout, so a hang still prints the ranks' log tails.
     ok_plain, plain = emulated_launch.launch(__file__, args.nproc, {}, wargs, timeout_s=55, log_dir=args.out,

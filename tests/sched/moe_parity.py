@@ -14,9 +14,8 @@ Checks: every run completes; FP8 messages ran in 2 and fewer in 3; the training-
 against 1 as the main job judges loss parity (scripts/loss_parity.py: Pearson >= 0.99, mean relative
 error <= 0.02); the final evaluation loss of each within 2 % of the plain run's.
 Usage: moe_parity.py [--nproc 2] [--steps 300] [--shim build/shim/libfp8wire.so] [--out DIR]"""
-import json
+import argparse
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -24,11 +23,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import emulated_launch  # noqa: E402
 import verdict  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXPERTS_PER_RANK = 2
 TOKENS = 256      # per rank and step
 DIM, HIDDEN, IN, OUT = 64, 128, 16, 4
-EVAL_LOSS_TOLERANCE = 0.02
 NOISE = 0.1
 
 
@@ -129,62 +126,34 @@ def worker(result_dir, steps, exact_combine):
         eval_loss = torch.nn.functional.mse_loss(forward(x_eval), teacher(x_eval)).item()
     torch.cuda.synchronize()
     if rank == 0:
-        with open(os.path.join(result_dir, "train_log.jsonl"), "w") as f:
-            for step, value in enumerate(losses):
-                f.write(json.dumps({"step": step, "loss": value}) + "\n")
+        verdict.write_loss_log(os.path.join(result_dir, "train_log.jsonl"), losses)
     emulated_launch.write_result(result_dir, rank, {"rank": rank, "eval_loss": eval_loss,
                                                     "totals": emulated_launch.fp8wire_totals()})
     dist.destroy_process_group()
 
 
-def loss_parity(baseline, candidate):
-    """(ok, the verdict line) of scripts/loss_parity.py at the main job's thresholds."""
-    run = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "loss_parity.py"), baseline, candidate,
-                          "--min-pearson", "0.99", "--max-rel-err", "0.02"], capture_output=True, text=True)
-    lines = (run.stdout + run.stderr).strip().splitlines()
-    return run.returncode == 0, " | ".join(lines)
-
-
 def main():
     ap = emulated_launch.script_parser()
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--exact-combine", action="store_true", help=__import__("argparse").SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        worker(args.worker, args.steps, args.exact_combine)
-        return 0
-    title = f"moe_parity n={args.nproc}"
-    stop = verdict.preflight(title, args.shim)
-    if stop is not None:
-        return stop
+    ap.add_argument("--exact-combine", action="store_true", help=argparse.SUPPRESS)
+    args, title, status = verdict.start(ap, "moe_parity", lambda a: worker(a.worker, a.steps, a.exact_combine))
+    if status is not None:
+        return status
     out = args.out or tempfile.mkdtemp(prefix="fp8wire_moe_")
-    fp8_env = {"LD_PRELOAD": os.path.abspath(args.shim), "FP8WIRE_COLLECTIVES_SEND_RECV": "1",
-               "FP8WIRE_LOG_LEVEL": "info"}
-    fp8_env.update({f"FP8WIRE_THRESHOLDS_SEND_RECV_{fabric}": "0" for fabric in ("NVLINK", "PCIE", "NET")})
-    runs = {"plain": ({}, []), "fp8": (fp8_env, []), "fp8_exact_combine": (fp8_env, ["--exact-combine"])}
-    results, checks, dirs = {}, [], {}
-    for name, (env, extra) in runs.items():
-        tag = f"moe_{name}_n{args.nproc}"
-        dirs[name] = os.path.join(out, tag)
-        ok, res = emulated_launch.Launch(__file__, args.nproc, env, ["--steps", str(args.steps), *extra],
-                                         timeout_s=150, log_dir=out, tag=tag, result_dir=dirs[name]).wait()
-        checks.append((f"{name} run completed", ok and len(res) == args.nproc, f"{res[0]['eval_loss']:.5g}"
-                       if ok and res else ""))
-        results[name] = res
+    exact = ("fp8_exact_combine", emulated_launch.fp8_env(args.shim, "send_recv"), ["--exact-combine"])
+    results, checks, dirs = emulated_launch.plain_and_fp8(__file__, args.nproc, args.shim, "send_recv", out, "moe",
+                                                          timeout_s=150, args=["--steps", str(args.steps)],
+                                                          more_runs=[exact])
     if all(ok for _, ok, _ in checks):
-        calls = {n: sum(emulated_launch.fp8_calls(r["totals"]) for r in results[n]) for n in runs}
+        calls = {n: sum(emulated_launch.fp8_calls(r["totals"]) for r in res) for n, res in results.items()}
         checks.append(("FP8 messages ran, fewer with the combine exact",
                        calls["plain"] == 0 and calls["fp8"] > calls["fp8_exact_combine"] > 0,
                        f"fp8 {calls['fp8']}, combine exact {calls['fp8_exact_combine']}"))
-        base = results["plain"][0]["eval_loss"]
         for name in ("fp8", "fp8_exact_combine"):
-            ok, line = loss_parity(os.path.join(dirs["plain"], "train_log.jsonl"),
-                                   os.path.join(dirs[name], "train_log.jsonl"))
+            ok, line = verdict.loss_parity(os.path.join(dirs["plain"], "train_log.jsonl"),
+                                           os.path.join(dirs[name], "train_log.jsonl"))
             checks.append((f"{name}: training loss against plain NCCL", ok, line))
-            got = results[name][0]["eval_loss"]
-            rel = abs(got - base) / abs(base)
-            checks.append((f"{name}: final evaluation loss within {EVAL_LOSS_TOLERANCE:.0%} of plain NCCL",
-                           rel <= EVAL_LOSS_TOLERANCE, f"plain {base:.5g} {name} {got:.5g} rel {rel * 100:.2f}%"))
+            checks.append(verdict.eval_loss_check(name, results["plain"][0]["eval_loss"], results[name][0]["eval_loss"]))
     return verdict.report(title, checks)
 
 

@@ -12,9 +12,7 @@ Checks: both runs complete; FP8 messages ran on every rank (none in the plain ru
 training-loss curve against plain NCCL as the main job judges loss parity (scripts/loss_parity.py:
 Pearson >= 0.99, mean relative error <= 0.02); the final evaluation loss within 2 % of the plain run's.
 Usage: pipeline_parity.py [--nproc 2] [--steps 300] [--shim build/shim/libfp8wire.so] [--out DIR]"""
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -22,11 +20,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import emulated_launch  # noqa: E402
 import verdict  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MICRO_BATCHES, MICRO_BATCH = 4, 64
 IN, WIDTH, OUT = 32, 256, 8
 NOISE = 0.1
-EVAL_LOSS_TOLERANCE = 0.02
 
 
 def worker(result_dir, steps):
@@ -94,61 +90,34 @@ def worker(result_dir, steps):
             eval_loss = torch.nn.functional.mse_loss(model(act.float()), teacher(x_eval)).item()
     torch.cuda.synchronize()
     if stage == 1:
-        with open(os.path.join(result_dir, f"train_log.pipeline{pipeline}.jsonl"), "w") as f:
-            for step, value in enumerate(losses):
-                f.write(json.dumps({"step": step, "loss": value}) + "\n")
+        verdict.write_loss_log(os.path.join(result_dir, f"train_log.pipeline{pipeline}.jsonl"), losses)
     emulated_launch.write_result(result_dir, rank, {"rank": rank, "eval_loss": eval_loss,
                                                     "totals": emulated_launch.fp8wire_totals()})
     dist.destroy_process_group()
 
 
-def loss_parity(baseline, candidate):
-    """(ok, the verdict line) of scripts/loss_parity.py at the main job's thresholds."""
-    run = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "loss_parity.py"), baseline, candidate,
-                          "--min-pearson", "0.99", "--max-rel-err", "0.02"], capture_output=True, text=True)
-    lines = (run.stdout + run.stderr).strip().splitlines()
-    return run.returncode == 0, " | ".join(lines)
-
-
 def main():
     ap = emulated_launch.script_parser()
     ap.add_argument("--steps", type=int, default=300)
-    args = ap.parse_args()
-    if args.worker:
-        worker(args.worker, args.steps)
-        return 0
-    title = f"pipeline_parity n={args.nproc}"
+    args, title, status = verdict.start(ap, "pipeline_parity", lambda a: worker(a.worker, a.steps))
+    if status is not None:
+        return status
     if args.nproc < 2 or args.nproc % 2:
-        print(f"FAIL {title}: --nproc must be even (two stages per pipeline), got {args.nproc}", flush=True)
-        return 1
-    stop = verdict.preflight(title, args.shim)
-    if stop is not None:
-        return stop
+        ap.error(f"--nproc must be even (two stages per pipeline), got {args.nproc}")
     out = args.out or tempfile.mkdtemp(prefix="fp8wire_pipeline_")
-    fp8_env = {"LD_PRELOAD": os.path.abspath(args.shim), "FP8WIRE_COLLECTIVES_SEND_RECV": "1",
-               "FP8WIRE_LOG_LEVEL": "info"}
-    fp8_env.update({f"FP8WIRE_THRESHOLDS_SEND_RECV_{fabric}": "0" for fabric in ("NVLINK", "PCIE", "NET")})
-    results, checks, dirs = {}, [], {}
-    for name, env in (("plain", {}), ("fp8", fp8_env)):
-        tag = f"pipeline_{name}_n{args.nproc}"
-        dirs[name] = os.path.join(out, tag)
-        ok, res = emulated_launch.Launch(__file__, args.nproc, env, ["--steps", str(args.steps)], timeout_s=150,
-                                         log_dir=out, tag=tag, result_dir=dirs[name]).wait()
-        checks.append((f"{name} run completed", ok and len(res) == args.nproc, ""))
-        results[name] = res
+    results, checks, dirs = emulated_launch.plain_and_fp8(__file__, args.nproc, args.shim, "send_recv", out,
+                                                          "pipeline", timeout_s=150, args=["--steps", str(args.steps)])
     if all(ok for _, ok, _ in checks):
         calls = [emulated_launch.fp8_calls(r["totals"]) for r in results["fp8"]]
         plain_calls = sum(emulated_launch.fp8_calls(r["totals"]) for r in results["plain"])
         checks.append(("FP8 messages ran on every rank, none in the plain run",
                        plain_calls == 0 and min(calls) > 0, f"per rank {calls}"))
         for p in range(args.nproc // 2):
-            name = f"train_log.pipeline{p}.jsonl"
-            ok, line = loss_parity(os.path.join(dirs["plain"], name), os.path.join(dirs["fp8"], name))
+            log = f"train_log.pipeline{p}.jsonl"
+            ok, line = verdict.loss_parity(os.path.join(dirs["plain"], log), os.path.join(dirs["fp8"], log))
             checks.append((f"pipeline {p}: training loss against plain NCCL", ok, line))
-            base, got = results["plain"][2 * p + 1]["eval_loss"], results["fp8"][2 * p + 1]["eval_loss"]
-            rel = abs(got - base) / abs(base)
-            checks.append((f"pipeline {p}: final evaluation loss within {EVAL_LOSS_TOLERANCE:.0%} of plain NCCL",
-                           rel <= EVAL_LOSS_TOLERANCE, f"plain {base:.5g} fp8 {got:.5g} rel {rel * 100:.2f}%"))
+            checks.append(verdict.eval_loss_check(f"pipeline {p}", results["plain"][2 * p + 1]["eval_loss"],
+                                                  results["fp8"][2 * p + 1]["eval_loss"]))
     return verdict.report(title, checks)
 
 

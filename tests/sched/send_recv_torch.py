@@ -236,16 +236,11 @@ def expected_fp8_calls(rank, world):
 
 def main():
     parser = emulated_launch.script_parser()
-    args = parser.parse_args()
-    if args.worker:
-        worker(args.worker)
-        return 0
+    args, title, status = verdict.start(parser, "send_recv_torch", lambda a: worker(a.worker))
+    if status is not None:
+        return status
     if args.nproc < 2:
         parser.error("--nproc: point-to-point needs 2 ranks or more")
-    title = f"send_recv_torch n={args.nproc}"
-    stop = verdict.preflight(title, args.shim)
-    if stop is not None:
-        return stop
     import tempfile
 
     import torch

@@ -122,8 +122,26 @@ void print_fp8wire_totals() {
         by_transport += fmt::format("{}{} {}", by_transport.empty() ? "; over " : ", ", transport_name(i),
                                     transports.calls[i]);
   }
-  fmt::print("fp8wire: rank 0: {} collectives, {} on FP8 paths ({}){}\n", all, fp8, by_path.empty() ? "none" : by_path,
-             by_transport);
+  // By the NCCL function called, with its FP8 share (a library without these totals says nothing).
+  std::string by_kind;
+  auto* get_kinds = fp8wire_symbol<decltype(fp8wire_get_kind_totals)>("fp8wire_get_kind_totals");
+  auto* kind_name = fp8wire_symbol<decltype(fp8wire_call_kind_name)>("fp8wire_call_kind_name");
+  if (get_kinds && kind_name) {
+    fp8wire_kind_totals kinds{};
+    kinds.size = sizeof(kinds);
+    get_kinds(&kinds);
+    for (int k = 0; k < FP8WIRE_MAX_CALL_KINDS; ++k) {
+      uint64_t calls = 0, fp8_calls = 0;
+      for (int p = 0; p < FP8WIRE_MAX_PATHS; ++p) {
+        calls += kinds.calls[k][p];
+        if (is_fp8(p)) fp8_calls += kinds.calls[k][p];
+      }
+      if (calls)
+        by_kind += fmt::format("{}{} {} ({} FP8)", by_kind.empty() ? "; by call: " : ", ", kind_name(k), calls, fp8_calls);
+    }
+  }
+  fmt::print("fp8wire: rank 0: {} collectives, {} on FP8 paths ({}){}{}\n", all, fp8, by_path.empty() ? "none" : by_path,
+             by_transport, by_kind);
 }
 
 // Under libfp8wire.so with telemetry on (telemetry.sample_every, audit.every): what the measured FP8

@@ -188,12 +188,14 @@ class Totals:
         """Calls a direct transport carried (every transport but NCCL's)."""
         return sum(n for name, n in self.transport_calls.items() if name != "nccl")
 
+    def is_fp8_path(self, path: str) -> bool:
+        """Whether `path` is one fp8wire carries itself (FP8 on the wire), as the library says."""
+        return path in self.fp8_paths if self.fp8_paths is not None else path not in UNCARRIED_PATHS
+
     @property
     def fp8_calls(self) -> int:
         """Calls fp8wire carried itself (FP8 on the wire)."""
-        if self.fp8_paths is not None:
-            return sum(n for path, n in self.calls.items() if path in self.fp8_paths)
-        return sum(n for path, n in self.calls.items() if path not in UNCARRIED_PATHS)
+        return sum(n for path, n in self.calls.items() if self.is_fp8_path(path))
 
     @property
     def total_calls(self) -> int:
@@ -294,7 +296,7 @@ def totals() -> Totals:
             t.transport_app_bytes[name] = int(raw_t.app_bytes[i])
             t.transport_wire_bytes[name] = int(raw_t.wire_bytes[i])
     t.errors, t.guard = _error_totals(names)
-    t.by_kind = _kind_totals(names, lambda p: p in t.fp8_paths if t.fp8_paths is not None else p not in UNCARRIED_PATHS)
+    t.by_kind = _kind_totals(names, t.is_fp8_path)
     return t
 
 

@@ -324,6 +324,14 @@ ncclResult_t TelemetryMonitor::begin(const Watch& w, Collective collective, Path
   return ncclSuccess;
 }
 
+cudaError_t TelemetryMonitor::read_back(int slot, cudaStream_t stream) const {
+  const CudaApi& cuda = platform_->cuda;
+  cudaError_t err = cuda.MemcpyAsync(host_ + slot, device_ + slot, sizeof(quant::CallTelemetry), cudaMemcpyDeviceToHost,
+                                     stream);
+  if (err == cudaSuccess) err = cuda.EventRecord(slots_[static_cast<size_t>(slot)].done, stream);
+  return err;
+}
+
 void TelemetryMonitor::end(const Call& call, bool recorded) {
   if (call.slot < 0) return;
   std::lock_guard lock(mutex_);

@@ -85,10 +85,11 @@ class TelemetryMonitor {
   // collective's: Watch::scoped), counts what the guard did, and takes a record for a measured call
   // (an error when it gets none).
   ncclResult_t begin(const Watch& watch, Collective collective, Path path, uint64_t seq, Call* call);
-  // Where a measured call's record lives (for MeasuredProgram).
+  // Where a measured call's record lives on the device (zeroed before its first quantize).
   quant::CallTelemetry* device_record(int slot) const { return device_ + slot; }
-  quant::CallTelemetry* host_record(int slot) const { return host_ + slot; }
-  cudaEvent_t event(int slot) const { return slots_[static_cast<size_t>(slot)].done; }
+  // On `stream`, after the call's last quantize: its record copied to pinned host memory and its
+  // event recorded, for fold to read once the event has passed.
+  cudaError_t read_back(int slot, cudaStream_t stream) const;
   // After the call was issued: with `recorded` (its copy-back and event were issued) the record goes
   // in flight, else back to the pool.
   void end(const Call& call, bool recorded);

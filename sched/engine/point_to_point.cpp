@@ -74,11 +74,7 @@ ncclResult_t Engine::Impl::quantize_message(CommState& s, const Call& c, const R
                     "quantizing a message");
   bool recorded = false;
   if (nccl_ok(res) && measured.slot >= 0) {
-    cudaError_t err = p.cuda.MemcpyAsync(s.telemetry->host_record(measured.slot),
-                                         s.telemetry->device_record(measured.slot), sizeof(quant::CallTelemetry),
-                                         cudaMemcpyDeviceToHost, c.stream);
-    if (err == cudaSuccess) err = p.cuda.EventRecord(s.telemetry->event(measured.slot), c.stream);
-    res = cuda_step(p, err, s.id, "reading a message's telemetry record back");
+    res = cuda_step(p, s.telemetry->read_back(measured.slot, c.stream), s.id, "reading a message's telemetry record back");
     recorded = nccl_ok(res);
   }
   if (s.telemetry) s.telemetry->end(measured, recorded);

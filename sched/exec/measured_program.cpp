@@ -6,7 +6,7 @@
 namespace fp8wire::sched {
 
 ncclResult_t MeasuredProgram::produce(StageOps& ops, const Stage& st) {
-  if (st.index == 0) FP8WIRE_TRY(ops.zero(device_, sizeof(*device_)));
+  if (st.index == 0) FP8WIRE_TRY(ops.zero(monitor_->device_record(slot_), sizeof(quant::CallTelemetry)));
   return inner_->produce(ops, st);
 }
 
@@ -15,8 +15,7 @@ ncclResult_t MeasuredProgram::finish(StageOps& ops, const Stage& st) { return in
 ncclResult_t MeasuredProgram::gather(StageOps& ops, const Stage& st) {
   FP8WIRE_TRY(inner_->gather(ops, st));
   if (!st.last) return ncclSuccess;
-  cudaError_t err = cuda_->MemcpyAsync(host_, device_, sizeof(*host_), cudaMemcpyDeviceToHost, ops.lane());
-  if (err == cudaSuccess) err = cuda_->EventRecord(done_, ops.lane());
+  const cudaError_t err = monitor_->read_back(slot_, ops.lane());
   if (err != cudaSuccess) {
     FP8WIRE_ERROR("telemetry: copying the call's record back failed: {}", cuda_->GetErrorString(err));
     return ncclUnhandledCudaError;

@@ -15,8 +15,7 @@ namespace fp8wire::sched {
 class MeasuredProgram final : public StageProgram {
  public:
   MeasuredProgram(StageProgram& inner, const TelemetryMonitor& m, int slot, const CudaApi& cuda)
-      : inner_(&inner), device_(m.device_record(slot)), host_(m.host_record(slot)), done_(m.event(slot)),
-        cuda_(&cuda) {}
+      : inner_(&inner), monitor_(&m), slot_(slot), cuda_(&cuda) {}
   ncclResult_t produce(StageOps& ops, const Stage& st) override;
   ncclResult_t finish(StageOps& ops, const Stage& st) override;
   bool has_gather() const override { return inner_->has_gather(); }
@@ -25,9 +24,8 @@ class MeasuredProgram final : public StageProgram {
 
  private:
   StageProgram* inner_;
-  quant::CallTelemetry* device_;
-  quant::CallTelemetry* host_;
-  cudaEvent_t done_;
+  const TelemetryMonitor* monitor_;
+  int slot_;
   const CudaApi* cuda_;
   bool recorded_ = false;
 };

@@ -11,8 +11,10 @@
 //   two_allgather  one group: two all-gathers of Q/2
 //   a2a            grouped send/recv of Q/n to/from every peer (two-shot's first phase)
 //   allgather/n    ncclAllGather of Q/n per rank              (two-shot's second phase)
+//   p2p/n          grouped send/recv of Q/n with every peer   (that phase as point-to-point)
+//   a2a, allgather/n   both phases back to back; a2a+allgather/n: both in one group
 //   split/n f      one group: all-gather of f*Q/n + send/recv of (1-f)*Q/n
-// Median of the repeats on rank 0 after a barrier per repeat. Launch: --emulate-ranks N (N ranks on
+// Median of the repeats on rank 0 after a barrier per repeat; --rows times only the rows named. Launch: --emulate-ranks N (N ranks on
 // one GPU, distinct NCCL_HOSTID) or one rank per visible GPU, like fp8wire-bench.
 #include <unistd.h>
 
@@ -40,7 +42,14 @@ struct Options {
   int emulate_ranks = 0;
   std::vector<size_t> sizes;
   std::vector<double> fractions{0.5, 0.6, 0.7};
+  std::vector<std::string> rows;  // empty: every row
   int warmup = 2, repeats = 5;
+  // A row by its name, or the split rows by theirs without the fraction ("split", "split/n").
+  bool wants(const std::string& name) const {
+    if (rows.empty()) return true;
+    return std::any_of(rows.begin(), rows.end(),
+                       [&](const std::string& r) { return name == r || name.rfind(r + " ", 0) == 0; });
+  }
 };
 
 struct Rank {
@@ -126,7 +135,7 @@ int run_rank(const Options& o, const fp8wire::RankEnv& env) {
   FP8WIRE_NCCL_OR_EXIT(ncclCommInitRank(&r.comm, env.world_size, id, env.rank));
   const size_t max_s = *std::max_element(o.sizes.begin(), o.sizes.end());
   const size_t max_q = max_s / 2 / 128 * 132 + 4096;
-  const size_t bytes = std::max(max_s, max_q * r.n) + (1 << 20);
+  const size_t bytes = std::max(max_s, 2 * max_q * r.n) + (1 << 20);  // room for two phases' outputs
   FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&r.send, bytes));
   FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&r.recv, bytes));
   FP8WIRE_CUDA_OR_EXIT(cudaMalloc(&r.flag, sizeof(float)));
@@ -134,40 +143,60 @@ int run_rank(const Options& o, const fp8wire::RankEnv& env) {
   if (r.rank == 0)
     std::printf("# transport probe: %d ranks%s, median of %d ms (rank 0)\n# %10s %-16s %10s %10s\n", r.n,
                 o.emulate_ranks ? " (emulated, one GPU)" : "", o.repeats, "S", "transport", "bytes/rank", "ms");
-  auto row = [&](size_t s, const std::string& what, size_t b, double ms) {
+  auto row = [&](size_t s, const std::string& what, size_t b, auto&& op) {
+    if (!o.wants(what)) return;
+    const double ms = r.median_ms(o, op);
     if (r.rank == 0) std::printf("  %10s %-16s %10s %10.2f\n", fb::format_bytes(s).c_str(), what.c_str(), fb::format_bytes(b).c_str(), ms);
     std::fflush(stdout);
   };
   for (size_t s : o.sizes) {
     const size_t q = (s / 2 / 128 * 132 + 255) & ~size_t(255);
     const size_t qn = (q / r.n + 255) & ~size_t(255);
-    row(s, "allreduce bf16", s, r.median_ms(o, [&] {
+    row(s, "allreduce bf16", s, [&] {
       FP8WIRE_NCCL_OR_EXIT(ncclAllReduce(r.send, r.recv, s / 2, ncclBfloat16, ncclSum, r.comm, r.stream));
-    }));
-    row(s, "allgather", q, r.median_ms(o, [&] { FP8WIRE_NCCL_OR_EXIT(ncclAllGather(r.send, r.recv, q, ncclUint8, r.comm, r.stream)); }));
-    row(s, "p2p", q, r.median_ms(o, [&] {
+    });
+    row(s, "allgather", q, [&] { FP8WIRE_NCCL_OR_EXIT(ncclAllGather(r.send, r.recv, q, ncclUint8, r.comm, r.stream)); });
+    row(s, "p2p", q, [&] {
       FP8WIRE_NCCL_OR_EXIT(ncclGroupStart());
       r.p2p_all(q, 0, 0);
       FP8WIRE_NCCL_OR_EXIT(ncclGroupEnd());
-    }));
-    for (double f : o.fractions) row(s, fmt::format("split {:.2f}", f), q, r.median_ms(o, [&] { r.split(q, f); }));
-    row(s, "two_allgather", q, r.median_ms(o, [&] {
+    });
+    for (double f : o.fractions) row(s, fmt::format("split {:.2f}", f), q, [&] { r.split(q, f); });
+    row(s, "two_allgather", q, [&] {
       const size_t h = (q / 2 + 255) & ~size_t(255);
       FP8WIRE_NCCL_OR_EXIT(ncclGroupStart());
       FP8WIRE_NCCL_OR_EXIT(ncclAllGather(r.send, r.recv, h, ncclUint8, r.comm, r.stream));
       FP8WIRE_NCCL_OR_EXIT(ncclAllGather(r.send + h, r.recv + r.n * h, q - h, ncclUint8, r.comm, r.stream));
       FP8WIRE_NCCL_OR_EXIT(ncclGroupEnd());
-    }));
-    if (r.n > 2) {
-      row(s, "a2a", q, r.median_ms(o, [&] {
-        FP8WIRE_NCCL_OR_EXIT(ncclGroupStart());
-        r.a2a(q);
-        FP8WIRE_NCCL_OR_EXIT(ncclGroupEnd());
-      }));
-      row(s, "allgather/n", qn, r.median_ms(o, [&] { FP8WIRE_NCCL_OR_EXIT(ncclAllGather(r.send, r.recv, qn, ncclUint8, r.comm, r.stream)); }));
-      for (double f : o.fractions)
-        row(s, fmt::format("split/n {:.2f}", f), qn, r.median_ms(o, [&] { r.split(qn, f); }));
-    }
+    });
+    row(s, "a2a", q, [&] {
+      FP8WIRE_NCCL_OR_EXIT(ncclGroupStart());
+      r.a2a(q);
+      FP8WIRE_NCCL_OR_EXIT(ncclGroupEnd());
+    });
+    row(s, "allgather/n", qn, [&] { FP8WIRE_NCCL_OR_EXIT(ncclAllGather(r.send, r.recv, qn, ncclUint8, r.comm, r.stream)); });
+    row(s, "p2p/n", qn, [&] {
+      FP8WIRE_NCCL_OR_EXIT(ncclGroupStart());
+      r.p2p_all(qn, 0, 0);
+      FP8WIRE_NCCL_OR_EXIT(ncclGroupEnd());
+    });
+    // Two-shot's two phases back to back, and in one group (the overlap of one stage's gather with
+    // the next stage's all-to-all would run them so): what the operations' fixed costs and the
+    // second connection set are worth.
+    row(s, "a2a, allgather/n", q, [&] {
+      FP8WIRE_NCCL_OR_EXIT(ncclGroupStart());
+      r.a2a(q);
+      FP8WIRE_NCCL_OR_EXIT(ncclGroupEnd());
+      FP8WIRE_NCCL_OR_EXIT(ncclAllGather(r.send, r.recv + r.n * q, qn, ncclUint8, r.comm, r.stream));
+    });
+    row(s, "a2a+allgather/n", q, [&] {
+      FP8WIRE_NCCL_OR_EXIT(ncclGroupStart());
+      r.a2a(q);
+      FP8WIRE_NCCL_OR_EXIT(ncclAllGather(r.send, r.recv + r.n * q, qn, ncclUint8, r.comm, r.stream));
+      FP8WIRE_NCCL_OR_EXIT(ncclGroupEnd());
+    });
+    for (double f : o.fractions)
+      row(s, fmt::format("split/n {:.2f}", f), qn, [&] { r.split(qn, f); });
   }
   FP8WIRE_CUDA_OR_EXIT(cudaStreamSynchronize(r.stream));
   ncclCommDestroy(r.comm);
@@ -184,6 +213,7 @@ int main(int argc, char** argv) {
   app.add_option("--emulate-ranks", o.emulate_ranks, "N ranks sharing GPU 0 (distinct NCCL_HOSTID)")->check(CLI::Range(0, 64));
   app.add_option("--sizes", sizes, "input sizes (bf16 bytes), e.g. 4MiB 64MiB");
   app.add_option("--fractions", o.fractions, "all-gather share of the split transports (0..1)")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--rows", o.rows, "only these rows, by name (\"a2a\", \"allgather/n\", \"split/n\", ...); default all");
   app.add_option("--warmup", o.warmup)->check(CLI::Range(0, 1000));
   app.add_option("--repeats", o.repeats)->check(CLI::Range(1, 1000));
   if (const auto status = fp8wire::parse_command_line(app, argc, argv, "fp8wire-transport-probe")) return *status;

@@ -304,6 +304,63 @@ std::string toml_quote(std::string_view s) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// Measured routes
+// ------------------------------------------------------------------------------------------------
+
+// An FP8 variant's name: the all-reduce's algorithm, or "fp8" for a collective with one FP8 path.
+bool parse_variant(std::string_view name, Collective collective, Algorithm* algorithm) {
+  if (collective != Collective::all_reduce) {
+    *algorithm = Algorithm::automatic;
+    return name == "fp8";
+  }
+  for (Algorithm a : {Algorithm::two_shot, Algorithm::one_shot, Algorithm::ring})
+    if (name == to_string(a)) {
+      *algorithm = a;
+      return true;
+    }
+  return false;
+}
+
+}  // namespace
+
+std::optional<MeasuredRoute> parse_measured_route(std::string_view text, Collective collective) {
+  // "<ranks> ranks from <size>: <nccl | variant[/allgather|/sendrecv]>"
+  MeasuredRoute r;
+  const size_t colon = text.find(':');
+  if (colon == std::string_view::npos) return std::nullopt;
+  const std::string head = trim(text.substr(0, colon)), what = trim(text.substr(colon + 1));
+  const size_t ranks_end = head.find(" ranks from ");
+  if (ranks_end == std::string::npos) return std::nullopt;
+  const auto ranks = parse_size(head.substr(0, ranks_end));
+  const auto from = parse_size(head.substr(ranks_end + 12));
+  if (!ranks || *ranks < 2 || *ranks > 65536 || !from) return std::nullopt;
+  r.ranks = static_cast<uint32_t>(*ranks);
+  r.from_bytes = *from;
+  if (what == "nccl") return r;
+  r.fp8 = true;
+  const size_t slash = what.find('/');
+  if (!parse_variant(std::string_view(what).substr(0, slash), collective, &r.algorithm)) return std::nullopt;
+  if (slash == std::string::npos) return r;
+  // Only where the path gathers (every FP8 all-reduce and the all-gather).
+  if (collective != Collective::all_reduce && collective != Collective::all_gather) return std::nullopt;
+  const std::string gather = what.substr(slash + 1);
+  if (gather == "allgather") r.gather = GatherMethod::allgather;
+  else if (gather == "sendrecv") r.gather = GatherMethod::sendrecv;
+  else return std::nullopt;
+  return r;
+}
+
+std::string to_string(const MeasuredRoute& r) {
+  std::string what = !r.fp8                                 ? "nccl"
+                     : r.algorithm == Algorithm::automatic ? "fp8"
+                                                           : to_string(r.algorithm);
+  if (r.fp8 && r.gather != GatherMethod::automatic) what += fmt::format("/{}", to_string(r.gather));
+  return fmt::format("{} ranks from {}: {}", r.ranks, format_size(r.from_bytes), what);
+}
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------
 // The key table
 // ------------------------------------------------------------------------------------------------
 
@@ -548,6 +605,41 @@ std::vector<KeySpec> build_key_table() {
                          [f](auto& c) -> auto& { return c.cost_model[f].calibrated; }));
   }
 
+  for (int c = 0; c < kCollectiveCount; ++c)
+    for (int f = 0; f < kFabricCount; ++f) {
+      const auto collective = static_cast<Collective>(c);
+      const std::string variants = collective == Collective::all_reduce ? "two_shot|one_shot|ring[/allgather|/sendrecv]"
+                                   : collective == Collective::all_gather ? "fp8[/allgather|/sendrecv]"
+                                                                          : "fp8";
+      t.push_back({fmt::format("routes.{}.{}", to_string(collective), to_string(static_cast<Fabric>(f))), {},
+                   fmt::format("a list of measured winners \"<ranks> ranks from <size>: nccl|{}\", at most one "
+                               "per rank count and size, as fp8wire-bench sweep writes them (TOML array of strings; "
+                               "env: comma-separated)",
+                               variants),
+                   [c, f, collective](Config& cfg, const RawValue& v) {
+                     auto list = as_string_list(v);
+                     if (!list) return false;
+                     std::vector<MeasuredRoute> routes;
+                     for (const auto& item : *list) {
+                       auto r = parse_measured_route(item, collective);
+                       if (!r) return false;
+                       routes.push_back(*r);
+                     }
+                     auto key = [](const MeasuredRoute& r) { return std::pair(r.ranks, r.from_bytes); };
+                     std::sort(routes.begin(), routes.end(), [&](auto& a, auto& b) { return key(a) < key(b); });
+                     for (size_t i = 1; i < routes.size(); ++i)
+                       if (key(routes[i]) == key(routes[i - 1])) return false;  // two winners of one size
+                     cfg.routes[c][f] = std::move(routes);
+                     return true;
+                   },
+                   [c, f](const Config& cfg) {
+                     std::string out = "[";
+                     const auto& routes = cfg.routes[c][f];
+                     for (size_t i = 0; i < routes.size(); ++i) out += (i ? ", " : "") + toml_quote(to_string(routes[i]));
+                     return out + "]";
+                   }});
+    }
+
   t.push_back(bool_key("hierarchy.enable", [](auto& c) -> auto& { return c.hierarchy_enable; }));
   t.push_back(uint_key("hierarchy.ranks_per_host", [](auto& c) -> auto& { return c.hierarchy_ranks_per_host; }, 0, 128));
   t.push_back(choice_key<DirectMode>("direct.transport", [](auto& c) -> auto& { return c.direct_transport; },
@@ -621,7 +713,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 1040 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 1400 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fp8wire {
@@ -131,6 +132,28 @@ struct CostModel {
   }
 };
 
+// One measured winner among the variants fp8wire-bench sweep timed (routes.<collective>.<fabric>): on
+// that fabric, at `ranks` ranks, from `from_bytes` (the threshold's bytes of a call) up to the next
+// entry's size, the fastest was NCCL's own call (fp8 false) or the FP8 path `algorithm` (the
+// all-reduce's; automatic for a collective with one FP8 path) gathering by `gather` (automatic:
+// the path has no gather step, or it was not measured apart). Text form, one per measured size where
+// the winner changes: "4 ranks from 16MiB: two_shot/allgather", "4 ranks from 1MiB: nccl",
+// "8 ranks from 64MiB: fp8" (parse_measured_route / to_string).
+struct MeasuredRoute {
+  uint32_t ranks = 0;
+  uint64_t from_bytes = 0;
+  bool fp8 = false;
+  Algorithm algorithm = Algorithm::automatic;
+  GatherMethod gather = GatherMethod::automatic;
+  bool operator==(const MeasuredRoute& o) const {
+    return ranks == o.ranks && from_bytes == o.from_bytes && fp8 == o.fp8 && algorithm == o.algorithm && gather == o.gather;
+  }
+};
+// Parses one entry for `collective` (its FP8 algorithms and whether it has a gather step decide
+// what the entry may name); nullopt when the text is not such an entry.
+std::optional<MeasuredRoute> parse_measured_route(std::string_view text, Collective collective);
+std::string to_string(const MeasuredRoute& route);
+
 struct Config {
   // --- master switches ------------------------------------------------------------------------
   bool enable = true;                       // enable          FP8WIRE_ENABLE
@@ -180,6 +203,12 @@ struct Config {
   // cost_model.<fabric>.{op_latency_us, bus_bandwidth_gbps, codec_gbps, kernel_launch_us,
   //   {allreduce,allgather,reduce_scatter,alltoall}_latency_us, ..._bandwidth_gbps}
   std::array<CostModel, kFabricCount> cost_model{};
+  // routes.<collective>.<fabric>: the measured winners of fp8wire-bench sweep, per rank count, sorted
+  // by (ranks, from_bytes). Where a call's rank count has entries and algorithm is auto, its route is
+  // the entry at or below its size (the smallest entry below them all), not the cost model's guess:
+  // the model cannot know a fabric's quirks (one operation kind far slower than another, a
+  // point-to-point step that scales badly with ranks), a sweep of that fabric has timed them.
+  std::array<std::array<std::vector<MeasuredRoute>, kFabricCount>, kCollectiveCount> routes{};
 
   // --- jobs spanning hosts ---------------------------------------------------------------------
   // Full precision inside each host, FP8 between hosts (sched/plan/hierarchy.hpp).

@@ -41,6 +41,14 @@ uint64_t config_fingerprint(const Config& c) {
     mix(m.reduce_scatter_bandwidth_gbps); mix(m.alltoall_bandwidth_gbps);
     mix(m.calibrated);
   }
+  // The measured routes decide a call's algorithm and gather step as the thresholds decide FP8.
+  for (const auto& per_collective : c.routes)
+    for (const auto& routes : per_collective) {
+      mix(routes.size());
+      for (const MeasuredRoute& r : routes) {
+        mix(r.ranks); mix(r.from_bytes); mix(r.fp8); mix(r.algorithm); mix(r.gather);
+      }
+    }
   mix(c.coalesce_enable); mix(c.coalesce_max_bytes); mix(c.coalesce_max_calls);
   mix(c.scratch_max_bytes); mix(c.pipeline_chunk_bytes);
   mix(c.error_feedback);

@@ -83,8 +83,35 @@ GatherMethod cheaper_gather(const CostModel& model, const quant::WireFormat& for
   return sr < ag ? GatherMethod::sendrecv : GatherMethod::allgather;
 }
 
+const MeasuredRoute* measured_route(const Config& config, Collective collective, Fabric fabric, int nranks,
+                                    uint64_t bytes) {
+  const MeasuredRoute* found = nullptr;
+  // Sorted by (ranks, from_bytes) when the configuration was loaded.
+  for (const MeasuredRoute& r : config.routes[static_cast<int>(collective)][static_cast<int>(fabric)]) {
+    if (static_cast<int>(r.ranks) != nranks) continue;
+    if (!found || r.from_bytes <= bytes) found = &r;
+    if (r.from_bytes > bytes) break;
+  }
+  return found;
+}
+
+Path measured_path(const MeasuredRoute& route, Collective collective) {
+  if (!route.fp8) return Path::passthrough;
+  switch (route.algorithm) {
+    case Algorithm::two_shot: return Path::two_shot;
+    case Algorithm::one_shot: return Path::one_shot;
+    case Algorithm::ring: return Path::ring;
+    case Algorithm::automatic: break;
+  }
+  return only_fp8_path(collective);
+}
+
 GatherMethod gather_method_for(const Config& config, Collective collective, Path path,
                                      uint64_t caller_bytes, int nranks, Fabric fabric) {
+  if (config.gather_transport == GatherMethod::automatic && has_gather_step(collective, path))
+    if (const MeasuredRoute* m = measured_route(config, collective, fabric, nranks, caller_bytes);
+        m && m->gather != GatherMethod::automatic && measured_path(*m, collective) == path)
+      return m->gather;
   return cheaper_gather(effective_cost_model(config, fabric), quant::WireFormat::from(config), config.gather_transport,
                         collective, path, caller_bytes, nranks);
 }

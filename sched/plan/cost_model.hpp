@@ -51,9 +51,18 @@ DirectCost direct_cost_parts(const CostModel& model, Collective collective, Path
 Carrier carrier_for(const Config& config, Collective collective, Path path, uint64_t caller_bytes,
                             int nranks, Fabric fabric, Carrier available);
 
+// The measured winner among `collective`'s variants for a call of `bytes` (its threshold bytes) at
+// `nranks` ranks on `fabric` (Config::routes): the entry of the largest size at or below `bytes`, the
+// smallest one where `bytes` is below them all; nullptr where no sweep measured this rank count.
+const MeasuredRoute* measured_route(const Config& config, Collective collective, Fabric fabric, int nranks,
+                                    uint64_t bytes);
+// The FP8 path a measured route names (its algorithm, or the collective's one FP8 path).
+Path measured_path(const MeasuredRoute& route, Collective collective);
+
 // The transport of the gather step for one call: Config::gather_transport when set, else the
-// cheaper of the two by the cost model of `fabric` (all-gather on a tie, which the built-in figures
-// always are). A function of the config and the call's shape only, so every rank picks the same.
+// measured route's when it names this path and a gather step, else the cheaper of the two by the
+// cost model of `fabric` (all-gather on a tie, which the built-in figures always are). A function of
+// the config and the call's shape only, so every rank picks the same.
 GatherMethod gather_method_for(const Config& config, Collective collective, Path path,
                                      uint64_t caller_bytes, int nranks, Fabric fabric);
 // The same over a model and format at hand (`configured`: Config::gather_transport).

@@ -17,6 +17,7 @@ const char* to_string(PassReason r) {
     case PassReason::too_many_ranks: return "too_many_ranks";
     case PassReason::below_threshold: return "below_threshold";
     case PassReason::cost_model: return "cost_model";
+    case PassReason::measured: return "measured";
     case PassReason::flat_guard: return "flat_guard";
     case PassReason::hierarchy_guard: return "hierarchy_guard";
     case PassReason::forced: return "forced";
@@ -70,6 +71,13 @@ Plan plan_call(const Config& config, const CallShape& call, Fabric fabric) {
   if (bytes < config.thresholds[static_cast<int>(call.collective)][static_cast<int>(fabric)])
     return {Path::passthrough, PassReason::below_threshold};
 
+  // A sweep of this fabric at this rank count timed every variant: its winner, not a prediction.
+  if (config.algorithm == Algorithm::automatic)
+    if (const MeasuredRoute* m = measured_route(config, call.collective, fabric, call.nranks, bytes)) {
+      if (!m->fp8) return {Path::passthrough, PassReason::measured};
+      const Path fp8 = measured_path(*m, call.collective);
+      return {fp8, PassReason::none, gather_method_for(config, call.collective, fp8, bytes, call.nranks, fabric)};
+    }
   const quant::WireFormat format = quant::WireFormat::from(config);
   const CostModel model = effective_cost_model(config, fabric);
   Path fp8 = only_fp8_path(call.collective);

@@ -27,6 +27,7 @@ enum class PassReason : uint8_t {
   too_many_ranks,       // more ranks than one fused reduce takes (quant::kMaxReduceInputs)
   below_threshold,      // caller buffer smaller than thresholds.<collective>.<fabric>
   cost_model,           // the calibrated cost model says plain NCCL is faster
+  measured,             // a sweep of this fabric measured plain NCCL fastest at this size (routes.*)
   flat_guard,           // spans hosts with local peers: flat FP8 would move more bytes between hosts
   hierarchy_guard,      // the hierarchical path, with hosts whose inside is slower than NVLink (plan/hierarchy.hpp)
   forced,               // the benchmark forced the real call (Path::passthrough)

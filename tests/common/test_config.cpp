@@ -528,6 +528,10 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.profiler_device_buffers = 20;
   c.profiler_device_buffer_bytes = 1ull << 20;
   c.profiler_comm_pattern = "allreduce|my_comm_kernel";
+  c.routes[0][2] = {{4, 16ull << 20, true, Algorithm::two_shot, GatherMethod::allgather},
+                    {4, 64ull << 20, false},
+                    {8, 1ull << 20, true, Algorithm::one_shot, GatherMethod::automatic}};
+  c.routes[1][1] = {{2, 3000, true}};
 
   const std::string text = to_toml(c);
   const ConfigResult r = parse_config_toml(text, "round-trip");
@@ -609,6 +613,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.profiler_device_buffers == c.profiler_device_buffers);
   CHECK(p.profiler_device_buffer_bytes == c.profiler_device_buffer_bytes);
   CHECK(p.profiler_comm_pattern == c.profiler_comm_pattern);
+  CHECK(p.routes == c.routes);
 }
 
 TEST_CASE("the defaults round-trip too, and every key has an environment variable") {
@@ -669,4 +674,56 @@ TEST_CASE("telemetry and guard keys: defaults, what each accepts, and a clear er
   REQUIRE(file.ok());
   CHECK(file.config.guard_max_rel_error == 0.3);
   CHECK(file.config.guard_retry_after == 0);
+}
+
+TEST_CASE("measured routes: the sweep's text form, sorted on load, and a clear error for anything else") {
+  const auto two = parse_measured_route("4 ranks from 16MiB: two_shot/sendrecv", Collective::all_reduce);
+  REQUIRE(two);
+  CHECK(two->ranks == 4);
+  CHECK(two->from_bytes == 16ull << 20);
+  CHECK(two->fp8);
+  CHECK(two->algorithm == Algorithm::two_shot);
+  CHECK(two->gather == GatherMethod::sendrecv);
+  CHECK(to_string(*two) == "4 ranks from 16MiB: two_shot/sendrecv");
+  const auto plain = parse_measured_route(" 8 ranks from 1000 :  nccl ", Collective::reduce_scatter);
+  REQUIRE(plain);
+  CHECK_FALSE(plain->fp8);
+  CHECK(to_string(*plain) == "8 ranks from 1000: nccl");
+  CHECK(parse_measured_route("2 ranks from 4MiB: fp8", Collective::reduce_scatter));
+  CHECK(parse_measured_route("2 ranks from 4MiB: fp8/sendrecv", Collective::all_gather));
+  // What a collective has not: an all-reduce algorithm elsewhere, "fp8" for the all-reduce, a gather
+  // step where the path has none, an unknown gather step, a world of one, no size.
+  CHECK_FALSE(parse_measured_route("4 ranks from 4MiB: two_shot", Collective::reduce_scatter));
+  CHECK_FALSE(parse_measured_route("4 ranks from 4MiB: fp8", Collective::all_reduce));
+  CHECK_FALSE(parse_measured_route("4 ranks from 4MiB: fp8/allgather", Collective::reduce_scatter));
+  CHECK_FALSE(parse_measured_route("4 ranks from 4MiB: one_shot/ring", Collective::all_reduce));
+  CHECK_FALSE(parse_measured_route("1 ranks from 4MiB: nccl", Collective::all_reduce));
+  CHECK_FALSE(parse_measured_route("4 ranks: nccl", Collective::all_reduce));
+  CHECK_FALSE(parse_measured_route("4 ranks from 4MB: nccl", Collective::all_reduce));
+
+  const ConfigResult r = parse_config_toml(
+      "[routes.all_reduce]\nnet = [\"8 ranks from 1MiB: nccl\", \"4 ranks from 64MiB: one_shot\", "
+      "\"4 ranks from 16MiB: two_shot/allgather\"]\n",
+      "routes.toml");
+  REQUIRE(r.ok());
+  const auto& net = r.config.routes[static_cast<int>(Collective::all_reduce)][static_cast<int>(Fabric::net)];
+  REQUIRE(net.size() == 3);
+  CHECK(to_string(net[0]) == "4 ranks from 16MiB: two_shot/allgather");
+  CHECK(to_string(net[1]) == "4 ranks from 64MiB: one_shot");
+  CHECK(to_string(net[2]) == "8 ranks from 1MiB: nccl");
+
+  const ConfigResult twice = parse_config_toml(
+      "[routes.all_reduce]\npcie = [\"4 ranks from 16MiB: nccl\", \"4 ranks from 16MiB: ring\"]\n", "twice.toml");
+  REQUIRE(twice.errors.size() == 1);
+  CHECK(twice.errors[0].key == "routes.all_reduce.pcie");
+  CHECK(twice.errors[0].expected.find("at most one per rank count and size") != std::string::npos);
+  CHECK(twice.config.routes[0][1].empty());
+
+  const std::vector<std::string> env = {"FP8WIRE_ROUTES_REDUCE_SCATTER_NET=2 ranks from 2MiB: fp8, 2 ranks from 1GiB: nccl"};
+  const ConfigResult e = load_config("", env);
+  REQUIRE(e.ok());
+  CHECK(e.config.routes[1][2].size() == 2);
+  const ConfigResult bad = load_config("", {"FP8WIRE_ROUTES_ALL_GATHER_NVLINK=2 ranks from 2MiB: two_shot"});
+  REQUIRE(bad.errors.size() == 1);
+  CHECK(bad.errors[0].expected.find("fp8[/allgather|/sendrecv]") != std::string::npos);
 }

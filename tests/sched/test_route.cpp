@@ -337,6 +337,69 @@ TEST_CASE("route: each pass-through and fallback says why") {
                    Path::ring).carrier == Carrier::nccl);
 }
 
+TEST_CASE("route: a sweep's measured winners decide the algorithm and gather step at their rank count") {
+  Config c;
+  for (auto& per : c.thresholds) per.fill(1 << 20);
+  const int ar = static_cast<int>(Collective::all_reduce), rs = static_cast<int>(Collective::reduce_scatter);
+  const int net = static_cast<int>(Fabric::net);
+  c.routes[ar][net] = {{4, 16ull << 20, true, Algorithm::two_shot, GatherMethod::allgather},
+                       {4, 64ull << 20, true, Algorithm::two_shot, GatherMethod::sendrecv},
+                       {4, 256ull << 20, false},
+                       {8, 4ull << 20, true, Algorithm::one_shot, GatherMethod::automatic}};
+  c.routes[rs][net] = {{4, 8ull << 20, false}};
+  CallShape s;
+  s.dtype = DataType::bf16;
+  s.nranks = 4;
+  auto route = [&](const Config& cfg, size_t bytes, int nranks = 4, Collective collective = Collective::all_reduce,
+                   Fabric fabric = Fabric::net) {
+    CallShape call = s;
+    call.collective = collective;
+    call.nranks = nranks;
+    call.count = collective == Collective::reduce_scatter ? bytes / 2 / static_cast<size_t>(nranks) : bytes / 2;
+    return route_call(cfg, flat(cfg, nranks, fabric), call, std::nullopt);
+  };
+  // Below the smallest measured size (the threshold still rules first): the smallest entry.
+  CHECK(route(c, 512 << 10).reason == PassReason::below_threshold);
+  Route r = route(c, 2 << 20);
+  CHECK(r.path == Path::two_shot);
+  CHECK(r.gather == GatherMethod::allgather);
+  r = route(c, 63 << 20);
+  CHECK(r.gather == GatherMethod::allgather);
+  r = route(c, 64 << 20);
+  CHECK(r.path == Path::two_shot);
+  CHECK(r.gather == GatherMethod::sendrecv);
+  r = route(c, 512 << 20);
+  CHECK(r.path == Path::passthrough);
+  CHECK(r.reason == PassReason::measured);
+  // At 8 ranks its own entries; the one-shot measured without a gather step apart: the model's.
+  r = route(c, 16 << 20, 8);
+  CHECK(r.path == Path::one_shot);
+  CHECK(r.gather == gather_method_for(c, Collective::all_reduce, Path::one_shot, 16 << 20, 8, Fabric::net));
+  // A rank count, a fabric or a collective the sweep did not measure: the cost model, as before.
+  Config unmeasured = c;
+  for (auto& per : unmeasured.routes) for (auto& routes : per) routes.clear();
+  for (auto [nranks, fabric] : {std::pair{2, Fabric::net}, {4, Fabric::pcie}}) {
+    CAPTURE(nranks);
+    const Route with = route(c, 64 << 20, nranks, Collective::all_reduce, fabric);
+    const Route without = route(unmeasured, 64 << 20, nranks, Collective::all_reduce, fabric);
+    CHECK(with.path == without.path);
+    CHECK(with.gather == without.gather);
+  }
+  CHECK(route(c, 64 << 20, 4, Collective::reduce_scatter).reason == PassReason::measured);
+  CHECK(route(c, 4 << 20, 4, Collective::reduce_scatter).path == Path::passthrough);  // the smallest entry
+  CHECK(route(c, 64 << 20, 8, Collective::reduce_scatter).path == Path::two_shot);
+  // A forced algorithm, or a forced gather step, wins over what was measured.
+  Config forced = c;
+  forced.algorithm = Algorithm::one_shot;
+  CHECK(route(forced, 64 << 20).path == Path::one_shot);
+  CHECK(route(forced, 512 << 20).path == Path::one_shot);
+  Config pinned = c;
+  pinned.gather_transport = GatherMethod::allgather;
+  CHECK(route(pinned, 64 << 20).gather == GatherMethod::allgather);
+  // The routes are part of the configuration every rank must share.
+  CHECK(config_fingerprint(c) != config_fingerprint(unmeasured));
+}
+
 TEST_CASE("route: the direct kinds a communicator tries at its creation, from what every rank gathered") {
   auto ranks = [](int n, bool p2p_off_on_one = false, bool two_hosts = false) {
     std::vector<RankFacts> facts(static_cast<size_t>(n));

@@ -23,6 +23,7 @@
 #include "common/rank_launcher.hpp"
 #include "bench/host/hierarchy_model.hpp"
 #include "bench/host/model_report.hpp"
+#include "bench/host/planner_check.hpp"
 #include "bench/host/profile.hpp"
 #include "bench/host/results.hpp"
 #include "bench/host/units.hpp"
@@ -271,6 +272,13 @@ int run_report(const std::vector<std::string>& files, const fb::CrossoverOptions
                const std::string& profile_path) {
   std::vector<fb::SweepResult> results;
   std::vector<fb::FabricProfile> profiles;
+  // The configuration a job would run with (FP8WIRE_CONFIG, FP8WIRE_*): its planner's picks against
+  // each recorded sweep.
+  const fp8wire::ConfigResult loaded = fp8wire::load_config();
+  if (!loaded.ok()) {
+    for (const auto& e : loaded.errors) std::fprintf(stderr, "fp8wire-bench report: config: %s\n", e.message().c_str());
+    return 2;
+  }
   for (const auto& path : files) {
     std::string error;
     auto r = fb::read_sweep_file(path, error);
@@ -287,6 +295,8 @@ int run_report(const std::vector<std::string>& files, const fb::CrossoverOptions
       std::printf("%s\n", fb::render_table(*r, p.collective, p.dtype).c_str());
     }
     std::printf("%s\n", fb::render_crossovers(*r, reports).c_str());
+    fp8wire::Config config = loaded.config;
+    std::printf("%s\n", fb::render_planner_picks(fb::planner_picks(*r, config, r->machine.fabric)).c_str());
     for (const auto& f : fb::failed_checks(*r)) std::printf("FAIL check %s\n", f.c_str());
     profiles.push_back(fb::profile_from_sweep(*r, reports, fb::calibrate(*r)));
     results.push_back(std::move(*r));

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "bench/host/check.hpp"
+#include "bench/host/planner_check.hpp"
 #include "bench/host/profile.hpp"
 #include "bench/host/results.hpp"
 #include "common/config.hpp"
@@ -102,6 +103,7 @@ struct Worker {
   };
   std::vector<Variant> variants;
   Config config;  // as loaded, with the benchmark's overrides (the variants' differ in gather_transport)
+  Config loaded;  // as loaded (and --fabric): what the shim would plan with, for the planner's picks
   void* report_send = nullptr;   // device: one RankReport
   void* report_recv = nullptr;   // device: world_size RankReports
   std::vector<cudaEvent_t> start_events, stop_events;
@@ -528,6 +530,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   }
   w.config = cfg.config;
   if (forced_fabric) w.config.fabric_override = forced_fabric;
+  w.loaded = w.config;
   // Every rank gets the same argv, so the configurations (and their fingerprints) still agree.
   if (opt.gather_transports.size() == 1) w.config.gather_transport = opt.gather_transports.front();
   // The benchmark forces each path explicitly; per-collective switches meant for jobs (FP8
@@ -751,6 +754,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   }
   for (const auto& job : jobs) std::printf("%s\n", render_table(result, job.c, job.d).c_str());
   std::printf("%s\n", render_crossovers(result, crossovers).c_str());
+  std::printf("%s\n", render_planner_picks(planner_picks(result, w.loaded, result.machine.fabric)).c_str());
   fmt::print("# cost model ({}): op_latency {:.1f} us, bus {:.2f} GB/s [{}]; codec {:.0f} GB/s, launch {:.1f} us [{}]\n",
              fabric_name(result.machine.fabric), calibration.model.op_latency_us, calibration.model.bus_bandwidth_gbps,
              calibration.link.basis, calibration.model.codec_gbps, calibration.model.kernel_launch_us,

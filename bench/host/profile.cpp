@@ -1,10 +1,77 @@
 #include "bench/host/profile.hpp"
 
+#include <algorithm>
+#include <map>
+#include <set>
 #include <utility>
 
 #include <fmt/format.h>
 
 namespace fp8wire::bench {
+
+namespace {
+bool usable_point(const SweepPoint& p) { return p.supported && !p.times_us.empty() && p.time.median > 0; }
+
+// The variant a point timed, as a measured route names it; nullopt for what a route cannot name or
+// must not take: a direct transport's point, a gather step that mixed both, the ring.
+std::optional<MeasuredRoute> variant_of(const SweepPoint& p, int nranks) {
+  if (!p.transport.empty() || p.gather_transport == "mixed" || p.path == Path::ring || p.path == Path::fallback ||
+      p.path == Path::hierarchical)
+    return std::nullopt;
+  MeasuredRoute r;
+  r.ranks = static_cast<uint32_t>(nranks);
+  r.from_bytes = p.bytes;
+  if (p.path == Path::passthrough) return r;
+  r.fp8 = true;
+  if (p.collective == Collective::all_reduce) r.algorithm = p.path == Path::one_shot ? Algorithm::one_shot : Algorithm::two_shot;
+  else if (p.path != only_fp8_path(p.collective)) return std::nullopt;
+  if (has_gather_step(p.collective, p.path)) {
+    if (p.gather_transport == "sendrecv") r.gather = GatherMethod::sendrecv;
+    else if (p.gather_transport == "allgather") r.gather = GatherMethod::allgather;
+  }
+  return r;
+}
+
+bool same_variant(const MeasuredRoute& a, const MeasuredRoute& b) {
+  return a.fp8 == b.fp8 && a.algorithm == b.algorithm && a.gather == b.gather;
+}
+}  // namespace
+
+std::vector<RouteEntry> measured_routes(const SweepResult& result, Collective collective, DType dtype) {
+  std::map<uint64_t, std::vector<const SweepPoint*>> by_size;
+  for (const auto& p : result.points)
+    if (p.collective == collective && p.dtype == dtype && usable_point(p) && variant_of(p, result.machine.nranks))
+      by_size[p.bytes].push_back(&p);
+  std::set<std::string> kinds;  // variants apart from their size
+  for (const auto& [bytes, points] : by_size)
+    for (const SweepPoint* p : points) {
+      MeasuredRoute r = *variant_of(*p, result.machine.nranks);
+      r.from_bytes = 0;
+      kinds.insert(to_string(r));
+    }
+  std::vector<RouteEntry> out;
+  if (kinds.size() < 2) return out;
+  for (const auto& [bytes, points] : by_size) {
+    const SweepPoint* best = nullptr;
+    const SweepPoint* plain = nullptr;
+    for (const SweepPoint* p : points) {
+      if (!best || p->time.median < best->time.median) best = p;
+      if (p->path == Path::passthrough) plain = p;
+    }
+    const MeasuredRoute winner = *variant_of(*best, result.machine.nranks);
+    if (!out.empty() && same_variant(out.back().route, winner)) continue;
+    const SweepPoint* second = nullptr;
+    for (const SweepPoint* p : points)
+      if (p != best && (!second || p->time.median < second->time.median)) second = p;
+    std::string comment = fmt::format("{}: {} {:.1f} us", format_bytes(bytes), path_label(*best), best->time.median);
+    if (plain && plain != best) comment += fmt::format(", {:.2f}x NCCL's", plain->time.median / best->time.median);
+    if (second)
+      comment += fmt::format("; next {} {:.1f}% slower", path_label(*second),
+                             100.0 * (second->time.median / best->time.median - 1.0));
+    out.push_back({winner, comment});
+  }
+  return out;
+}
 
 FabricProfile profile_from_sweep(const SweepResult& result, const std::vector<CrossoverReport>& reports,
                                  const Calibration& calibration) {
@@ -37,6 +104,12 @@ FabricProfile profile_from_sweep(const SweepResult& result, const std::vector<Cr
     }
     profile.thresholds[static_cast<size_t>(c)] = entry;
   }
+  // The routes of the same dtype as the thresholds: bf16 when measured, else the first one.
+  std::optional<DType> route_dtype;
+  for (const auto& p : result.points)
+    if (!route_dtype || (p.dtype == DType::bf16 && *route_dtype != DType::bf16)) route_dtype = p.dtype;
+  if (route_dtype)
+    for (Collective c : kCollectives) profile.routes[static_cast<size_t>(c)] = measured_routes(result, c, *route_dtype);
   if (calibration.model.calibrated) profile.cost_model = calibration.model;
   // One transport measured for every FP8 gather step: the profile pins it (a cost model fitted from
   // one transport prices the other only through other paths' operations).
@@ -85,8 +158,44 @@ std::string render_profile_toml(const std::vector<FabricProfile>& fabrics) {
         out += fmt::format("\n[thresholds.{}]\n", collective_name(c));
         header = true;
       }
-      const auto& e = *f->thresholds[static_cast<size_t>(c)];
-      out += fmt::format("{} = {}  # {}\n", fabric_name(f->fabric), e.bytes, e.comment);
+      // Sweeps of several rank counts on one fabric, each with its routes: the smallest threshold,
+      // the routes deciding per rank count above it.
+      const ThresholdEntry* e = &*f->thresholds[static_cast<size_t>(c)];
+      for (const auto& other : fabrics)
+        if (other.fabric == f->fabric && other.thresholds[static_cast<size_t>(c)] &&
+            !other.routes[static_cast<size_t>(c)].empty() && !f->routes[static_cast<size_t>(c)].empty() &&
+            other.thresholds[static_cast<size_t>(c)]->bytes < e->bytes)
+          e = &*other.thresholds[static_cast<size_t>(c)];
+      out += fmt::format("{} = {}  # {}\n", fabric_name(f->fabric), e->bytes, e->comment);
+    }
+  }
+  // Measured routes of every profile given, merged by rank count: a later sweep of the same rank
+  // count and fabric replaces an earlier one's entries.
+  for (Collective c : kCollectives) {
+    bool header = false;
+    for (int fi = 0; fi < kFabricCount; ++fi) {
+      std::vector<const RouteEntry*> merged;
+      for (const auto& f : fabrics) {
+        if (static_cast<int>(f.fabric) != fi) continue;
+        const auto& mine = f.routes[static_cast<size_t>(c)];
+        if (mine.empty()) continue;
+        std::erase_if(merged, [&](const RouteEntry* e) { return e->route.ranks == mine.front().route.ranks; });
+        for (const auto& e : mine) merged.push_back(&e);
+      }
+      if (merged.empty()) continue;
+      std::stable_sort(merged.begin(), merged.end(), [](const RouteEntry* a, const RouteEntry* b) {
+        return std::pair(a->route.ranks, a->route.from_bytes) < std::pair(b->route.ranks, b->route.from_bytes);
+      });
+      if (!header) {
+        out += fmt::format(
+            "\n# The fastest variant measured from each size up (per rank count), over NCCL's transports.\n"
+            "[routes.{}]\n",
+            collective_name(c));
+        header = true;
+      }
+      out += fmt::format("{} = [\n", fabric_name(static_cast<Fabric>(fi)));
+      for (const RouteEntry* e : merged) out += fmt::format("  \"{}\",  # {}\n", to_string(e->route), e->comment);
+      out += "]\n";
     }
   }
   for (const auto* f : by_fabric) {

@@ -21,9 +21,19 @@ struct ThresholdEntry {
   std::string comment;  // measured speedup, margin, candidate path, or why "never"
 };
 
+// One measured winner (routes.<collective>.<fabric>) and what it was measured at, for its comment.
+struct RouteEntry {
+  MeasuredRoute route;
+  std::string comment;
+};
+
 struct FabricProfile {
   Fabric fabric = Fabric::net;
   std::array<std::optional<ThresholdEntry>, kCollectiveCount> thresholds;
+  // Per collective: at each size measured, the fastest of plain NCCL and every FP8 variant timed over
+  // NCCL's transports (path and gather step; the ring, a path kept for comparison, never), one entry
+  // where the winner changes. Empty where fewer than two variants were timed.
+  std::array<std::vector<RouteEntry>, kCollectiveCount> routes;
   std::optional<CostModel> cost_model;
   // The gather transport every FP8 point of the sweep used ("allgather" or "sendrecv"); empty when
   // the sweep measured both (or none): then the shim's automatic choice prices both from cost_model.
@@ -36,7 +46,12 @@ struct FabricProfile {
 FabricProfile profile_from_sweep(const SweepResult& result, const std::vector<CrossoverReport>& reports,
                                  const Calibration& calibration);
 
-// Renders several fabrics into one document. Fabrics appearing twice: the later entry wins.
+// The measured winners of one collective and dtype of a sweep (FabricProfile::routes).
+std::vector<RouteEntry> measured_routes(const SweepResult& result, Collective collective, DType dtype);
+
+// Renders several fabrics into one document. Fabrics appearing twice: the later entry wins, but
+// their measured routes are merged by rank count (a later sweep of the same rank count wins), so
+// sweeps at 2, 4 and 8 ranks make one profile.
 // `gather_transport` is one key for all fabrics: written when every fabric of the document measured
 // the same single transport, so the shim keeps to what was measured.
 std::string render_profile_toml(const std::vector<FabricProfile>& fabrics);

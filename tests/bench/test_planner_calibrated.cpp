@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "bench/host/planner_check.hpp"
 #include "bench/host/profile.hpp"
 #include "bench/host/results.hpp"
 #include "common/config.hpp"
@@ -134,8 +135,11 @@ Verdict check_choices(const SweepResult& s, const Config& config, Collective c, 
   return v;
 }
 
-Config without_thresholds(Config c) {
+// The cost model alone: no thresholds, and none of the routes the profile measured.
+Config model_only(Config c) {
   for (auto& per : c.thresholds) per.fill(0);
+  for (auto& per : c.routes)
+    for (auto& routes : per) routes.clear();
   return c;
 }
 }  // namespace
@@ -199,13 +203,13 @@ TEST_CASE("the calibrated cost model alone (no thresholds) chooses the right all
   for (const char* file : {"allreduce_4ranks.json", "allreduce_2ranks.json"}) {
     CAPTURE(file);
     const SweepResult s = load_sweep(file);
-    const Verdict v = check_choices(s, without_thresholds(profile_config(s)), Collective::all_reduce, "model only");
+    const Verdict v = check_choices(s, model_only(profile_config(s)), Collective::all_reduce, "model only");
     CHECK(v.off == 0);
   }
   // The former model (the same profile without its per-operation figures) gets 4 ranks wrong.
   {
     const SweepResult s = load_sweep("allreduce_4ranks.json");
-    Config former = without_thresholds(profile_config(s));
+    Config former = model_only(profile_config(s));
     CostModel& m = former.cost_model[static_cast<int>(Fabric::net)];
     m.allreduce_latency_us = m.allgather_latency_us = m.reduce_scatter_latency_us = m.alltoall_latency_us = 0;
     m.allreduce_bandwidth_gbps = m.allgather_bandwidth_gbps = m.reduce_scatter_bandwidth_gbps = 0;
@@ -218,7 +222,7 @@ TEST_CASE("the calibrated cost model alone (no thresholds) chooses the right all
   // is faster than at 64 KiB (3.7 vs 4.5 ms), which no latency + bytes / bandwidth line reproduces,
   // so the model alone picks FP8 there (1.09x); the measured threshold (64 MiB) keeps it plain.
   const SweepResult rs = load_sweep("rs_ag_2ranks.json");
-  CHECK(check_choices(rs, without_thresholds(profile_config(rs)), Collective::reduce_scatter, "model only").off == 0);
+  CHECK(check_choices(rs, model_only(profile_config(rs)), Collective::reduce_scatter, "model only").off == 0);
 }
 
 TEST_CASE("uncalibrated defaults keep their decisions where the measurements proved them right") {
@@ -307,7 +311,7 @@ TEST_CASE("both gather transports: calibration lets the planner pick send/recv s
 
   const Config profile = profile_config(s);
   CHECK(profile.gather_transport == GatherMethod::automatic);  // both measured: the planner chooses
-  for (const Config& config : {profile, without_thresholds(profile)}) {
+  for (const Config& config : {profile, model_only(profile)}) {
     // The fastest measured (path, transport) at every size, to rounding: one_shot/sr up to 1 MiB,
     // two_shot/sr at 4 and 16 MiB, two_shot over all-gather from 64 MiB.
     const Verdict v = check_choices(s, config, Collective::all_reduce, "both transports");
@@ -342,4 +346,99 @@ TEST_CASE("both gather transports: calibration lets the planner pick send/recv s
   const Config sr_only = profile_config(sr);
   CHECK(sr_only.gather_transport == GatherMethod::sendrecv);
   CHECK(check_choices(sr, sr_only, Collective::all_reduce, "send/recv only").off == 0);
+}
+
+// ---- Measured routes: the sweeps of 2026-12-07 at 4 and 8 ranks under MPS (NCCL's transport over
+// sockets), every all-reduce variant (two-shot, one-shot, ring, each gather step) and the FP8
+// reduce-scatter against plain NCCL.
+namespace {
+const MeasuredRoute* route_at(const Config& c, Collective collective, int nranks, uint64_t bytes) {
+  return sched::measured_route(c, collective, Fabric::net, nranks, bytes);
+}
+
+// The fastest point at a size among the variants a route may name (the ring never).
+double fastest_routable_us(const SweepResult& s, Collective c, uint64_t bytes) {
+  double best = 0;
+  for (const auto& p : s.points)
+    if (p.collective == c && p.bytes == bytes && p.supported && p.time.median > 0 && p.path != Path::ring &&
+        p.transport.empty() && (best == 0 || p.time.median < best))
+      best = p.time.median;
+  return best;
+}
+}  // namespace
+
+TEST_CASE("measured routes: one entry where the winner changes, never the ring, read back by the shim") {
+  const SweepResult s4 = load_sweep("ar_rs_4ranks_mps.json");
+  const auto routes = measured_routes(s4, Collective::all_reduce, DType::bf16);
+  REQUIRE(routes.size() == 2);
+  // 16 MiB: two-shot gathering by send/recv (7.4 ms; by all-gather 9.9 ms); 64 and 256 MiB: by
+  // all-gather (29.5 / 105.9 ms against 30.8 / 120.6 ms). The ring won 64 MiB (27.8 ms) and is left out.
+  CHECK(to_string(routes[0].route) == "4 ranks from 16MiB: two_shot/sendrecv");
+  CHECK(to_string(routes[1].route) == "4 ranks from 64MiB: two_shot/allgather");
+  CHECK(routes[0].comment.find("1.56x NCCL's") != std::string::npos);
+  const auto rs = measured_routes(s4, Collective::reduce_scatter, DType::bf16);
+  REQUIRE(rs.size() == 1);
+  CHECK(to_string(rs[0].route) == "4 ranks from 16MiB: fp8");
+
+  const Config c = profile_config(s4);
+  const auto& loaded = c.routes[static_cast<int>(Collective::all_reduce)][static_cast<int>(Fabric::net)];
+  REQUIRE(loaded.size() == 2);
+  CHECK(loaded[0] == routes[0].route);
+  // Every size: the pick is the fastest routable variant measured.
+  for (const PlannerPick& p : planner_picks(s4, c, Fabric::net)) {
+    CAPTURE(p.bytes);
+    CAPTURE(p.pick);
+    REQUIRE(p.pick_us > 0);
+    CHECK(p.pick_us == fastest_routable_us(s4, p.collective, p.bytes));
+  }
+}
+
+TEST_CASE("measured routes: what the built-in model picks on this fabric, and what the routes fix") {
+  // Uncalibrated, the planner takes two-shot gathering by all-gather at 4 ranks, 16 MiB: 1.34x the
+  // fastest variant's time (two-shot by send/recv). The routes of the same sweep pick that one.
+  const SweepResult s4 = load_sweep("ar_rs_4ranks_mps.json");
+  Config defaults;
+  for (auto& per : defaults.thresholds) per.fill(1 << 20);
+  double worst_default = 1.0;
+  for (const PlannerPick& p : planner_picks(s4, defaults, Fabric::net))
+    if (p.pick_us > 0) worst_default = std::max(worst_default, p.pick_us / p.fastest_us);
+  CHECK(worst_default > 1.3);
+  const Config calibrated = profile_config(s4);
+  for (const PlannerPick& p : planner_picks(s4, calibrated, Fabric::net)) {
+    CAPTURE(p.bytes);
+    CHECK(p.pick_us <= 1.07 * p.fastest_us);  // within 6 %: only the ring, left out, is faster (64 MiB)
+  }
+}
+
+TEST_CASE("measured routes: sweeps of several rank counts make one profile, each rank count its own") {
+  const SweepResult s4 = load_sweep("ar_rs_4ranks_mps.json"), s8 = load_sweep("ar_rs_8ranks_mps.json");
+  auto profile = [](const SweepResult& s) {
+    return profile_from_sweep(s, analyze_crossovers(s, CrossoverOptions{}), calibrate(s));
+  };
+  const FabricProfile p4 = profile(s4), p8 = profile(s8);
+  const size_t ar = static_cast<size_t>(Collective::all_reduce);
+  REQUIRE(p4.thresholds[ar]);
+  REQUIRE(p8.thresholds[ar]);
+  // Alone, the 8-rank sweep's crossover is 64 MiB (its 16 MiB points are noisy); the 4-rank one pays from 16 MiB.
+  CHECK(p8.thresholds[ar]->bytes == 64ull << 20);
+  CHECK(p4.thresholds[ar]->bytes == 16ull << 20);
+  const ConfigResult merged = parse_config_toml(render_profile_toml({p4, p8}), "merged profile");
+  REQUIRE(merged.ok());
+  const Config& c = merged.config;
+  // The smaller threshold, and the routes of each rank count.
+  CHECK(c.thresholds[ar][static_cast<int>(Fabric::net)] == 16ull << 20);
+  const MeasuredRoute* four = route_at(c, Collective::all_reduce, 4, 100ull << 20);
+  const MeasuredRoute* eight = route_at(c, Collective::all_reduce, 8, 100ull << 20);
+  REQUIRE((four && eight));
+  CHECK(four->gather == GatherMethod::allgather);
+  CHECK(eight->gather == GatherMethod::sendrecv);
+  CHECK(route_at(c, Collective::all_reduce, 2, 100ull << 20) == nullptr);  // not measured: the model's
+  // A second sweep of a rank count replaces the first one's routes.
+  FabricProfile again = p4;
+  again.routes[ar] = {{{4, 1ull << 20, false}, "made up"}};
+  const ConfigResult replaced = parse_config_toml(render_profile_toml({p4, p8, again}), "replaced");
+  REQUIRE(replaced.ok());
+  const auto& net = replaced.config.routes[ar][static_cast<int>(Fabric::net)];
+  CHECK(std::count_if(net.begin(), net.end(), [](const MeasuredRoute& r) { return r.ranks == 4; }) == 1);
+  CHECK_FALSE(route_at(replaced.config, Collective::all_reduce, 4, 100ull << 20)->fp8);
 }

@@ -15,8 +15,9 @@
 # Environment: RANKS (default: GPUs, or 2 on one GPU), STEPS (30), CONFIG, MAIN_DIRECT, MAIN_OUT (default
 #   $OUT/main-job, OUT default out), TRAIN_SET (extra --set overrides, space separated), SKIP_BUILD=1,
 #   FP8WIRE_MPS=0 (ranks sharing a GPU time-sliced). On one GPU, NCCL_P2P_NET_CHUNKSIZE (default there
-#   524288) and FP8WIRE_GATHER_TRANSPORT (default there sendrecv) as measured best. Every other
-#   variable reaches both runs (e.g. NCCL_P2P_DISABLE=1 bash scripts/main-job.sh).
+#   524288) as measured best, and a calibration sweep first whose profile the fp8wire runs load
+#   (MAIN_CALIBRATE=0, or an FP8WIRE_CONFIG of your own, skips it). Every other variable reaches both
+#   runs (e.g. NCCL_P2P_DISABLE=1 bash scripts/main-job.sh).
 # Also an area of scripts/gpu/all.sh (`all.sh main-job`: the build is all.sh's, results under its OUT).
 source "$(dirname "${BASH_SOURCE[0]}")/gpu/lib.sh"
 set -e
@@ -80,8 +81,24 @@ if (( gpus == 1 )); then
   # all-reduce, which the baseline uses, does not depend on it), and fp8wire gathering its
   # quantized slots by send/recv, which with that chunk moves them 1.6x faster than an all-gather.
   export NCCL_P2P_NET_CHUNKSIZE="${NCCL_P2P_NET_CHUNKSIZE:-524288}"
-  fp8_env=(FP8WIRE_GATHER_TRANSPORT="${FP8WIRE_GATHER_TRANSPORT:-sendrecv}")
-  echo "main-job: emulated-testbed settings: NCCL_P2P_NET_CHUNKSIZE=$NCCL_P2P_NET_CHUNKSIZE (both runs), ${fp8_env[*]} (fp8wire run)"
+  echo "main-job: emulated-testbed setting: NCCL_P2P_NET_CHUNKSIZE=$NCCL_P2P_NET_CHUNKSIZE (both runs)"
+  # Ranks standing in for hosts over NCCL's sockets are a fabric no built-in figure describes: the
+  # fp8wire runs plan with a profile measured here first, at this rank count (every all-reduce
+  # variant against plain NCCL over the gradient buckets' sizes; the profile's measured routes pick
+  # the fastest), unless FP8WIRE_CONFIG names one or MAIN_CALIBRATE=0.
+  if [[ -z "${FP8WIRE_CONFIG:-}" && "${MAIN_CALIBRATE:-1}" != 0 ]]; then
+    echo "main-job: calibrating fp8wire for $ranks ranks on this testbed (fp8wire-bench sweep, log $out/calibration.log)"
+    if "$BUILD/bench/fp8wire-bench" sweep --emulate-ranks "$ranks" --collectives all_reduce --paths two_shot,one_shot \
+         --gather-transport both --min 1MiB --max 64MiB --step 4 --warmup 2 --repeats 5 --no-check \
+         --out "$out/calibration" > "$out/calibration.log" 2>&1; then
+      fp8_env=(FP8WIRE_CONFIG="$out/calibration/fp8wire-profile.toml")
+      grep -A8 "planner's pick" "$out/calibration.log" || true
+    else
+      echo "main-job: the calibration sweep failed (its log's end below); the fp8wire runs plan with the built-in figures" >&2
+      tail -5 "$out/calibration.log" >&2
+    fi
+  fi
+  if (( ${#fp8_env[@]} )); then echo "main-job: fp8wire runs with ${fp8_env[*]}"; fi
 fi
 
 train() {  # train <label> [--shim]

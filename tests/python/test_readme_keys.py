@@ -20,7 +20,7 @@ import unittest
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-PLACEHOLDERS = {"<collective>": ["all_reduce", "reduce_scatter", "all_gather", "all_to_all"],
+PLACEHOLDERS = {"<collective>": ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"],
                 "<fabric>": ["nvlink", "pcie", "net"]}
 SIZE_UNITS = {"": 1, "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20, "G": 1 << 30, "GiB": 1 << 30,
               "T": 1 << 40, "TiB": 1 << 40}

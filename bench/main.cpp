@@ -296,7 +296,7 @@ int run_report(const std::vector<std::string>& files, const fb::CrossoverOptions
     }
     std::printf("%s\n", fb::render_crossovers(*r, reports).c_str());
     fp8wire::Config config = loaded.config;
-    std::printf("%s\n", fb::render_planner_picks(fb::planner_picks(*r, config, r->machine.fabric)).c_str());
+    std::printf("%s\n", fb::render_planner_picks(fb::planner_picks(*r, config, r->machine.fabric), r->machine).c_str());
     for (const auto& f : fb::failed_checks(*r)) std::printf("FAIL check %s\n", f.c_str());
     profiles.push_back(fb::profile_from_sweep(*r, reports, fb::calibrate(*r)));
     results.push_back(std::move(*r));

@@ -754,7 +754,7 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
   }
   for (const auto& job : jobs) std::printf("%s\n", render_table(result, job.c, job.d).c_str());
   std::printf("%s\n", render_crossovers(result, crossovers).c_str());
-  std::printf("%s\n", render_planner_picks(planner_picks(result, w.loaded, result.machine.fabric)).c_str());
+  std::printf("%s\n", render_planner_picks(planner_picks(result, w.loaded, result.machine.fabric), result.machine).c_str());
   fmt::print("# cost model ({}): op_latency {:.1f} us, bus {:.2f} GB/s [{}]; codec {:.0f} GB/s, launch {:.1f} us [{}]\n",
              fabric_name(result.machine.fabric), calibration.model.op_latency_us, calibration.model.bus_bandwidth_gbps,
              calibration.link.basis, calibration.model.codec_gbps, calibration.model.kernel_launch_us,

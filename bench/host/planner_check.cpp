@@ -56,8 +56,10 @@ std::vector<PlannerPick> planner_picks(const SweepResult& result, const Config& 
   return out;
 }
 
-std::string render_planner_picks(const std::vector<PlannerPick>& picks) {
-  std::string out = "# the planner's pick with the configuration loaded, against the fastest variant timed\n";
+std::string render_planner_picks(const std::vector<PlannerPick>& picks, const MachineInfo& machine) {
+  std::string out = fmt::format(
+      "# the planner's pick with the configuration loaded, against the fastest variant timed ({} ranks, fabric {})\n",
+      machine.nranks, fabric_name(machine.fabric));
   out += fmt::format("  {:<15} {:<5} {:>9}  {:<26} {:<13} {:>10}\n", "collective", "dtype", "size", "planner picks",
                      "fastest", "pick/fast");
   for (const auto& p : picks) {

@@ -27,6 +27,7 @@ struct PlannerPick {
 // agreed it (result.machine.fabric).
 std::vector<PlannerPick> planner_picks(const SweepResult& result, const Config& config, Fabric fabric);
 // The table, with each pick's time over the fastest's (1.00x: the planner ran the fastest).
-std::string render_planner_picks(const std::vector<PlannerPick>& picks);
+// `machine`: the sweep's, for the heading (rank count and fabric).
+std::string render_planner_picks(const std::vector<PlannerPick>& picks, const MachineInfo& machine);
 
 }  // namespace fp8wire::bench

@@ -39,18 +39,14 @@ bool same_variant(const MeasuredRoute& a, const MeasuredRoute& b) {
 
 std::vector<RouteEntry> measured_routes(const SweepResult& result, Collective collective, DType dtype) {
   std::map<uint64_t, std::vector<const SweepPoint*>> by_size;
+  std::set<std::string> variants;  // by their tables' labels: a route is worth writing from two on
   for (const auto& p : result.points)
-    if (p.collective == collective && p.dtype == dtype && usable_point(p) && variant_of(p, result.machine.nranks))
+    if (p.collective == collective && p.dtype == dtype && usable_point(p) && variant_of(p, result.machine.nranks)) {
       by_size[p.bytes].push_back(&p);
-  std::set<std::string> kinds;  // variants apart from their size
-  for (const auto& [bytes, points] : by_size)
-    for (const SweepPoint* p : points) {
-      MeasuredRoute r = *variant_of(*p, result.machine.nranks);
-      r.from_bytes = 0;
-      kinds.insert(to_string(r));
+      variants.insert(path_label(p));
     }
   std::vector<RouteEntry> out;
-  if (kinds.size() < 2) return out;
+  if (variants.size() < 2) return out;
   for (const auto& [bytes, points] : by_size) {
     const SweepPoint* best = nullptr;
     const SweepPoint* plain = nullptr;

@@ -442,3 +442,54 @@ TEST_CASE("measured routes: sweeps of several rank counts make one profile, each
   CHECK(std::count_if(net.begin(), net.end(), [](const MeasuredRoute& r) { return r.ranks == 4; }) == 1);
   CHECK_FALSE(route_at(replaced.config, Collective::all_reduce, 4, 100ull << 20)->fp8);
 }
+
+TEST_CASE("measured routes: an all-to-all size that does not pay at one rank count stays on NCCL there") {
+  // The 4-rank all-to-all of 2026-12-07 (docs/PERF.md): FP8 1.44x at 4 MiB, 0.76x at 16 MiB, 1.68x at
+  // 64 MiB. A threshold is one size per fabric for every rank count; the routes keep 16 MiB plain at
+  // 4 ranks and leave 2 ranks to what was measured there.
+  SweepResult s;
+  s.machine.nranks = 4;
+  s.machine.fabric = Fabric::net;
+  auto point = [&](uint64_t mib, Path path, double us) {
+    SweepPoint p;
+    p.collective = Collective::all_to_all;
+    p.path = path;
+    p.bytes = mib << 20;
+    p.times_us = {us, us, us};
+    p.time = summarize(p.times_us);
+    s.points.push_back(p);
+  };
+  point(4, Path::passthrough, 2880);
+  point(4, Path::one_shot, 2000);
+  point(16, Path::passthrough, 5000);
+  point(16, Path::one_shot, 6580);
+  point(64, Path::passthrough, 20160);
+  point(64, Path::one_shot, 12000);
+  const auto routes = measured_routes(s, Collective::all_to_all, DType::bf16);
+  REQUIRE(routes.size() == 3);
+  CHECK(to_string(routes[0].route) == "4 ranks from 4MiB: fp8");
+  CHECK(to_string(routes[1].route) == "4 ranks from 16MiB: nccl");
+  CHECK(to_string(routes[2].route) == "4 ranks from 64MiB: fp8");
+  FabricProfile profile;
+  profile.fabric = Fabric::net;
+  profile.routes[static_cast<size_t>(Collective::all_to_all)] = routes;
+  const ConfigResult loaded = parse_config_toml(render_profile_toml({profile}), "a2a routes");
+  REQUIRE(loaded.ok());
+  Config c = loaded.config;
+  c.collective_enable.fill(true);
+  for (auto& per : c.thresholds) per.fill(1 << 20);
+  sched::CallShape call;
+  call.collective = Collective::all_to_all;
+  call.dtype = DataType::bf16;
+  call.nranks = 4;
+  auto plan = [&](uint64_t mib, int nranks) {
+    call.nranks = nranks;
+    call.count = (mib << 20) / 2 / static_cast<uint64_t>(nranks);  // per peer
+    return sched::plan_call(c, call, Fabric::net);
+  };
+  CHECK(plan(4, 4).path == Path::one_shot);
+  CHECK(plan(16, 4).reason == sched::PassReason::measured);
+  CHECK(plan(32, 4).path == Path::passthrough);
+  CHECK(plan(64, 4).path == Path::one_shot);
+  CHECK(plan(16, 2).path == Path::one_shot);  // no routes at 2 ranks: above the threshold, FP8
+}

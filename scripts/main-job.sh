@@ -76,10 +76,9 @@ if (( gpus == 1 )); then gpu_mps_start > "$out/testbed.txt"; else echo "testbed:
 cat "$out/testbed.txt"
 fp8_env=()
 if (( gpus == 1 )); then
-  # Settings measured for this testbed (docs/PERF.md), each kept when already set:
-  # NCCL's point-to-point chunk over its network transport at 512 KiB (for both runs; NCCL's
-  # all-reduce, which the baseline uses, does not depend on it), and fp8wire gathering its
-  # quantized slots by send/recv, which with that chunk moves them 1.6x faster than an all-gather.
+  # Measured for this testbed (docs/PERF.md), kept when already set: NCCL's point-to-point chunk over
+  # its network transport at 512 KiB (for both runs; NCCL's all-reduce, which the baseline uses, does
+  # not depend on it).
   export NCCL_P2P_NET_CHUNKSIZE="${NCCL_P2P_NET_CHUNKSIZE:-524288}"
   echo "main-job: emulated-testbed setting: NCCL_P2P_NET_CHUNKSIZE=$NCCL_P2P_NET_CHUNKSIZE (both runs)"
   # Ranks standing in for hosts over NCCL's sockets are a fabric no built-in figure describes: the

@@ -145,12 +145,17 @@ sim::Options machine_for(Kind kind, int n) {
 }
 
 // A host call given up on (a launch that waits for its peers, a split) returns once its peers have
-// ended; its thread must be gone before the machine.
+// ended; its thread must be gone before the machine. The count is process-wide: another rank (the
+// victim, let go later) may start a call of its own just after this rank saw none, so the check is on
+// what this wait saw, not on a second reading.
 void wait_for_host_calls() {
   const auto deadline = Clock::now() + std::chrono::seconds(30);
-  while (sched::host_calls_in_flight() > 0 && Clock::now() < deadline)
+  int in_flight = sched::host_calls_in_flight();
+  while (in_flight > 0 && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  CHECK(sched::host_calls_in_flight() == 0);
+    in_flight = sched::host_calls_in_flight();
+  }
+  CHECK(in_flight == 0);
 }
 
 struct SetupRun {

@@ -156,12 +156,13 @@ std::string render_profile_toml(const std::vector<FabricProfile>& fabrics) {
       }
       // Sweeps of several rank counts on one fabric, each with its routes: the smallest threshold,
       // the routes deciding per rank count above it.
-      const ThresholdEntry* e = &*f->thresholds[static_cast<size_t>(c)];
-      for (const auto& other : fabrics)
-        if (other.fabric == f->fabric && other.thresholds[static_cast<size_t>(c)] &&
-            !other.routes[static_cast<size_t>(c)].empty() && !f->routes[static_cast<size_t>(c)].empty() &&
-            other.thresholds[static_cast<size_t>(c)]->bytes < e->bytes)
-          e = &*other.thresholds[static_cast<size_t>(c)];
+      const size_t ci = static_cast<size_t>(c);
+      const ThresholdEntry* e = &*f->thresholds[ci];
+      if (!f->routes[ci].empty())
+        for (const auto& other : fabrics)
+          if (other.fabric == f->fabric && other.thresholds[ci] && !other.routes[ci].empty() &&
+              other.thresholds[ci]->bytes < e->bytes)
+            e = &*other.thresholds[ci];
       out += fmt::format("{} = {}  # {}\n", fabric_name(f->fabric), e->bytes, e->comment);
     }
   }

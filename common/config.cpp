@@ -659,6 +659,7 @@ std::vector<KeySpec> build_key_table() {
   t.push_back(size_key("coalesce.max_bytes", [](auto& c) -> auto& { return c.coalesce_max_bytes; }, 1));
   t.push_back(uint_key("coalesce.max_calls", [](auto& c) -> auto& { return c.coalesce_max_calls; }, 1, 1u << 16));
   t.push_back(size_key("scratch.max_bytes", [](auto& c) -> auto& { return c.scratch_max_bytes; }, 1));
+  t.push_back(size_key("scratch.process_max_bytes", [](auto& c) -> auto& { return c.scratch_process_max_bytes; }, 0));
   t.push_back(size_key("pipeline.chunk_bytes", [](auto& c) -> auto& { return c.pipeline_chunk_bytes; }, 1));
   t.push_back(bool_key("error_feedback.enable", [](auto& c) -> auto& { return c.error_feedback; }));
   t.push_back(size_key("error_feedback.max_bytes", [](auto& c) -> auto& { return c.error_feedback_max_bytes; }, 0));
@@ -713,7 +714,7 @@ std::vector<KeySpec> build_key_table() {
 // A field added to Config without a key here could be neither set nor printed. This trips when
 // Config changes size: add the field's key to build_key_table() (and to the round-trip test in
 // tests/common/test_config.cpp), then update the number.
-static_assert(sizeof(Config) == 1400 || sizeof(void*) != 8,
+static_assert(sizeof(Config) == 1408 || sizeof(void*) != 8,
               "fp8wire::Config changed: give the new field a key in build_key_table() (common/config.cpp)");
 
 const std::vector<KeySpec>& key_table() {

@@ -242,9 +242,12 @@ struct Config {
   uint32_t coalesce_max_calls = 64;          // coalesce.max_calls
 
   // --- memory ---------------------------------------------------------------------------------
-  // Per communicator, allocated at its first FP8 call. 512 MiB lets a 256 MiB bf16 all-reduce run as
-  // one stage (two wire copies of ~0.52 bytes per caller byte each); larger calls are pipelined.
+  // Per communicator, taken at its creation where FP8 may run. 512 MiB lets a 256 MiB bf16 all-reduce
+  // run as one stage (two wire copies of ~0.52 bytes per caller byte each); larger calls are pipelined.
   uint64_t scratch_max_bytes = 512ull << 20;   // scratch.max_bytes   per communicator
+  // Per process, over all its communicators: each takes at most half of what is left
+  // (sched/comm/budgets.hpp), so the first gets scratch.max_bytes and many cost no more than this.
+  uint64_t scratch_process_max_bytes = 1ull << 30;  // scratch.process_max_bytes
   // Smallest pipeline stage (caller bytes): the planner uses as few stages as the scratch allows
   // and adds more, down to this size, only where a calibrated cost model predicts a gain.
   uint64_t pipeline_chunk_bytes = 32ull << 20; // pipeline.chunk_bytes

@@ -22,12 +22,12 @@ namespace fp8wire::sched {
 
 namespace {
 
-// Local resources for FP8 on this communicator. Failure is not an error: it is reported in the
-// agreement, and every rank then passes through.
+// Local resources for FP8 on this communicator: the lanes and their events, and the scratch this rank
+// offers (ScratchBudget). Failure is not an error: lanes that cannot be made are reported in the
+// agreement and every rank then passes through; scratch that cannot be had is offered as none.
 bool allocate_resources(CommState& s, const Config& config) {
   const CudaApi& cuda = s.platform->cuda;
   CommResources& r = s.res;
-  r.layout = scratch_layout(config);
   if (cuda.StreamCreateWithFlags(&r.produce, cudaStreamNonBlocking) != cudaSuccess ||
       cuda.StreamCreateWithFlags(&r.transfer, cudaStreamNonBlocking) != cudaSuccess ||
       cuda.StreamCreateWithFlags(&r.send, cudaStreamNonBlocking) != cudaSuccess ||
@@ -38,14 +38,47 @@ bool allocate_resources(CommState& s, const Config& config) {
   for (int i = 0; i < kMaxBufferSets; ++i) events.insert(events.end(), {&r.ready[i], &r.done[i], &r.acquired[i]});
   for (cudaEvent_t* e : events)
     if (cuda.EventCreateWithFlags(e, cudaEventDisableTiming) != cudaSuccess) return false;
+  const uint64_t offer = s.scratch_budget->take(config.scratch_max_bytes);
   void* p = nullptr;
-  if (cuda.Malloc(&p, r.layout.total_bytes) != cudaSuccess) {
+  if (offer && cuda.Malloc(&p, offer) != cudaSuccess) {
     cuda.GetLastError();  // clear the allocation error so it is not reported by an unrelated call
-    FP8WIRE_WARN("cannot allocate {} of scratch (scratch.max_bytes) on device {}",
-                 format_size(r.layout.total_bytes), s.device);
-    return false;
+    FP8WIRE_WARN("comm {}: cannot allocate {} of scratch on device {}: it offers none, so its collectives pass "
+                 "through", s.id, format_size(offer), s.device);
+    s.scratch_budget->give_back(offer);
+    return true;
   }
   r.scratch = static_cast<char*>(p);
+  r.scratch_taken = offer;
+  r.layout = scratch_layout(config, offer);  // until the agreement: the exchange's buffer fits in it
+  return true;
+}
+
+// Keeps the scratch every rank offered (the agreement's least offer), giving the rest back to the
+// process's budget: freed and taken again at the smaller size, which the memory just freed serves.
+// False when even that allocation fails (the rank can then no longer run what its peers agreed to).
+bool keep_agreed_scratch(CommState& s, const Config& config) {
+  const CudaApi& cuda = s.platform->cuda;
+  CommResources& r = s.res;
+  const uint64_t agreed = s.agreement.scratch_bytes;
+  if (agreed < r.scratch_taken) {
+    if (r.scratch) cuda.Free(r.scratch);
+    r.scratch = nullptr;
+    void* p = nullptr;
+    const bool ok = agreed == 0 || cuda.Malloc(&p, agreed) == cudaSuccess;
+    if (!ok) cuda.GetLastError();
+    r.scratch = static_cast<char*>(p);
+    const uint64_t kept = ok ? agreed : 0;
+    s.scratch_budget->give_back(r.scratch_taken - kept);
+    r.scratch_taken = kept;
+    if (!ok) {
+      FP8WIRE_ERROR("comm {}: cannot allocate the {} of scratch its ranks agreed on, on device {}", s.id,
+                    format_size(agreed), s.device);
+      return false;
+    }
+  }
+  r.layout = scratch_layout(config, agreed);
+  FP8WIRE_INFO("comm {}: scratch {} (the process holds {} of scratch.process_max_bytes {})", s.id,
+               format_size(agreed), format_size(s.scratch_budget->held()), format_size(s.scratch_budget->total()));
   return true;
 }
 
@@ -109,8 +142,9 @@ void prepare(Round& round, const Config& config, const LocalIdentity& me) {
   if (!me.usable) set_problem(mine, me.problem.c_str());
   else if (!config.enable) set_problem(mine, "enable = false");
   else if (s.nranks > quant::kMaxReduceInputs) set_problem(mine, "more ranks than FP8 serves");
-  // Scratch only where FP8 could run: a pass-through communicator holds no memory of ours.
-  mine.scratch_ok = mine.usable && allocate_resources(s, config);
+  // Lanes and scratch only where FP8 could run: a pass-through communicator holds no memory of ours.
+  mine.lanes_ok = mine.usable && allocate_resources(s, config);
+  mine.scratch_units = static_cast<uint32_t>(std::min<uint64_t>(s.res.scratch_taken / kScratchUnit, UINT32_MAX));
 
   round.all.resize(static_cast<size_t>(s.nranks));
   if (!get_exchange_buffer(s, round.all.size() * sizeof(RankFacts), &round.buffer)) {
@@ -234,6 +268,12 @@ void complete(Round& round, const Config& config) {
     release_resources(s);  // a pass-through communicator keeps no memory
     return;
   }
+  if (!keep_agreed_scratch(s, config)) {
+    fail_setup(s, ncclSystemError);
+    return;
+  }
+  // Without scratch no collective runs FP8 here: the sub-communicators and windows would serve none.
+  if (s.agreement.scratch_bytes == 0) return;
   ncclResult_t later = ncclSuccess;
   if (hierarchy_possible(config, s.agreement.topology)) {
     // Sub-communicators the planner would never use are not worth their set-up and memory.

@@ -9,9 +9,9 @@
 
 namespace fp8wire::sched {
 
-CommState::CommState(const Platform& p, std::atomic<int64_t>& feedback_budget, ncclComm_t c, uint64_t i)
-    : platform(&p), comm(c), id(i), transport(*p.nccl, c, 0, 1), hierarchy(*p.nccl),
-      feedback(p.cuda, feedback_budget) {}
+CommState::CommState(const Platform& p, ProcessBudgets& budgets, ncclComm_t c, uint64_t i)
+    : platform(&p), scratch_budget(&budgets.scratch), comm(c), id(i), transport(*p.nccl, c, 0, 1), hierarchy(*p.nccl),
+      feedback(p.cuda, budgets.feedback) {}
 
 CommState::~CommState() {
   // After an abort the sub-communicators may hold operations that will never finish: abort them
@@ -79,6 +79,7 @@ ncclResult_t release_resources(CommState& s) {
   for (CommState::AbandonedWindow& a : s.abandoned_windows) (a.own ? s.platform->direct.destroy : s.platform->direct.close)(a.window);
   s.abandoned_windows.clear();
   if (r.scratch) cuda.Free(r.scratch);
+  s.scratch_budget->give_back(r.scratch_taken);
   for (cudaEvent_t e : {r.fork, r.tail, r.produce_end, r.last, r.capture_produce_end, r.capture_transfer_end,
                         r.to_copy_lane, r.to_kernel_lane, r.send_end})
     if (e) cuda.EventDestroy(e);

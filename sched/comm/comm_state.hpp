@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "sched/comm/budgets.hpp"
 #include "sched/comm/error_feedback.hpp"
 #include "sched/comm/resources.hpp"
 #include "sched/plan/agreement.hpp"
@@ -65,13 +66,14 @@ enum class CommSetup : uint8_t {
 };
 
 struct CommState {
-  CommState(const Platform& platform, std::atomic<int64_t>& feedback_budget, ncclComm_t comm, uint64_t id);
+  CommState(const Platform& platform, ProcessBudgets& budgets, ncclComm_t comm, uint64_t id);
   ~CommState();  // releases the resources through the platform
   CommState(const CommState&) = delete;
   CommState& operator=(const CommState&) = delete;
 
   // --- who it is: set at registration and by query_comm (sched/comm/comm_setup.hpp) ---------------
   const Platform* platform;
+  ScratchBudget* scratch_budget;  // the process's, which its scratch is taken from and given back to
   ncclComm_t comm;
   uint64_t id;              // registry id, stable (the pointer may be reused by a later communicator)
   int nranks = 1;

@@ -3,7 +3,7 @@
 namespace fp8wire::sched {
 
 CommRef Registry::add(ncclComm_t comm) {
-  auto state = std::make_shared<CommState>(*platform_, *feedback_budget_, comm, 0);
+  auto state = std::make_shared<CommState>(*platform_, *budgets_, comm, 0);
   std::lock_guard lock(mutex_);
   state->id = next_id_++;
   CommRef& slot = comms_[comm];

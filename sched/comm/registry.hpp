@@ -16,8 +16,7 @@ namespace fp8wire::sched {
 
 class Registry {
  public:
-  Registry(const Platform& platform, std::atomic<int64_t>& feedback_budget)
-      : platform_(&platform), feedback_budget_(&feedback_budget) {}
+  Registry(const Platform& platform, ProcessBudgets& budgets) : platform_(&platform), budgets_(&budgets) {}
   // Registers a communicator (replacing a stale entry at the same address).
   CommRef add(ncclComm_t comm);
   CommRef find(ncclComm_t comm) const;
@@ -33,7 +32,7 @@ class Registry {
 
  private:
   const Platform* platform_;
-  std::atomic<int64_t>* feedback_budget_;
+  ProcessBudgets* budgets_;
   mutable std::mutex mutex_;
   std::unordered_map<ncclComm_t, CommRef> comms_;
   uint64_t next_id_ = 1;

@@ -42,6 +42,7 @@ struct CommResources {
   std::array<cudaEvent_t, kMaxBufferSets> done{};   // stage i finished with its buffer set (transfer -> produce)
   std::array<cudaEvent_t, kMaxBufferSets> acquired{};  // stage i's peers published (transfer -> produce; paced sends)
   char* scratch = nullptr;
+  uint64_t scratch_taken = 0;  // bytes of the process's scratch budget it holds (ScratchBudget)
   ScratchLayout layout;
 };
 

@@ -60,7 +60,7 @@ ThreadGroup& thread_group() {
 
 Engine::Impl::Impl(const Config& c, const Platform& p, LocalIdentity identity)
     : config(c), platform(&p), api(p.nccl), me(std::move(identity)),
-      feedback_budget(static_cast<int64_t>(c.error_feedback_max_bytes)), registry(p, feedback_budget) {}
+      budgets(c), registry(p, budgets) {}
 
 ncclResult_t Engine::Impl::set_up(const std::vector<CommRef>& comms) {
   std::vector<CommState*> ready;

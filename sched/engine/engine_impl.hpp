@@ -96,7 +96,7 @@ struct Engine::Impl {
   const Platform* platform;
   const NcclApi* api;
   LocalIdentity me;
-  std::atomic<int64_t> feedback_budget;
+  ProcessBudgets budgets;  // memory every communicator of the process shares
   Registry registry;
 
   // --- lifecycle (engine.cpp) ---

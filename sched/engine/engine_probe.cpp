@@ -20,8 +20,11 @@ CommInfo EngineProbe::comm_info(ncclComm_t comm) const {
   info.failure = s->failed();
   info.direct = s->direct != nullptr;
   if (s->direct) info.direct_kind = s->direct->kind();
+  info.scratch_bytes = s->agreement.scratch_bytes;
   return info;
 }
+
+uint64_t EngineProbe::scratch_held() const { return engine_->impl_->budgets.scratch.held(); }
 
 ncclResult_t EngineProbe::all_reduce_forced(Path p, const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op,
                                        ncclComm_t c, cudaStream_t st) {

@@ -28,6 +28,7 @@ struct CommInfo {
   // The direct windows set up on it (sched/transport/direct_windows.hpp), false when none.
   bool direct = false;
   Carrier direct_kind = Carrier::nccl;
+  uint64_t scratch_bytes = 0;  // the scratch its ranks agreed on (Agreement::scratch_bytes)
 };
 
 class EngineProbe {
@@ -37,6 +38,8 @@ class EngineProbe {
   CommInfo comm_info(ncclComm_t comm) const;
   // The fabric class agreed for a communicator (the override, or net, before it is agreed).
   Fabric fabric_of(ncclComm_t comm) const;
+  // Scratch the process's communicators hold (scratch.process_max_bytes bounds it).
+  uint64_t scratch_held() const;
 
   // The collectives with the algorithm forced (Path::passthrough = plain NCCL): the benchmark's
   // and the tests' way to time or check one path where the planner would choose another.

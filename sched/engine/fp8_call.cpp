@@ -147,8 +147,9 @@ ncclResult_t Engine::Impl::run_fp8(const CommRef& sref, const Call& c, const Rou
     s.fail(res);
   } else if (recipe.plain()) {
     if (route.path == Path::fallback)  // no pipeline stage fits the scratch (route_fp8)
-      FP8WIRE_WARN_ONCE("scratch.max_bytes too small for one pipeline stage of a {} on {} ranks; passing through",
-                        to_string(c.collective), s.nranks);
+      FP8WIRE_WARN_ONCE("the communicator's scratch ({}: scratch.max_bytes, or what scratch.process_max_bytes had "
+                        "left at its creation) is too small for one pipeline stage of a {} on {} ranks; passing through",
+                        format_size(s.res.layout.total_bytes), to_string(c.collective), s.nranks);
     rec.path = Path::fallback;
     rec.gather = GatherMethod::automatic;
     rec.transport = Carrier::nccl;

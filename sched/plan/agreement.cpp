@@ -4,6 +4,8 @@
 #include <cstring>
 #include <string>
 
+#include "sched/plan/stages.hpp"
+
 namespace fp8wire::sched {
 
 void set_problem(RankFacts& facts, const char* text) {
@@ -50,7 +52,9 @@ uint64_t config_fingerprint(const Config& c) {
       }
     }
   mix(c.coalesce_enable); mix(c.coalesce_max_bytes); mix(c.coalesce_max_calls);
-  mix(c.scratch_max_bytes); mix(c.pipeline_chunk_bytes);
+  // (scratch.max_bytes and scratch.process_max_bytes are not: each rank offers its scratch, and the
+  // communicator keeps the least offer, agree.)
+  mix(c.pipeline_chunk_bytes);
   mix(c.error_feedback);
   // Which calls carry the guard's flags and which run in full precision (sched/plan/guard.hpp). The bounds
   // may differ: each rank votes by its own, and the votes travel in the flags.
@@ -172,11 +176,14 @@ Agreement agree(const Config& config, std::span<const RankFacts> facts) {
       a.reason = "rank " + std::to_string(r) + " runs another fp8wire version than rank 0";
     else if (f.config_fingerprint != facts[0].config_fingerprint)
       a.reason = "rank " + std::to_string(r) + " runs with another fp8wire configuration than rank 0";
-    else if (!f.scratch_ok)
-      a.reason = "rank " + std::to_string(r) + " could not allocate its scratch memory (scratch.max_bytes)";
+    else if (!f.lanes_ok)
+      a.reason = "rank " + std::to_string(r) + " could not create its streams and events";
     if (!a.reason.empty()) return a;
   }
   a.fp8_ok = true;
+  uint32_t least = facts[0].scratch_units;
+  for (const RankFacts& f : facts) least = std::min(least, f.scratch_units);
+  a.scratch_bytes = static_cast<uint64_t>(least) * kScratchUnit;
   return a;
 }
 

@@ -26,12 +26,14 @@ struct RankFacts {
   uint64_t host_hash = 0;          // NCCL_HOSTID, else hostname + boot id: NCCL's own notion of a host
   uint64_t config_fingerprint = 0; // config_fingerprint(): ranks with different configs never FP8
   uint32_t version = 0;            // library version: mixed versions never FP8
-  uint8_t usable = 0;              // configuration loaded and enabled, NCCL complete
-  uint8_t scratch_ok = 0;          // scratch pool, streams and events allocated
-  uint8_t p2p_disabled = 0;        // NCCL_P2P_DISABLE=1 on this rank
-  uint8_t nvlink_local = 0;        // this GPU reaches every other visible local GPU over NVLink
-  int32_t device = -1;             // CUDA device ordinal, for the log
+  uint32_t scratch_units = 0;      // scratch this rank holds for it, in kScratchUnit (256 bytes)
   uint32_t process = 0;            // process id: two ranks of one process make FP8 unsafe
+  int16_t device = -1;             // CUDA device ordinal, for the log
+  uint8_t usable : 1 = 0;          // configuration loaded and enabled, NCCL complete
+  uint8_t lanes_ok : 1 = 0;        // the pipeline's streams and events created
+  uint8_t p2p_disabled : 1 = 0;    // NCCL_P2P_DISABLE=1 on this rank
+  uint8_t nvlink_local : 1 = 0;    // this GPU reaches every other visible local GPU over NVLink
+  uint8_t reserved = 0;
   char problem[32] = {};           // why not usable, NUL-padded ("configuration: block_size", ...)
 };
 static_assert(sizeof(RankFacts) == 64, "RankFacts travels as raw bytes");
@@ -62,7 +64,10 @@ struct Topology {
 
 struct Agreement {
   Fabric fabric = Fabric::net;
-  bool fp8_ok = false;   // every rank is usable, has scratch, and runs the same configuration
+  bool fp8_ok = false;   // every rank is usable, has its lanes, and runs the same configuration
+  // Scratch every rank holds for the communicator (the least offer): its layout, alike on every rank.
+  // 0: its collectives pass through (PassReason::scratch); its messages need none.
+  uint64_t scratch_bytes = 0;
   std::string reason;    // why not (naming the rank), for the log on every rank
   HostMap hosts;         // the map the planner uses (forced by hierarchy.ranks_per_host, or NCCL's hosts)
   Topology topology;

@@ -48,10 +48,10 @@ size_t stage_scratch_bytes(Collective collective, Path path, size_t n, int nrank
   return 0;
 }
 
-ScratchLayout scratch_layout(const Config& config) {
-  constexpr size_t kAlign = 256;
+ScratchLayout scratch_layout(const Config& config, uint64_t bytes) {
+  constexpr size_t kAlign = kScratchUnit;
   ScratchLayout s;
-  const size_t cap = config.scratch_max_bytes / kAlign * kAlign;
+  const size_t cap = bytes / kAlign * kAlign;
   s.staging_bytes = config.coalesce_enable
                         ? std::min<size_t>(config.coalesce_max_bytes, cap / 4) / kAlign * kAlign
                         : 0;

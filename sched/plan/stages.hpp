@@ -35,6 +35,8 @@ size_t stage_scratch_bytes(Collective collective, Path path, size_t stage_elems,
 // let the quantize of stage i+1 overlap the transfer of stage i. A direct call with more buffer sets
 // (direct.sets) cuts the same bytes into that many: set_bytes_for / set_offset(i, sets).
 inline constexpr int kMaxBufferSets = 4;
+// The scratch's alignment, and the unit its size travels in at the agreement (RankFacts::scratch_units).
+inline constexpr uint64_t kScratchUnit = 256;
 struct ScratchLayout {
   size_t total_bytes = 0;
   size_t staging_bytes = 0;  // caller-dtype staging for coalesced calls (0: coalescing off)
@@ -42,7 +44,10 @@ struct ScratchLayout {
   size_t set_bytes_for(int sets) const { return sets <= 2 ? set_bytes : 2 * set_bytes / static_cast<size_t>(sets) / 256 * 256; }
   size_t set_offset(int i, int sets = 2) const { return staging_bytes + static_cast<size_t>(i) * set_bytes_for(sets); }
 };
-ScratchLayout scratch_layout(const Config& config);
+// The layout of `bytes` of scratch (the agreed size: Agreement::scratch_bytes); without it, of
+// scratch.max_bytes, what a communicator gets when every rank offers its whole cap.
+ScratchLayout scratch_layout(const Config& config, uint64_t bytes);
+inline ScratchLayout scratch_layout(const Config& config) { return scratch_layout(config, config.scratch_max_bytes); }
 
 // Pipelining. One stage of a call needs `stage_scratch_bytes`; a call that fits both buffer sets
 // runs as one stage (nothing overlaps it). Otherwise every stage fits one set, and the stage count is

@@ -486,6 +486,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   c.coalesce_max_bytes = 3ull << 30;
   c.coalesce_max_calls = 7;
   c.scratch_max_bytes = 1000;
+  c.scratch_process_max_bytes = 3ull << 30;
   c.pipeline_chunk_bytes = 5ull << 20;
   c.error_feedback = true;
   c.error_feedback_max_bytes = 0;
@@ -570,6 +571,7 @@ TEST_CASE("to_toml prints every key and parses back to the same configuration") 
   CHECK(p.coalesce_max_bytes == c.coalesce_max_bytes);
   CHECK(p.coalesce_max_calls == c.coalesce_max_calls);
   CHECK(p.scratch_max_bytes == c.scratch_max_bytes);
+  CHECK(p.scratch_process_max_bytes == c.scratch_process_max_bytes);
   CHECK(p.pipeline_chunk_bytes == c.pipeline_chunk_bytes);
   CHECK(p.error_feedback == c.error_feedback);
   CHECK(p.error_feedback_max_bytes == c.error_feedback_max_bytes);

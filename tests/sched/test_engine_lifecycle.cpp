@@ -23,6 +23,7 @@
 #include "sched/engine/accounting.hpp"
 #include "sched/engine/engine.hpp"
 #include "sched/engine/engine_probe.hpp"
+#include "sched/comm/budgets.hpp"
 #include "sched/comm/error_feedback.hpp"
 #include "sched/platform/nccl_types.hpp"
 #include "tests/sched/sim_job.hpp"
@@ -480,4 +481,20 @@ TEST_CASE("error feedback: nothing allocated or freed under capture; a residual 
 int main(int argc, char** argv) {
   log_set_level(LogLevel::off);
   return doctest::Context(argc, argv).run();
+}
+
+TEST_CASE("the process's scratch budget: the first communicator gets its cap, later ones half of what is left, then none") {
+  sched::ScratchBudget budget(1ull << 30);  // the defaults: 1 GiB for the process, 512 MiB per communicator
+  std::vector<uint64_t> offers;
+  for (int i = 0; i < 9; ++i) offers.push_back(budget.take(512ull << 20) >> 20);
+  CHECK(offers == std::vector<uint64_t>{512, 256, 128, 64, 32, 16, 0, 0, 0});
+  CHECK(budget.held() == 1008ull << 20);
+  budget.give_back(512ull << 20);  // the first communicator destroyed: 528 MiB left
+  CHECK(budget.take(512ull << 20) == 264ull << 20);
+  // A cap below the smallest cut is offered whole while half of what is left covers it, then none.
+  sched::ScratchBudget small(1 << 20);
+  CHECK(small.take(300 << 10) == (300u << 10));
+  CHECK(small.take(300 << 10) == (300u << 10));  // half of the 724 KiB left covers it
+  CHECK(small.take(300 << 10) == 0);             // half of the 424 KiB left does not
+  CHECK(small.take(1000) == 768);     // whole 256-byte units
 }

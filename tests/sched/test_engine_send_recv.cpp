@@ -32,6 +32,7 @@
 #include "sched/engine/accounting.hpp"
 #include "sched/comm/telemetry_monitor.hpp"
 #include "sched/engine/engine.hpp"
+#include "sched/engine/engine_probe.hpp"
 #include "sched/platform/nccl_types.hpp"
 #include "tests/sched/sim_job.hpp"
 
@@ -490,5 +491,112 @@ TEST_CASE("messages between two ranks leave the communicator's audit and guard c
   for (int r = 0; r < n; ++r) {
     CHECK(w.results[static_cast<size_t>(r)] == ncclSuccess);
     CHECK(reduced[static_cast<size_t>(r)] == reduced[0]);
+  }
+}
+
+TEST_CASE("communicators share the process's scratch budget: each keeps the least its ranks offer; one left without "
+          "scratch passes its collectives through and still carries its messages in FP8") {
+  log_set_level(LogLevel::error);
+  constexpr int kComms = 4;
+  constexpr size_t kCount = 4096;  // bf16 elements: one stage in 256 KiB of scratch
+  sim::World world(sim::Options{.nranks = 2});
+  const Platform& p = world.platform();
+  std::vector<std::vector<ncclComm_t>> comms;
+  for (int i = 0; i < kComms; ++i) comms.push_back(world.create_comm());
+  struct Seen {
+    uint64_t scratch[kComms] = {};
+    bool fp8_ok[kComms] = {};
+    uint64_t held_after_setup = 0, held_after_destroy = 0;
+    Bytes reduced[2], received;
+    size_t live = 0;
+  };
+  Seen seen[2];
+  Config configs[2];
+  for (int r = 0; r < 2; ++r) {
+    configs[r] = p2p_config();
+    configs[r].coalesce_max_bytes = 64 << 10;
+    // Rank 0 caps each communicator at 256 KiB and the process at 1 MiB: it offers 256 KiB three
+    // times, then half of the 256 KiB left, a part too small to cut (ScratchBudget), so none. Rank 1
+    // offers its 512 KiB cap each time.
+    configs[r].scratch_max_bytes = r == 0 ? 256 << 10 : 512 << 10;
+    configs[r].scratch_process_max_bytes = r == 0 ? 1 << 20 : 64 << 20;
+  }
+  const uint64_t seq = Accounting::instance().last_seq();
+  world.run_ranks([&](int r) {
+    Seen& mine = seen[r];
+    {
+      sched::Engine eng(configs[r], p);
+      sched::EngineProbe probe(eng);
+      for (int i = 0; i < kComms; ++i) {
+        const ncclComm_t comm = comms[static_cast<size_t>(i)][static_cast<size_t>(r)];
+        REQUIRE(eng.comm_created(comm) == ncclSuccess);
+        const sched::CommInfo info = probe.comm_info(comm);
+        mine.scratch[i] = info.scratch_bytes;
+        mine.fp8_ok[i] = info.fp8_ok;
+      }
+      mine.held_after_setup = probe.scratch_held();
+      cudaStream_t stream = nullptr;
+      p.cuda.StreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      const size_t bytes = kCount * 2;
+      Bytes ones(bytes);
+      for (size_t k = 0; k < kCount; ++k) ones[2 * k] = static_cast<char>(0x80), ones[2 * k + 1] = 0x3F;  // bf16 1.0
+      void* buf[2] = {};
+      for (int j = 0; j < 2; ++j) {  // an all-reduce on the first communicator and on the last
+        p.cuda.Malloc(&buf[j], bytes);
+        std::memcpy(buf[j], ones.data(), bytes);
+        const ncclComm_t comm = comms[j == 0 ? 0 : kComms - 1][static_cast<size_t>(r)];
+        CHECK(eng.all_reduce(buf[j], buf[j], kCount, ncclBfloat16, ncclSum, comm, stream) == ncclSuccess);
+      }
+      const size_t count = 3000;
+      const Bytes m = message(DataType::bf16, count, 0, 1);
+      void* msg = nullptr;
+      p.cuda.Malloc(&msg, m.size());
+      const ncclComm_t last = comms[kComms - 1][static_cast<size_t>(r)];
+      if (r == 0) {
+        std::memcpy(msg, m.data(), m.size());
+        CHECK(eng.send(msg, count, ncclBfloat16, 1, last, stream) == ncclSuccess);
+      } else {
+        CHECK(eng.recv(msg, count, ncclBfloat16, 0, last, stream) == ncclSuccess);
+      }
+      world.synchronize_rank();
+      for (int j = 0; j < 2; ++j) mine.reduced[j].assign(static_cast<char*>(buf[j]), static_cast<char*>(buf[j]) + bytes);
+      mine.received.assign(static_cast<char*>(msg), static_cast<char*>(msg) + m.size());
+      for (auto& per : comms) eng.comm_destroyed(per[static_cast<size_t>(r)]);
+      mine.held_after_destroy = probe.scratch_held();
+      for (void* b : buf) p.cuda.Free(b);
+      p.cuda.Free(msg);
+      p.cuda.StreamDestroy(stream);
+    }
+    mine.live = world.live_bytes(r);
+  });
+  CHECK(world_problems(world).empty());
+  CHECK(world.races().empty());
+  Bytes twos(kCount * 2);
+  for (size_t k = 0; k < kCount; ++k) twos[2 * k] = 0x00, twos[2 * k + 1] = 0x40;  // bf16 2.0: exact in FP8 too
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    for (int i = 0; i < kComms; ++i) {
+      CHECK(seen[r].fp8_ok[i]);
+      CHECK(seen[r].scratch[i] == (i < 3 ? 256u << 10 : 0u));
+    }
+    CHECK(seen[r].held_after_setup == 3 * (256u << 10));  // rank 1 gave back what it offered beyond
+    CHECK(seen[r].held_after_destroy == 0);
+    CHECK(seen[r].live == 0);
+    CHECK(seen[r].reduced[0] == twos);
+    CHECK(seen[r].reduced[1] == twos);
+  }
+  CHECK(seen[1].received == through_fp8(message(DataType::bf16, 3000, 0, 1), DataType::bf16, 3000, configs[0]));
+  // Each rank's records: the all-reduce on the first communicator FP8, on the last a fallback; the
+  // message FP8 at both ends.
+  std::vector<CallRecord> records(8192);
+  const size_t got = Accounting::instance().snapshot(records.data(), records.size(), seq);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<Path> reduces;
+    for (size_t i = 0; i < got; ++i)
+      if (records[i].rank == r && records[i].kind == CallKind::all_reduce) reduces.push_back(records[i].path);
+    REQUIRE(reduces.size() == 2);
+    CHECK(is_fp8(reduces[0]));
+    CHECK(reduces[1] == Path::fallback);
+    CHECK(message_records(seq, r).fp8 == 1);
   }
 }

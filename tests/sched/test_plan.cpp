@@ -446,8 +446,9 @@ TEST_CASE("fabric agreement: identical facts give identical decisions") {
   a.config_fingerprint = fp;
   a.version = 100;
   a.usable = 1;
-  a.scratch_ok = 1;
+  a.lanes_ok = 1;
   a.nvlink_local = 1;
+  a.scratch_units = 2048;  // 512 KiB
   RankFacts b = a;
   b.process = 2;
   SUBCASE("one host, NVLink everywhere") {
@@ -476,11 +477,25 @@ TEST_CASE("fabric agreement: identical facts give identical decisions") {
     std::vector<RankFacts> v = {a, b};
     CHECK(agree(c, v).fabric == Fabric::pcie);
   }
-  SUBCASE("scratch missing on one rank, or different configs: FP8 off everywhere") {
-    b.scratch_ok = 0;
+  SUBCASE("the scratch is the least any rank offers; none on one rank leaves messages FP8 and no collective") {
     std::vector<RankFacts> v = {a, b};
-    CHECK_FALSE(agree(c, v).fp8_ok);
-    b.scratch_ok = 1;
+    CHECK(agree(c, v).scratch_bytes == 512 * 1024);
+    b.scratch_units = 100;
+    v = {a, b, a};
+    v[2].process = 3;
+    CHECK(agree(c, v).scratch_bytes == 100 * kScratchUnit);
+    v[1].scratch_units = 0;
+    const Agreement none = agree(c, v);
+    CHECK(none.fp8_ok);
+    CHECK(none.scratch_bytes == 0);
+  }
+  SUBCASE("lanes missing on one rank, or different configs: FP8 off everywhere") {
+    b.lanes_ok = 0;
+    std::vector<RankFacts> v = {a, b};
+    const Agreement lanes = agree(c, v);
+    CHECK_FALSE(lanes.fp8_ok);
+    CHECK(lanes.reason == "rank 1 could not create its streams and events");
+    b.lanes_ok = 1;
     Config other = c;
     other.thresholds[0][0] = 1;
     b.config_fingerprint = config_fingerprint(other);
@@ -513,6 +528,12 @@ TEST_CASE("fabric agreement: identical facts give identical decisions") {
     const Agreement g = agree(c, v);
     CHECK_FALSE(g.fp8_ok);
     CHECK(g.reason.find("version") != std::string::npos);
+  }
+  SUBCASE("the scratch caps differ between ranks: they agree on the least, not on FP8 off") {
+    Config small = c;
+    small.scratch_max_bytes = 1 << 20;
+    small.scratch_process_max_bytes = 4 << 20;
+    CHECK(config_fingerprint(small) == config_fingerprint(c));
   }
   SUBCASE("a problem longer than its field is cut, never unterminated") {
     set_problem(b, std::string(100, 'x').c_str());

@@ -50,13 +50,13 @@ cudaError_t fake_reduce(const void* const*, int, size_t, float, quant::ReduceOut
 struct Fixture {
   NcclApi nccl{};
   Platform platform;
-  std::atomic<int64_t> budget{0};
+  sched::ProcessBudgets budgets{Config{}};
   sched::CommState state;
   sched::StageOps ops;
   char device[64] = {};
   Fixture()
       : platform(make_platform(nccl)),
-        state(platform, budget, nullptr, 1),
+        state(platform, budgets, nullptr, 1),
         ops(state, quant::ElemType::bf16, quant::WireFormat{}, quant::LaunchOptions{}) {
     g_log.clear();
     g_lanes = false;

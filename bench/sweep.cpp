@@ -663,8 +663,8 @@ int run_sweep_rank(const SweepOptions& opt, const RankEnv& env) {
     for (size_t i = 0; i < w.variants.size(); ++i) {
       const Worker::Variant& var = w.variants[i];
       if (var.direct) {
-        // The all-to-all and messages have no direct program: NCCL's transports carry them.
-        const bool direct_program = c != Collective::all_to_all && c != Collective::send_recv;
+        // Messages have no direct program: NCCL's transports carry them.
+        const bool direct_program = c != Collective::send_recv;
         if (direct_program && path != Path::ring && path != Path::hierarchical) v.push_back(i);
       } else if (fp8_over_nccl && (has_gather_step(c, path) || i == 0)) {
         v.push_back(i);

@@ -29,8 +29,13 @@ std::optional<LinkBytes> host_link_bytes(Collective c, Path path, int nranks, ui
       const double w = wire.ratio() * s / n;  // this rank's part of the output
       return fewest ? LinkBytes{w, (n - 1) * w} : LinkBytes{w, n * w};
     }
-    case Collective::all_to_all:  // no direct program: NCCL's transports carry it
-    case Collective::send_recv: break;
+    case Collective::all_to_all: {
+      // Chunk j into rank j's inbox, every peer's chunk read from this rank's; the own chunk is
+      // copied on the GPU, in either program.
+      const double w = wire.ratio() * s;
+      return LinkBytes{(n - 1) / n * w, (n - 1) / n * w};
+    }
+    case Collective::send_recv: break;  // no direct program: NCCL's transports carry it
   }
   return std::nullopt;
 }

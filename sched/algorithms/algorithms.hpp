@@ -67,6 +67,7 @@ extern const Fp8Algorithm kDirectOneShotAllReduce;
 extern const Fp8Algorithm kDirectTwoShotAllReduce;
 extern const Fp8Algorithm kDirectReduceScatter;
 extern const Fp8Algorithm kDirectAllGather;
+extern const Fp8Algorithm kDirectAllToAll;
 
 // A flat FP8 algorithm run over the arguments of one call.
 class Fp8Program final : public StageProgram {

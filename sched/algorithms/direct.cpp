@@ -11,6 +11,7 @@
 //   two-shot               [inbox: one shard slot per writer][my reduced shard] the inbox read by me,
 //                                                                               the reduced shard by all
 //   reduce-scatter         [inbox: one block slot per writer]                  read by me
+//   all-to-all             [inbox: one chunk slot per writer]                  read by me
 //
 // kernels: a quantize stores straight into the window its readers read (its own for one-shot and the
 // all-gather, the owner's inbox for two-shot and the reduce-scatter), and a fused dequantize-reduce
@@ -323,6 +324,50 @@ ncclResult_t reduce_scatter_finish(StageOps& ops, const Fp8Args& a, const Stage&
   return end_reads(ops, st.set_index, dev);
 }
 
+// --- all-to-all -------------------------------------------------------------------------------------
+// The reduce-scatter's pattern with a decode in place of the reduce: the stage's part of chunk j goes
+// into rank j's inbox, slot r, quantized on its own from element j * count + offset (as the NCCL
+// twin, all_to_all.cpp, so both carry the same bytes); this rank's own chunk never leaves the GPU and
+// is copied exactly, as its inbox slot stays unused.
+ncclResult_t all_to_all_produce(StageOps& ops, const Fp8Args& a, const Stage& st) {
+  const DirectWindows& d = *ops.direct();
+  const int n = ops.nranks(), r = ops.rank();
+  const size_t cb = quant::chunk_bytes(st.length, ops.format());
+  const DeviceSlots dev = device_slots(a, st, r, n, cb, 1);
+  FP8WIRE_TRY(ops.reclaim(st.set_index));
+  return write_for_each(ops, st.set_index, [&](int j) -> ncclResult_t {
+    if (j == r) return ncclSuccess;
+    ops.add_wire_bytes(cb);
+    return quantize_for(ops, a, dev, j, static_cast<size_t>(j) * a.count + st.offset, st.length,
+                        d.window(j, st.set_index) + r * cb, cb);
+  });
+}
+
+ncclResult_t all_to_all_finish(StageOps& ops, const Fp8Args& a, const Stage& st) {
+  const DirectWindows& d = *ops.direct();
+  const int n = ops.nranks(), r = ops.rank();
+  const quant::WireFormat& f = ops.format();
+  const size_t cb = quant::chunk_bytes(st.length, f);
+  const size_t es = ops.elem_size();
+  char* mine = d.window(r, st.set_index);
+  const DeviceSlots dev = device_slots(a, st, r, n, cb, 1);
+  const auto* src = static_cast<const char*>(a.src);
+  auto* dst = static_cast<char*>(a.dst);
+  const size_t own = static_cast<size_t>(r) * a.count + st.offset;
+  if (src != dst) FP8WIRE_TRY(ops.copy(dst + own * es, src + own * es, st.length * es));
+  FP8WIRE_TRY(begin_reads(ops, st.set_index, kInputs, dev, [&]() -> ncclResult_t {
+    FP8WIRE_TRY(ops.acquire(st.set_index, kInputs));
+    return copy_slots_but(ops, dev.staged, mine, cb, cb, n, r);
+  }));
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    const char* from = dev.staged ? dev.slot(j) : mine + j * cb;
+    FP8WIRE_TRY(ops.dequantize(from, quant::Segmented::single(st.length, f), st.length,
+                               dst + (static_cast<size_t>(j) * a.count + st.offset) * es));
+  }
+  return end_reads(ops, st.set_index, dev);
+}
+
 // --- all-gather -------------------------------------------------------------------------------------
 ncclResult_t all_gather_finish(StageOps& ops, const Fp8Args& a, const Stage& st) {
   const quant::WireFormat& f = ops.format();
@@ -342,5 +387,6 @@ const Fp8Algorithm kDirectOneShotAllReduce{produce_own_chunk, one_shot_finish};
 const Fp8Algorithm kDirectTwoShotAllReduce{two_shot_produce, two_shot_finish, two_shot_gather};
 const Fp8Algorithm kDirectReduceScatter{reduce_scatter_produce, reduce_scatter_finish};
 const Fp8Algorithm kDirectAllGather{produce_own_chunk, all_gather_finish};
+const Fp8Algorithm kDirectAllToAll{all_to_all_produce, all_to_all_finish};
 
 }  // namespace fp8wire::sched

@@ -7,14 +7,14 @@ namespace {
 
 // The flat algorithm of an FP8 route that is not hierarchical.
 const Fp8Algorithm& flat_algorithm(Collective collective, const Route& route) {
-  if (route.carrier != Carrier::nccl) {  // a direct transport carries one-shot, two-shot, RS and AG
+  if (route.carrier != Carrier::nccl) {  // a direct transport carries one-shot, two-shot, RS, AG and the all-to-all
     switch (collective) {
       case Collective::reduce_scatter: return kDirectReduceScatter;
       case Collective::all_gather: return kDirectAllGather;
+      case Collective::all_to_all: return kDirectAllToAll;
       case Collective::all_reduce:
         return route.path == Path::one_shot ? kDirectOneShotAllReduce : kDirectTwoShotAllReduce;
-      case Collective::all_to_all:  // no direct program: the route never gives it a window
-      case Collective::send_recv: break;
+      case Collective::send_recv: break;  // no window: a message's wire buffer is its own
     }
   }
   switch (collective) {

@@ -230,13 +230,17 @@ DirectCost direct_cost_parts(const CostModel& m, Collective collective, Path pat
       codec_us = 2.0 * s / codec;
       launches = n + 1;
       break;
+    case Collective::all_to_all:  // the reduce-scatter's traffic; each peer's chunk decoded, the own copied
+      d.link_bytes = host ? w : part * w;
+      codec_us = (2.0 * part + 1.0 / n) * s / codec;
+      launches = 2 * n;
+      break;
     case Collective::all_gather:
       d.link_bytes = host ? w : part * w;
       codec_us = (s / n + s) / codec;
       launches = n + 1;
       break;
-    case Collective::all_to_all:  // no direct program (predicted_direct_us: never the cheaper)
-    case Collective::send_recv: break;
+    case Collective::send_recv: break;  // no direct program (predicted_direct_us: never the cheaper)
   }
   d.other_us = codec_us + launches * m.kernel_launch_us;
   return d;
@@ -245,7 +249,7 @@ DirectCost direct_cost_parts(const CostModel& m, Collective collective, Path pat
 double predicted_direct_us(const CostModel& m, Collective collective, Path path, uint64_t caller_bytes, int nranks,
                            const quant::WireFormat& format, Carrier kind) {
   if (m.direct_bandwidth_gbps <= 0 || !is_fp8(path) || path == Path::ring || path == Path::hierarchical ||
-      collective == Collective::all_to_all || collective == Collective::send_recv)
+      collective == Collective::send_recv)
     return 1e30;
   const DirectCost d = direct_cost_parts(m, collective, path, caller_bytes, nranks, format, kind);
   return d.barriers * m.direct_latency_us + d.link_bytes / (m.direct_bandwidth_gbps * 1e3) + d.other_us;
@@ -253,10 +257,10 @@ double predicted_direct_us(const CostModel& m, Collective collective, Path path,
 
 Carrier carrier_for(const Config& config, Collective collective, Path path, uint64_t caller_bytes,
                             int nranks, Fabric fabric, Carrier available) {
-  // The all-to-all and point-to-point messages have no direct program yet: over NCCL's transports
-  // whatever direct.transport says.
+  // Point-to-point messages have no direct program: over NCCL's transports whatever direct.transport
+  // says (sched/engine/point_to_point.cpp).
   if (available == Carrier::nccl || !is_fp8(path) || path == Path::ring || path == Path::hierarchical ||
-      collective == Collective::all_to_all || collective == Collective::send_recv)
+      collective == Collective::send_recv)
     return Carrier::nccl;
   if (config.direct_transport == DirectMode::off) return Carrier::nccl;
   if (config.direct_transport != DirectMode::automatic) return available;  // set up as configured

@@ -20,8 +20,9 @@ bool guard_eligible(const CallShape& call, const Route& route, const quant::Wire
   switch (call.collective) {
     case Collective::all_gather: return true;
     case Collective::all_reduce: return route.path == Path::one_shot || route.path == Path::two_shot;
-    case Collective::all_to_all:
-      return call.count > 0 && call.count % format.block == 0 && stage_count(call.count, route.stage_elems) == 1;
+    case Collective::all_to_all:  // over NCCL's transports: its one launch casts the vote onto every slot
+      return route.carrier == Carrier::nccl && call.count > 0 && call.count % format.block == 0 &&
+             stage_count(call.count, route.stage_elems) == 1;
     default: return false;
   }
 }

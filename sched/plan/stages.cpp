@@ -138,10 +138,10 @@ size_t direct_set_bytes(Collective collective, Path path, size_t len, int nranks
     case Collective::all_reduce:
       if (path == Path::two_shot) return (ranks + 1) * shard_layout(len, nranks, f).seg_stride;
       return quant::chunk_bytes(len, f);
-    case Collective::reduce_scatter: return ranks * quant::chunk_bytes(len, f);
+    case Collective::reduce_scatter:
+    case Collective::all_to_all: return ranks * quant::chunk_bytes(len, f);  // an inbox slot per writer
     case Collective::all_gather: return quant::chunk_bytes(len, f);
-    case Collective::all_to_all:  // no direct program: carrier_for never picks one
-    case Collective::send_recv: return 0;
+    case Collective::send_recv: return 0;  // no window: carrier_for never picks one
   }
   return 0;
 }

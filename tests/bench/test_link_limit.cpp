@@ -46,6 +46,14 @@ TEST_CASE("link_limit: host-link bytes per rank, as the direct programs move the
   CHECK(b.h2d == doctest::Approx(w64));
   b = bytes_of(Collective::all_gather, Path::one_shot, 4, 64 * kMiB, true);
   CHECK(b.h2d == doctest::Approx(0.75 * w64));
+  // All-to-all of a 64 MiB send buffer on 4 ranks: the three peers' chunks out and theirs in, the own
+  // chunk copied on the GPU by either program.
+  for (bool fewest : {false, true}) {
+    b = bytes_of(Collective::all_to_all, Path::one_shot, 4, 64 * kMiB, fewest);
+    CHECK(b.d2h == doctest::Approx(0.75 * w64));
+    CHECK(b.h2d == doctest::Approx(0.75 * w64));
+  }
+  CHECK_FALSE(host_link_bytes(Collective::send_recv, Path::one_shot, 2, kMiB, kBf16, true));
   // Paths the direct transport does not run, and a single rank, have none.
   CHECK_FALSE(host_link_bytes(Collective::all_reduce, Path::passthrough, 2, kMiB, kBf16, true));
   CHECK_FALSE(host_link_bytes(Collective::all_reduce, Path::ring, 4, kMiB, kBf16, true));

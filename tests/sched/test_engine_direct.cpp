@@ -1,7 +1,7 @@
 // The CPU tier of the direct transports (sched/transport/direct_windows.hpp): the engine, unchanged, over the
 // simulated machine, with windows every simulated rank maps and the flag handshakes as simulated
 // stream memory operations.
-//   - every direct algorithm (one-shot, two-shot, reduce-scatter, all-gather), both kinds (peer
+//   - every direct algorithm (one-shot, two-shot, reduce-scatter, all-gather, all-to-all), both kinds (peer
 //     memory, host memory): bit for bit the reference algorithm (so the same bytes as over NCCL),
 //     identical on every rank, within the bound, for 2, 3, 4, 8 and 16 ranks (16 not in the sanitizer
 //     tier: kSanitizerTier), every dtype, sum/avg, odd counts,
@@ -45,7 +45,8 @@ namespace {
 const Variant kVariants[] = {{Collective::all_reduce, Path::two_shot},
                              {Collective::all_reduce, Path::one_shot},
                              {Collective::reduce_scatter, Path::two_shot},
-                             {Collective::all_gather, Path::one_shot}};
+                             {Collective::all_gather, Path::one_shot},
+                             {Collective::all_to_all, Path::one_shot}};
 
 Config direct_config(DirectMode kind, size_t window, size_t stage_bytes = 8 << 20) {
   Config c = sim_config();
@@ -55,6 +56,8 @@ Config direct_config(DirectMode kind, size_t window, size_t stage_bytes = 8 << 2
   for (CostModel& m : c.cost_model) m.direct_stage_bytes = stage_bytes;
   return c;
 }
+
+bool reduces(Collective c) { return c == Collective::all_reduce || c == Collective::reduce_scatter; }
 
 // The direct pipeline's shape the simulated calls are cut by (the same on every fabric here).
 CostModel stage_model(const Config& c) { return sched::effective_cost_model(c, Fabric::net); }
@@ -104,7 +107,7 @@ TEST_CASE("every algorithm over both direct transports: the reference bit for bi
       for (const Variant& v : kVariants) {
         for (DataType t : {DataType::f32, DataType::f16, DataType::bf16}) {
           for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
-            if (v.collective == Collective::all_gather && op == ReduceOp::avg) continue;
+            if (!reduces(v.collective) && op == ReduceOp::avg) continue;
             if (n == 16 && t != DataType::bf16) continue;
             for (size_t count : {size_t{1}, size_t{127}, size_t(3 * n * 128 + 5), size_t{4099}}) {
               // A window of 1 MiB takes each call in one stage; 24 KiB (and a 2 KiB stage cap) cuts
@@ -147,7 +150,7 @@ TEST_CASE("the protocols over host memory (kernels, copy_engine), eager and capt
     for (const Variant& v : kVariants) {
       for (DataType t : {DataType::f32, DataType::bf16}) {
         for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
-          if (v.collective == Collective::all_gather && op == ReduceOp::avg) continue;
+          if (!reduces(v.collective) && op == ReduceOp::avg) continue;
           for (size_t count : {size_t{127}, size_t(3 * n * 128 + 5), size_t{4099}}) {
             // One stage in a 1 MiB window; many in 24 KiB; and a device buffer set of 3 KiB
             // (scratch.max_bytes 8 KiB): the larger stages' data then goes through the window.
@@ -163,7 +166,8 @@ TEST_CASE("the protocols over host memory (kernels, copy_engine), eager and capt
               cfg.abort_all = true;
               cfg.second_call = count == 4099;
               Spec spec{v.collective, v.path, t, op, count, 11u + count};
-              if (direct_stage_for(cfg.config, v.collective, v.path, count, t, n) == 0) continue;
+              const size_t stage_len = direct_stage_for(cfg.config, v.collective, v.path, count, t, n);
+              if (stage_len == 0) continue;
               const auto inputs = inputs_for(spec, n);
               const Outcome o = run(cfg, spec, inputs);
               ++runs;
@@ -176,11 +180,14 @@ TEST_CASE("the protocols over host memory (kernels, copy_engine), eager and capt
               // its window by a copy, every peer's data reaches the device set by copies (the
               // reduce-scatter's too: one per run of inbox slots), and what it writes for one peer alone
               // (the reduce-scatter's blocks, two-shot's shards) reaches that peer by a copy each (127
-              // elements leave some shards empty).
-              if (e.empty() && protocol == DirectProtocol::kernels && copies != 0)
-                e = fmt::format("{}: rank 0 copied {} times", what, copies);
+              // elements leave some shards empty). The all-to-all copies its own chunk on the GPU, once
+              // per stage, under either protocol (as over NCCL's transports).
+              const int own_copies = v.collective == Collective::all_to_all ? static_cast<int>(sched::stage_count(count, stage_len)) : 0;
+              if (e.empty() && protocol == DirectProtocol::kernels && copies != own_copies)
+                e = fmt::format("{}: rank 0 copied {} times, {} expected", what, copies, own_copies);
               if (e.empty() && protocol == DirectProtocol::copy_engine && scratch > (8 << 10)) {
-                const bool writes_for_peers = v.collective == Collective::reduce_scatter || v.path == Path::two_shot;
+                const bool writes_for_peers = v.collective == Collective::reduce_scatter ||
+                                              v.collective == Collective::all_to_all || v.path == Path::two_shot;
                 const int least = (v.collective == Collective::reduce_scatter ? 1 : 2) +
                                   (writes_for_peers && count > 127 ? n - 1 : 0);
                 if (copies < least) e = fmt::format("{}: rank 0 copied {} times, at least {} expected", what, copies, least);
@@ -615,6 +622,8 @@ TEST_CASE("every fault of a direct collective, on the first and the last rank: a
       {"one-shot, peer memory, pipelined", {Collective::all_reduce, Path::one_shot, DataType::f32, ReduceOp::sum, 5000, 4}, DirectMode::peer_memory},
       {"reduce-scatter, host memory", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 2000, 6}, DirectMode::host_memory},
       {"all-gather, peer memory", {Collective::all_gather, Path::one_shot, DataType::bf16, ReduceOp::sum, 3000, 7}, DirectMode::peer_memory},
+      {"all-to-all, host memory, pipelined", {Collective::all_to_all, Path::one_shot, DataType::bf16, ReduceOp::sum, 3000, 8}, DirectMode::host_memory},
+      {"all-to-all, peer memory, pipelined, captured", {Collective::all_to_all, Path::one_shot, DataType::f32, ReduceOp::sum, 2500, 9}, DirectMode::peer_memory, DirectProtocol::automatic, 2, true},
       {"two-shot, host memory, pipelined, kernels", {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 7000, 3}, DirectMode::host_memory, DirectProtocol::kernels},
       {"reduce-scatter, host memory, pipelined, kernels", {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 6000, 6}, DirectMode::host_memory, DirectProtocol::kernels},
       {"one-shot, host memory, pipelined, captured", {Collective::all_reduce, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 4}, DirectMode::host_memory, DirectProtocol::automatic, 2, true},
@@ -772,6 +781,7 @@ TEST_CASE("collectives of different kinds and sizes back to back on one communic
       {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::sum, 3000, 21},
       {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::avg, 9001, 22},
       {Collective::all_gather, Path::one_shot, DataType::bf16, ReduceOp::sum, 777, 23},
+      {Collective::all_to_all, Path::one_shot, DataType::bf16, ReduceOp::sum, 2001, 28},
       {Collective::all_reduce, Path::one_shot, DataType::bf16, ReduceOp::sum, 5000, 24},
       {Collective::all_reduce, Path::two_shot, DataType::bf16, ReduceOp::sum, 131, 25},
       {Collective::reduce_scatter, Path::two_shot, DataType::bf16, ReduceOp::avg, 64, 26},

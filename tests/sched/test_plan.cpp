@@ -756,7 +756,7 @@ TEST_CASE("all-to-all: off by default, float dtypes only, thresholds on the whol
         GatherMethod::allgather);  // the value for "none", as the reduce-scatter's
 }
 
-TEST_CASE("all-to-all: the cost model's plain and FP8 rounds, the stages per chunk, never a direct transport") {
+TEST_CASE("all-to-all: the cost model's plain and FP8 rounds, the stages per chunk, its direct transport priced like the reduce-scatter's") {
   const quant::WireFormat fmt = quant::WireFormat::from(Config{});
   const CostModel net = default_cost_model(Fabric::net);
   // One grouped send/recv round either way (NcclOp::all_to_all's figures); FP8 moves ~0.52 of the bytes.
@@ -778,13 +778,23 @@ TEST_CASE("all-to-all: the cost model's plain and FP8 rounds, the stages per chu
   tiny.collective = Collective::all_to_all;
   CHECK(plan_call(cal, tiny, Fabric::net).reason == PassReason::cost_model);
 
-  // Over NCCL's transports only, whatever direct.transport says or the figures predict.
+  // Over the windows where direct.transport sets them up; the automatic choice by the same link
+  // bytes as the reduce-scatter (one inbox slot per writer), a little less codec (the own chunk is
+  // copied, never quantized). Messages never.
   Config direct;
   direct.direct_transport = DirectMode::host_memory;
-  for (Carrier k : {Carrier::peer_memory, Carrier::host_memory})
-    CHECK(carrier_for(direct, Collective::all_to_all, Path::one_shot, 64 * MiB, 4, Fabric::pcie, k) == Carrier::nccl);
-  CHECK(predicted_direct_us(default_cost_model(Fabric::pcie), Collective::all_to_all, Path::one_shot, 64 * MiB, 4,
-                            fmt, Carrier::host_memory) >= 1e30);
+  for (Carrier k : {Carrier::peer_memory, Carrier::host_memory}) {
+    CHECK(carrier_for(direct, Collective::all_to_all, Path::one_shot, 64 * MiB, 4, Fabric::pcie, k) == k);
+    CHECK(carrier_for(direct, Collective::send_recv, Path::one_shot, 64 * MiB, 4, Fabric::pcie, k) == Carrier::nccl);
+  }
+  const CostModel pcie = default_cost_model(Fabric::pcie);
+  const double a2a_direct = predicted_direct_us(pcie, Collective::all_to_all, Path::one_shot, 64 * MiB, 4, fmt, Carrier::host_memory);
+  const double rs_direct = predicted_direct_us(pcie, Collective::reduce_scatter, Path::two_shot, 64 * MiB, 4, fmt, Carrier::host_memory);
+  CHECK(a2a_direct < 1e30);
+  CHECK(direct_cost_parts(pcie, Collective::all_to_all, Path::one_shot, 64 * MiB, 4, fmt, Carrier::host_memory).link_bytes ==
+        direct_cost_parts(pcie, Collective::reduce_scatter, Path::two_shot, 64 * MiB, 4, fmt, Carrier::host_memory).link_bytes);
+  CHECK(a2a_direct == doctest::Approx(rs_direct).epsilon(0.05));
+  CHECK(direct_set_bytes(Collective::all_to_all, Path::one_shot, 130, 4, fmt) == 4 * quant::chunk_bytes(130, fmt));
 
   // Stage arithmetic: a stage is the same element range of every peer's chunk, each slot that range
   // padded to whole blocks on its own, never across chunks: one slot sent and one received per peer.

@@ -436,7 +436,7 @@ TEST_CASE("route: the direct kinds a communicator tries at its creation, from wh
   CHECK(direct_carriers(off, Fabric::pcie, ranks(2), 16).empty());
 }
 
-TEST_CASE("route: the all-to-all goes over NCCL's transports, staged like the reduce-scatter, its hierarchical path forced falls back") {
+TEST_CASE("route: the all-to-all goes over the windows where the communicator has them, else over NCCL's transports staged like the reduce-scatter; its hierarchical path forced falls back") {
   Config c;
   c.collective_enable.fill(true);
   for (auto& per : c.thresholds) per.fill(0);
@@ -447,12 +447,19 @@ TEST_CASE("route: the all-to-all goes over NCCL's transports, staged like the re
   s.count = 1 << 20;
   s.nranks = 4;
   const CommFacts windows = flat(c, 4, Fabric::nvlink, true, Carrier::peer_memory, 32 << 20);
-  const Route r = route_call(c, windows, s, std::nullopt);
+  const Route w = route_call(c, windows, s, std::nullopt);
+  CHECK(w.path == Path::one_shot);
+  CHECK(w.carrier == Carrier::peer_memory);
+  CHECK(w.stage_elems == direct_stage_elems(effective_cost_model(c, Fabric::nvlink), windows.direct_set_bytes,
+                                            Collective::all_to_all, Path::one_shot, s.count, 2, 4,
+                                            quant::WireFormat::from(c)));
+  const CommFacts no_windows = flat(c, 4, Fabric::nvlink, true, Carrier::nccl, 0);
+  const Route r = route_call(c, no_windows, s, std::nullopt);
   CHECK(r.path == Path::one_shot);
   CHECK(r.algorithm == Path::one_shot);
   CHECK(r.carrier == Carrier::nccl);
   CHECK(r.gather == GatherMethod::automatic);  // no gather step
-  CHECK(r.stage_elems == stage_elems(c, windows.scratch, Collective::all_to_all, Path::one_shot, s.count, 2, 4,
+  CHECK(r.stage_elems == stage_elems(c, no_windows.scratch, Collective::all_to_all, Path::one_shot, s.count, 2, 4,
                                      quant::WireFormat::from(c), Fabric::nvlink));
   const Route forced = route_call(c, spanning(c, 2, 2, true), s, Path::hierarchical);
   CHECK(forced.path == Path::fallback);

@@ -229,7 +229,7 @@ Config test_config() {
 }
 
 // With --direct: the calls this process made over the direct transport, against the FP8 calls it
-// could carry (one-shot, two-shot, reduce-scatter, all-gather; not the ring or the fallbacks).
+// could carry (one-shot, two-shot, reduce-scatter, all-gather, all-to-all; not the ring or the fallbacks).
 void report_direct_usage(Rank& R) {
   if (g_direct == DirectMode::off) return;
   const Carrier want = g_direct == DirectMode::peer_memory ? Carrier::peer_memory : Carrier::host_memory;
@@ -238,9 +238,7 @@ void report_direct_usage(Rank& R) {
   size_t carried = 0, eligible = 0;
   for (size_t i = 0; i < got; ++i) {
     const CallRecord& c = records[i];
-    // The all-to-all has no direct program: NCCL's transports carry it by design.
-    if (!is_fp8(c.path) || c.path == Path::ring || c.path == Path::hierarchical || c.kind == CallKind::all_to_all)
-      continue;
+    if (!is_fp8(c.path) || c.path == Path::ring || c.path == Path::hierarchical) continue;
     ++eligible;
     carried += c.transport == want;
   }

@@ -289,18 +289,25 @@ ncclResult_t two_shot_gather(StageOps& ops, const Fp8Args& a, const Stage& st) {
 }
 
 // --- reduce-scatter ---------------------------------------------------------------------------------
-ncclResult_t reduce_scatter_produce(StageOps& ops, const Fp8Args& a, const Stage& st) {
+// The reduce-scatter and the all-to-all: block j, the j-th `count` elements of the input (the stage's
+// part of it), quantized on its own for rank j into that rank's inbox, slot r. The all-to-all's own
+// chunk never leaves the GPU (`skip_own`): its finish copies it exactly.
+ncclResult_t produce_blocks(StageOps& ops, const Fp8Args& a, const Stage& st, bool skip_own) {
   const DirectWindows& d = *ops.direct();
   const int n = ops.nranks(), r = ops.rank();
   const size_t cb = quant::chunk_bytes(st.length, ops.format());
   const DeviceSlots dev = device_slots(a, st, r, n, cb, 1);
   FP8WIRE_TRY(ops.reclaim(st.set_index));
-  // Block j: the j-th `count` elements of the input, for rank j.
-  const auto first_of = [&](int j) { return static_cast<size_t>(j) * a.count + st.offset; };
-  return write_for_each(ops, st.set_index, [&](int j) {
+  return write_for_each(ops, st.set_index, [&](int j) -> ncclResult_t {
+    if (j == r && skip_own) return ncclSuccess;
     if (j != r) ops.add_wire_bytes(cb);
-    return quantize_for(ops, a, dev, j, first_of(j), st.length, d.window(j, st.set_index) + r * cb, cb);
+    return quantize_for(ops, a, dev, j, static_cast<size_t>(j) * a.count + st.offset, st.length,
+                        d.window(j, st.set_index) + r * cb, cb);
   });
+}
+
+ncclResult_t reduce_scatter_produce(StageOps& ops, const Fp8Args& a, const Stage& st) {
+  return produce_blocks(ops, a, st, false);
 }
 
 ncclResult_t reduce_scatter_finish(StageOps& ops, const Fp8Args& a, const Stage& st) {
@@ -325,22 +332,10 @@ ncclResult_t reduce_scatter_finish(StageOps& ops, const Fp8Args& a, const Stage&
 }
 
 // --- all-to-all -------------------------------------------------------------------------------------
-// The reduce-scatter's pattern with a decode in place of the reduce: the stage's part of chunk j goes
-// into rank j's inbox, slot r, quantized on its own from element j * count + offset (as the NCCL
-// twin, all_to_all.cpp, so both carry the same bytes); this rank's own chunk never leaves the GPU and
-// is copied exactly, as its inbox slot stays unused.
+// The reduce-scatter's pattern with a decode in place of the reduce, the same bytes as its NCCL twin
+// (all_to_all.cpp): each peer's chunk through the inboxes, the own one copied on the GPU.
 ncclResult_t all_to_all_produce(StageOps& ops, const Fp8Args& a, const Stage& st) {
-  const DirectWindows& d = *ops.direct();
-  const int n = ops.nranks(), r = ops.rank();
-  const size_t cb = quant::chunk_bytes(st.length, ops.format());
-  const DeviceSlots dev = device_slots(a, st, r, n, cb, 1);
-  FP8WIRE_TRY(ops.reclaim(st.set_index));
-  return write_for_each(ops, st.set_index, [&](int j) -> ncclResult_t {
-    if (j == r) return ncclSuccess;
-    ops.add_wire_bytes(cb);
-    return quantize_for(ops, a, dev, j, static_cast<size_t>(j) * a.count + st.offset, st.length,
-                        d.window(j, st.set_index) + r * cb, cb);
-  });
+  return produce_blocks(ops, a, st, true);
 }
 
 ncclResult_t all_to_all_finish(StageOps& ops, const Fp8Args& a, const Stage& st) {

@@ -62,15 +62,13 @@ bool keep_agreed_scratch(CommState& s, const Config& config) {
   const uint64_t agreed = s.agreement.scratch_bytes;
   if (agreed < r.scratch_taken) {
     if (r.scratch) cuda.Free(r.scratch);
-    r.scratch = nullptr;
     void* p = nullptr;
     const bool ok = agreed == 0 || cuda.Malloc(&p, agreed) == cudaSuccess;
-    if (!ok) cuda.GetLastError();
     r.scratch = static_cast<char*>(p);
-    const uint64_t kept = ok ? agreed : 0;
-    s.scratch_budget->give_back(r.scratch_taken - kept);
-    r.scratch_taken = kept;
+    s.scratch_budget->give_back(r.scratch_taken - (ok ? agreed : 0));
+    r.scratch_taken = ok ? agreed : 0;
     if (!ok) {
+      cuda.GetLastError();  // cleared, as above
       FP8WIRE_ERROR("comm {}: cannot allocate the {} of scratch its ranks agreed on, on device {}", s.id,
                     format_size(agreed), s.device);
       return false;

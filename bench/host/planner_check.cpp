@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "bench/host/profile.hpp"
 #include "sched/plan/plan.hpp"
 
 namespace fp8wire::bench {
@@ -48,6 +49,8 @@ std::vector<PlannerPick> planner_picks(const SweepResult& result, const Config& 
     for (const SweepPoint* p : points) {
       if (!fastest || p->time.median < fastest->time.median) fastest = p;
       if (path_label(*p) == pick.pick) pick.pick_us = p->time.median;
+      if (route_may_take(*p, result.machine.nranks) && (pick.routable_us == 0 || p->time.median < pick.routable_us))
+        pick.routable_us = p->time.median;
     }
     pick.fastest = path_label(*fastest);
     pick.fastest_us = fastest->time.median;
@@ -58,15 +61,19 @@ std::vector<PlannerPick> planner_picks(const SweepResult& result, const Config& 
 
 std::string render_planner_picks(const std::vector<PlannerPick>& picks, const MachineInfo& machine) {
   std::string out = fmt::format(
-      "# the planner's pick with the configuration loaded, against the fastest variant timed ({} ranks, fabric {})\n",
+      "# the planner's pick with the configuration loaded, against the fastest variant timed and the fastest a route "
+      "may take, the ring left out ({} ranks, fabric {})\n",
       machine.nranks, fabric_name(machine.fabric));
-  out += fmt::format("  {:<15} {:<5} {:>9}  {:<26} {:<13} {:>10}\n", "collective", "dtype", "size", "planner picks",
-                     "fastest", "pick/fast");
+  out += fmt::format("  {:<15} {:<5} {:>9}  {:<26} {:<13} {:>10} {:>13}\n", "collective", "dtype", "size",
+                     "planner picks", "fastest", "pick/fast", "pick/routable");
+  auto ratio = [](double pick_us, double of_us) {
+    return pick_us > 0 && of_us > 0 ? fmt::format("{:.2f}x", pick_us / of_us) : std::string("not timed");
+  };
   for (const auto& p : picks) {
     const std::string what = p.reason.empty() ? p.pick : fmt::format("{} ({})", p.pick, p.reason);
-    const std::string ratio = p.pick_us > 0 ? fmt::format("{:.2f}x", p.pick_us / p.fastest_us) : "not timed";
-    out += fmt::format("  {:<15} {:<5} {:>9}  {:<26} {:<13} {:>10}\n", collective_name(p.collective), to_string(p.dtype),
-                       format_bytes(p.bytes), what, p.fastest, ratio);
+    out += fmt::format("  {:<15} {:<5} {:>9}  {:<26} {:<13} {:>10} {:>13}\n", collective_name(p.collective),
+                       to_string(p.dtype), format_bytes(p.bytes), what, p.fastest, ratio(p.pick_us, p.fastest_us),
+                       ratio(p.pick_us, p.routable_us));
   }
   return out;
 }

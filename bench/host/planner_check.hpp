@@ -20,13 +20,15 @@ struct PlannerPick {
   std::string fastest;     // path_label of the fastest variant measured
   double pick_us = 0;      // 0: the pick was not measured in this sweep
   double fastest_us = 0;
+  double routable_us = 0;   // the fastest variant a measured route may take (route_may_take; 0: none timed)
   std::string reason;      // the planner's reason where it passes through ("below_threshold", "measured")
 };
 
 // Every (collective, dtype, size) of `result` over NCCL's transports; `fabric` as the communicator
 // agreed it (result.machine.fabric).
 std::vector<PlannerPick> planner_picks(const SweepResult& result, const Config& config, Fabric fabric);
-// The table, with each pick's time over the fastest's (1.00x: the planner ran the fastest).
+// The table, with each pick's time over the fastest's (1.00x: the planner ran the fastest) and over
+// the fastest a route may take (the ring left out).
 // `machine`: the sweep's, for the heading (rank count and fabric).
 std::string render_planner_picks(const std::vector<PlannerPick>& picks, const MachineInfo& machine);
 

@@ -37,6 +37,8 @@ bool same_variant(const MeasuredRoute& a, const MeasuredRoute& b) {
 }
 }  // namespace
 
+bool route_may_take(const SweepPoint& p, int nranks) { return variant_of(p, nranks).has_value(); }
+
 std::vector<RouteEntry> measured_routes(const SweepResult& result, Collective collective, DType dtype) {
   std::map<uint64_t, std::vector<const SweepPoint*>> by_size;
   std::set<std::string> variants;  // by their tables' labels: a route is worth writing from two on

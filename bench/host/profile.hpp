@@ -46,6 +46,10 @@ struct FabricProfile {
 FabricProfile profile_from_sweep(const SweepResult& result, const std::vector<CrossoverReport>& reports,
                                  const Calibration& calibration);
 
+// Whether a measured route may name the variant `p` timed: over NCCL's transports, one gather step,
+// not the ring (it requantizes at every hop, so the planner never takes it on its own).
+bool route_may_take(const SweepPoint& p, int nranks);
+
 // The measured winners of one collective and dtype of a sweep (FabricProfile::routes).
 std::vector<RouteEntry> measured_routes(const SweepResult& result, Collective collective, DType dtype);
 

@@ -355,16 +355,6 @@ namespace {
 const MeasuredRoute* route_at(const Config& c, Collective collective, int nranks, uint64_t bytes) {
   return sched::measured_route(c, collective, Fabric::net, nranks, bytes);
 }
-
-// The fastest point at a size among the variants a route may name (the ring never).
-double fastest_routable_us(const SweepResult& s, Collective c, uint64_t bytes) {
-  double best = 0;
-  for (const auto& p : s.points)
-    if (p.collective == c && p.bytes == bytes && p.supported && p.time.median > 0 && p.path != Path::ring &&
-        p.transport.empty() && (best == 0 || p.time.median < best))
-      best = p.time.median;
-  return best;
-}
 }  // namespace
 
 TEST_CASE("measured routes: one entry where the winner changes, never the ring, read back by the shim") {
@@ -389,7 +379,7 @@ TEST_CASE("measured routes: one entry where the winner changes, never the ring, 
     CAPTURE(p.bytes);
     CAPTURE(p.pick);
     REQUIRE(p.pick_us > 0);
-    CHECK(p.pick_us == fastest_routable_us(s4, p.collective, p.bytes));
+    CHECK(p.pick_us == p.routable_us);
   }
 }
 
@@ -407,6 +397,7 @@ TEST_CASE("measured routes: what the built-in model picks on this fabric, and wh
   for (const PlannerPick& p : planner_picks(s4, calibrated, Fabric::net)) {
     CAPTURE(p.bytes);
     CHECK(p.pick_us <= 1.07 * p.fastest_us);  // within 6 %: only the ring, left out, is faster (64 MiB)
+    CHECK(p.pick_us == p.routable_us);
   }
 }
 

@@ -20,7 +20,7 @@ struct PlannerPick {
   std::string fastest;     // path_label of the fastest variant measured
   double pick_us = 0;      // 0: the pick was not measured in this sweep
   double fastest_us = 0;
-  double routable_us = 0;   // the fastest variant a measured route may take (route_may_take; 0: none timed)
+  double routable_us = 0;  // the fastest variant a measured route may take (route_may_take; 0: none timed)
   std::string reason;      // the planner's reason where it passes through ("below_threshold", "measured")
 };
 
